@@ -1,0 +1,259 @@
+//! Running plugin binaries: the runtime side (cnitool) and delegation (a
+//! main plugin running its IPAM plugin from CNI_PATH with the same stdin).
+
+use crate::error::{CniError, ErrorCode};
+use crate::types::CniResult;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+/// Splits a `CNI_PATH`-style list.
+pub fn split_path(list: &str) -> Vec<PathBuf> {
+    list.split(':')
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .collect()
+}
+
+/// Finds plugin `name` in the directories of `path`, first match wins.
+pub fn find_in_path(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
+    if name.is_empty() || name.contains('/') || name.contains('\\') || name == "." || name == ".." {
+        return Err(CniError::config(format!("invalid plugin name: {name:?}")));
+    }
+    if path.is_empty() {
+        return Err(CniError::new(
+            ErrorCode::DelegateNotFound,
+            "no paths provided (CNI_PATH is empty)",
+        ));
+    }
+    for dir in path {
+        let p = dir.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    let dirs: Vec<String> = path.iter().map(|p| p.display().to_string()).collect();
+    Err(CniError::new(
+        ErrorCode::DelegateNotFound,
+        format!(
+            "failed to find plugin {name:?} in path [{}]",
+            dirs.join(" ")
+        ),
+    ))
+}
+
+/// What a plugin run produced.
+#[derive(Debug)]
+pub struct Output {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `plugin` with `stdin` and the current environment plus `env`
+/// (later entries win). Success is exit 0; otherwise the CNI error from
+/// stdout, or one built from stderr when stdout holds none, as libcni does.
+/// `stderr` from a successful run is returned for the caller to forward.
+pub fn exec_plugin(
+    plugin: &Path,
+    stdin: &[u8],
+    env: &[(String, String)],
+) -> Result<Output, CniError> {
+    let mut attempt = 0;
+    loop {
+        let mut cmd = Command::new(plugin);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = match cmd.spawn() {
+            // ETXTBSY: the binary is being written (an upgrade in progress); libcni
+            // retries for up to five seconds.
+            Err(e) if e.raw_os_error() == Some(26) && attempt < 5 => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+            Err(e) => {
+                return Err(CniError::new(
+                    ErrorCode::DelegateFailed,
+                    format!("failed to run plugin {}: {e}", plugin.display()),
+                ));
+            }
+            Ok(c) => c,
+        };
+        let mut child_stdin = child.stdin.take().expect("stdin is piped");
+        let input = stdin.to_vec();
+        // Written from a thread: a plugin that prints before it has read all of
+        // stdin would otherwise deadlock against us.
+        let writer = std::thread::spawn(move || {
+            let _ = child_stdin.write_all(&input);
+        });
+        let out = child.wait_with_output().map_err(|e| {
+            CniError::new(
+                ErrorCode::IoFailure,
+                format!("waiting for {}: {e}", plugin.display()),
+            )
+        })?;
+        let _ = writer.join();
+        if out.status.success() {
+            return Ok(Output {
+                stdout: out.stdout,
+                stderr: out.stderr,
+            });
+        }
+        return Err(plugin_error(&out.stdout, &out.stderr));
+    }
+}
+
+/// The error a failed plugin reported.
+pub fn plugin_error(stdout: &[u8], stderr: &[u8]) -> CniError {
+    let text = String::from_utf8_lossy(stdout);
+    if !text.trim().is_empty() {
+        return match serde_json::from_slice::<CniError>(stdout) {
+            Ok(e) => e,
+            Err(err) => CniError::new(
+                ErrorCode::DecodingFailure,
+                format!(
+                    "netplugin failed but error parsing its diagnostic message {:?}: {err}",
+                    text.trim()
+                ),
+            ),
+        };
+    }
+    let err = String::from_utf8_lossy(stderr);
+    let msg = if err.trim().is_empty() {
+        "netplugin failed".to_string()
+    } else {
+        format!("netplugin failed: {:?}", err.trim())
+    };
+    CniError::new(ErrorCode::DelegateFailed, msg)
+}
+
+/// Delegation: runs IPAM (or any) plugin `name` found in `path` with the
+/// full network config on stdin and this process's `CNI_*` environment,
+/// `CNI_COMMAND` set to `command`. Its stderr is forwarded to ours.
+pub fn delegate(
+    name: &str,
+    command: &str,
+    stdin: &[u8],
+    path: &[PathBuf],
+) -> Result<Vec<u8>, CniError> {
+    let plugin = find_in_path(name, path)?;
+    let out = exec_plugin(&plugin, stdin, &[("CNI_COMMAND".into(), command.into())]);
+    match out {
+        Ok(o) => {
+            let _ = std::io::stderr().write_all(&o.stderr);
+            Ok(o.stdout)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Delegated ADD, with the result parsed (IPAM results carry no interfaces).
+pub fn delegate_add(
+    name: &str,
+    stdin: &[u8],
+    path: &[PathBuf],
+    cni_version: &str,
+) -> Result<CniResult, CniError> {
+    let out = delegate(name, "ADD", stdin, path)?;
+    CniResult::from_slice(&out, cni_version)
+        .map_err(|e| e.context(format!("delegated plugin {name:?}")))
+}
+
+/// Delegated DEL/CHECK/STATUS/GC: success or the delegate's error.
+pub fn delegate_cmd(
+    name: &str,
+    command: &str,
+    stdin: &[u8],
+    path: &[PathBuf],
+) -> Result<(), CniError> {
+    delegate(name, command, stdin, path).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_from_output() {
+        let e = plugin_error(br#"{"code":7,"msg":"bad","details":"d"}"#, b"");
+        assert_eq!(
+            (e.code, e.msg.as_str(), e.details.as_str()),
+            (7, "bad", "d")
+        );
+        let e = plugin_error(b"", b"panic: boom\n");
+        assert_eq!(e.code, 102);
+        assert_eq!(e.msg, "netplugin failed: \"panic: boom\"");
+        let e = plugin_error(b"", b"");
+        assert_eq!(e.msg, "netplugin failed");
+        let e = plugin_error(b"not json", b"");
+        assert_eq!(e.code, 6);
+    }
+
+    #[test]
+    fn path_lookup() {
+        assert_eq!(
+            split_path("/a::/b"),
+            vec![PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+        let e = find_in_path(
+            "nope-not-here",
+            &split_path("/nonexistent/x:/nonexistent/y"),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, 101);
+        assert!(e.msg.contains("/nonexistent/x /nonexistent/y"), "{}", e.msg);
+        assert_eq!(
+            find_in_path("../sh", &split_path("/bin")).unwrap_err().code,
+            7
+        );
+        assert_eq!(find_in_path("sh", &[]).unwrap_err().code, 101);
+        assert!(
+            find_in_path("sh", &split_path("/nonexistent:/bin"))
+                .unwrap()
+                .ends_with("sh")
+        );
+    }
+
+    #[test]
+    fn exec_success_failure_and_missing() {
+        let sh = find_in_path("sh", &split_path("/bin:/usr/bin")).unwrap();
+        // exec_plugin runs binaries without arguments; use a tiny script file.
+        let dir = std::env::temp_dir().join(format!("rcni-invoke-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = dir.join("ok");
+        std::fs::write(
+            &ok,
+            format!(
+                "#!{}\nread x; echo \"$x-$CNI_COMMAND\"; echo log >&2\n",
+                sh.display()
+            ),
+        )
+        .unwrap();
+        let bad = dir.join("bad");
+        std::fs::write(
+            &bad,
+            format!(
+                "#!{}\necho '{{\"code\":11,\"msg\":\"busy\"}}'; exit 1\n",
+                sh.display()
+            ),
+        )
+        .unwrap();
+        for p in [&ok, &bad] {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let out = exec_plugin(&ok, b"hello\n", &[("CNI_COMMAND".into(), "ADD".into())]).unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hello-ADD\n");
+        assert_eq!(String::from_utf8_lossy(&out.stderr), "log\n");
+        let e = exec_plugin(&bad, b"", &[]).unwrap_err();
+        assert_eq!((e.code, e.msg.as_str()), (11, "busy"));
+        let e = delegate_cmd("bad", "DEL", b"{}", std::slice::from_ref(&dir)).unwrap_err();
+        assert_eq!(e.code, 11);
+        let e = exec_plugin(&dir.join("missing"), b"", &[]).unwrap_err();
+        assert_eq!(e.code, 102);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

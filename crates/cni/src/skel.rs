@@ -1,0 +1,279 @@
+//! The only place that reads the environment and stdin, writes stdout and
+//! picks the exit code. Plugins implement [`Plugin`] on typed arguments.
+
+use crate::args::CniArgs;
+use crate::error::{CniError, ErrorCode};
+use crate::types::{CniResult, NetConf, validate_container_id, validate_ifname};
+use crate::version;
+use std::io::{Read, Write};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Status,
+    Gc,
+    Version,
+}
+
+impl Command {
+    pub fn parse(s: &str) -> Option<Command> {
+        Some(match s {
+            "ADD" => Command::Add,
+            "DEL" => Command::Del,
+            "CHECK" => Command::Check,
+            "STATUS" => Command::Status,
+            "GC" => Command::Gc,
+            "VERSION" => Command::Version,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Command::Add => "ADD",
+            Command::Del => "DEL",
+            Command::Check => "CHECK",
+            Command::Status => "STATUS",
+            Command::Gc => "GC",
+            Command::Version => "VERSION",
+        }
+    }
+
+    /// The variables each command needs (libcni sets all of them, possibly
+    /// empty; empty counts as missing).
+    fn required(self) -> &'static [&'static str] {
+        match self {
+            Command::Add | Command::Check => {
+                &["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"]
+            }
+            Command::Del => &["CNI_CONTAINERID", "CNI_IFNAME", "CNI_PATH"],
+            Command::Gc | Command::Status => &["CNI_PATH"],
+            Command::Version => &[],
+        }
+    }
+}
+
+/// Everything a plugin gets for one call.
+#[derive(Debug, Clone)]
+pub struct CmdArgs {
+    pub command: Command,
+    /// Empty for GC and STATUS.
+    pub container_id: String,
+    /// `None` when CNI_NETNS is empty (allowed for DEL, GC, STATUS).
+    pub netns: Option<PathBuf>,
+    /// Empty for GC and STATUS.
+    pub ifname: String,
+    pub args: CniArgs,
+    pub args_raw: String,
+    pub path: Vec<PathBuf>,
+    pub stdin: Vec<u8>,
+    pub conf: NetConf,
+}
+
+impl CmdArgs {
+    /// The config's (already validated) spec version.
+    pub fn version(&self) -> &str {
+        &self.conf.cni_version
+    }
+}
+
+/// What the binary says about itself.
+#[derive(Debug, Clone)]
+pub struct About {
+    pub name: &'static str,
+    pub version: &'static str,
+    pub supported_versions: &'static [&'static str],
+}
+
+pub trait Plugin {
+    fn about(&self) -> About;
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError>;
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError>;
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError>;
+    /// Ready to service ADD? The default has nothing to check.
+    fn status(&self, _args: &CmdArgs) -> Result<(), CniError> {
+        Ok(())
+    }
+    /// Remove state of attachments not in the valid set. The default has no
+    /// state.
+    fn gc(&self, _args: &CmdArgs) -> Result<(), CniError> {
+        Ok(())
+    }
+}
+
+/// Runs `plugin` against the process environment and exits.
+pub fn run<P: Plugin>(plugin: &P) -> ! {
+    let code = dispatch(
+        plugin,
+        &|k| std::env::var(k).ok(),
+        &mut std::io::stdin().lock(),
+        &mut std::io::stdout().lock(),
+        &mut std::io::stderr().lock(),
+    );
+    std::process::exit(code)
+}
+
+/// The testable core of [`run`]: returns the exit code.
+pub fn dispatch<P: Plugin>(
+    plugin: &P,
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> i32 {
+    let about = plugin.about();
+    let getenv = |k: &str| env(k).unwrap_or_default();
+    let cmd_str = getenv("CNI_COMMAND");
+    if cmd_str.is_empty() {
+        let _ = writeln!(stderr, "CNI {} plugin {} (rcni)", about.name, about.version);
+        let _ = writeln!(
+            stderr,
+            "CNI protocol versions supported: {}",
+            about.supported_versions.join(", ")
+        );
+        return 0;
+    }
+    // Errors before the config is read are labelled with our newest version.
+    let mut out_version = version::CURRENT.to_string();
+    let result = (|| -> Result<Option<String>, CniError> {
+        let Some(command) = Command::parse(&cmd_str) else {
+            return Err(CniError::new(
+                ErrorCode::InvalidEnvironmentVariables,
+                format!("unknown CNI_COMMAND: {cmd_str}"),
+            ));
+        };
+        let missing: Vec<&str> = command
+            .required()
+            .iter()
+            .copied()
+            .filter(|k| getenv(k).is_empty())
+            .collect();
+        if !missing.is_empty() {
+            return Err(CniError::new(
+                ErrorCode::InvalidEnvironmentVariables,
+                format!("required env variables [{}] missing", missing.join(",")),
+            ));
+        }
+        if command == Command::Version {
+            let v = serde_json::json!({
+                "cniVersion": version::CURRENT,
+                "supportedVersions": about.supported_versions,
+            });
+            return Ok(Some(v.to_string()));
+        }
+        let mut data = Vec::new();
+        stdin.read_to_end(&mut data).map_err(|e| {
+            CniError::new(
+                ErrorCode::IoFailure,
+                format!("error reading from stdin: {e}"),
+            )
+        })?;
+        let conf = NetConf::parse(&data)?;
+        let container_id = getenv("CNI_CONTAINERID");
+        let ifname = getenv("CNI_IFNAME");
+        if matches!(command, Command::Add | Command::Del | Command::Check) {
+            validate_container_id(&container_id)?;
+            validate_ifname(&ifname)?;
+        }
+        version::parse(&conf.cni_version)?;
+        version::reconcile(&conf.cni_version, about.supported_versions)?;
+        out_version = conf.cni_version.clone();
+        let min = match command {
+            Command::Check => Some("0.4.0"),
+            Command::Gc | Command::Status => Some("1.1.0"),
+            _ => None,
+        };
+        if let Some(min) = min
+            && !version::at_least(&conf.cni_version, min)?
+        {
+            return Err(CniError::new(
+                ErrorCode::IncompatibleCniVersion,
+                format!("config version does not allow {}", command.as_str()),
+            ));
+        }
+        let netns = Some(getenv("CNI_NETNS"))
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
+        if matches!(command, Command::Add | Command::Check)
+            && let Some(ns) = &netns
+            && !matches!(
+                getenv("CNI_NETNS_OVERRIDE").as_str(),
+                "1" | "true" | "TRUE" | "True"
+            )
+            && is_own_netns(ns)
+        {
+            return Err(CniError::new(
+                ErrorCode::InvalidNetNs,
+                "plugin's netns and netns 'path' are the same",
+            ));
+        }
+        let args_raw = getenv("CNI_ARGS");
+        let args = CmdArgs {
+            command,
+            container_id,
+            netns,
+            ifname,
+            args: CniArgs::parse(&args_raw)?,
+            args_raw,
+            path: crate::invoke::split_path(&getenv("CNI_PATH")),
+            stdin: data,
+            conf,
+        };
+        let call = || -> Result<Option<String>, CniError> {
+            match command {
+                Command::Add => {
+                    let r = plugin.add(&args)?;
+                    r.to_json(args.version()).map(Some)
+                }
+                Command::Del => plugin.del(&args).map(|_| None),
+                Command::Check => plugin.check(&args).map(|_| None),
+                Command::Status => plugin.status(&args).map(|_| None),
+                Command::Gc => plugin.gc(&args).map(|_| None),
+                Command::Version => unreachable!("handled above"),
+            }
+        };
+        // A panic is a bug, but the runtime still gets an error JSON, not a
+        // silent crash; the panic message itself went to stderr.
+        catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|p| {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(CniError::internal(format!(
+                "{} plugin panicked: {msg}",
+                about.name
+            )))
+        })
+    })();
+    match result {
+        Ok(Some(out)) => {
+            let _ = stdout.write_all(out.as_bytes());
+            let _ = stdout.flush();
+            0
+        }
+        Ok(None) => 0,
+        Err(e) => {
+            let _ = stdout.write_all(e.to_json(&out_version).as_bytes());
+            let _ = stdout.flush();
+            1
+        }
+    }
+}
+
+/// Is `path` the namespace this process runs in? Compared by device and
+/// inode, which identify a namespace.
+fn is_own_netns(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (
+        std::fs::metadata(path),
+        std::fs::metadata("/proc/self/ns/net"),
+    ) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
