@@ -46,6 +46,8 @@ pub enum ErrorCode {
     Netns = 104,
     /// 105: a runtime-side failure in cnitool (cache, config loading).
     Runtime = 105,
+    /// 106: CHECK found the attachment differs from what ADD made.
+    CheckFailed = 106,
 }
 
 impl ErrorCode {

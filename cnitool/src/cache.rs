@@ -1,0 +1,190 @@
+//! libcni's result cache: `<dir>/results/<net>-<containerID>-<ifname>`,
+//! `{"kind":"cniCacheV1", ...}`, so CHECK and DEL get prevResult and GC finds
+//! stale attachments; files written by libcni runtimes are read as well.
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+
+pub const KIND: &str = "cniCacheV1";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CachedInfo {
+    pub kind: String,
+    #[serde(rename = "containerId")]
+    pub container_id: String,
+    /// The list's bytes; Go's `[]byte` is base64 in JSON.
+    #[serde(with = "b64")]
+    pub config: Vec<u8>,
+    #[serde(rename = "ifName")]
+    pub ifname: String,
+    #[serde(rename = "networkName")]
+    pub network_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub netns: String,
+    #[serde(default, rename = "cniArgs", skip_serializing_if = "Vec::is_empty")]
+    pub cni_args: Vec<[String; 2]>,
+    #[serde(
+        default,
+        rename = "capabilityArgs",
+        skip_serializing_if = "Map::is_empty"
+    )]
+    pub capability_args: Map<String, Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+mod b64 {
+    use super::*;
+    pub fn serialize<S: serde::Serializer>(b: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(b))
+    }
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        let s = Option::<String>::deserialize(d)?.unwrap_or_default();
+        base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+pub fn results_dir(cache_dir: &Path) -> PathBuf {
+    cache_dir.join("results")
+}
+
+pub fn path(cache_dir: &Path, net: &str, container_id: &str, ifname: &str) -> PathBuf {
+    results_dir(cache_dir).join(format!("{net}-{container_id}-{ifname}"))
+}
+
+pub fn write(cache_dir: &Path, info: &CachedInfo) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    let p = path(
+        cache_dir,
+        &info.network_name,
+        &info.container_id,
+        &info.ifname,
+    );
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(results_dir(cache_dir))?;
+    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&serde_json::to_vec(info).map_err(std::io::Error::other)?)?;
+    }
+    // rename: a reader never sees a half-written file.
+    std::fs::rename(&tmp, &p)
+}
+
+/// The cached attachment, `None` if absent or unreadable (libcni ignores a
+/// cache it cannot read).
+pub fn read(cache_dir: &Path, net: &str, container_id: &str, ifname: &str) -> Option<CachedInfo> {
+    let data = std::fs::read(path(cache_dir, net, container_id, ifname)).ok()?;
+    serde_json::from_slice::<CachedInfo>(&data)
+        .ok()
+        .filter(|c| c.kind == KIND)
+}
+
+pub fn remove(
+    cache_dir: &Path,
+    net: &str,
+    container_id: &str,
+    ifname: &str,
+) -> std::io::Result<()> {
+    match std::fs::remove_file(path(cache_dir, net, container_id, ifname)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Every cached attachment of network `net`.
+pub fn list(cache_dir: &Path, net: &str) -> Vec<CachedInfo> {
+    let Ok(rd) = std::fs::read_dir(results_dir(cache_dir)) else {
+        return vec![];
+    };
+    let prefix = format!("{net}-");
+    let mut out: Vec<CachedInfo> = rd
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|d| serde_json::from_slice::<CachedInfo>(&d).ok())
+        // "a-b" also starts with "a-": the recorded name decides.
+        .filter(|c| c.kind == KIND && c.network_name == net)
+        .collect();
+    out.sort_by(|a, b| (&a.container_id, &a.ifname).cmp(&(&b.container_id, &b.ifname)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_go_format() {
+        let d = tempfile::tempdir().unwrap();
+        let info = CachedInfo {
+            kind: KIND.into(),
+            container_id: "c1".into(),
+            config: br#"{"name":"n"}"#.to_vec(),
+            ifname: "eth0".into(),
+            network_name: "n".into(),
+            netns: "/run/netns/x".into(),
+            cni_args: vec![["K".into(), "V".into()]],
+            capability_args: Map::new(),
+            result: Some(serde_json::json!({"cniVersion":"1.0.0"})),
+        };
+        write(d.path(), &info).unwrap();
+        let p = path(d.path(), "n", "c1", "eth0");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&p).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert_eq!(
+            std::fs::metadata(results_dir(d.path()))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777,
+            0o700
+        );
+        let raw: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+        assert_eq!(raw["config"], "eyJuYW1lIjoibiJ9");
+        assert_eq!(raw["containerId"], "c1");
+        assert_eq!(read(d.path(), "n", "c1", "eth0").unwrap(), info);
+        // Another network whose name shares the prefix is not listed.
+        let other = CachedInfo {
+            network_name: "n-x".into(),
+            ..info.clone()
+        };
+        write(d.path(), &other).unwrap();
+        assert_eq!(list(d.path(), "n").len(), 1);
+        remove(d.path(), "n", "c1", "eth0").unwrap();
+        remove(d.path(), "n", "c1", "eth0").unwrap();
+        assert!(read(d.path(), "n", "c1", "eth0").is_none());
+        std::fs::write(path(d.path(), "n", "bad", "eth0"), "{not json").unwrap();
+        assert!(read(d.path(), "n", "bad", "eth0").is_none());
+    }
+
+    #[test]
+    fn reads_a_libcni_written_file() {
+        // As libcni 1.1 writes it (no netns key).
+        let d = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(results_dir(d.path())).unwrap();
+        std::fs::write(
+            path(d.path(), "lo", "cid", "eth0"),
+            r#"{"kind":"cniCacheV1","containerId":"cid","config":"e30=","ifName":"eth0","networkName":"lo","cniArgs":[["A","B"]],"result":{"cniVersion":"0.3.1"}}"#,
+        )
+        .unwrap();
+        let c = read(d.path(), "lo", "cid", "eth0").unwrap();
+        assert_eq!(c.config, b"{}");
+        assert_eq!(c.cni_args, vec![["A".to_string(), "B".to_string()]]);
+    }
+}
