@@ -1,0 +1,326 @@
+//! Test support: throwaway namespaces, running built plugin binaries the way
+//! a runtime does, real packets, and leak checks. Dev-only.
+
+use rcni_netns::NetNs;
+use serde_json::Value;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Kernel tests need root; say so plainly instead of failing obscurely.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (network namespaces, netlink)"
+    );
+}
+
+/// A name unique to this test process: `rcni-<pid>-<n>`.
+pub fn unique_name(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    format!(
+        "rcni-{}-{tag}{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `target/<profile>`, where cargo put the workspace's binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("RCNI_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test-binary>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test binary lives in target/<profile>/deps");
+    dir.to_path_buf()
+}
+
+/// A built binary of this workspace; panics with a hint when it is missing.
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: run `cargo build --workspace --bins` first",
+        p.display()
+    );
+    p
+}
+
+/// Where the reference plugins (Debian's containernetworking-plugins) live.
+pub const REFERENCE_DIR: &str = "/usr/lib/cni";
+
+pub fn reference_bin(name: &str) -> PathBuf {
+    let p = Path::new(REFERENCE_DIR).join(name);
+    assert!(
+        p.is_file(),
+        "{} is missing: apt-get install containernetworking-plugins",
+        p.display()
+    );
+    p
+}
+
+/// A namespace held only by this process: the kernel frees it when the test
+/// ends, however it ends, so nothing can leak.
+pub struct TestNs {
+    pub ns: NetNs,
+}
+
+impl TestNs {
+    pub fn new() -> TestNs {
+        require_root();
+        TestNs {
+            ns: NetNs::new_anonymous().expect("create a network namespace"),
+        }
+    }
+
+    /// A path other processes (plugins) can open while this lives.
+    pub fn path(&self) -> String {
+        self.ns.proc_path().display().to_string()
+    }
+
+    /// Runs a command inside this namespace (network namespace only: the
+    /// mount namespace and /sys stay the host's, as for a runtime).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        command_in(&self.ns, program)
+    }
+}
+
+impl Default for TestNs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `program` set up to run inside `ns`.
+pub fn command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
+    let fd = ns.as_fd().as_raw_fd();
+    // SAFETY: between fork and exec only async-signal-safe calls are allowed;
+    // setns(2) is a plain syscall on an fd the child inherited.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// A named namespace at a path of its own (for tests that delete the
+/// namespace under a plugin); removed on drop.
+pub struct PersistentNs {
+    pub path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PersistentNs {
+    pub fn new() -> PersistentNs {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("rcni-ns-")
+            .tempdir()
+            .expect("tempdir");
+        let path = dir.path().join("ns");
+        rcni_netns::create_at(&path).expect("create persistent namespace");
+        PersistentNs { path, _dir: dir }
+    }
+
+    pub fn delete(&self) {
+        rcni_netns::delete_at(&self.path).expect("delete namespace");
+    }
+}
+
+impl Default for PersistentNs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for PersistentNs {
+    fn drop(&mut self) {
+        let _ = rcni_netns::delete_at(&self.path);
+    }
+}
+
+/// What a plugin run printed.
+#[derive(Debug)]
+pub struct Output {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    /// Asserts success and returns stdout as JSON (Null when empty).
+    pub fn ok(&self) -> Value {
+        assert_eq!(
+            self.code, 0,
+            "plugin failed: stdout {} stderr {}",
+            self.stdout, self.stderr
+        );
+        if self.stdout.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&self.stdout)
+                .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", self.stdout))
+        }
+    }
+
+    /// Asserts failure with an error JSON and returns (code, msg).
+    pub fn err(&self) -> (u64, String) {
+        assert_ne!(
+            self.code, 0,
+            "plugin unexpectedly succeeded: {}",
+            self.stdout
+        );
+        let v: Value = serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
+            panic!(
+                "error is not JSON on stdout ({e}): {:?} stderr {}",
+                self.stdout, self.stderr
+            )
+        });
+        (
+            v["code"].as_u64().expect("code"),
+            v["msg"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+}
+
+/// One plugin invocation with the `CNI_*` protocol variables.
+#[derive(Clone)]
+pub struct Call {
+    pub bin: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub stdin: Vec<u8>,
+}
+
+impl Call {
+    /// `command` with a container ID, ifname eth0 and CNI_PATH of our bin
+    /// dir; netns unset.
+    pub fn new(bin: impl Into<PathBuf>, command: &str) -> Call {
+        Call {
+            bin: bin.into(),
+            env: vec![
+                ("CNI_COMMAND".into(), command.into()),
+                ("CNI_CONTAINERID".into(), "rcni-test-container".into()),
+                ("CNI_IFNAME".into(), "eth0".into()),
+                ("CNI_PATH".into(), bin_dir().display().to_string()),
+            ],
+            stdin: Vec::new(),
+        }
+    }
+
+    pub fn env(mut self, k: &str, v: &str) -> Call {
+        self.env.retain(|(key, _)| key != k);
+        self.env.push((k.into(), v.into()));
+        self
+    }
+
+    pub fn without(mut self, k: &str) -> Call {
+        self.env.retain(|(key, _)| key != k);
+        self
+    }
+
+    pub fn netns(self, path: &str) -> Call {
+        self.env("CNI_NETNS", path)
+    }
+
+    pub fn stdin(mut self, v: &Value) -> Call {
+        self.stdin = serde_json::to_vec(v).expect("serialize");
+        self
+    }
+
+    pub fn stdin_raw(mut self, b: &[u8]) -> Call {
+        self.stdin = b.to_vec();
+        self
+    }
+
+    /// Runs the plugin in this process's namespace.
+    pub fn run(&self) -> Output {
+        self.run_cmd(Command::new(&self.bin))
+    }
+
+    /// Runs the plugin from inside `host` (a test's node namespace).
+    pub fn run_in(&self, host: &NetNs) -> Output {
+        self.run_cmd(command_in(host, &self.bin))
+    }
+
+    fn run_cmd(&self, mut cmd: Command) -> Output {
+        // Only the protocol variables we set: a CNI_* leaking in from the
+        // caller's environment must not change what the test means.
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CNI_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
+        {
+            use std::io::Write;
+            let mut stdin = child.stdin.take().expect("piped");
+            let _ = stdin.write_all(&self.stdin);
+        }
+        let out = child.wait_with_output().expect("wait for plugin");
+        Output {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+/// One ICMP echo from inside `ns` to `dst`; true if answered.
+pub fn ping(ns: &NetNs, dst: &str) -> bool {
+    command_in(ns, "ping")
+        .args(["-c", "1", "-W", "2", "-n", "-q", dst])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Asserts that nothing this test process named (`rcni-<pid>-*`) is left in
+/// the root namespace: links or /run/netns entries.
+pub fn assert_no_leaks() {
+    let prefix = format!("rcni-{}-", std::process::id());
+    let netns: Vec<String> = rcni_netns::list_named()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(netns.is_empty(), "leaked network namespaces: {netns:?}");
+    let out = Command::new("ip")
+        .args(["-o", "link", "show"])
+        .output()
+        .expect("ip link");
+    let links: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&prefix))
+        .map(String::from)
+        .collect();
+    assert!(
+        links.is_empty(),
+        "leaked links in the root namespace: {links:?}"
+    );
+}
+
+/// The result of `v` re-read through our parser, so results of different
+/// versions and plugins compare by content.
+pub fn normalize_result(v: &Value, version: &str) -> rcni_cni::CniResult {
+    rcni_cni::CniResult::from_value(v, version)
+        .unwrap_or_else(|e| panic!("not a result ({e}): {v}"))
+}

@@ -1,0 +1,1 @@
+//! Privileged integration tests live in tests/; this crate has no library code.
