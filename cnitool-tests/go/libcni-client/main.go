@@ -1,0 +1,56 @@
+// libcni-client: a real runtime client built against Debian's libcni
+// (golang-github-appc-cni-dev), so conformance tests can check that our
+// plugins and our cnitool's cache behave as libcni expects.
+//
+// Usage: libcni-client add|check|del <confdir> <network> <netns> <containerID> <ifname> <cachedir>
+// CNI_PATH gives the plugin directories. ADD prints the result JSON.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/libcni"
+)
+
+func main() {
+	if len(os.Args) != 8 {
+		fmt.Fprintln(os.Stderr, "usage: libcni-client add|check|del <confdir> <network> <netns> <containerID> <ifname> <cachedir>")
+		os.Exit(2)
+	}
+	cmd, confdir, network, netns, cid, ifname, cachedir := os.Args[1], os.Args[2], os.Args[3], os.Args[4], os.Args[5], os.Args[6], os.Args[7]
+	list, err := libcni.LoadConfList(confdir, network)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "load:", err)
+		os.Exit(1)
+	}
+	cninet := libcni.NewCNIConfigWithCacheDir(filepath.SplitList(os.Getenv("CNI_PATH")), cachedir, nil)
+	rt := &libcni.RuntimeConf{ContainerID: cid, NetNS: netns, IfName: ifname}
+	ctx := context.Background()
+	switch cmd {
+	case "add":
+		res, err := cninet.AddNetworkList(ctx, list, rt)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "add:", err)
+			os.Exit(1)
+		}
+		if err := res.Print(); err != nil {
+			os.Exit(1)
+		}
+	case "check":
+		if err := cninet.CheckNetworkList(ctx, list, rt); err != nil {
+			fmt.Fprintln(os.Stderr, "check:", err)
+			os.Exit(1)
+		}
+	case "del":
+		if err := cninet.DelNetworkList(ctx, list, rt); err != nil {
+			fmt.Fprintln(os.Stderr, "del:", err)
+			os.Exit(1)
+		}
+	default:
+		fmt.Fprintln(os.Stderr, "unknown command", cmd)
+		os.Exit(2)
+	}
+}

@@ -1,0 +1,150 @@
+//! Conformance harness: conflists from `conf/` run through our cnitool and
+//! through a libcni client (Go, built against Debian's libcni), with
+//! CNI_PATH pointing at our plugins or at the reference plugins, so the
+//! harness itself is checked against the reference.
+
+use rcni_testkit::{Output, REFERENCE_DIR, bin, bin_dir};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// Whose plugins CNI_PATH points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plugins {
+    Ours,
+    Reference,
+}
+
+impl Plugins {
+    pub fn dir(self) -> PathBuf {
+        match self {
+            Plugins::Ours => bin_dir(),
+            Plugins::Reference => PathBuf::from(REFERENCE_DIR),
+        }
+    }
+}
+
+/// The repository's `conf/` directory.
+pub fn conf_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("conf")
+}
+
+/// A config directory holding copies of some `conf/` files, and a cache
+/// directory of its own; both removed on drop.
+pub struct Harness {
+    pub plugins: Plugins,
+    pub confdir: tempfile::TempDir,
+    pub cache: tempfile::TempDir,
+}
+
+fn run(mut cmd: Command) -> Output {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CNI_") || k == "NETCONFPATH" || k == "CAP_ARGS" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.stdin(Stdio::null()).output().expect("spawn");
+    Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+impl Harness {
+    pub fn new(plugins: Plugins, confs: &[&str]) -> Harness {
+        rcni_testkit::require_root();
+        let confdir = tempfile::Builder::new()
+            .prefix("rcni-conf-")
+            .tempdir()
+            .unwrap();
+        for c in confs {
+            std::fs::copy(conf_dir().join(c), confdir.path().join(c))
+                .unwrap_or_else(|e| panic!("conf/{c}: {e}"));
+        }
+        let cache = tempfile::Builder::new()
+            .prefix("rcni-cache-")
+            .tempdir()
+            .unwrap();
+        Harness {
+            plugins,
+            confdir,
+            cache,
+        }
+    }
+
+    /// A config written by the test itself.
+    pub fn write_conf(&self, file: &str, body: &serde_json::Value) {
+        std::fs::write(
+            self.confdir.path().join(file),
+            serde_json::to_vec_pretty(body).unwrap(),
+        )
+        .unwrap();
+    }
+
+    /// Our cnitool with NETCONFPATH, CNI_PATH and the cache dir set.
+    pub fn cnitool(&self, args: &[&str]) -> Output {
+        self.cnitool_env(args, &[])
+    }
+
+    pub fn cnitool_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = Command::new(bin("cnitool"));
+        cmd.arg("--cache-dir").arg(self.cache.path()).args(args);
+        cmd.env("NETCONFPATH", self.confdir.path())
+            .env("CNI_PATH", self.plugins.dir());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(cmd)
+    }
+
+    /// The libcni client: `add|check|del` for (netns, containerID, ifname).
+    pub fn libcni(&self, cmd: &str, net: &str, netns: &str, cid: &str, ifname: &str) -> Output {
+        let mut c = Command::new(libcni_client());
+        c.args([
+            cmd,
+            &self.confdir.path().display().to_string(),
+            net,
+            netns,
+            cid,
+            ifname,
+        ])
+        .arg(self.cache.path())
+        .env("CNI_PATH", self.plugins.dir());
+        run(c)
+    }
+
+    pub fn cache_file(&self, net: &str, cid: &str, ifname: &str) -> PathBuf {
+        self.cache
+            .path()
+            .join("results")
+            .join(format!("{net}-{cid}-{ifname}"))
+    }
+}
+
+/// The libcni client binary, built on first use (`go build` against Debian's
+/// golang-github-appc-cni-dev, GOPATH mode).
+pub fn libcni_client() -> PathBuf {
+    let out = bin_dir().join("libcni-client");
+    if out.is_file() {
+        return out;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("go/libcni-client");
+    // Build to a private name and rename: tests run as parallel processes.
+    let tmp = bin_dir().join(format!("libcni-client.{}", std::process::id()));
+    let gocache = bin_dir().join("go-build-cache");
+    let status = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&tmp)
+        .arg(".")
+        .current_dir(&src)
+        .env("GO111MODULE", "off")
+        .env("GOPATH", "/usr/share/gocode")
+        .env("GOCACHE", &gocache)
+        .status()
+        .expect("run go (apt-get install golang-go golang-github-appc-cni-dev)");
+    assert!(status.success(), "building the libcni client failed");
+    std::fs::rename(&tmp, &out).unwrap();
+    out
+}
