@@ -157,6 +157,12 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+impl From<Error> for rcni_cni::CniError {
+    fn from(e: Error) -> Self {
+        rcni_cni::CniError::with_code(e.cni_code(), e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

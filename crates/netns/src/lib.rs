@@ -70,8 +70,10 @@ impl Error {
     /// not a netns, cannot enter it), 100 for other internal failures.
     pub fn cni_code(&self) -> u32 {
         match self {
-            Error::NotFound(_) | Error::NotNetns(_) | Error::Setns { .. } => 104,
-            _ => 100,
+            Error::NotFound(_) | Error::NotNetns(_) | Error::Setns { .. } => {
+                rcni_cni::ErrorCode::Netns.code()
+            }
+            _ => rcni_cni::ErrorCode::Internal.code(),
         }
     }
 
@@ -435,6 +437,12 @@ impl Drop for NsGuard {
             eprintln!("rcni-netns: cannot restore network namespace: {e}");
             std::process::abort();
         }
+    }
+}
+
+impl From<Error> for rcni_cni::CniError {
+    fn from(e: Error) -> Self {
+        rcni_cni::CniError::with_code(e.cni_code(), e.to_string())
     }
 }
 

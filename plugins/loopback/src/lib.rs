@@ -5,49 +5,43 @@ use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig, version};
 use rcni_netlink::Netlink;
 use rcni_netns::NetNs;
+use std::path::Path;
 
 pub struct Loopback;
 
-fn open_netns(args: &CmdArgs) -> Result<NetNs, CniError> {
-    let path = args.netns.as_ref().ok_or_else(|| {
+fn netns_error(path: &Path, e: rcni_netns::Error) -> CniError {
+    CniError::from(e).context(format!("failed to open netns {path:?}"))
+}
+
+/// The netns of ADD and CHECK, which the skel guarantees is set.
+fn required_netns(args: &CmdArgs) -> Result<NetNs, CniError> {
+    let path = args.netns.as_deref().ok_or_else(|| {
         CniError::new(
             ErrorCode::InvalidEnvironmentVariables,
             "required env variables [CNI_NETNS] missing",
         )
     })?;
-    NetNs::open(path).map_err(|e| {
-        CniError::with_code(e.cni_code(), format!("failed to open netns {path:?}: {e}"))
-    })
+    NetNs::open(path).map_err(|e| netns_error(path, e))
 }
 
-fn nl_err(e: rcni_netlink::Error) -> CniError {
-    CniError::with_code(e.cni_code(), e.to_string())
-}
-
-/// Addresses `lo` may carry: 127.0.0.0/8 and ::1. Anything else means this
-/// is not the loopback device we think it is, as the reference checks.
-fn is_loopback(ip: std::net::IpAddr) -> bool {
-    ip.is_loopback()
-}
-
-/// Brings `lo` up and returns its addresses.
+/// Brings `lo` up and returns its addresses. Anything but 127.0.0.0/8 and
+/// ::1 there means this is not the loopback device we think it is (the
+/// reference checks the same).
 fn lo_up(ns: &NetNs) -> Result<Vec<ipnetwork::IpNetwork>, CniError> {
-    let rt = rcni_netlink::runtime().map_err(nl_err)?;
-    rt.block_on(async {
-        let nl = Netlink::connect(ns).await.map_err(nl_err)?;
-        let lo = nl.link_by_name("lo").await.map_err(nl_err)?;
-        nl.set_up(lo.index).await.map_err(nl_err)?;
+    rcni_netlink::runtime()?.block_on(async {
+        let nl = Netlink::connect(ns).await?;
+        let lo = nl.link_by_name("lo").await?;
+        nl.set_up(lo.index).await?;
         let addrs: Vec<_> = nl
             .addresses(Some(lo.index))
-            .await
-            .map_err(nl_err)?
+            .await?
             .into_iter()
             .map(|a| a.addr)
             .collect();
-        if let Some(bad) = addrs.iter().find(|a| !is_loopback(a.ip())) {
+        if let Some(bad) = addrs.iter().find(|a| !a.ip().is_loopback()) {
             return Err(CniError::internal(format!(
-                "loopback interface found with non-loopback address {:?}",
-                bad.ip().to_string()
+                "loopback interface found with non-loopback address \"{}\"",
+                bad.ip()
             )));
         }
         Ok(addrs)
@@ -64,8 +58,7 @@ impl Plugin for Loopback {
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
-        let ns = open_netns(args)?;
-        let addrs = lo_up(&ns)?;
+        let addrs = lo_up(&required_netns(args)?)?;
         // Chained after another plugin: pass its result through unchanged.
         if let Some(prev) = args.conf.prev_result()? {
             return Ok(prev);
@@ -95,7 +88,7 @@ impl Plugin for Loopback {
     }
 
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let Some(path) = &args.netns else {
+        let Some(path) = args.netns.as_deref() else {
             return Ok(());
         };
         let ns = match NetNs::open(path) {
@@ -105,37 +98,30 @@ impl Plugin for Loopback {
             Err(e) if e.is_not_found() || matches!(e, rcni_netns::Error::NotNetns(_)) => {
                 return Ok(());
             }
-            Err(e) => {
-                return Err(CniError::with_code(
-                    e.cni_code(),
-                    format!("failed to open netns {path:?}: {e}"),
-                ));
-            }
+            Err(e) => return Err(netns_error(path, e)),
         };
-        let rt = rcni_netlink::runtime().map_err(nl_err)?;
-        rt.block_on(async {
-            let nl = Netlink::connect(&ns).await.map_err(nl_err)?;
+        rcni_netlink::runtime()?.block_on(async {
+            let nl = Netlink::connect(&ns).await?;
             match nl.link_by_name("lo").await {
-                Ok(lo) => nl.set_down(lo.index).await.map_err(nl_err),
+                Ok(lo) => Ok(nl.set_down(lo.index).await?),
                 Err(e) if e.is_not_found() => Ok(()),
-                Err(e) => Err(nl_err(e)),
+                Err(e) => Err(e.into()),
             }
         })
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let ns = open_netns(args)?;
-        let rt = rcni_netlink::runtime().map_err(nl_err)?;
-        rt.block_on(async {
-            let nl = Netlink::connect(&ns).await.map_err(nl_err)?;
-            let lo = nl.link_by_name("lo").await.map_err(nl_err)?;
+        let ns = required_netns(args)?;
+        rcni_netlink::runtime()?.block_on(async {
+            let nl = Netlink::connect(&ns).await?;
+            let lo = nl.link_by_name("lo").await?;
             if !lo.admin_up {
                 return Err(CniError::new(
                     ErrorCode::CheckFailed,
                     "loopback interface is down",
                 ));
             }
-            let addrs = nl.addresses(Some(lo.index)).await.map_err(nl_err)?;
+            let addrs = nl.addresses(Some(lo.index)).await?;
             if !addrs
                 .iter()
                 .any(|a| a.addr.ip() == std::net::Ipv4Addr::LOCALHOST)
