@@ -241,7 +241,16 @@ mod tests {
             ),
         )
         .unwrap();
-        for p in [&ok, &bad] {
+        let ipam = dir.join("ipam");
+        std::fs::write(
+            &ipam,
+            format!(
+                "#!{}\ncat >/dev/null; echo '{{\"cniVersion\":\"0.4.0\",\"ips\":[{{\"version\":\"4\",\"address\":\"10.1.0.5/16\",\"gateway\":\"10.1.0.1\"}}]}}'\n",
+                sh.display()
+            ),
+        )
+        .unwrap();
+        for p in [&ok, &bad, &ipam] {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
@@ -252,6 +261,13 @@ mod tests {
         assert_eq!((e.code, e.msg.as_str()), (11, "busy"));
         let e = delegate_cmd("bad", "DEL", b"{}", std::slice::from_ref(&dir)).unwrap_err();
         assert_eq!(e.code, 11);
+        // An IPAM result (no interfaces) read at its own version.
+        let r = delegate_add("ipam", b"{}", std::slice::from_ref(&dir), "1.0.0").unwrap();
+        assert_eq!(r.cni_version, "0.4.0");
+        assert_eq!(r.ips[0].address.to_string(), "10.1.0.5/16");
+        assert_eq!(r.ips[0].interface, None);
+        let e = delegate_add("ok", b"{}", std::slice::from_ref(&dir), "1.0.0").unwrap_err();
+        assert_eq!(e.code, 6, "a non-JSON result is a decoding failure: {e}");
         let e = exec_plugin(&dir.join("missing"), b"", &[]).unwrap_err();
         assert_eq!(e.code, 102);
         std::fs::remove_dir_all(&dir).unwrap();
