@@ -48,6 +48,14 @@ pub enum ErrorCode {
     Runtime = 105,
     /// 106: CHECK found the attachment differs from what ADD made.
     CheckFailed = 106,
+    /// 107: IPAM has no free address (range set exhausted, or the requested
+    /// address is taken).
+    NoAddress = 107,
+    /// 108: IPAM: this container and interface already hold an address in
+    /// the range set.
+    DuplicateAllocation = 108,
+    /// 109: a netfilter tool (nft, iptables) is missing or failed.
+    Netfilter = 109,
 }
 
 impl ErrorCode {

@@ -6,6 +6,7 @@ pub mod args;
 pub mod ci;
 pub mod error;
 pub mod invoke;
+pub mod rollback;
 pub mod skel;
 pub mod types;
 pub mod version;
