@@ -1,0 +1,493 @@
+//! Reservations, stored exactly as the reference's `backend/disk` stores
+//! them, so that either implementation can take over a node's state:
+//!
+//! ```text
+//! <dataDir>/<network>/lock                 flock(2)ed around every operation
+//! <dataDir>/<network>/<ip>                 "<containerID>\r\n<ifname>" (older: "<containerID>")
+//! <dataDir>/<network>/last_reserved_ip.<n> the last address reserved in range set n
+//! ```
+
+use crate::range::parse_ip;
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const LOCK_FILE: &str = "lock";
+pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
+/// Between container ID and ifname in a reservation file (`disk.LineBreak`).
+pub const LINE_BREAK: &str = "\r\n";
+
+/// One attachment: what a reservation belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl Attachment {
+    pub fn new(container_id: &str, ifname: &str) -> Attachment {
+        Attachment {
+            // The reference trims the ID when writing and when matching.
+            container_id: container_id.trim().to_string(),
+            ifname: ifname.to_string(),
+        }
+    }
+
+    /// The file content the reference writes.
+    pub fn content(&self) -> String {
+        format!("{}{LINE_BREAK}{}", self.container_id, self.ifname)
+    }
+}
+
+/// Who a reservation file names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    Attachment(Attachment),
+    /// Files written before ifnames were recorded hold only the container ID;
+    /// the reference still matches them by ID.
+    Legacy(String),
+    /// Anything else: never matched, never garbage-collected.
+    Unknown(String),
+}
+
+impl Owner {
+    /// Reads a file's content the way the reference compares it: trimmed,
+    /// then `<id>\r\n<ifname>` or `<id>`.
+    pub fn parse(content: &str) -> Owner {
+        let t = content.trim();
+        let clean = |s: &str| !s.is_empty() && !s.contains(['\r', '\n']);
+        match t.split_once(LINE_BREAK) {
+            Some((id, ifname)) if clean(id) && clean(ifname) => {
+                Owner::Attachment(Attachment::new(id, ifname))
+            }
+            None if clean(t) => Owner::Legacy(t.to_string()),
+            _ => Owner::Unknown(t.to_string()),
+        }
+    }
+
+    pub fn container_id(&self) -> Option<&str> {
+        match self {
+            Owner::Attachment(a) => Some(&a.container_id),
+            Owner::Legacy(id) => Some(id),
+            Owner::Unknown(_) => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub ip: IpAddr,
+    pub owner: Owner,
+}
+
+/// What the allocator needs from storage. Callers hold the lock (a
+/// [`DiskStore`] is locked for its whole life).
+pub trait Store {
+    /// Every reservation file, in no particular order.
+    fn reservations(&self) -> io::Result<Vec<Reservation>>;
+    /// Creates the file for `ip` unless it exists (false then), and records
+    /// `ip` as the last reserved of range set `range_id`.
+    fn reserve(&mut self, who: &Attachment, ip: IpAddr, range_id: usize) -> io::Result<bool>;
+    fn last_reserved(&self, range_id: usize) -> io::Result<Option<IpAddr>>;
+    /// Removes the reservation of `ip`; a missing one is not an error.
+    fn release(&mut self, ip: IpAddr) -> io::Result<()>;
+}
+
+/// `GetByID`: addresses `who` holds, including legacy files with its ID.
+pub fn held_by(res: &[Reservation], who: &Attachment) -> Vec<IpAddr> {
+    res.iter()
+        .filter(|r| match &r.owner {
+            Owner::Attachment(a) => a == who,
+            Owner::Legacy(id) => *id == who.container_id,
+            Owner::Unknown(_) => false,
+        })
+        .map(|r| r.ip)
+        .collect()
+}
+
+/// `ReleaseByID`'s selection: the files of exactly (containerID, ifname);
+/// only if there are none, the legacy files holding just the container ID
+/// (so a second interface's DEL cannot take a first interface's legacy
+/// file while that attachment has current-format files).
+pub fn owned_by(res: &[Reservation], who: &Attachment) -> Vec<IpAddr> {
+    let exact: Vec<IpAddr> = res
+        .iter()
+        .filter(|r| matches!(&r.owner, Owner::Attachment(a) if a == who))
+        .map(|r| r.ip)
+        .collect();
+    if !exact.is_empty() {
+        return exact;
+    }
+    res.iter()
+        .filter(|r| matches!(&r.owner, Owner::Legacy(id) if *id == who.container_id))
+        .map(|r| r.ip)
+        .collect()
+}
+
+/// Releases everything `who` owns (see [`owned_by`]); returns what went.
+/// One file failing does not keep the others: DEL releases what it can and
+/// reports the first failure.
+pub fn release_owned(store: &mut dyn Store, who: &Attachment) -> io::Result<Vec<IpAddr>> {
+    let mut released = Vec::new();
+    let mut first_err = None;
+    for ip in owned_by(&store.reservations()?, who) {
+        match store.release(ip) {
+            Ok(()) => released.push(ip),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(released),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{what}: {err}")]
+    Io { what: String, err: io::Error },
+    #[error("timed out after {}s waiting for the lock on {}", .timeout.as_secs(), .path.display())]
+    LockTimeout { path: PathBuf, timeout: Duration },
+}
+
+impl StoreError {
+    pub fn io(what: impl Into<String>, err: io::Error) -> Self {
+        StoreError::Io {
+            what: what.into(),
+            err,
+        }
+    }
+}
+
+/// The on-disk store of one network, locked from open to drop.
+pub struct DiskStore {
+    dir: PathBuf,
+    _lock: Flock<File>,
+}
+
+impl DiskStore {
+    /// `<data_dir>/<network>`, locked. With `create` the directory and the
+    /// lock file are made as the reference makes them (0755, 0750); without,
+    /// a missing directory is `None`: DEL, GC and STATUS of a network that
+    /// never had an address leave nothing behind.
+    pub fn open(
+        data_dir: &Path,
+        network: &str,
+        create: bool,
+        timeout: Duration,
+    ) -> Result<Option<DiskStore>, StoreError> {
+        let dir = data_dir.join(network);
+        if create {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&dir)
+                .map_err(|e| StoreError::io(format!("mkdir {}", dir.display()), e))?;
+        } else if !dir.is_dir() {
+            return Ok(None);
+        }
+        let path = dir.join(LOCK_FILE);
+        // go-filemutex opens O_CREAT|O_RDONLY with mode 0750; flock needs no
+        // write access. std refuses create(true) without write, hence the
+        // raw flag.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_CREAT)
+            .mode(0o750)
+            .open(&path)
+            .map_err(|e| StoreError::io(format!("open {}", path.display()), e))?;
+        let lock = lock_exclusive(file, &path, timeout)?;
+        Ok(Some(DiskStore { dir, _lock: lock }))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path_of(&self, ip: IpAddr) -> PathBuf {
+        // Go's IP.String() and Rust's Display agree (RFC 5952 for IPv6),
+        // which the differential tests check against the reference.
+        self.dir.join(ip.to_string())
+    }
+}
+
+/// flock(LOCK_EX), giving up after `timeout` (the reference waits forever;
+/// a wedged holder should surface as "try again later", not a hung ADD).
+/// The blocking call runs on a helper thread; if it wins after we gave up,
+/// the lock is dropped (unlocked) at once because nobody receives it.
+fn lock_exclusive(file: File, path: &Path, timeout: Duration) -> Result<Flock<File>, StoreError> {
+    let io_err = |e: Errno| StoreError::io(format!("flock {}", path.display()), e.into());
+    let file = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(l) => return Ok(l),
+        Err((f, e)) if e == Errno::EWOULDBLOCK => f,
+        Err((_, e)) => return Err(io_err(e)),
+    };
+    let (tx, rx) = mpsc::sync_channel(1);
+    std::thread::spawn(move || {
+        let mut file = file;
+        let r = loop {
+            match Flock::lock(file, FlockArg::LockExclusive) {
+                Err((f, Errno::EINTR)) => file = f,
+                Ok(l) => break Ok(l),
+                Err((_, e)) => break Err(e),
+            }
+        };
+        // A failed send means the caller timed out: dropping the lock
+        // returned inside the error unlocks it.
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(timeout) {
+        Ok(Ok(l)) => Ok(l),
+        Ok(Err(e)) => Err(io_err(e)),
+        Err(_) => Err(StoreError::LockTimeout {
+            path: path.to_path_buf(),
+            timeout,
+        }),
+    }
+}
+
+impl Store for DiskStore {
+    fn reservations(&self) -> io::Result<Vec<Reservation>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name == LOCK_FILE || name.starts_with(LAST_RESERVED_PREFIX) {
+                continue;
+            }
+            let Some(ip) = parse_ip(name) else { continue };
+            if !entry.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            // Unreadable files are skipped, as the reference skips them.
+            let Ok(data) = std::fs::read(entry.path()) else {
+                continue;
+            };
+            out.push(Reservation {
+                ip,
+                owner: Owner::parse(&String::from_utf8_lossy(&data)),
+            });
+        }
+        Ok(out)
+    }
+
+    fn reserve(&mut self, who: &Attachment, ip: IpAddr, range_id: usize) -> io::Result<bool> {
+        let path = self.path_of(ip);
+        let mut f = match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let written = f.write_all(who.content().as_bytes()).and_then(|()| {
+            write_file(
+                &self.dir.join(format!("{LAST_RESERVED_PREFIX}{range_id}")),
+                ip.to_string().as_bytes(),
+            )
+        });
+        if let Err(e) = written {
+            // The reference keeps the address file when only the
+            // last_reserved_ip write fails, leaking it; we undo both.
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    fn last_reserved(&self, range_id: usize) -> io::Result<Option<IpAddr>> {
+        match std::fs::read_to_string(self.dir.join(format!("{LAST_RESERVED_PREFIX}{range_id}"))) {
+            Ok(s) => Ok(parse_ip(s.trim())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            // Round-robin is an optimisation: an unreadable marker only
+            // restarts the walk, as in the reference.
+            Err(_) => Ok(None),
+        }
+    }
+
+    fn release(&mut self, ip: IpAddr) -> io::Result<()> {
+        match std::fs::remove_file(self.path_of(ip)) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            r => r,
+        }
+    }
+}
+
+/// `ioutil.WriteFile(path, data, 0644)`.
+fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(path)?
+        .write_all(data)
+}
+
+/// An in-memory store with the disk store's semantics, for pure tests.
+#[derive(Debug, Default, Clone)]
+pub struct MemStore {
+    pub files: BTreeMap<IpAddr, String>,
+    pub last: BTreeMap<usize, IpAddr>,
+}
+
+impl Store for MemStore {
+    fn reservations(&self) -> io::Result<Vec<Reservation>> {
+        Ok(self
+            .files
+            .iter()
+            .map(|(ip, c)| Reservation {
+                ip: *ip,
+                owner: Owner::parse(c),
+            })
+            .collect())
+    }
+
+    fn reserve(&mut self, who: &Attachment, ip: IpAddr, range_id: usize) -> io::Result<bool> {
+        if self.files.contains_key(&ip) {
+            return Ok(false);
+        }
+        self.files.insert(ip, who.content());
+        self.last.insert(range_id, ip);
+        Ok(true)
+    }
+
+    fn last_reserved(&self, range_id: usize) -> io::Result<Option<IpAddr>> {
+        Ok(self.last.get(&range_id).copied())
+    }
+
+    fn release(&mut self, ip: IpAddr) -> io::Result<()> {
+        self.files.remove(&ip);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn owner_parsing() {
+        assert_eq!(
+            Owner::parse("abc\r\neth0"),
+            Owner::Attachment(Attachment::new("abc", "eth0"))
+        );
+        assert_eq!(
+            Owner::parse("  abc\r\neth0\n"),
+            Owner::Attachment(Attachment::new("abc", "eth0"))
+        );
+        assert_eq!(Owner::parse("abc\n"), Owner::Legacy("abc".into()));
+        assert_eq!(
+            Owner::parse("abc\neth0"),
+            Owner::Unknown("abc\neth0".into())
+        );
+        assert_eq!(Owner::parse(""), Owner::Unknown(String::new()));
+        assert_eq!(Attachment::new(" abc ", "eth0").content(), "abc\r\neth0");
+    }
+
+    #[test]
+    fn release_prefers_exact_matches_over_legacy_files() {
+        let mut s = MemStore::default();
+        s.files.insert(ip("10.0.0.2"), "c1\r\neth0".into());
+        s.files.insert(ip("10.0.0.3"), "c1".into());
+        s.files.insert(ip("10.0.0.4"), "c1\r\neth1".into());
+        s.files.insert(ip("10.0.0.5"), "c2\r\neth0".into());
+        let eth0 = Attachment::new("c1", "eth0");
+        let res = s.reservations().unwrap();
+        let mut held = held_by(&res, &eth0);
+        held.sort();
+        assert_eq!(held, [ip("10.0.0.2"), ip("10.0.0.3")]);
+        assert_eq!(release_owned(&mut s, &eth0).unwrap(), [ip("10.0.0.2")]);
+        // Now only the legacy file can match c1/eth0.
+        assert_eq!(release_owned(&mut s, &eth0).unwrap(), [ip("10.0.0.3")]);
+        assert!(release_owned(&mut s, &eth0).unwrap().is_empty());
+        assert_eq!(s.files.len(), 2);
+    }
+
+    #[test]
+    fn disk_layout() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = Duration::from_secs(5);
+        assert!(
+            DiskStore::open(tmp.path(), "net", false, t)
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            !tmp.path().join("net").exists(),
+            "open without create makes nothing"
+        );
+        let mut s = DiskStore::open(tmp.path(), "net", true, t)
+            .unwrap()
+            .unwrap();
+        let who = Attachment::new("cid", "eth0");
+        assert!(s.reserve(&who, ip("10.0.0.2"), 0).unwrap());
+        assert!(!s.reserve(&who, ip("10.0.0.2"), 0).unwrap());
+        assert!(s.reserve(&who, ip("2001:db8::2"), 1).unwrap());
+        let dir = tmp.path().join("net");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("10.0.0.2")).unwrap(),
+            "cid\r\neth0"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("2001:db8::2")).unwrap(),
+            "cid\r\neth0"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
+            "10.0.0.2"
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("last_reserved_ip.1")).unwrap(),
+            "2001:db8::2"
+        );
+        assert!(dir.join("lock").is_file());
+        std::fs::write(dir.join("not-an-ip"), "cid\r\neth0").unwrap();
+        let mut res = s.reservations().unwrap();
+        res.sort_by_key(|r| r.ip);
+        assert_eq!(res.len(), 2);
+        assert_eq!(s.last_reserved(0).unwrap(), Some(ip("10.0.0.2")));
+        assert_eq!(s.last_reserved(7).unwrap(), None);
+        s.release(ip("10.0.0.2")).unwrap();
+        s.release(ip("10.0.0.2")).unwrap();
+        assert!(!dir.join("10.0.0.2").exists());
+    }
+
+    #[test]
+    fn lock_excludes_and_times_out() {
+        let tmp = tempfile::tempdir().unwrap();
+        let held = DiskStore::open(tmp.path(), "net", true, Duration::from_secs(5))
+            .unwrap()
+            .unwrap();
+        let e = DiskStore::open(tmp.path(), "net", true, Duration::from_millis(200))
+            .err()
+            .expect("second lock must wait and give up");
+        assert!(matches!(e, StoreError::LockTimeout { .. }), "{e}");
+        drop(held);
+        // The helper thread of the timed-out open wins the lock now and
+        // must drop it again at once.
+        assert!(
+            DiskStore::open(tmp.path(), "net", true, Duration::from_secs(5))
+                .unwrap()
+                .is_some()
+        );
+    }
+}
