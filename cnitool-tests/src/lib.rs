@@ -36,6 +36,10 @@ pub struct Harness {
     pub plugins: Plugins,
     pub confdir: tempfile::TempDir,
     pub cache: tempfile::TempDir,
+    /// host-local state of the copied configs.
+    pub data: tempfile::TempDir,
+    /// When set, cnitool runs inside this namespace (the node).
+    pub node: Option<rcni_testkit::TestNs>,
 }
 
 fn run(mut cmd: Command) -> Output {
@@ -55,23 +59,41 @@ fn run(mut cmd: Command) -> Output {
 impl Harness {
     pub fn new(plugins: Plugins, confs: &[&str]) -> Harness {
         rcni_testkit::require_root();
-        let confdir = tempfile::Builder::new()
-            .prefix("rcni-conf-")
-            .tempdir()
-            .unwrap();
+        let tmp = |p: &str| tempfile::Builder::new().prefix(p).tempdir().unwrap();
+        let (confdir, data, cache) = (tmp("rcni-conf-"), tmp("rcni-ipam-"), tmp("rcni-cache-"));
         for c in confs {
-            std::fs::copy(conf_dir().join(c), confdir.path().join(c))
-                .unwrap_or_else(|e| panic!("conf/{c}: {e}"));
-        }
-        let cache = tempfile::Builder::new()
-            .prefix("rcni-cache-")
-            .tempdir()
+            let text =
+                std::fs::read(conf_dir().join(c)).unwrap_or_else(|e| panic!("conf/{c}: {e}"));
+            let mut v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+            // Keep host-local's state in the test's own directory.
+            let plugins = match v.get_mut("plugins") {
+                Some(p) => p.as_array_mut().unwrap().iter_mut().collect::<Vec<_>>(),
+                None => vec![&mut v],
+            };
+            for p in plugins {
+                if p["ipam"]["type"] == "host-local" {
+                    p["ipam"]["dataDir"] = data.path().display().to_string().into();
+                }
+            }
+            std::fs::write(
+                confdir.path().join(c),
+                serde_json::to_vec_pretty(&v).unwrap(),
+            )
             .unwrap();
+        }
         Harness {
             plugins,
             confdir,
             cache,
+            data,
+            node: None,
         }
+    }
+
+    /// Runs cnitool from inside a fresh node namespace (where bridges live).
+    pub fn with_node(mut self) -> Harness {
+        self.node = Some(rcni_testkit::TestNs::new());
+        self
     }
 
     /// A config written by the test itself.
@@ -89,7 +111,10 @@ impl Harness {
     }
 
     pub fn cnitool_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
-        let mut cmd = Command::new(bin("cnitool"));
+        let mut cmd = match &self.node {
+            Some(n) => n.command(bin("cnitool")),
+            None => Command::new(bin("cnitool")),
+        };
         cmd.arg("--cache-dir").arg(self.cache.path()).args(args);
         cmd.env("NETCONFPATH", self.confdir.path())
             .env("CNI_PATH", self.plugins.dir());

@@ -1,0 +1,728 @@
+//! The bridge binary with our IPAM plugins: a node namespace holds the
+//! bridge, pods are fresh namespaces; real packets, kernel state, CHECK
+//! after damage, every DEL path, rollback, and the reference side by side.
+
+mod common;
+
+use common::{Node, addr_of, ip_link_json, nl};
+use rcni_netlink::Family;
+use rcni_netns::NetNs;
+use rcni_testkit::{
+    Call, PersistentNs, TestNs, bin, bin_dir, normalize_result, ping, reference_bin,
+};
+use serde_json::{Value, json};
+use std::path::Path;
+
+#[test]
+fn pods_reach_each_other_and_the_gateway_dual_stack() {
+    let node = Node::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let conf = node.conf("1.0.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &conf);
+    let rb = node.add(&b, "ctr-b", &conf);
+
+    // The reference shape: [bridge, host veth, container veth(sandbox)], ips on 2.
+    let ifs = ra["interfaces"].as_array().unwrap();
+    assert_eq!(ifs.len(), 3);
+    assert_eq!(ifs[0]["name"], "cni0");
+    assert!(ifs[1]["name"].as_str().unwrap().starts_with("veth"));
+    assert_eq!(
+        ifs[2],
+        json!({"name": "eth0", "mac": ifs[2]["mac"], "sandbox": a.path()})
+    );
+    assert!(
+        ra["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["interface"] == 2)
+    );
+    assert_eq!(ra["ips"][0]["gateway"], "10.88.0.1");
+    assert_eq!(ra["ips"][1]["gateway"], "fd88::1");
+    assert_eq!(
+        ra["routes"],
+        json!([{"dst":"0.0.0.0/0","gw":"10.88.0.1"},{"dst":"::/0","gw":"fd88::1"}])
+    );
+
+    // Kernel state: host veth enslaved to the bridge, gateway on the bridge.
+    let host_veth = ifs[1]["name"].as_str().unwrap().to_string();
+    nl(&node.ns.ns, async |n| {
+        let br = n.link_by_name("cni0").await.unwrap();
+        assert_eq!(br.kind.as_deref(), Some("bridge"));
+        let v = n.link_by_name(&host_veth).await.unwrap();
+        assert_eq!(v.master, Some(br.index));
+        assert!(v.oper_up);
+        let addrs: Vec<String> = n
+            .addresses(Some(br.index))
+            .await
+            .unwrap()
+            .iter()
+            .map(|a| a.addr.to_string())
+            .collect();
+        assert!(
+            addrs.contains(&"10.88.0.1/24".into()) && addrs.contains(&"fd88::1/64".into()),
+            "{addrs:?}"
+        );
+        assert_eq!(ifs[0]["mac"], br.mac.unwrap().to_string());
+    });
+    nl(&a.ns, async |n| {
+        let l = n.link_by_name("eth0").await.unwrap();
+        assert_eq!(l.mac.unwrap().to_string(), ifs[2]["mac"].as_str().unwrap());
+        let routes = n.routes(Family::All).await.unwrap();
+        assert!(
+            routes
+                .iter()
+                .any(|r| r.dst.prefix() == 0 && r.gateway == Some("10.88.0.1".parse().unwrap()))
+        );
+    });
+    assert_eq!(
+        rcni_netlink::sysctl::get(&node.ns.ns, "net.ipv4.ip_forward")
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    assert_eq!(
+        rcni_netlink::sysctl::get(&a.ns, "net/ipv6/conf/eth0/accept_dad")
+            .unwrap()
+            .trim(),
+        "0"
+    );
+
+    for (from, to) in [(&a, &rb), (&b, &ra)] {
+        assert!(ping(&from.ns, &addr_of(to, true)), "pod to pod over IPv4");
+        assert!(ping(&from.ns, &addr_of(to, false)), "pod to pod over IPv6");
+    }
+    assert!(
+        ping(&a.ns, "10.88.0.1") && ping(&a.ns, "fd88::1"),
+        "pod to gateway"
+    );
+    assert!(ping(&node.ns.ns, &addr_of(&rb, true)), "node to pod");
+
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        node.call(
+            &bin("bridge"),
+            "CHECK",
+            &pod.path(),
+            cid,
+            &Node::with_prev(&conf, r),
+        )
+        .ok();
+        node.call(
+            &bin("bridge"),
+            "DEL",
+            &pod.path(),
+            cid,
+            &Node::with_prev(&conf, r),
+        )
+        .ok();
+    }
+    assert!(node.reservations().is_empty());
+    nl(&node.ns.ns, async |n| {
+        let left: Vec<String> = n
+            .links()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| l.name)
+            .filter(|n| n.starts_with("veth"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    });
+}
+
+#[test]
+fn every_spec_version_gets_its_result_shape() {
+    let node = Node::new();
+    for v in rcni_cni::version::ALL {
+        let pod = TestNs::new();
+        let conf = node.conf(v, json!({}));
+        let r = node.add(&pod, "ctr", &conf);
+        assert_eq!(r["cniVersion"], *v);
+        match *v {
+            "0.1.0" | "0.2.0" => {
+                assert!(
+                    r["ip4"]["ip"].as_str().unwrap().starts_with("10.88.0."),
+                    "{r}"
+                );
+                assert_eq!(r["ip4"]["gateway"], "10.88.0.1");
+                assert_eq!(
+                    r["ip4"]["routes"],
+                    json!([{"dst":"0.0.0.0/0","gw":"10.88.0.1"}])
+                );
+                assert!(r["ip6"]["ip"].as_str().unwrap().starts_with("fd88::"));
+            }
+            _ => {
+                assert_eq!(r["interfaces"].as_array().unwrap().len(), 3);
+                assert_eq!(
+                    r["ips"][0]["version"].is_string(),
+                    v.starts_with("0."),
+                    "{v}: {r}"
+                );
+            }
+        }
+        node.call(&bin("bridge"), "DEL", &pod.path(), "ctr", &conf)
+            .ok();
+        assert!(node.reservations().is_empty(), "{v}");
+    }
+}
+
+#[test]
+fn check_passes_after_add_and_fails_after_damage() {
+    let node = Node::new();
+    let conf = node.conf("1.0.0", json!({}));
+    type Damage = fn(&NetNs, &NetNs, &Value);
+    let damage: [(&str, Damage); 4] = [
+        ("address removed", |_, pod, r| {
+            let a = r["ips"][0]["address"].as_str().unwrap().parse().unwrap();
+            nl(pod, async |n| {
+                let l = n.link_by_name("eth0").await.unwrap();
+                n.del_address(l.index, a).await.unwrap();
+            });
+        }),
+        ("default route removed", |_, pod, _| {
+            nl(pod, async |n| {
+                let r = n
+                    .routes(Family::V4)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .find(|r| r.dst.prefix() == 0)
+                    .unwrap();
+                n.del_route(&r).await.unwrap();
+            });
+        }),
+        ("host veth taken off the bridge", |node, _, r| {
+            let name = r["interfaces"][1]["name"].as_str().unwrap().to_string();
+            nl(node, async |n| {
+                let l = n.link_by_name(&name).await.unwrap();
+                n.set_nomaster(l.index).await.unwrap();
+            });
+        }),
+        ("container interface deleted", |_, pod, _| {
+            nl(pod, async |n| {
+                let l = n.link_by_name("eth0").await.unwrap();
+                n.delete_link(l.index).await.unwrap();
+            });
+        }),
+    ];
+    for (what, f) in damage {
+        let pod = TestNs::new();
+        let r = node.add(&pod, "ctr", &conf);
+        let with = Node::with_prev(&conf, &r);
+        node.call(&bin("bridge"), "CHECK", &pod.path(), "ctr", &with)
+            .ok();
+        f(&node.ns.ns, &pod.ns, &r);
+        let (code, msg) = node
+            .call(&bin("bridge"), "CHECK", &pod.path(), "ctr", &with)
+            .err();
+        assert_eq!(code, 106, "{what}: {msg}");
+        node.call(&bin("bridge"), "DEL", &pod.path(), "ctr", &with)
+            .ok();
+    }
+    // CHECK without prevResult is a config error.
+    let pod = TestNs::new();
+    node.add(&pod, "ctr", &conf);
+    assert_eq!(
+        node.call(&bin("bridge"), "CHECK", &pod.path(), "ctr", &conf)
+            .err()
+            .0,
+        7
+    );
+    node.call(&bin("bridge"), "DEL", &pod.path(), "ctr", &conf)
+        .ok();
+}
+
+#[test]
+fn del_is_idempotent_and_works_without_the_netns() {
+    let node = Node::new();
+    let conf = node.conf("1.0.0", json!({}));
+    // Twice.
+    let pod = TestNs::new();
+    let r = node.add(&pod, "twice", &conf);
+    let with = Node::with_prev(&conf, &r);
+    node.call(&bin("bridge"), "DEL", &pod.path(), "twice", &with)
+        .ok();
+    node.call(&bin("bridge"), "DEL", &pod.path(), "twice", &with)
+        .ok();
+    // Empty CNI_NETNS: the reservation is still released.
+    let pod = TestNs::new();
+    let r = node.add(&pod, "nonetns", &conf);
+    assert_eq!(node.reservations().len(), 2);
+    node.call(
+        &bin("bridge"),
+        "DEL",
+        "",
+        "nonetns",
+        &Node::with_prev(&conf, &r),
+    )
+    .ok();
+    assert!(node.reservations().is_empty());
+    node.call(&bin("bridge"), "DEL", &pod.path(), "nonetns", &conf)
+        .ok();
+    // The netns deleted first (its veth dies with it).
+    let gone = PersistentNs::new();
+    let path = gone.path.display().to_string();
+    let r = node.call(&bin("bridge"), "ADD", &path, "gone", &conf).ok();
+    gone.delete();
+    node.call(
+        &bin("bridge"),
+        "DEL",
+        &path,
+        "gone",
+        &Node::with_prev(&conf, &r),
+    )
+    .ok();
+    node.call(&bin("bridge"), "DEL", &path, "gone", &conf).ok();
+    assert!(node.reservations().is_empty());
+    nl(&node.ns.ns, async |n| {
+        let left: Vec<String> = n
+            .links()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|l| l.name)
+            .filter(|n| n.starts_with("veth"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+    });
+}
+
+#[test]
+fn failed_add_rolls_back_link_and_reservation() {
+    let node = Node::new();
+    // The bridge holds a different IPv4 address and forceAddress is off: ADD
+    // fails after IPAM has reserved and the veth exists.
+    nl(&node.ns.ns, async |n| {
+        let br = n.ensure_bridge("cni0", None).await.unwrap();
+        n.add_address(br.index, "10.88.0.254/24".parse().unwrap())
+            .await
+            .unwrap();
+    });
+    let pod = TestNs::new();
+    let conf = node.conf("1.0.0", json!({}));
+    let (code, msg) = node
+        .call(&bin("bridge"), "ADD", &pod.path(), "ctr", &conf)
+        .err();
+    assert_eq!(code, 7, "{msg}");
+    assert!(
+        msg.contains("already has an IP address different from 10.88.0.1/24"),
+        "{msg}"
+    );
+    assert!(node.reservations().is_empty(), "IPAM released on failure");
+    nl(&pod.ns, async |n| {
+        assert!(n.find_link("eth0").await.unwrap().is_none())
+    });
+    nl(&node.ns.ns, async |n| {
+        assert!(
+            !n.links()
+                .await
+                .unwrap()
+                .iter()
+                .any(|l| l.name.starts_with("veth"))
+        );
+    });
+    // forceAddress replaces it.
+    let r = node.add(
+        &pod,
+        "ctr",
+        &node.conf("1.0.0", json!({"forceAddress": true})),
+    );
+    nl(&node.ns.ns, async |n| {
+        let br = n.link_by_name("cni0").await.unwrap();
+        let a: Vec<String> = n
+            .addresses(Some(br.index))
+            .await
+            .unwrap()
+            .iter()
+            .map(|a| a.addr.to_string())
+            .collect();
+        assert!(
+            a.contains(&"10.88.0.1/24".into()) && !a.contains(&"10.88.0.254/24".into()),
+            "{a:?}"
+        );
+    });
+    node.call(
+        &bin("bridge"),
+        "DEL",
+        &pod.path(),
+        "ctr",
+        &Node::with_prev(&conf, &r),
+    )
+    .ok();
+    // An existing interface of that name in the container: error, nothing touched.
+    nl(&pod.ns, async |n| {
+        n.create_veth("eth0", "other0", None, None).await.unwrap();
+    });
+    assert_eq!(
+        node.call(&bin("bridge"), "ADD", &pod.path(), "ctr", &conf)
+            .err()
+            .0,
+        4
+    );
+    assert!(node.reservations().is_empty());
+}
+
+#[test]
+fn hairpin_and_port_isolation() {
+    let node = Node::new();
+    let conf = node.conf("1.0.0", json!({"hairpinMode": true}));
+    let p = TestNs::new();
+    let r = node.add(&p, "hp", &conf);
+    let port = r["interfaces"][1]["name"].as_str().unwrap().to_string();
+    assert_eq!(
+        ip_link_json(&node.ns.ns, &port)["linkinfo"]["info_slave_data"]["hairpin"],
+        true
+    );
+    node.call(&bin("bridge"), "DEL", &p.path(), "hp", &conf)
+        .ok();
+
+    let conf = node.conf("1.0.0", json!({"portIsolation": true}));
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let ra = node.add(&a, "iso-a", &conf);
+    let rb = node.add(&b, "iso-b", &conf);
+    let port = ra["interfaces"][1]["name"].as_str().unwrap().to_string();
+    assert_eq!(
+        ip_link_json(&node.ns.ns, &port)["linkinfo"]["info_slave_data"]["isolated"],
+        true
+    );
+    assert!(
+        ping(&a.ns, "10.88.0.1"),
+        "an isolated port still reaches the gateway"
+    );
+    assert!(
+        !ping(&a.ns, &addr_of(&rb, true)),
+        "isolated ports do not reach each other"
+    );
+    let _ = (ra, rb);
+    let bad = node.conf("1.0.0", json!({"hairpinMode": true, "promiscMode": true}));
+    assert_eq!(
+        node.call(&bin("bridge"), "ADD", &TestNs::new().path(), "x", &bad)
+            .err()
+            .0,
+        7
+    );
+}
+
+#[test]
+fn mtu_promisc_mac_dad_and_l2_options() {
+    let node = Node::new();
+    let p = TestNs::new();
+    let mut conf = node.conf("1.0.0", json!({"bridge": "brm", "mtu": 1400, "promiscMode": true, "enabledad": true,
+        "args": {"cni": {"mac": "0a:58:0a:00:00:02"}}, "runtimeConfig": {"mac": "0a:58:0a:00:00:03"}}));
+    let r = Call::new(bin("bridge"), "ADD")
+        .env("CNI_PATH", &node.cni_path)
+        .env("CNI_ARGS", "IgnoreUnknown=1;MAC=0a:58:0a:00:00:01")
+        .netns(&p.path())
+        .stdin(&conf)
+        .run_in(&node.ns.ns)
+        .ok();
+    assert_eq!(
+        r["interfaces"][2]["mac"], "0a:58:0a:00:00:03",
+        "runtimeConfig wins over args and CNI_ARGS"
+    );
+    nl(&p.ns, async |n| {
+        assert_eq!(n.link_by_name("eth0").await.unwrap().mtu, 1400)
+    });
+    nl(&node.ns.ns, async |n| {
+        let br = n.link_by_name("brm").await.unwrap();
+        assert_eq!(br.mtu, 1400);
+        assert!(br.promisc);
+    });
+    assert_eq!(
+        rcni_netlink::sysctl::get(&p.ns, "net/ipv6/conf/eth0/accept_dad")
+            .unwrap()
+            .trim(),
+        "1"
+    );
+    conf["prevResult"] = r;
+    node.call(
+        &bin("bridge"),
+        "CHECK",
+        &p.path(),
+        "rcni-test-container",
+        &conf,
+    )
+    .ok();
+
+    // L2 only: no IPAM, interface up, no addresses.
+    let p = TestNs::new();
+    let l2 = json!({"cniVersion": "1.0.0", "name": "l2", "type": "bridge", "bridge": "brl2", "ipam": {}});
+    let r = node.add(&p, "l2", &l2);
+    assert!(r.get("ips").is_none());
+    nl(&p.ns, async |n| {
+        assert!(n.link_by_name("eth0").await.unwrap().admin_up)
+    });
+    // disableContainerInterface leaves it down; with IPAM it is refused.
+    let p = TestNs::new();
+    let down = json!({"cniVersion": "1.0.0", "name": "l2", "type": "bridge", "bridge": "brl2", "disableContainerInterface": true});
+    node.add(&p, "down", &down);
+    nl(&p.ns, async |n| {
+        assert!(!n.link_by_name("eth0").await.unwrap().admin_up)
+    });
+    let bad = node.conf("1.0.0", json!({"disableContainerInterface": true}));
+    assert_eq!(
+        node.call(&bin("bridge"), "ADD", &TestNs::new().path(), "x", &bad)
+            .err()
+            .0,
+        7
+    );
+    // dns from the config replaces IPAM's.
+    let p = TestNs::new();
+    let r = node.add(
+        &p,
+        "dns",
+        &node.conf(
+            "1.0.0",
+            json!({"dns": {"nameservers": ["10.88.0.10"], "search": ["svc"]}}),
+        ),
+    );
+    assert_eq!(
+        r["dns"],
+        json!({"nameservers": ["10.88.0.10"], "search": ["svc"]})
+    );
+}
+
+#[test]
+fn status_and_gc_reach_ipam() {
+    let node = Node::new();
+    let conf = node.conf("1.1.0", json!({}));
+    let (a, b) = (TestNs::new(), TestNs::new());
+    node.add(&a, "keep", &conf);
+    node.add(&b, "stale", &conf);
+    assert_eq!(node.reservations().len(), 4);
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
+    Call::new(bin("bridge"), "GC")
+        .env("CNI_PATH", &node.cni_path)
+        .env("CNI_CONTAINERID", "")
+        .env("CNI_IFNAME", "")
+        .stdin(&gc)
+        .run_in(&node.ns.ns)
+        .ok();
+    assert_eq!(
+        node.reservations().len(),
+        2,
+        "the stale attachment's addresses are released"
+    );
+    Call::new(bin("bridge"), "STATUS")
+        .env("CNI_PATH", &node.cni_path)
+        .stdin(&conf)
+        .run_in(&node.ns.ns)
+        .ok();
+    // A /30 holds one address (gateway .1, .2 for the pod): the next STATUS is 50.
+    let small = node.conf(
+        "1.1.0",
+        json!({"name": "tiny", "bridge": "cni1", "ipam": {"type": "host-local", "dataDir": node.data.path(),
+        "ranges": [[{"subnet": "10.99.0.0/30"}]]}}),
+    );
+    node.add(&TestNs::new(), "only", &small);
+    let (code, _) = Call::new(bin("bridge"), "STATUS")
+        .env("CNI_PATH", &node.cni_path)
+        .stdin(&small)
+        .run_in(&node.ns.ns)
+        .err();
+    assert_eq!(code, 50);
+}
+
+#[test]
+fn same_result_and_state_as_the_reference() {
+    // Our bridge + our host-local against the reference's, same config.
+    for v in ["0.3.1", "0.4.0", "1.0.0"] {
+        let mut results = Vec::new();
+        let mut states = Vec::new();
+        for (bridge, path) in [
+            (bin("bridge"), bin_dir()),
+            (
+                reference_bin("bridge"),
+                Path::new("/usr/lib/cni").to_path_buf(),
+            ),
+        ] {
+            let node = Node::with_path(path.display().to_string());
+            let pod = TestNs::new();
+            let conf = node.conf(v, json!({"hairpinMode": true, "mtu": 1450}));
+            let r = node.call(&bridge, "ADD", &pod.path(), "diff", &conf).ok();
+            let mut n = normalize_result(&r, v);
+            for i in &mut n.interfaces {
+                i.mac.clear();
+                if i.name.starts_with("veth") {
+                    i.name = "veth".into();
+                }
+                i.sandbox.clear();
+            }
+            results.push(n);
+            let pod_state = nl(&pod.ns, async |n| {
+                let l = n.link_by_name("eth0").await.unwrap();
+                let mut a: Vec<String> = n
+                    .addresses(Some(l.index))
+                    .await
+                    .unwrap()
+                    .iter()
+                    .filter(|a| !a.addr.ip().to_string().starts_with("fe80"))
+                    .map(|a| a.addr.to_string())
+                    .collect();
+                a.sort();
+                let mut r: Vec<String> = n
+                    .routes(Family::All)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .filter(|r| !r.dst.ip().to_string().starts_with("fe80"))
+                    .map(|r| format!("{} via {:?}", r.dst, r.gateway))
+                    .collect();
+                r.sort();
+                (l.mtu, l.admin_up, a, r)
+            });
+            let node_state = nl(&node.ns.ns, async |n| {
+                let br = n.link_by_name("cni0").await.unwrap();
+                let mut a: Vec<String> = n
+                    .addresses(Some(br.index))
+                    .await
+                    .unwrap()
+                    .iter()
+                    .filter(|a| !a.addr.ip().to_string().starts_with("fe80"))
+                    .map(|a| a.addr.to_string())
+                    .collect();
+                a.sort();
+                (br.mtu, a)
+            });
+            let port = r["interfaces"][1]["name"].as_str().unwrap().to_string();
+            let hairpin =
+                ip_link_json(&node.ns.ns, &port)["linkinfo"]["info_slave_data"]["hairpin"].clone();
+            states.push((pod_state, node_state, hairpin));
+            node.call(
+                &bridge,
+                "DEL",
+                &pod.path(),
+                "diff",
+                &Node::with_prev(&conf, &r),
+            )
+            .ok();
+            assert!(node.reservations().is_empty());
+        }
+        assert_eq!(results[0], results[1], "{v}: result");
+        assert_eq!(states[0], states[1], "{v}: kernel state");
+    }
+}
+
+#[test]
+fn macspoofchk_drops_frames_from_another_mac() {
+    let node = Node::new();
+    let conf = node.conf("1.0.0", json!({"macspoofchk": true}));
+    let p = TestNs::new();
+    let r = node.add(&p, "spoof", &conf);
+    let with = Node::with_prev(&conf, &r);
+    assert!(ping(&p.ns, "10.88.0.1"), "own MAC passes");
+    node.call(&bin("bridge"), "CHECK", &p.path(), "spoof", &with)
+        .ok();
+    let set_mac = |mac: &str| {
+        let st = rcni_testkit::command_in(&p.ns, "ip")
+            .args(["link", "set", "eth0", "address", mac])
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    set_mac("0a:58:de:ad:be:ef");
+    assert!(
+        !ping(&p.ns, "10.88.0.1"),
+        "a spoofed MAC is dropped at the bridge"
+    );
+    set_mac(r["interfaces"][2]["mac"].as_str().unwrap());
+    assert!(ping(&p.ns, "10.88.0.1"));
+    node.call(&bin("bridge"), "DEL", &p.path(), "spoof", &with)
+        .ok();
+    let rules = rcni_testkit::command_in(&node.ns.ns, "nft")
+        .args(["list", "table", "bridge", "nat"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&rules.stdout);
+    assert!(
+        !text.contains("macspoofchk-spoof-eth0") && !text.contains("cni-br-iface-spoof"),
+        "{text}"
+    );
+    node.call(&bin("bridge"), "DEL", &p.path(), "spoof", &with)
+        .ok();
+}
+
+fn masq_rules(node: &NetNs) -> String {
+    let ipt = rcni_testkit::command_in(node, "iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .unwrap();
+    let nft = rcni_testkit::command_in(node, "nft")
+        .args(["list", "ruleset"])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ipt.stdout),
+        String::from_utf8_lossy(&nft.stdout)
+    );
+    text.lines()
+        .filter(|l| l.contains("masq") || l.contains("MASQ") || l.contains("CNI-"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn ip_masq_rules_follow_the_attachment_even_without_netns() {
+    for backend in ["iptables", "nftables"] {
+        let node = Node::new();
+        let conf = node.conf("1.1.0", json!({"ipMasq": true, "ipMasqBackend": backend}));
+        let (a, b) = (TestNs::new(), TestNs::new());
+        let ra = node.add(&a, "masq-a", &conf);
+        let rb = node.add(&b, "masq-b", &conf);
+        let rules = masq_rules(&node.ns.ns);
+        assert!(
+            rules.contains("10.88.0.2") && rules.contains("10.88.0.3"),
+            "{backend}: {rules}"
+        );
+        node.call(
+            &bin("bridge"),
+            "CHECK",
+            &a.path(),
+            "masq-a",
+            &Node::with_prev(&conf, &ra),
+        )
+        .ok();
+        // DEL with an empty CNI_NETNS (the runtime lost the netns): prevResult
+        // still names the addresses, and the rules go.
+        node.call(
+            &bin("bridge"),
+            "DEL",
+            "",
+            "masq-a",
+            &Node::with_prev(&conf, &ra),
+        )
+        .ok();
+        let rules = masq_rules(&node.ns.ns);
+        assert!(
+            !rules.contains("10.88.0.2/") && !rules.contains("10.88.0.2 "),
+            "{backend}: {rules}"
+        );
+        assert!(
+            rules.contains("10.88.0.3"),
+            "{backend}: the other pod keeps its rules"
+        );
+        // GC with an empty valid set removes the rest.
+        let mut gc = conf.clone();
+        gc["cni.dev/valid-attachments"] = json!([]);
+        Call::new(bin("bridge"), "GC")
+            .env("CNI_PATH", &node.cni_path)
+            .env("CNI_CONTAINERID", "")
+            .env("CNI_IFNAME", "")
+            .stdin(&gc)
+            .run_in(&node.ns.ns)
+            .ok();
+        let rules = masq_rules(&node.ns.ns);
+        assert!(!rules.contains("10.88.0.3"), "{backend}: {rules}");
+        assert!(node.reservations().is_empty());
+        node.call(
+            &bin("bridge"),
+            "DEL",
+            &b.path(),
+            "masq-b",
+            &Node::with_prev(&conf, &rb),
+        )
+        .ok();
+    }
+}
