@@ -1,0 +1,394 @@
+//! cnibench: the bridge + host-local chain, ours and the reference side by
+//! side in one run, through the same runner (fork, setns into a throwaway
+//! node namespace, exec with the CNI_* environment). Per operation it takes
+//! wall time and, from wait4(2), the plugin processes' CPU time and peak RSS.
+//! Everything lives in namespaces held by this process; nothing survives it.
+
+use clap::Parser;
+use rcni_netns::NetNs;
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, AsRawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(about = "bridge + host-local: rcni against the reference plugins")]
+struct Args {
+    /// Directory with our plugins.
+    #[arg(long, default_value = "target/release")]
+    ours: PathBuf,
+    /// Directory with the reference plugins.
+    #[arg(long, default_value = "/usr/lib/cni")]
+    reference: PathBuf,
+    /// ADD+DEL rounds for the latency figures.
+    #[arg(long, default_value_t = 200)]
+    rounds: usize,
+    /// Pod counts at which ADD latency is sampled.
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    scale: Vec<usize>,
+    /// Concurrent ADDs for the duplicate-address check.
+    #[arg(long, default_value_t = 50)]
+    concurrent: usize,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    wall_us: f64,
+    cpu_us: f64,
+    rss_kib: i64,
+}
+
+struct Impl {
+    name: &'static str,
+    bridge: PathBuf,
+    path: PathBuf,
+    node: NetNs,
+    data: tempfile::TempDir,
+}
+
+fn conf(data: &Path) -> Value {
+    json!({"cniVersion": "0.4.0", "name": "benchnet", "type": "bridge", "bridge": "cni0",
+        "isGateway": true, "ipMasq": false,
+        "ipam": {"type": "host-local", "dataDir": data, "ranges": [[{"subnet": "10.66.0.0/16"}]]}})
+}
+
+/// Runs one plugin call from inside the node namespace; returns stdout,
+/// success, and the sample (the plugin and the IPAM child it waited for).
+fn run(im: &Impl, cmd: &str, cid: &str, pod: &str, stdin: &[u8]) -> (Vec<u8>, bool, Sample) {
+    let fd = im.node.as_fd().as_raw_fd();
+    let mut c = Command::new(&im.bridge);
+    c.env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", cmd)
+        .env("CNI_CONTAINERID", cid)
+        .env("CNI_NETNS", pod)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", &im.path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    // SAFETY: setns(2) only, on an inherited fd, between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let t0 = Instant::now();
+    // Reaped below with wait4(2), which also returns its rusage.
+    #[allow(clippy::zombie_processes)]
+    let mut child = c.spawn().expect("spawn plugin");
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let mut out = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+    let mut status = 0;
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waiting for our own child; rusage is a plain out-parameter.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
+    assert_eq!(pid, child.id() as i32, "wait4");
+    let wall = t0.elapsed().as_secs_f64() * 1e6;
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    let ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (
+        out,
+        ok,
+        Sample {
+            wall_us: wall,
+            cpu_us: tv(ru.ru_utime) + tv(ru.ru_stime),
+            rss_kib: ru.ru_maxrss,
+        },
+    )
+}
+
+/// CPU time of all our reaped children so far. A plugin's IPAM child is
+/// reaped by the plugin, and the kernel folds it into the plugin's totals,
+/// which reach ours when we reap the plugin: the delta around one call is
+/// plugin + IPAM.
+fn children_cpu_us() -> f64 {
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: plain out-parameter.
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let i = ((v.len() as f64 - 1.0) * p).round() as usize;
+    v[i]
+}
+
+struct Stats {
+    median: f64,
+    p99: f64,
+    cpu: f64,
+    rss: i64,
+}
+
+fn stats(s: &[Sample]) -> Stats {
+    let mut w: Vec<f64> = s.iter().map(|x| x.wall_us).collect();
+    let mut c: Vec<f64> = s.iter().map(|x| x.cpu_us).collect();
+    Stats {
+        median: pct(&mut w, 0.5),
+        p99: pct(&mut w, 0.99),
+        cpu: pct(&mut c, 0.5),
+        rss: s.iter().map(|x| x.rss_kib).max().unwrap_or(0),
+    }
+}
+
+fn pod() -> NetNs {
+    NetNs::new_anonymous().expect("pod namespace")
+}
+
+fn ips_of(out: &[u8]) -> Vec<String> {
+    let v: Value = serde_json::from_slice(out).unwrap_or(Value::Null);
+    v["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["address"].as_str().map(String::from))
+        .collect()
+}
+
+fn reservations(im: &Impl) -> usize {
+    std::fs::read_dir(im.data.path().join("benchnet"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n != "lock" && !n.starts_with("last_reserved_ip")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+fn veths_left(im: &Impl) -> usize {
+    let fd = im.node.as_fd().as_raw_fd();
+    let mut c = Command::new("ip");
+    c.args(["-o", "link", "show", "type", "veth"]);
+    // SAFETY: setns(2) only, between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    String::from_utf8_lossy(&c.output().unwrap().stdout)
+        .lines()
+        .count()
+}
+
+fn main() {
+    let a = Args::parse();
+    let mk = |name, dir: &Path| Impl {
+        name,
+        bridge: dir.join("bridge"),
+        path: dir.to_path_buf(),
+        node: pod(),
+        data: tempfile::tempdir().unwrap(),
+    };
+    let impls = [mk("rcni", &a.ours), mk("reference", &a.reference)];
+    for im in &impls {
+        assert!(im.bridge.is_file(), "{} missing", im.bridge.display());
+    }
+
+    // 1. ADD and DEL latency, interleaved so drift hits both alike.
+    let mut add: [Vec<Sample>; 2] = Default::default();
+    let mut del: [Vec<Sample>; 2] = Default::default();
+    let mut cpu_add = [0.0f64; 2];
+    let mut cpu_del = [0.0f64; 2];
+    for r in 0..a.rounds + 5 {
+        for (i, im) in impls.iter().enumerate() {
+            let p = pod();
+            let path = p.proc_path().display().to_string();
+            let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
+            let c0 = children_cpu_us();
+            let (out, ok, s) = run(im, "ADD", "lat", &path, &stdin);
+            let c1 = children_cpu_us();
+            assert!(
+                ok,
+                "{} ADD failed: {}",
+                im.name,
+                String::from_utf8_lossy(&out)
+            );
+            let mut c = conf(im.data.path());
+            c["prevResult"] = serde_json::from_slice(&out).unwrap();
+            let (_, ok, d) = run(im, "DEL", "lat", &path, &serde_json::to_vec(&c).unwrap());
+            let c2 = children_cpu_us();
+            assert!(ok, "{} DEL failed", im.name);
+            // The first rounds warm caches (page cache, the bridge's creation).
+            if r >= 5 {
+                add[i].push(Sample {
+                    cpu_us: c1 - c0,
+                    ..s
+                });
+                del[i].push(Sample {
+                    cpu_us: c2 - c1,
+                    ..d
+                });
+                cpu_add[i] += c1 - c0;
+                cpu_del[i] += c2 - c1;
+            }
+        }
+    }
+    println!(
+        "bridge + host-local, {} rounds each (microseconds; CPU = plugin + its IPAM child)",
+        a.rounds
+    );
+    println!(
+        "{:<10} {:<4} {:>9} {:>9} {:>9} {:>10}",
+        "", "op", "median", "p99", "cpu", "peak RSS"
+    );
+    let mut st = Vec::new();
+    for (i, im) in impls.iter().enumerate() {
+        for (op, s) in [("ADD", &add[i]), ("DEL", &del[i])] {
+            let x = stats(s);
+            println!(
+                "{:<10} {:<4} {:>9.0} {:>9.0} {:>9.0} {:>7} KiB",
+                im.name, op, x.median, x.p99, x.cpu, x.rss
+            );
+            st.push(x);
+        }
+    }
+    for (k, op) in [(0, "ADD"), (1, "DEL")] {
+        let (o, r) = (&st[k], &st[k + 2]);
+        println!(
+            "ratio rcni/reference {op}: median {:.2}  p99 {:.2}  cpu {:.2}  peak RSS {:.2}",
+            o.median / r.median,
+            o.p99 / r.p99,
+            o.cpu / r.cpu,
+            o.rss as f64 / r.rss as f64
+        );
+    }
+
+    // 2. ADD latency as the bridge fills up.
+    println!(
+        "\nADD latency with N pods on the bridge (median of 15 ADDs at that size, microseconds)"
+    );
+    let max = *a.scale.iter().max().unwrap_or(&0);
+    for im in &impls {
+        let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
+        let mut pods = Vec::new();
+        let mut line = format!("{:<10}", im.name);
+        let mut first = None;
+        let mut seen = std::collections::HashSet::new();
+        for n in 0..max {
+            let p = pod();
+            let path = p.proc_path().display().to_string();
+            let cid = format!("scale{n}");
+            let (out, ok, s) = run(im, "ADD", &cid, &path, &stdin);
+            assert!(
+                ok,
+                "{} ADD {n} failed: {}",
+                im.name,
+                String::from_utf8_lossy(&out)
+            );
+            for ip in ips_of(&out) {
+                assert!(
+                    seen.insert(ip.clone()),
+                    "{}: duplicate address {ip}",
+                    im.name
+                );
+            }
+            pods.push((p, path, cid, out, s));
+            if let Some(&target) = a.scale.iter().find(|&&t| pods.len() == t + 15) {
+                let mut w: Vec<f64> = pods[target..].iter().map(|x| x.4.wall_us).collect();
+                let m = pct(&mut w, 0.5);
+                first.get_or_insert(m);
+                line += &format!("  {target:>5} pods: {m:>7.0}");
+            }
+        }
+        // Top up so the largest sample exists even if max+15 was not reached.
+        if let Some(f) = first {
+            line += &format!("  (largest/smallest {:.2})", {
+                let mut w: Vec<f64> = pods[pods.len().saturating_sub(15)..]
+                    .iter()
+                    .map(|x| x.4.wall_us)
+                    .collect();
+                pct(&mut w, 0.5) / f
+            });
+        }
+        println!("{line}");
+        for (_, path, cid, out, _) in &pods {
+            let mut c = conf(im.data.path());
+            c["prevResult"] = serde_json::from_slice(out).unwrap();
+            let (_, ok, _) = run(im, "DEL", cid, path, &serde_json::to_vec(&c).unwrap());
+            assert!(ok, "{} DEL failed", im.name);
+        }
+        println!(
+            "{:<10} after {} ADD/DEL cycles: {} reservations, {} veths left",
+            im.name,
+            pods.len(),
+            reservations(im),
+            veths_left(im)
+        );
+    }
+
+    // 3. Concurrent ADDs: no address handed out twice.
+    println!("\n{} concurrent ADDs", a.concurrent);
+    for im in &impls {
+        let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
+        let pods: Vec<(NetNs, String)> = (0..a.concurrent)
+            .map(|_| {
+                let p = pod();
+                let path = p.proc_path().display().to_string();
+                (p, path)
+            })
+            .collect();
+        let t0 = Instant::now();
+        let outs: Vec<(Vec<u8>, bool)> = std::thread::scope(|s| {
+            let hs: Vec<_> = pods
+                .iter()
+                .enumerate()
+                .map(|(n, (_, path))| {
+                    let stdin = &stdin;
+                    s.spawn(move || {
+                        let (o, ok, _) = run(im, "ADD", &format!("conc{n}"), path, stdin);
+                        (o, ok)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let took = t0.elapsed().as_secs_f64() * 1e3;
+        let failed = outs.iter().filter(|o| !o.1).count();
+        let all: Vec<String> = outs.iter().flat_map(|o| ips_of(&o.0)).collect();
+        let uniq: std::collections::HashSet<&String> = all.iter().collect();
+        println!(
+            "{:<10} {} ok, {} failed, {} addresses, {} duplicates, {:.0} ms in all",
+            im.name,
+            outs.len() - failed,
+            failed,
+            all.len(),
+            all.len() - uniq.len(),
+            took
+        );
+        for (n, ((_, path), (out, _))) in pods.iter().zip(&outs).enumerate() {
+            let mut c = conf(im.data.path());
+            if let Ok(v) = serde_json::from_slice::<Value>(out) {
+                c["prevResult"] = v;
+            }
+            run(
+                im,
+                "DEL",
+                &format!("conc{n}"),
+                path,
+                &serde_json::to_vec(&c).unwrap(),
+            );
+        }
+        println!(
+            "{:<10} after DEL: {} reservations, {} veths left",
+            im.name,
+            reservations(im),
+            veths_left(im)
+        );
+    }
+}
