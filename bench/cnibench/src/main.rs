@@ -280,7 +280,7 @@ fn main() {
         let mut line = format!("{:<10}", im.name);
         let mut first = None;
         let mut seen = std::collections::HashSet::new();
-        for n in 0..max {
+        for n in 0..max + 15 {
             let p = pod();
             let path = p.proc_path().display().to_string();
             let cid = format!("scale{n}");
