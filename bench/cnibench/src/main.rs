@@ -8,10 +8,8 @@ use clap::Parser;
 use rcni_netns::NetNs;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Instant;
 
 #[derive(Parser)]
@@ -58,8 +56,7 @@ fn conf(data: &Path) -> Value {
 /// Runs one plugin call from inside the node namespace; returns stdout,
 /// success, and the sample (the plugin and the IPAM child it waited for).
 fn run(im: &Impl, cmd: &str, cid: &str, pod: &str, stdin: &[u8]) -> (Vec<u8>, bool, Sample) {
-    let fd = im.node.as_fd().as_raw_fd();
-    let mut c = Command::new(&im.bridge);
+    let mut c = im.node.command(&im.bridge);
     c.env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("CNI_COMMAND", cmd)
@@ -70,15 +67,6 @@ fn run(im: &Impl, cmd: &str, cid: &str, pod: &str, stdin: &[u8]) -> (Vec<u8>, bo
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-    // SAFETY: setns(2) only, on an inherited fd, between fork and exec.
-    unsafe {
-        c.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let t0 = Instant::now();
     // Reaped below with wait4(2), which also returns its rusage.
     #[allow(clippy::zombie_processes)]
@@ -169,18 +157,8 @@ fn reservations(im: &Impl) -> usize {
 }
 
 fn veths_left(im: &Impl) -> usize {
-    let fd = im.node.as_fd().as_raw_fd();
-    let mut c = Command::new("ip");
+    let mut c = im.node.command("ip");
     c.args(["-o", "link", "show", "type", "veth"]);
-    // SAFETY: setns(2) only, between fork and exec.
-    unsafe {
-        c.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     String::from_utf8_lossy(&c.output().unwrap().stdout)
         .lines()
         .count()

@@ -7,10 +7,8 @@
 use crate::Error;
 use rcni_netns::NetNs;
 use std::io::Write;
-use std::os::fd::{AsFd, AsRawFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 /// Where the tools live when PATH does not say: runtimes often start plugins
 /// with a minimal environment, and the tools are in sbin directories that a
@@ -56,7 +54,7 @@ pub(crate) fn run(
     stdin: Option<&str>,
 ) -> Result<Output, Error> {
     let path = find_tool(tool).ok_or(Error::ToolMissing { tool })?;
-    let mut cmd = Command::new(path);
+    let mut cmd = ns.command(path);
     cmd.args(args)
         // Error texts are matched in a few places (nft's "No such file or
         // directory"): keep them untranslated.
@@ -68,18 +66,6 @@ pub(crate) fn run(
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let fd = ns.as_fd().as_raw_fd();
-    // SAFETY: between fork and exec only async-signal-safe calls are
-    // allowed; setns(2) is a plain syscall on an fd the child inherited (the
-    // NetNs outlives the spawn, and CLOEXEC only closes it at exec).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let spawn_err = |error| Error::Spawn { tool, error };
     let mut child = cmd.spawn().map_err(spawn_err)?;
     if let Some(input) = stdin {

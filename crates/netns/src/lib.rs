@@ -173,6 +173,28 @@ impl NetNs {
     }
 
     /// The path this namespace was opened from, if any.
+    /// `program` set up to run inside this network namespace: the child
+    /// setns(2)es between fork and exec. Only the network namespace changes;
+    /// the mount namespace (and /sys, /sys/fs/bpf) stays the caller's, as for
+    /// a container runtime. The NetNs must outlive the spawn.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(program);
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: between fork and exec only async-signal-safe calls are
+        // allowed; setns(2) is a plain syscall on an fd the child inherited
+        // (CLOEXEC closes it only at exec).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd
+    }
+
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }

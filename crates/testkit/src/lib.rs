@@ -3,7 +3,6 @@
 
 use rcni_netns::NetNs;
 use serde_json::Value;
-use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -98,20 +97,7 @@ impl Default for TestNs {
 
 /// `program` set up to run inside `ns`.
 pub fn command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut cmd = Command::new(program);
-    let fd = ns.as_fd().as_raw_fd();
-    // SAFETY: between fork and exec only async-signal-safe calls are allowed;
-    // setns(2) is a plain syscall on an fd the child inherited.
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    cmd
+    ns.command(program)
 }
 
 /// A named namespace at a path of its own (for tests that delete the
