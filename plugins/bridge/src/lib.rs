@@ -167,33 +167,49 @@ async fn create_veth(
         .unwrap_or_else(|| CniError::internal("could not create a veth pair")))
 }
 
+/// How a host veth joins the bridge.
+struct PortOptions<'a> {
+    hairpin: bool,
+    isolated: bool,
+    preserve_default_vlan: bool,
+    /// Access VLAN (0: none).
+    vlan: u16,
+    trunk: &'a [u16],
+}
+
+impl<'a> PortOptions<'a> {
+    fn of(conf: &'a Conf) -> Self {
+        PortOptions {
+            hairpin: conf.hairpin,
+            isolated: conf.port_isolation,
+            preserve_default_vlan: conf.preserve_default_vlan,
+            vlan: conf.vlan,
+            trunk: &conf.trunk,
+        }
+    }
+}
+
 /// Enslaves the host veth and applies port flags and VLANs.
 async fn setup_port(
     host: &Netlink,
     port: &Link,
     br: &Link,
-    conf: &Conf,
-    vlan: u16,
-    trunk: &[u16],
+    o: &PortOptions<'_>,
 ) -> Result<(), CniError> {
     host.set_master(port.index, br.index).await?;
-    if conf.hairpin || conf.port_isolation {
-        host.set_bridge_port(
-            port.index,
-            Some(conf.hairpin),
-            conf.port_isolation.then_some(true),
-        )
-        .await?;
+    if o.hairpin || o.isolated {
+        host.set_bridge_port(port.index, Some(o.hairpin), o.isolated.then_some(true))
+            .await?;
     }
-    if (vlan != 0 || !trunk.is_empty()) && !conf.preserve_default_vlan {
+    if (o.vlan != 0 || !o.trunk.is_empty()) && !o.preserve_default_vlan {
         for (vid, _) in host.bridge_vlans(port.index).await? {
             host.bridge_vlan_del(port.index, vid).await?;
         }
     }
-    if vlan != 0 {
-        host.bridge_vlan_add(port.index, vlan, true).await?;
+    if o.vlan != 0 {
+        host.bridge_vlan_add(port.index, o.vlan, true).await?;
     }
-    for v in trunk {
+    for v in o.trunk {
         host.bridge_vlan_add(port.index, *v, false).await?;
     }
     host.set_up(port.index).await?;
@@ -217,33 +233,16 @@ async fn ensure_vlan_interface(host: &Netlink, br: &Link, conf: &Conf) -> Result
         .create_veth(&name, &peer, None, (br.mtu > 0).then_some(br.mtu))
         .await?;
     let port = host.link_by_name(&peer).await?;
-    setup_port(
-        host,
-        &port,
-        br,
-        &Conf {
-            hairpin: false,
-            port_isolation: false,
-            ..clone_conf(conf)
-        },
-        conf.vlan,
-        &[],
-    )
-    .await?;
+    // The gateway's own port: an access port of the VLAN, nothing else.
+    let opts = PortOptions {
+        hairpin: false,
+        isolated: false,
+        trunk: &[],
+        ..PortOptions::of(conf)
+    };
+    setup_port(host, &port, br, &opts).await?;
     host.set_up(gw.index).await?;
     Ok(host.link_by_index(gw.index).await?)
-}
-
-fn clone_conf(c: &Conf) -> Conf {
-    Conf {
-        network: c.network.clone(),
-        bridge: c.bridge.clone(),
-        ip_masq_backend: c.ip_masq_backend.clone(),
-        trunk: c.trunk.clone(),
-        ipam: c.ipam.clone(),
-        dns: c.dns.clone(),
-        ..*c
-    }
 }
 
 fn iface(l: &Link, sandbox: &str) -> Interface {
@@ -410,14 +409,7 @@ impl Bridge {
         if let Some(mac) = conf.mac {
             rt.block_on(ct.set_mac(ct_veth.index, mac))?;
         }
-        rt.block_on(setup_port(
-            &host,
-            &host_veth,
-            &br,
-            conf,
-            conf.vlan,
-            &conf.trunk,
-        ))?;
+        rt.block_on(setup_port(&host, &host_veth, &br, &PortOptions::of(conf)))?;
 
         if conf.mac_spoof_chk {
             let mac = ct_veth.mac.map(|m| m.to_string()).unwrap_or_default();
