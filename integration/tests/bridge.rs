@@ -117,17 +117,11 @@ fn pods_reach_each_other_and_the_gateway_dual_stack() {
         .ok();
     }
     assert!(node.reservations().is_empty());
-    nl(&node.ns.ns, async |n| {
-        let left: Vec<String> = n
-            .links()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|l| l.name)
-            .filter(|n| n.starts_with("veth"))
-            .collect();
-        assert!(left.is_empty(), "{left:?}");
-    });
+    assert_eq!(
+        node.host_veths(),
+        Vec::<String>::new(),
+        "host veths left on the node"
+    );
 }
 
 #[test]
@@ -274,17 +268,11 @@ fn del_is_idempotent_and_works_without_the_netns() {
     .ok();
     node.call(&bin("bridge"), "DEL", &path, "gone", &conf).ok();
     assert!(node.reservations().is_empty());
-    nl(&node.ns.ns, async |n| {
-        let left: Vec<String> = n
-            .links()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|l| l.name)
-            .filter(|n| n.starts_with("veth"))
-            .collect();
-        assert!(left.is_empty(), "{left:?}");
-    });
+    assert_eq!(
+        node.host_veths(),
+        Vec::<String>::new(),
+        "host veths left on the node"
+    );
 }
 
 #[test]
@@ -312,15 +300,11 @@ fn failed_add_rolls_back_link_and_reservation() {
     nl(&pod.ns, async |n| {
         assert!(n.find_link("eth0").await.unwrap().is_none())
     });
-    nl(&node.ns.ns, async |n| {
-        assert!(
-            !n.links()
-                .await
-                .unwrap()
-                .iter()
-                .any(|l| l.name.starts_with("veth"))
-        );
-    });
+    assert_eq!(
+        node.host_veths(),
+        Vec::<String>::new(),
+        "the host veth is rolled back"
+    );
     // forceAddress replaces it.
     let r = node.add(
         &pod,

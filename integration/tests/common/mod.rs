@@ -61,6 +61,17 @@ impl Node {
         c
     }
 
+    /// veth links in the node namespace (pods' host ends), sorted.
+    pub fn host_veths(&self) -> Vec<String> {
+        let mut v: Vec<String> = nl(&self.ns.ns, async |n| n.links().await.unwrap())
+            .into_iter()
+            .filter(|l| l.kind.as_deref() == Some("veth"))
+            .map(|l| l.name)
+            .collect();
+        v.sort();
+        v
+    }
+
     pub fn reservations(&self) -> Vec<String> {
         let dir = self.data.path().join("podnet");
         let mut v: Vec<String> = std::fs::read_dir(dir)
