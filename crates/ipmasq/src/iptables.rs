@@ -238,19 +238,6 @@ pub(crate) fn parse_save(text: &str) -> Result<NatTable, String> {
     Ok(t)
 }
 
-/// Quotes a comment the way `iptables-save` prints it.
-fn quote(s: &str) -> String {
-    let mut out = String::from("\"");
-    for c in s.chars() {
-        if c == '"' || c == '\\' {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-    out
-}
-
 fn host_net(ip: &IpNetwork) -> IpNetwork {
     let len = if ip.is_ipv4() { 32 } else { 128 };
     IpNetwork::new(ip.ip(), len).expect("full-length prefix is valid")
@@ -263,7 +250,7 @@ fn subnet(ip: &IpNetwork) -> IpNetwork {
 fn accept_line(chain: &str, subnet: &IpNetwork, comment: &str) -> String {
     format!(
         "-A {chain} -d {subnet} -m comment --comment {} -j ACCEPT",
-        quote(comment)
+        crate::names::go_quote(comment)
     )
 }
 
@@ -271,7 +258,7 @@ fn masquerade_line(chain: &str, fam: Family, comment: &str) -> String {
     format!(
         "-A {chain} ! -d {} -m comment --comment {} -j MASQUERADE",
         fam.multicast(),
-        quote(comment)
+        crate::names::go_quote(comment)
     )
 }
 
@@ -279,7 +266,7 @@ fn postrouting_line(chain: &str, ip: &IpNetwork, comment: &str) -> String {
     format!(
         "-A POSTROUTING -s {} -m comment --comment {} -j {chain}",
         host_net(ip),
-        quote(comment)
+        crate::names::go_quote(comment)
     )
 }
 

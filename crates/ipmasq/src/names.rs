@@ -45,7 +45,9 @@ pub fn chain_name(network: &str, container_id: &str) -> String {
 /// Go's `%q` for the strings that can occur here. Network names and
 /// container IDs are restricted to `[a-zA-Z0-9_.-]` by the skel, so only the
 /// escapes of `"` and `\` matter; anything else is kept as is.
-fn go_quote(s: &str) -> String {
+/// Also how `iptables-save` prints a comment, so rules we render compare
+/// equal to what the kernel lists.
+pub(crate) fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
