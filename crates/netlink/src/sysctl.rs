@@ -66,6 +66,36 @@ pub fn set(ns: &NetNs, key: &str, value: &str) -> Result<()> {
     .map_err(|e| Error::io(op(), e))
 }
 
+/// Write several sysctls in `ns` from one thread (one namespace switch for
+/// the lot: plugins set a handful per attachment). Every key is attempted;
+/// the results are in the order of `pairs`.
+pub fn set_each(ns: &NetNs, pairs: &[(&str, &str)]) -> Vec<Result<()>> {
+    let write_all = || {
+        pairs
+            .iter()
+            .map(|(key, value)| {
+                let path = key_path(key)?;
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(|e| Error::io(format!("set sysctl {key} to {value:?}"), e))?;
+                f.write_all(value.as_bytes())
+                    .map_err(|e| Error::io(format!("set sysctl {key} to {value:?}"), e))
+            })
+            .collect::<Vec<_>>()
+    };
+    match ns.run(write_all) {
+        Ok(v) => v,
+        Err(e) => {
+            let msg = e.to_string();
+            pairs
+                .iter()
+                .map(|(k, _)| Err(Error::other(format!("set sysctl {k}"), msg.clone())))
+                .collect()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

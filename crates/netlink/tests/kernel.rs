@@ -554,6 +554,34 @@ async fn sysctl_in_namespace_only() {
 }
 
 #[tokio::test]
+async fn sysctl_set_each_writes_all_and_reports_each() {
+    require_root();
+    let root = NetNs::current().unwrap();
+    let root_before = sysctl::get(&root, "net.ipv4.ip_forward").unwrap();
+    let ns = NetNs::new_anonymous().unwrap();
+    let r = sysctl::set_each(
+        &ns,
+        &[
+            ("net.ipv4.ip_forward", "1"),
+            ("net/ipv4/conf/nope0/arp_notify", "1"),
+            ("net/ipv4/conf/lo/arp_notify", "1"),
+        ],
+    );
+    assert!(r[0].is_ok() && r[2].is_ok(), "{r:?}");
+    assert!(r[1].as_ref().unwrap_err().is_not_found(), "{r:?}");
+    // The failing key in the middle did not stop the last one.
+    assert_eq!(sysctl::get(&ns, "net.ipv4.ip_forward").unwrap(), "1");
+    assert_eq!(
+        sysctl::get(&ns, "net/ipv4/conf/lo/arp_notify").unwrap(),
+        "1"
+    );
+    assert_eq!(
+        sysctl::get(&root, "net.ipv4.ip_forward").unwrap(),
+        root_before
+    );
+}
+
+#[tokio::test]
 async fn missing_links_are_not_found() {
     let (_ns, nl) = fresh().await;
     let err = nl.link_by_name("nope0").await.unwrap_err();
