@@ -45,8 +45,9 @@ fn random_veth_name() -> String {
 
 /// Sysctls the reference sets best-effort: a kernel without IPv6 (or a
 /// read-only /proc) must not fail the attachment.
-fn sysctl_best_effort(ns: &NetNs, key: &str, value: &str) {
-    let _ = sysctl::set(ns, key, value);
+fn sysctl_best_effort(ns: &NetNs, pairs: &[(String, &str)]) {
+    let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let _ = sysctl::set_each(ns, &pairs);
 }
 
 /// The first address of the subnet, the reference's default gateway.
@@ -383,18 +384,16 @@ impl Bridge {
         if conf.promisc && !br.promisc {
             rt.block_on(host.set_promisc(br.index, true))?;
         }
-        // We own the bridge's routes: router advertisements must not add any.
+        let br_conf = format!("net/ipv6/conf/{}", br.name);
         sysctl_best_effort(
             &host_ns,
-            &format!("net/ipv6/conf/{}/accept_ra", br.name),
-            "0",
-        );
-        // The gateway address is ours by construction; DAD would only leave it
-        // unusable ("tentative") for the first second of the first pod.
-        sysctl_best_effort(
-            &host_ns,
-            &format!("net/ipv6/conf/{}/accept_dad", br.name),
-            "0",
+            &[
+                // We own the bridge's routes: router advertisements must not add any.
+                (format!("{br_conf}/accept_ra"), "0"),
+                // The gateway address is ours by construction; DAD would only
+                // leave it unusable ("tentative") for the first pod's first second.
+                (format!("{br_conf}/accept_dad"), "0"),
+            ],
         );
 
         let (host_veth, ct_veth) =
@@ -436,13 +435,16 @@ impl Bridge {
 
             // DAD delays ADD by seconds; the reference turns it off unless asked.
             let ifn = &args.ifname;
-            if conf.enable_dad {
-                sysctl_best_effort(&ct_ns, &format!("net/ipv6/conf/{ifn}/enhanced_dad"), "1");
-                sysctl_best_effort(&ct_ns, &format!("net/ipv6/conf/{ifn}/accept_dad"), "1");
+            let dad = if conf.enable_dad {
+                vec![
+                    (format!("net/ipv6/conf/{ifn}/enhanced_dad"), "1"),
+                    (format!("net/ipv6/conf/{ifn}/accept_dad"), "1"),
+                ]
             } else {
-                sysctl_best_effort(&ct_ns, &format!("net/ipv6/conf/{ifn}/accept_dad"), "0");
-            }
-            sysctl_best_effort(&ct_ns, &format!("net/ipv4/conf/{ifn}/arp_notify"), "1");
+                vec![(format!("net/ipv6/conf/{ifn}/accept_dad"), "0")]
+            };
+            let arp = (format!("net/ipv4/conf/{ifn}/arp_notify"), "1");
+            sysctl_best_effort(&ct_ns, &[dad, vec![arp]].concat());
             let ct_link = rt.block_on(ct.link_by_index(ct_veth.index))?;
             rt.block_on(configure_container(&ct, &ct_ns, &ct_link, &result))?;
 
