@@ -6,6 +6,7 @@ use crate::types::CniResult;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// Splits a `CNI_PATH`-style list.
@@ -160,6 +161,106 @@ pub fn delegate_add(
     let out = delegate(name, "ADD", stdin, path)?;
     CniResult::from_slice(&out, cni_version)
         .map_err(|e| e.context(format!("delegated plugin {name:?}")))
+}
+
+/// A delegated ADD running on its own thread, so that the IPAM plugin's
+/// process start and work overlap the caller's netlink work: most of a main
+/// plugin's ADD is waiting on one or the other. Unless [`PendingAdd::commit`]
+/// is reached, dropping it (an early return, a panic) waits for the ADD and
+/// undoes it with DEL: a process that exited without joining would leave the
+/// delegate's reservation behind.
+pub struct PendingAdd {
+    name: String,
+    stdin: Vec<u8>,
+    path: Vec<PathBuf>,
+    handle: Option<JoinHandle<Result<CniResult, CniError>>>,
+    added: bool,
+    committed: bool,
+}
+
+impl PendingAdd {
+    pub fn start(name: &str, stdin: &[u8], path: &[PathBuf], cni_version: &str) -> PendingAdd {
+        let (n, i, p, v) = (
+            name.to_string(),
+            stdin.to_vec(),
+            path.to_vec(),
+            cni_version.to_string(),
+        );
+        let handle = std::thread::spawn(move || delegate_add(&n, &i, &p, &v));
+        PendingAdd {
+            name: name.to_string(),
+            stdin: stdin.to_vec(),
+            path: path.to_vec(),
+            handle: Some(handle),
+            added: false,
+            committed: false,
+        }
+    }
+
+    fn join(&mut self) -> Option<Result<CniResult, CniError>> {
+        let r = self.handle.take()?.join().unwrap_or_else(|_| {
+            Err(CniError::internal(format!(
+                "delegated ADD of {:?} panicked",
+                self.name
+            )))
+        });
+        self.added = r.is_ok();
+        Some(r)
+    }
+
+    /// The delegate's result (once; later calls are an internal error).
+    pub fn wait(&mut self) -> Result<CniResult, CniError> {
+        self.join().unwrap_or_else(|| {
+            Err(CniError::internal(format!(
+                "delegated ADD of {:?} already taken",
+                self.name
+            )))
+        })
+    }
+
+    /// The attachment succeeded: keep what the delegate allocated.
+    pub fn commit(mut self) {
+        self.committed = true;
+    }
+}
+
+impl Drop for PendingAdd {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        let _ = self.join();
+        // A failed ADD gets no DEL, as in the reference: its error may be
+        // "already allocated" for an attachment that owns the address.
+        if self.added
+            && let Err(e) = delegate_cmd(&self.name, "DEL", &self.stdin, &self.path)
+        {
+            // stderr is the runtime's log; stdout carries the error JSON.
+            eprintln!("rcni: undo IPAM {}: {e}", self.name);
+        }
+    }
+}
+
+/// A delegated DEL/CHECK/STATUS/GC on its own thread (see [`PendingAdd`]):
+/// DEL's release of addresses overlaps the kernel's slow link removal.
+pub struct PendingCmd(JoinHandle<Result<(), CniError>>);
+
+impl PendingCmd {
+    pub fn start(name: &str, command: &str, stdin: &[u8], path: &[PathBuf]) -> PendingCmd {
+        let (n, c, i, p) = (
+            name.to_string(),
+            command.to_string(),
+            stdin.to_vec(),
+            path.to_vec(),
+        );
+        PendingCmd(std::thread::spawn(move || delegate_cmd(&n, &c, &i, &p)))
+    }
+
+    pub fn wait(self) -> Result<(), CniError> {
+        self.0
+            .join()
+            .unwrap_or_else(|_| Err(CniError::internal("delegated command panicked")))
+    }
 }
 
 /// Delegated DEL/CHECK/STATUS/GC: success or the delegate's error.

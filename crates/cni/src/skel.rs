@@ -111,8 +111,10 @@ pub fn run<P: Plugin>(plugin: &P) -> ! {
         plugin,
         &|k| std::env::var(k).ok(),
         &mut std::io::stdin().lock(),
-        &mut std::io::stdout().lock(),
-        &mut std::io::stderr().lock(),
+        // Not locked for the whole call: a plugin's helper threads (a
+        // delegated ADD forwarding its child's stderr) write to them too.
+        &mut std::io::stdout(),
+        &mut std::io::stderr(),
     );
     std::process::exit(code)
 }
