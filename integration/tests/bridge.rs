@@ -275,6 +275,41 @@ fn del_is_idempotent_and_works_without_the_netns() {
     );
 }
 
+/// IPAM runs concurrently with the link setup, so a link failure can come
+/// while the reservation is still being made: it must be released once made,
+/// and an ADD that IPAM refused (a duplicate) must not release the address
+/// the first ADD holds.
+#[test]
+fn failed_add_releases_a_concurrent_reservation_but_never_anothers() {
+    let node = Node::new();
+    let pod = TestNs::new();
+    let conf = node.conf("1.0.0", json!({}));
+    node.add(&pod, "first", &conf);
+    let held = node.reservations();
+    assert_eq!(held.len(), 2, "{held:?}");
+    // Same attachment again: eth0 exists and IPAM reports a duplicate.
+    let (code, msg) = node
+        .call(&bin("bridge"), "ADD", &pod.path(), "first", &conf)
+        .err();
+    assert_eq!(code, 4, "{msg}");
+    assert_eq!(node.reservations(), held, "the first ADD keeps its addresses");
+    // Another container into the same netns: IPAM succeeds, the link fails.
+    let (code, msg) = node
+        .call(&bin("bridge"), "ADD", &pod.path(), "second", &conf)
+        .err();
+    assert_eq!(code, 4, "{msg}");
+    assert_eq!(node.reservations(), held, "the second ADD's are released");
+    // A netns that does not exist fails before any link work.
+    let (code, msg) = node
+        .call(&bin("bridge"), "ADD", "/proc/self/nonexistent", "third", &conf)
+        .err();
+    assert!(code != 0, "{msg}");
+    assert_eq!(node.reservations(), held);
+    node.call(&bin("bridge"), "DEL", &pod.path(), "first", &conf)
+        .ok();
+    assert!(node.reservations().is_empty());
+}
+
 #[test]
 fn failed_add_rolls_back_link_and_reservation() {
     let node = Node::new();

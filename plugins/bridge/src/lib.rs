@@ -7,7 +7,7 @@ mod spoofchk;
 
 use conf::Conf;
 use ipnetwork::IpNetwork;
-use rcni_cni::invoke::{delegate_add, delegate_cmd};
+use rcni_cni::invoke::{PendingAdd, PendingCmd, delegate_cmd};
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, Interface, Route, version};
@@ -319,7 +319,10 @@ async fn configure_container(
 /// in a transitional state); same schedule.
 async fn wait_port_up(host: &Netlink, index: u32) -> Result<Link, CniError> {
     for (i, ms) in [0u64, 50, 500, 1000, 1000].iter().enumerate() {
-        tokio::time::sleep(Duration::from_millis(*ms)).await;
+        // tokio's timer wheel rounds even a zero sleep up to its next 1 ms tick.
+        if *ms > 0 {
+            tokio::time::sleep(Duration::from_millis(*ms)).await;
+        }
         let l = host.link_by_index(index).await?;
         if l.oper_up {
             return Ok(l);
@@ -367,6 +370,13 @@ fn rt() -> Result<Runtime, CniError> {
 
 impl Bridge {
     fn add_inner(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+        // IPAM runs alongside the link work below (the reference runs it
+        // after). Declared before the rollback: dropped after it, so a failed ADD
+        // releases its addresses after removing the links that used them.
+        let mut ipam = conf
+            .ipam
+            .as_deref()
+            .map(|name| PendingAdd::start(name, &args.stdin, &args.path, args.version()));
         let rt = rt()?;
         let host_ns = NetNs::current()?;
         let ct_ns = open_container(args)?;
@@ -419,11 +429,8 @@ impl Bridge {
             });
         }
         let mut result = CniResult::new(args.version());
-        if let Some(ipam) = &conf.ipam {
-            let r = delegate_add(ipam, &args.stdin, &args.path, args.version())?;
-            undo.push(format!("IPAM {ipam}"), || {
-                delegate_cmd(ipam, "DEL", &args.stdin, &args.path)
-            });
+        if let Some(ipam) = &mut ipam {
+            let r = ipam.wait()?;
             if r.ips.is_empty() {
                 return Err(CniError::internal("IPAM plugin returned missing IP config"));
             }
@@ -496,6 +503,9 @@ impl Bridge {
             result.dns = dns.clone();
         }
         undo.commit();
+        if let Some(ipam) = ipam {
+            ipam.commit();
+        }
         Ok(result)
     }
 }
@@ -516,6 +526,12 @@ impl Plugin for Bridge {
 
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
+        // Releasing addresses does not depend on the links: it overlaps the
+        // kernel's link removal (an RCU barrier, most of DEL's time).
+        let ipam_del = conf
+            .ipam
+            .as_deref()
+            .map(|ipam| PendingCmd::start(ipam, "DEL", &args.stdin, &args.path));
         let mut errors: Vec<CniError> = Vec::new();
         // Addresses to unmasquerade: what the runtime recorded, plus what is
         // still on the interface. prevResult covers the netns-gone case that
@@ -568,9 +584,7 @@ impl Plugin for Bridge {
         {
             errors.push(e);
         }
-        if let Some(ipam) = &conf.ipam
-            && let Err(e) = delegate_cmd(ipam, "DEL", &args.stdin, &args.path)
-        {
+        if let Some(Err(e)) = ipam_del.map(PendingCmd::wait) {
             errors.push(e);
         }
         if conf.mac_spoof_chk
