@@ -73,7 +73,10 @@ impl Netlink {
         let (conn, handle, _) = ns
             .run(move || {
                 let _rt = rt.enter();
-                rtnetlink::new_connection()
+                // Strict checking makes the kernel honour a dump's header
+                // filters (an address dump of one link): without it every
+                // dump walks every link, which grows with the pods on a node.
+                rtnetlink::new_connection_with_strict_check()
             })
             .map_err(|e| Error::netns(op(), e))?
             .map_err(|e| Error::io(op(), e))?;
@@ -474,6 +477,7 @@ impl Netlink {
     pub async fn addresses(&self, index: Option<u32>) -> Result<Vec<Address>> {
         let mut req = self.handle.address().get();
         if let Some(index) = index {
+            req.message_mut().header.index = index;
             req = req.set_link_index_filter(index);
         }
         let msgs: Vec<AddressMessage> = req
