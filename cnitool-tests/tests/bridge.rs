@@ -94,9 +94,9 @@ fn bridge_conflists_match_the_reference() {
                 })
                 .unwrap_or_default();
             assert!(
-                leftover
-                    .iter()
-                    .all(|n| n == "lock" || n.starts_with("last_reserved_ip")),
+                leftover.iter().all(|n| n == "lock"
+                    || n.starts_with("last_reserved_ip")
+                    || n == ".rcni-owners"),
                 "{leftover:?}"
             );
         }

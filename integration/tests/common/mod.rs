@@ -81,7 +81,7 @@ impl Node {
                     .collect()
             })
             .unwrap_or_default();
-        v.retain(|n| n != "lock" && !n.starts_with("last_reserved_ip"));
+        v.retain(|n| n != "lock" && !n.starts_with("last_reserved_ip") && n != ".rcni-owners");
         v.sort();
         v
     }

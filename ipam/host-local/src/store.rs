@@ -10,11 +10,12 @@
 use crate::range::parse_ip;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
-use std::collections::BTreeMap;
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -168,10 +169,29 @@ impl StoreError {
     }
 }
 
+/// Owner index: `<dir>/.rcni-owners`, a cache of every reservation file's
+/// content, so an ADD or DEL on a node with many pods reads one file
+/// instead of all of them. The reference never reads it as a reservation (its
+/// name is no address) and never matches its content to an attachment.
+pub const INDEX_FILE: &str = ".rcni-owners";
+
 /// The on-disk store of one network, locked from open to drop.
 pub struct DiskStore {
     dir: PathBuf,
+    /// Reservation file contents by address, loaded on first use.
+    owners: RefCell<Option<BTreeMap<IpAddr, String>>>,
+    /// The index file no longer matches `owners`.
+    stale: Cell<bool>,
     _lock: Flock<File>,
+}
+
+/// What the index records besides the owners: the directory's mtime when it
+/// was written. Every create or unlink of a reservation, by us or by the
+/// reference (which does not know the index), moves it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Index {
+    dir_mtime: (i64, i64),
+    owners: BTreeMap<IpAddr, String>,
 }
 
 impl DiskStore {
@@ -206,7 +226,12 @@ impl DiskStore {
             .open(&path)
             .map_err(|e| StoreError::io(format!("open {}", path.display()), e))?;
         let lock = lock_exclusive(file, &path, timeout)?;
-        Ok(Some(DiskStore { dir, _lock: lock }))
+        Ok(Some(DiskStore {
+            dir,
+            owners: RefCell::new(None),
+            stale: Cell::new(false),
+            _lock: lock,
+        }))
     }
 
     pub fn dir(&self) -> &Path {
@@ -217,6 +242,96 @@ impl DiskStore {
         // Go's IP.String() and Rust's Display agree (RFC 5952 for IPv6),
         // which the differential tests check against the reference.
         self.dir.join(ip.to_string())
+    }
+
+    fn dir_mtime(&self) -> io::Result<(i64, i64)> {
+        let m = std::fs::metadata(&self.dir)?;
+        Ok((m.mtime(), m.mtime_nsec()))
+    }
+
+    /// Addresses with a reservation file: a directory listing, a few
+    /// syscalls however many pods there are.
+    fn reserved_names(&self) -> io::Result<BTreeSet<IpAddr>> {
+        let mut out = BTreeSet::new();
+        for entry in std::fs::read_dir(&self.dir)? {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if name == LOCK_FILE || name.starts_with(LAST_RESERVED_PREFIX) {
+                continue;
+            }
+            let Some(ip) = parse_ip(name) else { continue };
+            if entry.file_type().is_ok_and(|t| t.is_file()) {
+                out.insert(ip);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The index, if it still describes the directory: same mtime and the
+    /// same set of address files. Anything else (no index, a torn write, a
+    /// reference plugin having run since) means reading every file.
+    fn load_index(&self, names: &BTreeSet<IpAddr>) -> Option<BTreeMap<IpAddr, String>> {
+        let data = std::fs::read(self.dir.join(INDEX_FILE)).ok()?;
+        let index: Index = serde_json::from_slice(&data).ok()?;
+        let fresh = index.dir_mtime == self.dir_mtime().ok()?
+            && index.owners.len() == names.len()
+            && index.owners.keys().eq(names.iter());
+        fresh.then_some(index.owners)
+    }
+
+    fn with_owners<T>(&self, f: impl FnOnce(&mut BTreeMap<IpAddr, String>) -> T) -> io::Result<T> {
+        let mut owners = self.owners.borrow_mut();
+        if owners.is_none() {
+            let names = self.reserved_names()?;
+            *owners = Some(match self.load_index(&names) {
+                Some(o) => o,
+                None => {
+                    self.stale.set(true);
+                    let mut o = BTreeMap::new();
+                    for ip in names {
+                        // Unreadable files are skipped, as the reference
+                        // skips them.
+                        if let Ok(data) = std::fs::read(self.path_of(ip)) {
+                            o.insert(ip, String::from_utf8_lossy(&data).into_owned());
+                        }
+                    }
+                    o
+                }
+            });
+        }
+        Ok(f(owners.as_mut().expect("loaded above")))
+    }
+
+    /// Rewrites the index after the last change, under the lock. The index
+    /// is created before the directory's mtime is read (creating it moves
+    /// the mtime) and then rewritten in place (which does not).
+    fn write_index(&self) -> io::Result<()> {
+        let owners = self.owners.borrow();
+        let Some(owners) = owners.as_ref() else {
+            return Ok(());
+        };
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(self.dir.join(INDEX_FILE))?;
+        let index = Index {
+            dir_mtime: self.dir_mtime()?,
+            owners: owners.clone(),
+        };
+        f.write_all(&serde_json::to_vec(&index).map_err(io::Error::other)?)
+    }
+}
+
+impl Drop for DiskStore {
+    fn drop(&mut self) {
+        // Still under the lock: fields drop after this. A failed write only
+        // costs the next operation a full read.
+        if self.stale.get() && self.write_index().is_err() {
+            let _ = std::fs::remove_file(self.dir.join(INDEX_FILE));
+        }
     }
 }
 
@@ -257,31 +372,19 @@ fn lock_exclusive(file: File, path: &Path, timeout: Duration) -> Result<Flock<Fi
 
 impl Store for DiskStore {
     fn reservations(&self) -> io::Result<Vec<Reservation>> {
-        let mut out = Vec::new();
-        for entry in std::fs::read_dir(&self.dir)? {
-            let entry = entry?;
-            let name = entry.file_name();
-            let Some(name) = name.to_str() else { continue };
-            if name == LOCK_FILE || name.starts_with(LAST_RESERVED_PREFIX) {
-                continue;
-            }
-            let Some(ip) = parse_ip(name) else { continue };
-            if !entry.file_type().is_ok_and(|t| t.is_file()) {
-                continue;
-            }
-            // Unreadable files are skipped, as the reference skips them.
-            let Ok(data) = std::fs::read(entry.path()) else {
-                continue;
-            };
-            out.push(Reservation {
-                ip,
-                owner: Owner::parse(&String::from_utf8_lossy(&data)),
-            });
-        }
-        Ok(out)
+        self.with_owners(|o| {
+            o.iter()
+                .map(|(ip, c)| Reservation {
+                    ip: *ip,
+                    owner: Owner::parse(c),
+                })
+                .collect()
+        })
     }
 
     fn reserve(&mut self, who: &Attachment, ip: IpAddr, range_id: usize) -> io::Result<bool> {
+        // Loaded before the change, so the index still matches the listing.
+        self.with_owners(|_| ())?;
         let path = self.path_of(ip);
         let mut f = match OpenOptions::new()
             .read(true)
@@ -306,6 +409,8 @@ impl Store for DiskStore {
             let _ = std::fs::remove_file(&path);
             return Err(e);
         }
+        self.with_owners(|o| o.insert(ip, who.content()))?;
+        self.stale.set(true);
         Ok(true)
     }
 
@@ -320,10 +425,14 @@ impl Store for DiskStore {
     }
 
     fn release(&mut self, ip: IpAddr) -> io::Result<()> {
+        self.with_owners(|_| ())?;
         match std::fs::remove_file(self.path_of(ip)) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            r => r,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            r => r?,
         }
+        self.with_owners(|o| o.remove(&ip))?;
+        self.stale.set(true);
+        Ok(())
     }
 }
 
@@ -469,6 +578,71 @@ mod tests {
         s.release(ip("10.0.0.2")).unwrap();
         s.release(ip("10.0.0.2")).unwrap();
         assert!(!dir.join("10.0.0.2").exists());
+    }
+
+    /// The owner index is a cache: whatever the reference (which does not
+    /// know it) does to the directory in between, reads see the files.
+    #[test]
+    fn owner_index_follows_changes_made_without_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = Duration::from_secs(5);
+        let dir = tmp.path().join("net");
+        let open = || {
+            DiskStore::open(tmp.path(), "net", true, t)
+                .unwrap()
+                .unwrap()
+        };
+        let owners = |s: &DiskStore| {
+            let mut r: Vec<(IpAddr, Option<String>)> = s
+                .reservations()
+                .unwrap()
+                .into_iter()
+                .map(|r| (r.ip, r.owner.container_id().map(str::to_string)))
+                .collect();
+            r.sort();
+            r
+        };
+        {
+            let mut s = open();
+            assert!(
+                s.reserve(&Attachment::new("a", "eth0"), ip("10.0.0.2"), 0)
+                    .unwrap()
+            );
+            assert!(
+                s.reserve(&Attachment::new("b", "eth0"), ip("10.0.0.3"), 0)
+                    .unwrap()
+            );
+        }
+        assert!(dir.join(INDEX_FILE).is_file(), "written on drop");
+        // Served from the index: a file's content changed behind its back
+        // without a create or unlink is not noticed (the reference never
+        // rewrites a reservation in place)...
+        std::fs::write(dir.join("10.0.0.2"), "z\r\neth0").unwrap();
+        assert_eq!(owners(&open())[0].1.as_deref(), Some("a"));
+        // ...but an address file created or removed by someone else is.
+        std::fs::write(dir.join("10.0.0.9"), "c\r\neth0").unwrap();
+        assert_eq!(
+            owners(&open()),
+            [
+                (ip("10.0.0.2"), Some("z".into())),
+                (ip("10.0.0.3"), Some("b".into())),
+                (ip("10.0.0.9"), Some("c".into())),
+            ]
+        );
+        std::fs::remove_file(dir.join("10.0.0.3")).unwrap();
+        assert_eq!(owners(&open()).len(), 2);
+        // A torn index is ignored and rewritten.
+        std::fs::write(dir.join(INDEX_FILE), "{\"dir_mtime\":").unwrap();
+        assert_eq!(owners(&open()).len(), 2);
+        let index: Index =
+            serde_json::from_slice(&std::fs::read(dir.join(INDEX_FILE)).unwrap()).unwrap();
+        assert_eq!(index.owners.len(), 2);
+        // Releases through the store keep it exact.
+        {
+            let mut s = open();
+            s.release(ip("10.0.0.9")).unwrap();
+        }
+        assert_eq!(owners(&open()), [(ip("10.0.0.2"), Some("z".into()))]);
     }
 
     #[test]
