@@ -5,9 +5,11 @@
 //! a throwaway thread inside the target namespace and drives it from the
 //! caller's tokio runtime; no async code ever calls `setns`.
 
+mod dad;
 mod error;
 pub mod sysctl;
 mod types;
+mod vlan;
 
 use std::net::IpAddr;
 use std::os::fd::{AsFd, AsRawFd};

@@ -141,3 +141,60 @@ pub fn bridge_vlans(ns: &NetNs, dev: &str) -> Vec<(u64, bool)> {
     }
     res
 }
+
+/// `ip ARGS` inside `ns` (test topology: links the plugins then use);
+/// panics with ip's message on failure.
+pub fn ip(ns: &NetNs, args: &str) {
+    let out = rcni_testkit::command_in(ns, "ip")
+        .args(args.split_whitespace())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// (address/prefix, tentative) of the IPv6 global addresses of `dev`.
+pub fn ipv6_addrs(ns: &NetNs, dev: &str) -> Vec<(String, bool)> {
+    let out = rcni_testkit::command_in(ns, "ip")
+        .args(["-j", "-6", "addr", "show", "dev", dev, "scope", "global"])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!([]));
+    let mut res = vec![];
+    for l in v.as_array().into_iter().flatten() {
+        // `ip -j` lists an empty object for an address filtered out.
+        for a in l["addr_info"].as_array().into_iter().flatten() {
+            if let Some(local) = a["local"].as_str() {
+                res.push((
+                    format!("{local}/{}", a["prefixlen"]),
+                    a["tentative"].as_bool().unwrap_or(false),
+                ));
+            }
+        }
+    }
+    res
+}
+
+/// The masquerade rules in `ns` (iptables for both families, and the whole
+/// nftables ruleset), as text.
+pub fn masq_rules(ns: &NetNs) -> String {
+    let mut text = String::new();
+    for (tool, args) in [
+        ("iptables-save", &["-t", "nat"][..]),
+        ("ip6tables-save", &["-t", "nat"][..]),
+        ("nft", &["list", "ruleset"][..]),
+    ] {
+        let out = rcni_testkit::command_in(ns, tool)
+            .args(args)
+            .output()
+            .unwrap();
+        text.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    text.lines()
+        .filter(|l| l.contains("masq") || l.contains("MASQ") || l.contains("CNI-"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -1,0 +1,78 @@
+//! ipMasq (bridge, ptp) through the shared masquerade crate, keyed like the
+//! reference (network, container ID, interface) so that either suite checks
+//! and cleans up after the other.
+
+use ipnetwork::IpNetwork;
+use rcni_cni::skel::CmdArgs;
+use rcni_cni::{CniError, ErrorCode};
+use rcni_netns::NetNs;
+
+/// One attachment's masquerade, on the node namespace `host`.
+pub struct Masq<'a> {
+    pub host: &'a NetNs,
+    /// The network name (`name` of the config).
+    pub network: &'a str,
+    /// `ipMasqBackend`; `None` picks the reference's default.
+    pub backend: Option<&'a str>,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+}
+
+impl<'a> Masq<'a> {
+    /// The attachment of this plugin call.
+    pub fn of(host: &'a NetNs, args: &'a CmdArgs, backend: Option<&'a str>) -> Masq<'a> {
+        Masq {
+            host,
+            network: &args.conf.name,
+            backend,
+            container_id: &args.container_id,
+            ifname: &args.ifname,
+        }
+    }
+
+    fn rules<'b>(&'b self, ips: &'b [IpNetwork]) -> rcni_ipmasq::Masq<'b> {
+        rcni_ipmasq::Masq {
+            network: self.network,
+            container_id: self.container_id,
+            ifname: self.ifname,
+            ips,
+        }
+    }
+
+    fn backend(&self) -> Result<rcni_ipmasq::Backend, CniError> {
+        Ok(rcni_ipmasq::Backend::from_config(self.host, self.backend)?)
+    }
+
+    pub fn setup(&self, ips: &[IpNetwork]) -> Result<(), CniError> {
+        Ok(rcni_ipmasq::setup(
+            self.host,
+            self.backend()?,
+            &self.rules(ips),
+        )?)
+    }
+
+    /// Removes the rules of both backends; needs no addresses (the rules are
+    /// found by network, container and interface), so it works when the
+    /// netns and prevResult are gone.
+    pub fn teardown(&self, ips: &[IpNetwork]) -> Result<(), CniError> {
+        Ok(rcni_ipmasq::teardown(self.host, &self.rules(ips))?)
+    }
+
+    pub fn check(&self, ips: &[IpNetwork]) -> Result<(), CniError> {
+        rcni_ipmasq::check(self.host, self.backend()?, &self.rules(ips))
+            .map_err(|e| CniError::new(ErrorCode::CheckFailed, format!("masquerade rules: {e}")))
+    }
+}
+
+/// GC: removes the masquerade rules of the network whose attachment is not
+/// in the valid set (a missing set counts as empty).
+pub fn gc(host: &NetNs, args: &CmdArgs) -> Result<(), CniError> {
+    let valid: Vec<(String, String)> = args
+        .conf
+        .gc_valid_attachments()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|a| (a.container_id, a.ifname))
+        .collect();
+    Ok(rcni_ipmasq::gc(host, &args.conf.name, &valid)?)
+}

@@ -1,0 +1,346 @@
+//! `host-device`: moves an existing device of the node into the container
+//! under CNI_IFNAME, keeping its original name in the interface alias, and
+//! moves it back under that name on DEL; the reference plugin's keys and
+//! result shape.
+//!
+//! Moves go through a throwaway namespace, so that neither the original
+//! name (in the container) nor CNI_IFNAME (in the node) can clash on the
+//! way, and any failure on the way puts the device back where it was: a
+//! virtual device left in a namespace that dies is destroyed with it.
+//!
+//! Unlike the reference, DEL releases the IPAM reservation also when the
+//! netns is gone or not given (cni #1167), and a repeated DEL succeeds.
+//! A PCI device bound to a userspace driver (DPDK) is not moved: the IPAM
+//! result is returned for the application to use, as the reference does.
+
+mod conf;
+mod sysfs;
+
+use conf::{Conf, Selector};
+use rcni_attach::check::{self, check_failed};
+use rcni_attach::{
+    Dad, configure_iface, ensure_ifname_free, interface, open_container, open_container_for_del,
+    rt, sandbox,
+};
+use rcni_cni::invoke::{delegate_add, delegate_cmd};
+use rcni_cni::rollback::Rollback;
+use rcni_cni::skel::{About, CmdArgs, Plugin};
+use rcni_cni::{CniError, CniResult, Interface, version};
+use rcni_netlink::{Link, Netlink};
+use rcni_netns::NetNs;
+use sysfs::Sysfs;
+
+pub struct HostDevice;
+
+/// The device is the result's only interface.
+const IDX_CONTAINER: usize = 0;
+
+/// The PCI address of a device bound to a userspace driver, if the config
+/// names one: such a device is not moved.
+fn dpdk_device(sys: &Sysfs, sel: &Selector) -> Result<Option<String>, CniError> {
+    match sel {
+        Selector::DeviceId(id) if !sys.is_auxiliary(id) => match sys.pci_is_dpdk(id) {
+            Ok(true) => Ok(Some(id.clone())),
+            Ok(false) => Ok(None),
+            Err(e) => Err(CniError::config(format!(
+                "error with host device: {id}: {e}"
+            ))),
+        },
+        _ => Ok(None),
+    }
+}
+
+/// The node's link the config names.
+async fn find_device(host: &Netlink, sys: &Sysfs, sel: &Selector) -> Result<Link, CniError> {
+    let not_found = |what: String| CniError::config(format!("failed to find host device: {what}"));
+    let names = match sel {
+        Selector::Device(name) => vec![name.clone()],
+        Selector::HwAddr(mac) => {
+            return host
+                .links()
+                .await?
+                .into_iter()
+                .find(|l| l.mac == Some(*mac))
+                .ok_or_else(|| not_found(format!("no link with MAC address {mac}")));
+        }
+        Selector::KernelPath(p) => sys.kernelpath_netdevs(p).map_err(not_found)?,
+        Selector::DeviceId(id) if sys.is_auxiliary(id) => sys.aux_netdevs(id).map_err(not_found)?,
+        Selector::DeviceId(id) => sys.pci_netdevs(id).map_err(not_found)?,
+    };
+    for n in &names {
+        if let Some(l) = host.find_link(n).await? {
+            return Ok(l);
+        }
+    }
+    Err(not_found(format!("no link named {}", names.join(" or "))))
+}
+
+/// Moves `dev` from the node into the container as `ifname` with its name
+/// in the alias. On failure the device is back in the node as it was.
+async fn move_in(
+    host: &Netlink,
+    host_ns: &NetNs,
+    dev: &Link,
+    ct: &Netlink,
+    ct_ns: &NetNs,
+    ifname: &str,
+) -> Result<Link, CniError> {
+    let tmp_ns = NetNs::new_anonymous()?;
+    let tmp = Netlink::connect(&tmp_ns).await?;
+    host.move_to_netns(dev.index, &tmp_ns).await?;
+    let r: Result<(), CniError> = async {
+        let l = tmp.link_by_name(&dev.name).await?;
+        tmp.set_alias(l.index, &dev.name).await?;
+        tmp.set_name(l.index, ifname).await?;
+        tmp.move_to_netns(l.index, ct_ns).await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = r {
+        restore(
+            &tmp,
+            &[&dev.name, ifname],
+            &dev.name,
+            dev.alias.as_deref(),
+            host_ns,
+        )
+        .await;
+        return Err(e);
+    }
+    Ok(ct.link_by_name(ifname).await?)
+}
+
+/// Best effort, on a failure path: the device named one of `names` in the
+/// throwaway namespace goes to `to` as `name` with `alias`.
+async fn restore(tmp: &Netlink, names: &[&str], name: &str, alias: Option<&str>, to: &NetNs) {
+    for n in names {
+        if let Ok(Some(l)) = tmp.find_link(n).await {
+            let _ = tmp.set_name(l.index, name).await;
+            let _ = tmp.set_alias(l.index, alias.unwrap_or("")).await;
+            if let Err(e) = tmp.move_to_netns(l.index, to).await {
+                eprintln!("host-device: could not put {name} back: {e}");
+            }
+            return;
+        }
+    }
+}
+
+/// Moves CNI_IFNAME out of the container back into the node under the name
+/// in its alias, alias cleared. `Ok(false)` if there is no such link. On
+/// failure the device stays in the container as it was, so DEL can be
+/// retried.
+async fn move_out(
+    ct: &Netlink,
+    ct_ns: &NetNs,
+    host_ns: &NetNs,
+    ifname: &str,
+) -> Result<bool, CniError> {
+    let Some(l) = ct.find_link(ifname).await? else {
+        return Ok(false);
+    };
+    // Without an alias (not ours, or cleared by someone) the name it has is
+    // the best there is.
+    let name = l.alias.clone().unwrap_or_else(|| ifname.to_string());
+    let tmp_ns = NetNs::new_anonymous()?;
+    let tmp = Netlink::connect(&tmp_ns).await?;
+    // Addresses go with the move; the device comes back down, as it came.
+    ct.set_down(l.index).await?;
+    ct.move_to_netns(l.index, &tmp_ns).await?;
+    let r: Result<(), CniError> = async {
+        let t = tmp.link_by_name(ifname).await?;
+        tmp.set_name(t.index, &name).await?;
+        tmp.move_to_netns(t.index, host_ns).await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = r {
+        restore(&tmp, &[ifname, &name], ifname, Some(&name), ct_ns).await;
+        return Err(e.context(format!(
+            "failed to move {ifname} back to the node as {name}"
+        )));
+    }
+    // Cleared in the node, after the move: until here the alias is what
+    // names the device for a retry.
+    let host = Netlink::connect(host_ns).await?;
+    if let Some(h) = host.find_link(&name).await? {
+        host.set_alias(h.index, "").await?;
+    }
+    Ok(true)
+}
+
+/// The interface of a DPDK-mode result: the device has no kernel link to
+/// report a MAC of; the PCI address is in `pciID` (1.1.0).
+fn dpdk_interface(ifname: &str, sandbox: &str, pci: &str) -> Interface {
+    Interface {
+        name: ifname.to_string(),
+        sandbox: sandbox.to_string(),
+        pci_id: pci.to_string(),
+        ..Default::default()
+    }
+}
+
+impl HostDevice {
+    fn add_inner(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+        let sys = Sysfs::default();
+        let rt = rt()?;
+        let host_ns = NetNs::current()?;
+        let ct_ns = open_container(args)?;
+        let sandbox = sandbox(args);
+        let host = rt.block_on(Netlink::connect(&host_ns))?;
+        let ct = rt.block_on(Netlink::connect(&ct_ns))?;
+        let dpdk = dpdk_device(&sys, &conf.selector)?;
+        let mut undo = Rollback::new();
+
+        let mut result = CniResult::new(args.version());
+        let link = match &dpdk {
+            Some(pci) => {
+                result.interfaces = vec![dpdk_interface(&args.ifname, &sandbox, pci)];
+                None
+            }
+            None => {
+                let dev = rt.block_on(find_device(&host, &sys, &conf.selector))?;
+                rt.block_on(ensure_ifname_free(&ct, &args.ifname))?;
+                let link =
+                    rt.block_on(move_in(&host, &host_ns, &dev, &ct, &ct_ns, &args.ifname))?;
+                let (rt_ref, ct_ref, ct_ns_ref, host_ns_ref) = (&rt, &ct, &ct_ns, &host_ns);
+                undo.push(format!("move {} back", dev.name), move || {
+                    rt_ref
+                        .block_on(move_out(ct_ref, ct_ns_ref, host_ns_ref, &args.ifname))
+                        .map(|_| ())
+                });
+                rt.block_on(ct.set_up(link.index))?;
+                Some(link)
+            }
+        };
+
+        if let Some(ipam) = &conf.ipam {
+            let r = delegate_add(ipam, &args.stdin, &args.path, args.version())?;
+            undo.push(format!("IPAM {ipam}"), || {
+                delegate_cmd(ipam, "DEL", &args.stdin, &args.path)
+            });
+            if r.ips.is_empty() {
+                return Err(CniError::internal("IPAM plugin returned missing IP config"));
+            }
+            result.ips = r.ips;
+            result.routes = r.routes;
+            result.dns = r.dns;
+            for ip in &mut result.ips {
+                ip.interface = Some(IDX_CONTAINER);
+            }
+            if let Some(link) = &link {
+                // A device on a real segment: IPv6 addresses go through
+                // duplicate address detection, waited for as the reference.
+                rt.block_on(configure_iface(&ct, &ct_ns, link, &result, Dad::Wait))?;
+            }
+        }
+        if let Some(link) = &link {
+            let link = rt.block_on(ct.link_by_index(link.index))?;
+            result.interfaces = vec![interface(&link, &sandbox)];
+        }
+        if let Some(dns) = &conf.dns {
+            result.dns = dns.clone();
+        }
+        undo.commit();
+        Ok(result)
+    }
+}
+
+impl Plugin for HostDevice {
+    fn about(&self) -> About {
+        About {
+            name: "host-device",
+            version: env!("CARGO_PKG_VERSION"),
+            supported_versions: version::ALL,
+        }
+    }
+
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        let conf = Conf::load(args)?;
+        self.add_inner(args, &conf)
+    }
+
+    /// IPAM first, whether or not the netns is there (the reference skips
+    /// it without a netns and leaks the address), then the device back to
+    /// the node; a device already gone from the container is success.
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        let mut errors = Vec::new();
+        if let Err(e) = rcni_attach::delegate_ipam(conf.ipam.as_deref(), "DEL", args) {
+            errors.push(e);
+        }
+        // A DPDK device never moved; sysfs trouble here must not stop DEL.
+        let dpdk = dpdk_device(&Sysfs::default(), &conf.selector)
+            .ok()
+            .flatten();
+        if dpdk.is_none() {
+            let r = open_container_for_del(args).and_then(|ct_ns| match ct_ns {
+                None => Ok(()),
+                Some(ct_ns) => rt()?.block_on(async {
+                    let host_ns = NetNs::current()?;
+                    let ct = Netlink::connect(&ct_ns).await?;
+                    move_out(&ct, &ct_ns, &host_ns, &args.ifname)
+                        .await
+                        .map(|_| ())
+                }),
+            });
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+        rcni_attach::first_error(errors)
+    }
+
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
+        let prev = check::prev_result(args)?;
+        if dpdk_device(&Sysfs::default(), &conf.selector)?.is_some() {
+            return Ok(());
+        }
+        let ct_ns = open_container(args)?;
+        let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
+        rt()?.block_on(async {
+            let ct = Netlink::connect(&ct_ns).await?;
+            let link = check::validate_link(&ct, ct_if, None).await?;
+            if link.alias.is_none() {
+                return Err(check_failed(format!(
+                    "host-device: {} has lost the alias naming its node device",
+                    link.name
+                )));
+            }
+            check::validate_ips(&ct, &link, &prev.ips, IDX_CONTAINER).await?;
+            check::validate_routes(&ct, &prev.routes).await
+        })
+    }
+
+    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "STATUS", args)
+    }
+
+    /// The only state outside the container is IPAM's.
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "GC", args)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dpdk_result_interface_has_no_mac() {
+        let i = dpdk_interface("net1", "/run/netns/p", "0000:06:00.0");
+        let mut r = CniResult::new("1.1.0");
+        r.interfaces.push(i);
+        let v: serde_json::Value = serde_json::from_str(&r.to_json("1.1.0").unwrap()).unwrap();
+        assert_eq!(
+            v["interfaces"],
+            serde_json::json!([{"name": "net1", "sandbox": "/run/netns/p", "pciID": "0000:06:00.0"}])
+        );
+        // 0.4.0 has no such field.
+        let v: serde_json::Value = serde_json::from_str(&r.to_json("0.4.0").unwrap()).unwrap();
+        assert!(v["interfaces"][0].get("pciID").is_none(), "{v}");
+    }
+}

@@ -1,0 +1,126 @@
+//! The vlan config: the reference's keys, validated before the kernel is
+//! touched. The master's MTU bound is checked by ADD, which looks the master
+//! up anyway; DEL does not need the master at all.
+
+use rcni_cni::skel::CmdArgs;
+use rcni_cni::{CniError, Dns};
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Raw {
+    #[serde(default)]
+    master: String,
+    #[serde(default)]
+    vlan_id: i64,
+    #[serde(default)]
+    mtu: i64,
+    #[serde(default)]
+    link_in_container: bool,
+}
+
+/// The validated settings of one call.
+#[derive(Debug)]
+pub struct Conf {
+    pub master: String,
+    pub vlan_id: u16,
+    /// `None` leaves the kernel's default, the master's MTU.
+    pub mtu: Option<u32>,
+    /// The master lives in the container's namespace, not the node's.
+    pub link_in_container: bool,
+    /// IPAM plugin type; `None` is an L2-only attachment.
+    pub ipam: Option<String>,
+    /// `dns` of the config, when it sets anything: it replaces IPAM's.
+    pub dns: Option<Dns>,
+}
+
+impl Conf {
+    pub fn load(args: &CmdArgs) -> Result<Conf, CniError> {
+        let raw: Raw = args.conf.plugin_conf()?;
+        if raw.master.is_empty() {
+            return Err(CniError::config(
+                "\"master\" field is required. It specifies the host interface name to create the VLAN for",
+            ));
+        }
+        if !(0..=4094).contains(&raw.vlan_id) {
+            return Err(CniError::config(format!(
+                "invalid VLAN ID {} (must be between 0 and 4094)",
+                raw.vlan_id
+            )));
+        }
+        if !(0..=65535).contains(&raw.mtu) {
+            return Err(CniError::config(format!(
+                "invalid MTU {}, must be [0, master MTU]",
+                raw.mtu
+            )));
+        }
+        Ok(Conf {
+            master: raw.master,
+            vlan_id: raw.vlan_id as u16,
+            mtu: (raw.mtu > 0).then_some(raw.mtu as u32),
+            link_in_container: raw.link_in_container,
+            ipam: rcni_attach::ipam_type(args),
+            dns: args.conf.dns.clone().filter(|d| !d.is_empty()),
+        })
+    }
+
+    /// ADD: the MTU may not exceed the master's.
+    pub fn check_mtu(&self, master_mtu: u32) -> Result<(), CniError> {
+        match self.mtu {
+            Some(m) if m > master_mtu => Err(CniError::config(format!(
+                "invalid MTU {m}, must be [0, master MTU({master_mtu})]"
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcni_cni::{CniArgs, Command, NetConf};
+    use serde_json::json;
+
+    fn load(v: serde_json::Value) -> Result<Conf, CniError> {
+        let stdin = serde_json::to_vec(&v).unwrap();
+        Conf::load(&CmdArgs {
+            command: Command::Add,
+            container_id: "c".into(),
+            netns: None,
+            ifname: "eth0".into(),
+            args: CniArgs::default(),
+            args_raw: String::new(),
+            path: vec![],
+            conf: NetConf::parse(&stdin).unwrap(),
+            stdin,
+        })
+    }
+
+    #[test]
+    fn keys_defaults_and_validation() {
+        let c = load(json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan",
+            "master": "eth1", "VLANID": 100, "mtu": 1400, "linkInContainer": true,
+            "ipam": {"type": "static"}}))
+        .unwrap();
+        assert_eq!(
+            (c.master.as_str(), c.vlan_id, c.mtu, c.link_in_container),
+            ("eth1", 100, Some(1400), true)
+        );
+        assert_eq!(c.ipam.as_deref(), Some("static"));
+        assert!(c.check_mtu(1500).is_ok());
+        assert_eq!(c.check_mtu(1300).unwrap_err().code, 7);
+
+        let c = load(json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "eth1"}))
+            .unwrap();
+        assert_eq!((c.vlan_id, c.mtu, c.ipam), (0, None, None));
+
+        for bad in [
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "vlanId": 5}),
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "e", "vlanId": 4095}),
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "e", "vlanId": -1}),
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "e", "mtu": -1}),
+        ] {
+            assert_eq!(load(bad.clone()).unwrap_err().code, 7, "{bad}");
+        }
+    }
+}
