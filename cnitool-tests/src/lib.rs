@@ -140,6 +140,24 @@ impl Harness {
         run(c)
     }
 
+    /// host-local's reservations (address files) of network `net`: what a
+    /// DEL must have released. Its lock, round-robin cursors and our
+    /// dot-files are state, not reservations.
+    pub fn reservations(&self, net: &str) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.data.path().join(net))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| {
+                        n != "lock" && !n.starts_with("last_reserved_ip.") && !n.starts_with('.')
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
     pub fn cache_file(&self, net: &str, cid: &str, ifname: &str) -> PathBuf {
         self.cache
             .path()
@@ -172,4 +190,114 @@ pub fn libcni_client() -> PathBuf {
     assert!(status.success(), "building the libcni client failed");
     std::fs::rename(&tmp, &out).unwrap();
     out
+}
+
+/// A result read through our parser, with what differs between two runs
+/// cleared: MACs, sandbox paths, random veth names.
+pub fn normalized_result(v: &serde_json::Value, version: &str) -> rcni_cni::CniResult {
+    let mut r = rcni_testkit::normalize_result(v, version);
+    for i in &mut r.interfaces {
+        i.mac.clear();
+        i.sandbox.clear();
+        i.name = blank_veth(&i.name);
+    }
+    r
+}
+
+/// `ip ARGS` inside `ns` as sorted lines, with what differs between two
+/// otherwise identical runs blanked: random veth names become `veth`,
+/// `@ifN` peers `@if`, MAC and link-local addresses go.
+pub fn ip_lines(ns: &rcni_netns::NetNs, args: &[&str]) -> Vec<String> {
+    let out = rcni_testkit::command_in(ns, "ip")
+        .args(args)
+        .output()
+        .expect("run ip");
+    let mut lines: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("fe80"))
+        .map(|l| {
+            l.split_whitespace()
+                .filter(|w| !is_mac(w) && !w.starts_with("fe80"))
+                .map(blank_veth)
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    lines.sort();
+    lines
+}
+
+fn is_mac(w: &str) -> bool {
+    w.len() == 17 && w.split(':').count() == 6 && w.split(':').all(|p| p.len() == 2)
+}
+
+/// `veth1a2b3c4d@if7:` -> `veth@if:`.
+fn blank_veth(w: &str) -> String {
+    let mut w = w.to_string();
+    if let Some(i) = w.find("veth") {
+        let hex = w[i + 4..].bytes().take_while(u8::is_ascii_hexdigit).count();
+        if hex == 8 {
+            w.replace_range(i + 4..i + 12, "");
+        }
+    }
+    if let Some(i) = w.find("@if") {
+        let n = w[i + 3..].bytes().take_while(u8::is_ascii_digit).count();
+        w.replace_range(i + 3..i + 3 + n, "");
+    }
+    w
+}
+
+/// The masquerade rules (iptables and nftables) in `ns`, with the
+/// per-container chain hashes and container IDs blanked.
+pub fn masq_rules(ns: &rcni_netns::NetNs) -> Vec<String> {
+    let mut text = String::new();
+    for (tool, args) in [
+        ("iptables-save", &["-t", "nat"][..]),
+        ("ip6tables-save", &["-t", "nat"][..]),
+        ("nft", &["list", "ruleset"][..]),
+    ] {
+        let out = rcni_testkit::command_in(ns, tool).args(args).output();
+        if let Ok(o) = out {
+            text.push_str(&String::from_utf8_lossy(&o.stdout));
+        }
+    }
+    let mut lines: Vec<String> = text
+        .lines()
+        .filter(|l| l.contains("masq") || l.contains("MASQ") || l.contains("CNI-"))
+        .map(|l| {
+            let mut after_id = false;
+            l.split_whitespace()
+                .map(|w| {
+                    // Counters differ with the traffic each run happened to send.
+                    let out = if after_id {
+                        "<id>".to_string()
+                    } else if w.starts_with("CNI-") || w.starts_with(":CNI-") {
+                        "CNI-<hash>".to_string()
+                    } else {
+                        w.to_string()
+                    };
+                    after_id = matches!(w, "id:" | "packets" | "bytes");
+                    out
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blanks_what_differs_between_runs() {
+        assert_eq!(blank_veth("veth1a2b3c4d@if7:"), "veth@if:");
+        assert_eq!(blank_veth("veth1a2b3c4d"), "veth");
+        assert_eq!(blank_veth("eth0@if12"), "eth0@if");
+        assert_eq!(blank_veth("vethernet"), "vethernet");
+        assert!(is_mac("0a:58:0a:00:00:02"));
+        assert!(!is_mac("fd24::1/128"));
+    }
 }
