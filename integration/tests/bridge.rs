@@ -292,7 +292,11 @@ fn failed_add_releases_a_concurrent_reservation_but_never_anothers() {
         .call(&bin("bridge"), "ADD", &pod.path(), "first", &conf)
         .err();
     assert_eq!(code, 4, "{msg}");
-    assert_eq!(node.reservations(), held, "the first ADD keeps its addresses");
+    assert_eq!(
+        node.reservations(),
+        held,
+        "the first ADD keeps its addresses"
+    );
     // Another container into the same netns: IPAM succeeds, the link fails.
     let (code, msg) = node
         .call(&bin("bridge"), "ADD", &pod.path(), "second", &conf)
@@ -301,7 +305,13 @@ fn failed_add_releases_a_concurrent_reservation_but_never_anothers() {
     assert_eq!(node.reservations(), held, "the second ADD's are released");
     // A netns that does not exist fails before any link work.
     let (code, msg) = node
-        .call(&bin("bridge"), "ADD", "/proc/self/nonexistent", "third", &conf)
+        .call(
+            &bin("bridge"),
+            "ADD",
+            "/proc/self/nonexistent",
+            "third",
+            &conf,
+        )
         .err();
     assert!(code != 0, "{msg}");
     assert_eq!(node.reservations(), held);
