@@ -30,6 +30,12 @@ struct Args {
     /// Concurrent ADDs for the duplicate-address check.
     #[arg(long, default_value_t = 50)]
     concurrent: usize,
+    /// Seconds to wait at each scale point before a second sample: every new
+    /// pod's IPv6 start-up traffic (router solicitations, MLD reports) is
+    /// flooded by the bridge to every port, and right after a burst of ADDs
+    /// that flood, not the plugin, sets the latency of both suites.
+    #[arg(long, default_value_t = 20)]
+    settle: u64,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -129,6 +135,10 @@ fn stats(s: &[Sample]) -> Stats {
     }
 }
 
+/// A pod of the scale run: namespace, its path, container ID, ADD output
+/// (the DEL's prevResult), and the ADD's sample.
+type Pod = (NetNs, String, String, Vec<u8>, Sample);
+
 fn pod() -> NetNs {
     NetNs::new_anonymous().expect("pod namespace")
 }
@@ -154,6 +164,14 @@ fn reservations(im: &Impl) -> usize {
                 .count()
         })
         .unwrap_or(0)
+}
+
+/// Multicast packets the node's bridge has received from its ports.
+fn bridge_mcast(im: &Impl) -> u64 {
+    let mut c = im.node.command("ip");
+    c.args(["-s", "-j", "link", "show", "cni0"]);
+    let v: Value = serde_json::from_slice(&c.output().unwrap().stdout).unwrap_or(Value::Null);
+    v[0]["stats64"]["rx"]["multicast"].as_u64().unwrap_or(0)
 }
 
 fn veths_left(im: &Impl) -> usize {
@@ -247,25 +265,24 @@ fn main() {
         );
     }
 
-    // 2. ADD latency as the bridge fills up.
+    // 2. ADD latency as the bridge fills up: 15 ADDs right after the pods
+    // before them were added ("fresh"), then 15 more after `settle` seconds.
     println!(
-        "\nADD latency with N pods on the bridge (median of 15 ADDs at that size, microseconds)"
+        "\nADD latency with N pods on the bridge (median of 15 ADDs, microseconds; \
+         mcast = packets/s the bridge floods to its ports meanwhile)"
     );
-    let max = *a.scale.iter().max().unwrap_or(&0);
     for im in &impls {
         let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
-        let mut pods = Vec::new();
-        let mut line = format!("{:<10}", im.name);
-        let mut first = None;
+        let mut pods: Vec<Pod> = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for n in 0..max + 15 {
+        let mut add_pod = |pods: &mut Vec<Pod>| {
             let p = pod();
             let path = p.proc_path().display().to_string();
-            let cid = format!("scale{n}");
+            let cid = format!("scale{}", pods.len());
             let (out, ok, s) = run(im, "ADD", &cid, &path, &stdin);
             assert!(
                 ok,
-                "{} ADD {n} failed: {}",
+                "{} ADD {cid} failed: {}",
                 im.name,
                 String::from_utf8_lossy(&out)
             );
@@ -277,24 +294,45 @@ fn main() {
                 );
             }
             pods.push((p, path, cid, out, s));
-            if let Some(&target) = a.scale.iter().find(|&&t| pods.len() == t + 15) {
-                let mut w: Vec<f64> = pods[target..].iter().map(|x| x.4.wall_us).collect();
-                let m = pct(&mut w, 0.5);
-                first.get_or_insert(m);
-                line += &format!("  {target:>5} pods: {m:>7.0}");
+        };
+        let sample = |pods: &mut Vec<Pod>, add_pod: &mut dyn FnMut(&mut Vec<Pod>)| {
+            let m0 = bridge_mcast(im);
+            let t0 = Instant::now();
+            let mut w: Vec<f64> = (0..15)
+                .map(|_| {
+                    add_pod(pods);
+                    pods.last().unwrap().4.wall_us
+                })
+                .collect();
+            let pps = (bridge_mcast(im) - m0) as f64 / t0.elapsed().as_secs_f64();
+            (pct(&mut w, 0.5), pps)
+        };
+        let mut rows: Vec<(usize, (f64, f64), (f64, f64))> = Vec::new();
+        for &target in &a.scale {
+            while pods.len() < target {
+                add_pod(&mut pods);
             }
+            let fresh = sample(&mut pods, &mut add_pod);
+            std::thread::sleep(std::time::Duration::from_secs(a.settle));
+            let settled = sample(&mut pods, &mut add_pod);
+            rows.push((target, fresh, settled));
         }
-        // Top up so the largest sample exists even if max+15 was not reached.
-        if let Some(f) = first {
-            line += &format!("  (largest/smallest {:.2})", {
-                let mut w: Vec<f64> = pods[pods.len().saturating_sub(15)..]
-                    .iter()
-                    .map(|x| x.4.wall_us)
-                    .collect();
-                pct(&mut w, 0.5) / f
-            });
+        for (label, pick) in [("fresh", 0), ("settled", 1)] {
+            let mut line = format!("{:<10} {label:<8}", im.name);
+            for (t, f, s) in &rows {
+                let (m, pps) = if pick == 0 { f } else { s };
+                line += &format!("  {t:>5} pods: {m:>6.0} ({pps:>5.0} mcast)");
+            }
+            if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
+                let (a0, b0) = if pick == 0 {
+                    (first.1.0, last.1.0)
+                } else {
+                    (first.2.0, last.2.0)
+                };
+                line += &format!("  largest/smallest {:.2}", b0 / a0);
+            }
+            println!("{line}");
         }
-        println!("{line}");
         for (_, path, cid, out, _) in &pods {
             let mut c = conf(im.data.path());
             c["prevResult"] = serde_json::from_slice(out).unwrap();

@@ -146,7 +146,8 @@ impl NetNs {
         })
     }
 
-    /// Run `f` on a new thread inside this namespace and return its result.
+    /// Run `f` on a new thread inside this namespace and return its result
+    /// (on the calling thread if that is in this namespace already).
     ///
     /// The thread exits afterwards, so the caller's thread never changes
     /// namespace. A panic in `f` is resumed on the caller.
@@ -155,6 +156,11 @@ impl NetNs {
         F: FnOnce() -> R + Send,
         R: Send,
     {
+        // Already there (a plugin's own, host, namespace): a thread spawn
+        // and join cost more than the work they would wrap.
+        if self.is_current_thread_ns() {
+            return Ok(f());
+        }
         let joined = std::thread::scope(|s| {
             let handle = std::thread::Builder::new()
                 .name("rcni-netns".into())
@@ -207,6 +213,16 @@ impl NetNs {
             std::process::id(),
             self.fd.as_raw_fd()
         ))
+    }
+
+    fn is_current_thread_ns(&self) -> bool {
+        match (
+            nix::sys::stat::fstat(self.fd.as_fd()),
+            nix::sys::stat::stat(THREAD_SELF_NETNS),
+        ) {
+            (Ok(a), Ok(b)) => a.st_dev == b.st_dev && a.st_ino == b.st_ino,
+            _ => false,
+        }
     }
 
     /// Whether both handles name the same namespace (same nsfs inode).
