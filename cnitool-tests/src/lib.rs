@@ -3,7 +3,7 @@
 //! CNI_PATH pointing at our plugins or at the reference plugins, so the
 //! harness itself is checked against the reference.
 
-use rcni_testkit::{Output, REFERENCE_DIR, bin, bin_dir};
+use rcni_testkit::{Output, REFERENCE_DIR, bin, bin_dir, blank_veth, is_mac};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -15,6 +15,9 @@ pub enum Plugins {
 }
 
 impl Plugins {
+    /// Ours first, then the reference's: every differential test runs both.
+    pub const BOTH: [Plugins; 2] = [Plugins::Ours, Plugins::Reference];
+
     pub fn dir(self) -> PathBuf {
         match self {
             Plugins::Ours => bin_dir(),
@@ -96,6 +99,11 @@ impl Harness {
         self
     }
 
+    /// The node namespace of [`Harness::with_node`].
+    pub fn node_ns(&self) -> &rcni_netns::NetNs {
+        &self.node.as_ref().expect("Harness::with_node").ns
+    }
+
     /// A config written by the test itself.
     pub fn write_conf(&self, file: &str, body: &serde_json::Value) {
         std::fs::write(
@@ -140,22 +148,10 @@ impl Harness {
         run(c)
     }
 
-    /// host-local's reservations (address files) of network `net`: what a
-    /// DEL must have released. Its lock, round-robin cursors and our
-    /// dot-files are state, not reservations.
+    /// host-local's reservations of network `net` (see
+    /// [`rcni_testkit::reservations`]).
     pub fn reservations(&self, net: &str) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.data.path().join(net))
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| {
-                        n != "lock" && !n.starts_with("last_reserved_ip.") && !n.starts_with('.')
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        rcni_testkit::reservations(&self.data.path().join(net))
     }
 
     pub fn cache_file(&self, net: &str, cid: &str, ifname: &str) -> PathBuf {
@@ -164,6 +160,13 @@ impl Harness {
             .join("results")
             .join(format!("{net}-{cid}-{ifname}"))
     }
+}
+
+/// A differential run: `run` once against our plugins and once against the
+/// reference's, each time with `confs` installed and cnitool in a fresh node
+/// namespace. Returns what each run returned, ours first.
+pub fn ours_and_reference<T>(confs: &[&str], run: impl Fn(Plugins, &Harness) -> T) -> [T; 2] {
+    Plugins::BOTH.map(|plugins| run(plugins, &Harness::new(plugins, confs).with_node()))
 }
 
 /// The libcni client binary, built on first use (`go build` against Debian's
@@ -192,18 +195,6 @@ pub fn libcni_client() -> PathBuf {
     out
 }
 
-/// A result read through our parser, with what differs between two runs
-/// cleared: MACs, sandbox paths, random veth names.
-pub fn normalized_result(v: &serde_json::Value, version: &str) -> rcni_cni::CniResult {
-    let mut r = rcni_testkit::normalize_result(v, version);
-    for i in &mut r.interfaces {
-        i.mac.clear();
-        i.sandbox.clear();
-        i.name = blank_veth(&i.name);
-    }
-    r
-}
-
 /// `ip ARGS` inside `ns` as sorted lines, with what differs between two
 /// otherwise identical runs blanked: random veth names become `veth`,
 /// `@ifN` peers `@if`, MAC and link-local addresses go.
@@ -225,26 +216,6 @@ pub fn ip_lines(ns: &rcni_netns::NetNs, args: &[&str]) -> Vec<String> {
         .collect();
     lines.sort();
     lines
-}
-
-fn is_mac(w: &str) -> bool {
-    w.len() == 17 && w.split(':').count() == 6 && w.split(':').all(|p| p.len() == 2)
-}
-
-/// `veth1a2b3c4d@if7:` -> `veth@if:`.
-fn blank_veth(w: &str) -> String {
-    let mut w = w.to_string();
-    if let Some(i) = w.find("veth") {
-        let hex = w[i + 4..].bytes().take_while(u8::is_ascii_hexdigit).count();
-        if hex == 8 {
-            w.replace_range(i + 4..i + 12, "");
-        }
-    }
-    if let Some(i) = w.find("@if") {
-        let n = w[i + 3..].bytes().take_while(u8::is_ascii_digit).count();
-        w.replace_range(i + 3..i + 3 + n, "");
-    }
-    w
 }
 
 /// The masquerade rules (iptables and nftables) in `ns`, with the
@@ -285,19 +256,4 @@ pub fn masq_rules(ns: &rcni_netns::NetNs) -> Vec<String> {
         .collect();
     lines.sort();
     lines
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn blanks_what_differs_between_runs() {
-        assert_eq!(blank_veth("veth1a2b3c4d@if7:"), "veth@if:");
-        assert_eq!(blank_veth("veth1a2b3c4d"), "veth");
-        assert_eq!(blank_veth("eth0@if12"), "eth0@if");
-        assert_eq!(blank_veth("vethernet"), "vethernet");
-        assert!(is_mac("0a:58:0a:00:00:02"));
-        assert!(!is_mac("fd24::1/128"));
-    }
 }

@@ -3,24 +3,14 @@
 //! 10.26.0.1) moves into the pod as eth0, carries a real packet, and comes
 //! back under its name on DEL; same result and pod state.
 
-use rcni_cnitool_tests::{Harness, Plugins, ip_lines, normalized_result};
-use rcni_testkit::{TestNs, command_in, ping};
-
-fn ip(ns: &rcni_netns::NetNs, args: &str) {
-    let st = command_in(ns, "ip")
-        .args(args.split_whitespace())
-        .status()
-        .unwrap();
-    assert!(st.success(), "ip {args}");
-}
+use rcni_cnitool_tests::{Plugins, ip_lines, ours_and_reference};
+use rcni_testkit::{TestNs, ip, normalized_result, ping};
 
 #[test]
 fn host_device_conflist_matches_the_reference() {
     let (file, net, version) = ("50-host-device.conflist", "hostdev-net", "1.0.0");
-    let mut seen = Vec::new();
-    for plugins in [Plugins::Ours, Plugins::Reference] {
-        let h = Harness::new(plugins, &[file]).with_node();
-        let node = &h.node.as_ref().unwrap().ns;
+    let seen = ours_and_reference(&[file], |plugins, h| {
+        let node = h.node_ns();
         ip(
             node,
             "link add hostdev0 mtu 1400 type veth peer name router0",
@@ -44,7 +34,7 @@ fn host_device_conflist_matches_the_reference() {
                 .iter()
                 .any(|l| l.contains("alias hostdev0")),
         );
-        seen.push((normalized_result(&r, version), state));
+        let run = (normalized_result(&r, version), state);
         h.cnitool(&["del", net, &pod.path()]).ok();
         assert!(ip_lines(&pod.ns, &["link", "show", "eth0"]).is_empty());
         let back = ip_lines(node, &["-d", "link", "show", "hostdev0"]);
@@ -60,7 +50,8 @@ fn host_device_conflist_matches_the_reference() {
                 "{back:?}"
             );
         }
-    }
+        run
+    });
     assert!(seen[0].1.2, "the original name is in the alias");
     assert_eq!(seen[0].0, seen[1].0, "{file}: result");
     assert_eq!(seen[0].1, seen[1].1, "{file}: pod state");

@@ -36,7 +36,7 @@ const CASES: &[(&str, &str, &str, bool)] = &[
 fn conf_examples_behave_like_the_reference_through_cnitool() {
     for &(file, net, version, has_check) in CASES {
         let mut results = Vec::new();
-        for plugins in [Plugins::Ours, Plugins::Reference] {
+        for plugins in Plugins::BOTH {
             let h = Harness::new(plugins, &[file]);
             let pod = TestNs::new();
             let add = h.cnitool(&["add", net, &pod.path()]);
@@ -90,7 +90,7 @@ fn conf_examples_behave_like_the_reference_through_cnitool() {
 #[test]
 fn libcni_client_gets_the_same_from_ours_and_the_reference() {
     let mut results = Vec::new();
-    for plugins in [Plugins::Ours, Plugins::Reference] {
+    for plugins in Plugins::BOTH {
         let h = Harness::new(plugins, &["loopback.conflist"]);
         let pod = TestNs::new();
         let r = h

@@ -2,19 +2,8 @@
 //! same result (apart from random veth names and MACs), the same kernel
 //! state in pod and node, the same masquerade rules; DEL leaves nothing.
 
-use rcni_cnitool_tests::{Harness, Plugins, ip_lines, masq_rules, normalized_result};
-use rcni_testkit::{TestNs, ping};
-use serde_json::Value;
-
-fn addr(r: &Value, i: usize) -> String {
-    r["ips"][i]["address"]
-        .as_str()
-        .unwrap()
-        .split('/')
-        .next()
-        .unwrap()
-        .to_string()
-}
+use rcni_cnitool_tests::{Plugins, ip_lines, masq_rules, ours_and_reference};
+use rcni_testkit::{TestNs, normalized_result, ping, result_ips};
 
 /// The reference's host veth gateway goes through IPv6 duplicate address
 /// detection after ADD returns: give it the seconds it needs. Ours must
@@ -27,22 +16,19 @@ fn reaches(plugins: Plugins, from: &rcni_netns::NetNs, dst: &str) -> bool {
 #[test]
 fn ptp_conflist_matches_the_reference() {
     let (file, net, version) = ("30-ptp.conflist", "ptp-net", "1.0.0");
-    let mut seen = Vec::new();
-    for plugins in [Plugins::Ours, Plugins::Reference] {
-        let h = Harness::new(plugins, &[file]).with_node();
-        let node = &h.node.as_ref().unwrap().ns;
+    let seen = ours_and_reference(&[file], |plugins, h| {
+        let node = h.node_ns();
         let (a, b) = (TestNs::new(), TestNs::new());
         let ra = h.cnitool(&["add", net, &a.path()]).ok();
         let rb = h.cnitool(&["add", net, &b.path()]).ok();
-        for i in [0, 1] {
+        for dst in result_ips(&rb) {
             assert!(
-                reaches(plugins, &a.ns, &addr(&rb, i)),
-                "{plugins:?}: pod to pod {}",
-                addr(&rb, i)
+                reaches(plugins, &a.ns, &dst),
+                "{plugins:?}: pod to pod {dst}"
             );
         }
         assert!(
-            reaches(plugins, node, &addr(&ra, 0)),
+            reaches(plugins, node, &result_ips(&ra)[0]),
             "{plugins:?}: node to pod"
         );
         h.cnitool(&["check", net, &a.path()]).ok();
@@ -55,7 +41,7 @@ fn ptp_conflist_matches_the_reference() {
             ip_lines(node, &["-6", "route"]),
             masq_rules(node),
         );
-        seen.push((normalized_result(&ra, version), state));
+        let run = (normalized_result(&ra, version), state);
         h.cnitool(&["del", net, &a.path()]).ok();
         h.cnitool(&["del", net, &b.path()]).ok();
         h.cnitool(&["del", net, &a.path()]).ok();
@@ -67,7 +53,8 @@ fn ptp_conflist_matches_the_reference() {
             masq_rules(node)
         );
         assert_eq!(h.reservations(net), Vec::<String>::new(), "{plugins:?}");
-    }
+        run
+    });
     assert_eq!(seen[0].0, seen[1].0, "{file}: result");
     assert_eq!(seen[0].1, seen[1].1, "{file}: kernel state");
 }

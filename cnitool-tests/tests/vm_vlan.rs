@@ -3,24 +3,14 @@
 //! packet to the VLAN's router; DEL leaves nothing. Needs 802.1Q: runs
 //! under ../shared/tools/vm-run (see scripts/test).
 
-use rcni_cnitool_tests::{Harness, Plugins, ip_lines, normalized_result};
-use rcni_testkit::{TestNs, command_in, ping};
-
-fn ip(ns: &rcni_netns::NetNs, args: &str) {
-    let st = command_in(ns, "ip")
-        .args(args.split_whitespace())
-        .status()
-        .unwrap();
-    assert!(st.success(), "ip {args}");
-}
+use rcni_cnitool_tests::{ip_lines, ours_and_reference};
+use rcni_testkit::{TestNs, ip, normalized_result, ping};
 
 #[test]
 fn vlan_conflist_matches_the_reference() {
     let (file, net, version) = ("40-vlan.conflist", "vlan-net", "1.0.0");
-    let mut seen = Vec::new();
-    for plugins in [Plugins::Ours, Plugins::Reference] {
-        let h = Harness::new(plugins, &[file]).with_node();
-        let node = &h.node.as_ref().unwrap().ns;
+    let seen = ours_and_reference(&[file], |plugins, h| {
+        let node = h.node_ns();
         // The node's uplink eth1 is wired to a router that holds the VLAN's
         // gateway address on its own VLAN 100 link.
         let router = TestNs::new();
@@ -50,12 +40,13 @@ fn vlan_conflist_matches_the_reference() {
                 .map(|l| l.contains("vlan protocol 802.1Q id 100") && l.contains("mtu 1400"))
                 .collect::<Vec<_>>(),
         );
-        seen.push((normalized_result(&r, version), state));
+        let run = (normalized_result(&r, version), state);
         h.cnitool(&["del", net, &pod.path()]).ok();
         h.cnitool(&["del", net, &pod.path()]).ok();
         assert!(ip_lines(&pod.ns, &["-o", "link", "show", "eth0"]).is_empty());
         assert_eq!(h.reservations(net), Vec::<String>::new(), "{plugins:?}");
-    }
+        run
+    });
     assert_eq!(seen[0].1.2, [true], "eth0 is VLAN 100 with MTU 1400");
     assert_eq!(seen[0].0, seen[1].0, "{file}: result");
     assert_eq!(seen[0].1, seen[1].1, "{file}: pod state");

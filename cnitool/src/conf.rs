@@ -47,16 +47,24 @@ fn get_bool(m: &Map<String, Value>, key: &str, path: &str) -> Result<bool, ConfE
     }
 }
 
+/// `bytes` as a JSON object; what else they are is `err`'s to say.
+fn json_object(
+    bytes: &[u8],
+    err: impl Fn(String) -> ConfError,
+) -> Result<Map<String, Value>, ConfError> {
+    match serde_json::from_slice(bytes).map_err(|e| err(e.to_string()))? {
+        Value::Object(m) => Ok(m),
+        _ => Err(err("not a JSON object".into())),
+    }
+}
+
 /// Parses a `.conflist`.
 pub fn conf_list_from_bytes(bytes: &[u8], path: &str) -> Result<ConfList, ConfError> {
     let err = |msg: String| ConfError::List {
         path: path.into(),
         msg,
     };
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| err(e.to_string()))?;
-    let m = v
-        .as_object()
-        .ok_or_else(|| err("not a JSON object".into()))?;
+    let m = &json_object(bytes, err)?;
     let name = match m.get("name") {
         Some(Value::String(s)) if !s.is_empty() => s.clone(),
         Some(Value::String(_)) | None => return Err(err("no name".into())),
@@ -119,10 +127,7 @@ pub fn conf_list_from_conf(bytes: &[u8], path: &str) -> Result<ConfList, ConfErr
         path: path.into(),
         msg,
     };
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| err(e.to_string()))?;
-    let m = v
-        .as_object()
-        .ok_or_else(|| err("not a JSON object".into()))?;
+    let m = json_object(bytes, err)?;
     match m.get("type") {
         Some(Value::String(t)) if !t.is_empty() => {}
         _ => return Err(err("missing 'type'".into())),
@@ -137,7 +142,7 @@ pub fn conf_list_from_conf(bytes: &[u8], path: &str) -> Result<ConfList, ConfErr
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let list = serde_json::json!({"cniVersion": ver, "name": name, "plugins": [v]});
+    let list = serde_json::json!({"cniVersion": ver, "name": name, "plugins": [m]});
     let bytes = serde_json::to_vec(&list).expect("a Value serializes");
     let mut out = conf_list_from_bytes(&bytes, path)?;
     out.source = Some(PathBuf::from(path));

@@ -4,14 +4,13 @@
 
 mod common;
 
-use common::{Node, addr_of, ip_link_json, nl};
-use rcni_netlink::Family;
-use rcni_netns::NetNs;
-use rcni_testkit::{
-    Call, PersistentNs, TestNs, bin, bin_dir, normalize_result, ping, reference_bin,
+use common::{
+    Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip_link_json, nl, ours_and_reference,
+    remove_pod_address, remove_route, routes_of,
 };
-use serde_json::{Value, json};
-use std::path::Path;
+use rcni_netlink::{Family, MacvlanMode};
+use rcni_testkit::{Call, TestNs, bin, normalized_result, ping};
+use serde_json::json;
 
 #[test]
 fn pods_reach_each_other_and_the_gateway_dual_stack() {
@@ -52,19 +51,13 @@ fn pods_reach_each_other_and_the_gateway_dual_stack() {
         let v = n.link_by_name(&host_veth).await.unwrap();
         assert_eq!(v.master, Some(br.index));
         assert!(v.oper_up);
-        let addrs: Vec<String> = n
-            .addresses(Some(br.index))
-            .await
-            .unwrap()
-            .iter()
-            .map(|a| a.addr.to_string())
-            .collect();
-        assert!(
-            addrs.contains(&"10.88.0.1/24".into()) && addrs.contains(&"fd88::1/64".into()),
-            "{addrs:?}"
-        );
         assert_eq!(ifs[0]["mac"], br.mac.unwrap().to_string());
     });
+    let addrs = addrs_of(&node.ns.ns, "cni0");
+    assert!(
+        addrs.contains(&"10.88.0.1/24".into()) && addrs.contains(&"fd88::1/64".into()),
+        "{addrs:?}"
+    );
     nl(&a.ns, async |n| {
         let l = n.link_by_name("eth0").await.unwrap();
         assert_eq!(l.mac.unwrap().to_string(), ifs[2]["mac"].as_str().unwrap());
@@ -99,29 +92,9 @@ fn pods_reach_each_other_and_the_gateway_dual_stack() {
     assert!(ping(&node.ns.ns, &addr_of(&rb, true)), "node to pod");
 
     for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
-        node.call(
-            &bin("bridge"),
-            "CHECK",
-            &pod.path(),
-            cid,
-            &Node::with_prev(&conf, r),
-        )
-        .ok();
-        node.call(
-            &bin("bridge"),
-            "DEL",
-            &pod.path(),
-            cid,
-            &Node::with_prev(&conf, r),
-        )
-        .ok();
+        node.check_and_del(&bin("bridge"), pod, cid, &conf, r);
     }
-    assert!(node.reservations().is_empty());
-    assert_eq!(
-        node.host_veths(),
-        Vec::<String>::new(),
-        "host veths left on the node"
-    );
+    node.assert_nothing_left();
 }
 
 #[test]
@@ -163,27 +136,10 @@ fn every_spec_version_gets_its_result_shape() {
 #[test]
 fn check_passes_after_add_and_fails_after_damage() {
     let node = Node::new();
-    let conf = node.conf("1.0.0", json!({}));
-    type Damage = fn(&NetNs, &NetNs, &Value);
     let damage: [(&str, Damage); 4] = [
-        ("address removed", |_, pod, r| {
-            let a = r["ips"][0]["address"].as_str().unwrap().parse().unwrap();
-            nl(pod, async |n| {
-                let l = n.link_by_name("eth0").await.unwrap();
-                n.del_address(l.index, a).await.unwrap();
-            });
-        }),
+        ("address removed", remove_pod_address),
         ("default route removed", |_, pod, _| {
-            nl(pod, async |n| {
-                let r = n
-                    .routes(Family::V4)
-                    .await
-                    .unwrap()
-                    .into_iter()
-                    .find(|r| r.dst.prefix() == 0)
-                    .unwrap();
-                n.del_route(&r).await.unwrap();
-            });
+            remove_route(pod, |r| r.dst.prefix() == 0)
         }),
         ("host veth taken off the bridge", |node, _, r| {
             let name = r["interfaces"][1]["name"].as_str().unwrap().to_string();
@@ -192,52 +148,16 @@ fn check_passes_after_add_and_fails_after_damage() {
                 n.set_nomaster(l.index).await.unwrap();
             });
         }),
-        ("container interface deleted", |_, pod, _| {
-            nl(pod, async |n| {
-                let l = n.link_by_name("eth0").await.unwrap();
-                n.delete_link(l.index).await.unwrap();
-            });
-        }),
+        ("container interface deleted", delete_pod_eth0),
     ];
-    for (what, f) in damage {
-        let pod = TestNs::new();
-        let r = node.add(&pod, "ctr", &conf);
-        let with = Node::with_prev(&conf, &r);
-        node.call(&bin("bridge"), "CHECK", &pod.path(), "ctr", &with)
-            .ok();
-        f(&node.ns.ns, &pod.ns, &r);
-        let (code, msg) = node
-            .call(&bin("bridge"), "CHECK", &pod.path(), "ctr", &with)
-            .err();
-        assert_eq!(code, 106, "{what}: {msg}");
-        node.call(&bin("bridge"), "DEL", &pod.path(), "ctr", &with)
-            .ok();
-    }
-    // CHECK without prevResult is a config error.
-    let pod = TestNs::new();
-    node.add(&pod, "ctr", &conf);
-    assert_eq!(
-        node.call(&bin("bridge"), "CHECK", &pod.path(), "ctr", &conf)
-            .err()
-            .0,
-        7
-    );
-    node.call(&bin("bridge"), "DEL", &pod.path(), "ctr", &conf)
-        .ok();
+    node.check_catches(&bin("bridge"), &node.conf("1.0.0", json!({})), &damage);
 }
 
 #[test]
 fn del_is_idempotent_and_works_without_the_netns() {
     let node = Node::new();
     let conf = node.conf("1.0.0", json!({}));
-    // Twice.
-    let pod = TestNs::new();
-    let r = node.add(&pod, "twice", &conf);
-    let with = Node::with_prev(&conf, &r);
-    node.call(&bin("bridge"), "DEL", &pod.path(), "twice", &with)
-        .ok();
-    node.call(&bin("bridge"), "DEL", &pod.path(), "twice", &with)
-        .ok();
+    node.del_survives_repeats_and_a_deleted_netns(&bin("bridge"), &conf);
     // Empty CNI_NETNS: the reservation is still released.
     let pod = TestNs::new();
     let r = node.add(&pod, "nonetns", &conf);
@@ -253,26 +173,7 @@ fn del_is_idempotent_and_works_without_the_netns() {
     assert!(node.reservations().is_empty());
     node.call(&bin("bridge"), "DEL", &pod.path(), "nonetns", &conf)
         .ok();
-    // The netns deleted first (its veth dies with it).
-    let gone = PersistentNs::new();
-    let path = gone.path.display().to_string();
-    let r = node.call(&bin("bridge"), "ADD", &path, "gone", &conf).ok();
-    gone.delete();
-    node.call(
-        &bin("bridge"),
-        "DEL",
-        &path,
-        "gone",
-        &Node::with_prev(&conf, &r),
-    )
-    .ok();
-    node.call(&bin("bridge"), "DEL", &path, "gone", &conf).ok();
-    assert!(node.reservations().is_empty());
-    assert_eq!(
-        node.host_veths(),
-        Vec::<String>::new(),
-        "host veths left on the node"
-    );
+    node.assert_nothing_left();
 }
 
 /// IPAM runs concurrently with the link setup, so a link failure can come
@@ -356,20 +257,11 @@ fn failed_add_rolls_back_link_and_reservation() {
         "ctr",
         &node.conf("1.0.0", json!({"forceAddress": true})),
     );
-    nl(&node.ns.ns, async |n| {
-        let br = n.link_by_name("cni0").await.unwrap();
-        let a: Vec<String> = n
-            .addresses(Some(br.index))
-            .await
-            .unwrap()
-            .iter()
-            .map(|a| a.addr.to_string())
-            .collect();
-        assert!(
-            a.contains(&"10.88.0.1/24".into()) && !a.contains(&"10.88.0.254/24".into()),
-            "{a:?}"
-        );
-    });
+    let a = addrs_of(&node.ns.ns, "cni0");
+    assert!(
+        a.contains(&"10.88.0.1/24".into()) && !a.contains(&"10.88.0.254/24".into()),
+        "{a:?}"
+    );
     node.call(
         &bin("bridge"),
         "DEL",
@@ -389,6 +281,48 @@ fn failed_add_rolls_back_link_and_reservation() {
         4
     );
     assert!(node.reservations().is_empty());
+}
+
+/// Hairpin with real frames: a second address behind the same port (a
+/// macvlan on the pod's eth0, in a namespace of its own) reaches the pod
+/// only if the bridge sends frames back out of the port they came in on.
+#[test]
+fn hairpin_reflects_frames_back_into_the_port() {
+    let node = Node::new();
+    let conf = node.conf("1.0.0", json!({"hairpinMode": true}));
+    let pod = TestNs::new();
+    let r = node.add(&pod, "hp", &conf);
+    let port = r["interfaces"][1]["name"].as_str().unwrap().to_string();
+    let behind = TestNs::new();
+    nl(&pod.ns, async |n| {
+        let eth0 = n.link_by_name("eth0").await.unwrap();
+        let mv = n
+            .create_macvlan("mv0", eth0.index, MacvlanMode::Bridge)
+            .await
+            .unwrap();
+        n.move_to_netns(mv.index, &behind.ns).await.unwrap();
+    });
+    nl(&behind.ns, async |n| {
+        let mv = n.link_by_name("mv0").await.unwrap();
+        n.add_address(mv.index, "10.88.0.200/24".parse().unwrap())
+            .await
+            .unwrap();
+        n.set_up(mv.index).await.unwrap();
+    });
+    let pod_ip = addr_of(&r, true);
+    assert!(ping(&behind.ns, &pod_ip), "hairpin on: reflected");
+    // The same topology with the flag cleared: the bridge drops what would
+    // go back out of the ingress port (neighbour entries flushed first, so
+    // ARP has to cross the bridge again).
+    rcni_testkit::ip(
+        &node.ns.ns,
+        &format!("link set {port} type bridge_slave hairpin off"),
+    );
+    rcni_testkit::ip(&behind.ns, "neigh flush all");
+    rcni_testkit::ip(&pod.ns, "neigh flush all");
+    assert!(!ping(&behind.ns, &pod_ip), "hairpin off: not reflected");
+    node.call(&bin("bridge"), "DEL", &pod.path(), "hp", &conf)
+        .ok();
 }
 
 #[test]
@@ -519,25 +453,14 @@ fn status_and_gc_reach_ipam() {
     node.add(&a, "keep", &conf);
     node.add(&b, "stale", &conf);
     assert_eq!(node.reservations().len(), 4);
-    let mut gc = conf.clone();
-    gc["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
-    Call::new(bin("bridge"), "GC")
-        .env("CNI_PATH", &node.cni_path)
-        .env("CNI_CONTAINERID", "")
-        .env("CNI_IFNAME", "")
-        .stdin(&gc)
-        .run_in(&node.ns.ns)
-        .ok();
+    let valid = json!([{"containerID": "keep", "ifname": "eth0"}]);
+    node.gc(&bin("bridge"), &conf, valid).ok();
     assert_eq!(
         node.reservations().len(),
         2,
         "the stale attachment's addresses are released"
     );
-    Call::new(bin("bridge"), "STATUS")
-        .env("CNI_PATH", &node.cni_path)
-        .stdin(&conf)
-        .run_in(&node.ns.ns)
-        .ok();
+    node.status(&bin("bridge"), &conf).ok();
     // A /30 holds one address (gateway .1, .2 for the pod): the next STATUS is 50.
     let small = node.conf(
         "1.1.0",
@@ -545,12 +468,7 @@ fn status_and_gc_reach_ipam() {
         "ranges": [[{"subnet": "10.99.0.0/30"}]]}}),
     );
     node.add(&TestNs::new(), "only", &small);
-    let (code, _) = Call::new(bin("bridge"), "STATUS")
-        .env("CNI_PATH", &node.cni_path)
-        .stdin(&small)
-        .run_in(&node.ns.ns)
-        .err();
-    assert_eq!(code, 50);
+    assert_eq!(node.status(&bin("bridge"), &small).err().0, 50);
 }
 
 #[test]
@@ -559,61 +477,21 @@ fn same_result_and_state_as_the_reference() {
     for v in ["0.3.1", "0.4.0", "1.0.0"] {
         let mut results = Vec::new();
         let mut states = Vec::new();
-        for (bridge, path) in [
-            (bin("bridge"), bin_dir()),
-            (
-                reference_bin("bridge"),
-                Path::new("/usr/lib/cni").to_path_buf(),
-            ),
-        ] {
-            let node = Node::with_path(path.display().to_string());
+        for (bridge, path) in ours_and_reference("bridge") {
+            let node = Node::with_path(path);
             let pod = TestNs::new();
             let conf = node.conf(v, json!({"hairpinMode": true, "mtu": 1450}));
             let r = node.call(&bridge, "ADD", &pod.path(), "diff", &conf).ok();
-            let mut n = normalize_result(&r, v);
-            for i in &mut n.interfaces {
-                i.mac.clear();
-                if i.name.starts_with("veth") {
-                    i.name = "veth".into();
-                }
-                i.sandbox.clear();
-            }
-            results.push(n);
-            let pod_state = nl(&pod.ns, async |n| {
-                let l = n.link_by_name("eth0").await.unwrap();
-                let mut a: Vec<String> = n
-                    .addresses(Some(l.index))
-                    .await
-                    .unwrap()
-                    .iter()
-                    .filter(|a| !a.addr.ip().to_string().starts_with("fe80"))
-                    .map(|a| a.addr.to_string())
-                    .collect();
-                a.sort();
-                let mut r: Vec<String> = n
-                    .routes(Family::All)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .filter(|r| !r.dst.ip().to_string().starts_with("fe80"))
-                    .map(|r| format!("{} via {:?}", r.dst, r.gateway))
-                    .collect();
-                r.sort();
-                (l.mtu, l.admin_up, a, r)
-            });
-            let node_state = nl(&node.ns.ns, async |n| {
-                let br = n.link_by_name("cni0").await.unwrap();
-                let mut a: Vec<String> = n
-                    .addresses(Some(br.index))
-                    .await
-                    .unwrap()
-                    .iter()
-                    .filter(|a| !a.addr.ip().to_string().starts_with("fe80"))
-                    .map(|a| a.addr.to_string())
-                    .collect();
-                a.sort();
-                (br.mtu, a)
-            });
+            results.push(normalized_result(&r, v));
+            let eth0 = nl(&pod.ns, async |n| n.link_by_name("eth0").await.unwrap());
+            let pod_state = (
+                eth0.mtu,
+                eth0.admin_up,
+                addrs_of(&pod.ns, "eth0"),
+                routes_of(&pod.ns),
+            );
+            let br = nl(&node.ns.ns, async |n| n.link_by_name("cni0").await.unwrap());
+            let node_state = (br.mtu, addrs_of(&node.ns.ns, "cni0"));
             let port = r["interfaces"][1]["name"].as_str().unwrap().to_string();
             let hairpin =
                 ip_link_json(&node.ns.ns, &port)["linkinfo"]["info_slave_data"]["hairpin"].clone();
@@ -672,86 +550,11 @@ fn macspoofchk_drops_frames_from_another_mac() {
         .ok();
 }
 
-fn masq_rules(node: &NetNs) -> String {
-    let ipt = rcni_testkit::command_in(node, "iptables-save")
-        .args(["-t", "nat"])
-        .output()
-        .unwrap();
-    let nft = rcni_testkit::command_in(node, "nft")
-        .args(["list", "ruleset"])
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&ipt.stdout),
-        String::from_utf8_lossy(&nft.stdout)
-    );
-    text.lines()
-        .filter(|l| l.contains("masq") || l.contains("MASQ") || l.contains("CNI-"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 #[test]
 fn ip_masq_rules_follow_the_attachment_even_without_netns() {
-    for backend in ["iptables", "nftables"] {
-        let node = Node::new();
-        let conf = node.conf("1.1.0", json!({"ipMasq": true, "ipMasqBackend": backend}));
-        let (a, b) = (TestNs::new(), TestNs::new());
-        let ra = node.add(&a, "masq-a", &conf);
-        let rb = node.add(&b, "masq-b", &conf);
-        let rules = masq_rules(&node.ns.ns);
-        assert!(
-            rules.contains("10.88.0.2") && rules.contains("10.88.0.3"),
-            "{backend}: {rules}"
-        );
-        node.call(
-            &bin("bridge"),
-            "CHECK",
-            &a.path(),
-            "masq-a",
-            &Node::with_prev(&conf, &ra),
-        )
-        .ok();
-        // DEL with an empty CNI_NETNS (the runtime lost the netns): prevResult
-        // still names the addresses, and the rules go.
-        node.call(
-            &bin("bridge"),
-            "DEL",
-            "",
-            "masq-a",
-            &Node::with_prev(&conf, &ra),
-        )
-        .ok();
-        let rules = masq_rules(&node.ns.ns);
-        assert!(
-            !rules.contains("10.88.0.2/") && !rules.contains("10.88.0.2 "),
-            "{backend}: {rules}"
-        );
-        assert!(
-            rules.contains("10.88.0.3"),
-            "{backend}: the other pod keeps its rules"
-        );
-        // GC with an empty valid set removes the rest.
-        let mut gc = conf.clone();
-        gc["cni.dev/valid-attachments"] = json!([]);
-        Call::new(bin("bridge"), "GC")
-            .env("CNI_PATH", &node.cni_path)
-            .env("CNI_CONTAINERID", "")
-            .env("CNI_IFNAME", "")
-            .stdin(&gc)
-            .run_in(&node.ns.ns)
-            .ok();
-        let rules = masq_rules(&node.ns.ns);
-        assert!(!rules.contains("10.88.0.3"), "{backend}: {rules}");
-        assert!(node.reservations().is_empty());
-        node.call(
-            &bin("bridge"),
-            "DEL",
-            &b.path(),
-            "masq-b",
-            &Node::with_prev(&conf, &rb),
-        )
-        .ok();
-    }
+    common::masq_follows_attachments(
+        "bridge",
+        |node, extra| node.conf("1.1.0", extra),
+        [&["10.88.0.2"], &["10.88.0.3"]],
+    );
 }

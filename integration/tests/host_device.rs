@@ -5,23 +5,19 @@
 
 mod common;
 
-use common::{Node, ip, nl};
+use common::{Node, addrs_of, ip, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::Link;
 use rcni_netns::NetNs;
-use rcni_testkit::{PersistentNs, TestNs, bin, bin_dir, normalize_result, ping, reference_bin};
+use rcni_testkit::{PersistentNs, REFERENCE_DIR, TestNs, bin, normalized_result, ping};
 use serde_json::{Value, json};
-use std::path::Path;
 
 fn conf(extra: Value) -> Value {
-    let mut c = json!({
+    let c = json!({
         "cniVersion": "1.0.0", "name": "podnet", "type": "host-device", "device": "hd0",
         "ipam": {"type": "static", "addresses": [{"address": "10.62.0.2/24", "gateway": "10.62.0.1"}],
                  "routes": [{"dst": "10.63.0.0/16"}]}
     });
-    for (k, v) in extra.as_object().unwrap() {
-        c[k] = v.clone();
-    }
-    c
+    merged(c, extra)
 }
 
 /// A node whose device hd0 is wired (veth) to hd0p, which holds 10.62.0.1.
@@ -158,14 +154,8 @@ fn del_releases_ipam_without_the_netns_and_repeats() {
     );
     // Empty CNI_NETNS: the reference returns at once and leaks the
     // reservation (cni #1167); ours releases it.
-    for (plugin, path, leaks) in [
-        (
-            reference_bin("host-device"),
-            "/usr/lib/cni".to_string(),
-            true,
-        ),
-        (bin("host-device"), bin_dir().display().to_string(), false),
-    ] {
+    for (plugin, path) in ours_and_reference("host-device") {
+        let leaks = plugin.starts_with(REFERENCE_DIR);
         let node = Node::with_path(path);
         ip(&node.ns.ns, "link add hd0 type veth peer name hd0p");
         let c = conf(
@@ -249,14 +239,8 @@ fn failed_add_puts_the_device_back() {
 fn same_result_and_state_as_the_reference() {
     for v in ["0.4.0", "1.0.0"] {
         let mut seen = Vec::new();
-        for (plugin, path) in [
-            (bin("host-device"), bin_dir()),
-            (
-                reference_bin("host-device"),
-                Path::new("/usr/lib/cni").to_path_buf(),
-            ),
-        ] {
-            let node = Node::with_path(path.display().to_string());
+        for (plugin, path) in ours_and_reference("host-device") {
+            let node = Node::with_path(path);
             ip(
                 &node.ns.ns,
                 "link add hd0 mtu 1400 type veth peer name hd0p",
@@ -265,32 +249,18 @@ fn same_result_and_state_as_the_reference() {
             // DNS in the config: the reference (1.1.1) drops IPAM's.
             let c = conf(json!({"cniVersion": v, "dns": {"nameservers": ["10.62.0.53"]}}));
             let r = node.call(&plugin, "ADD", &pod.path(), "diff", &c).ok();
-            let mut n = normalize_result(&r, v);
-            n.interfaces[0].mac.clear();
-            n.interfaces[0].sandbox.clear();
             let l = link(&pod.ns, "eth0").unwrap();
-            let state = nl(&pod.ns, async |n| {
-                let a: Vec<String> = n
-                    .addresses(Some(l.index))
-                    .await
-                    .unwrap()
-                    .iter()
-                    .filter(|a| a.addr.is_ipv4())
-                    .map(|a| a.addr.to_string())
-                    .collect();
-                let r: Vec<String> = n
-                    .routes(rcni_netlink::Family::V4)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|r| format!("{} via {:?}", r.dst, r.gateway))
-                    .collect();
-                (l.alias.clone(), l.mtu, l.admin_up, a, r)
-            });
-            seen.push((n, state));
+            let state = (
+                l.alias.clone(),
+                l.mtu,
+                l.admin_up,
+                addrs_of(&pod.ns, "eth0"),
+                routes_of(&pod.ns),
+            );
+            seen.push((normalized_result(&r, v), state));
             let with = Node::with_prev(&c, &r);
             let check = node.call(&plugin, "CHECK", &pod.path(), "diff", &with);
-            let reference = plugin.starts_with("/usr/lib/cni");
+            let reference = plugin.starts_with(REFERENCE_DIR);
             if reference {
                 // The reference's CHECK fails its own ADD: it wants the
                 // gateway-less IPAM route without the gateway ADD gave it.

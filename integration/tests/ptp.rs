@@ -4,66 +4,26 @@
 
 mod common;
 
-use common::{Node, addr_of, masq_rules, nl};
-use rcni_netlink::Family;
-use rcni_netns::NetNs;
-use rcni_testkit::{
-    Call, PersistentNs, TestNs, bin, bin_dir, normalize_result, ping, reference_bin,
+use common::{
+    Damage, Node, addr_of, addrs_of, delete_pod_eth0, masq_rules, merged, nl, ours_and_reference,
+    remove_pod_address, remove_route, routes_of,
 };
+use rcni_testkit::{TestNs, bin, normalized_result, ping};
 use serde_json::{Value, json};
-use std::path::Path;
 
 /// A ptp config on the node's host-local data dir; `extra` keys merged in.
 fn conf(node: &Node, version: &str, extra: Value) -> Value {
-    let mut c = json!({
+    let c = json!({
         "cniVersion": version, "name": "podnet", "type": "ptp",
         "ipam": {"type": "host-local", "dataDir": node.data.path(),
                  "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]],
                  "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}
     });
-    for (k, v) in extra.as_object().unwrap() {
-        c[k] = v.clone();
-    }
-    c
+    merged(c, extra)
 }
 
 fn add(node: &Node, pod: &TestNs, cid: &str, conf: &Value) -> Value {
     node.call(&bin("ptp"), "ADD", &pod.path(), cid, conf).ok()
-}
-
-fn routes_of(ns: &NetNs) -> Vec<String> {
-    nl(ns, async |n| {
-        let mut v: Vec<String> = n
-            .routes(Family::All)
-            .await
-            .unwrap()
-            .iter()
-            .filter(|r| !r.dst.ip().to_string().starts_with("fe80"))
-            .map(|r| {
-                let gw = r.gateway.map(|g| format!(" via {g}")).unwrap_or_default();
-                let src = r.src.map(|s| format!(" src {s}")).unwrap_or_default();
-                format!("{}{gw}{src} scope {}", r.dst, r.scope)
-            })
-            .collect();
-        v.sort();
-        v
-    })
-}
-
-fn addrs_of(ns: &NetNs, dev: &str) -> Vec<String> {
-    nl(ns, async |n| {
-        let l = n.link_by_name(dev).await.unwrap();
-        let mut v: Vec<String> = n
-            .addresses(Some(l.index))
-            .await
-            .unwrap()
-            .iter()
-            .filter(|a| !a.addr.ip().to_string().starts_with("fe80"))
-            .map(|a| a.addr.to_string())
-            .collect();
-        v.sort();
-        v
-    })
 }
 
 #[test]
@@ -152,13 +112,9 @@ fn pods_reach_each_other_through_the_node_routes_dual_stack() {
     );
 
     for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
-        let with = Node::with_prev(&c, r);
-        node.call(&bin("ptp"), "CHECK", &pod.path(), cid, &with)
-            .ok();
-        node.call(&bin("ptp"), "DEL", &pod.path(), cid, &with).ok();
+        node.check_and_del(&bin("ptp"), pod, cid, &c, r);
     }
-    assert!(node.reservations().is_empty());
-    assert_eq!(node.host_veths(), Vec::<String>::new());
+    node.assert_nothing_left();
     let left: Vec<String> = routes_of(&node.ns.ns)
         .into_iter()
         .filter(|r| r.contains("10.77") || r.contains("fd77"))
@@ -207,27 +163,10 @@ fn ipv4_only_and_every_spec_version() {
 #[test]
 fn check_passes_after_add_and_fails_after_damage() {
     let node = Node::new();
-    let c = conf(&node, "1.0.0", json!({}));
-    type Damage = fn(&NetNs, &NetNs, &Value);
     let damage: [(&str, Damage); 5] = [
-        ("address removed", |_, pod, r| {
-            let a = r["ips"][0]["address"].as_str().unwrap().parse().unwrap();
-            nl(pod, async |n| {
-                let l = n.link_by_name("eth0").await.unwrap();
-                n.del_address(l.index, a).await.unwrap();
-            });
-        }),
+        ("address removed", remove_pod_address),
         ("route to the gateway removed", |_, pod, _| {
-            nl(pod, async |n| {
-                let r = n
-                    .routes(Family::V4)
-                    .await
-                    .unwrap()
-                    .into_iter()
-                    .find(|r| r.dst.prefix() == 32)
-                    .unwrap();
-                n.del_route(&r).await.unwrap();
-            });
+            remove_route(pod, |r| r.dst.prefix() == 32)
         }),
         ("gateway removed from the host veth", |node, _, r| {
             let name = r["interfaces"][0]["name"].as_str().unwrap().to_string();
@@ -240,48 +179,11 @@ fn check_passes_after_add_and_fails_after_damage() {
         }),
         ("host route removed", |node, _, r| {
             let dst = format!("{}/32", addr_of(r, true));
-            nl(node, async |n| {
-                let r = n
-                    .routes(Family::V4)
-                    .await
-                    .unwrap()
-                    .into_iter()
-                    .find(|r| r.dst.to_string() == dst)
-                    .unwrap();
-                n.del_route(&r).await.unwrap();
-            });
+            remove_route(node, |r| r.dst.to_string() == dst)
         }),
-        ("container interface deleted", |_, pod, _| {
-            nl(pod, async |n| {
-                let l = n.link_by_name("eth0").await.unwrap();
-                n.delete_link(l.index).await.unwrap();
-            });
-        }),
+        ("container interface deleted", delete_pod_eth0),
     ];
-    for (what, f) in damage {
-        let pod = TestNs::new();
-        let r = add(&node, &pod, "ctr", &c);
-        let with = Node::with_prev(&c, &r);
-        node.call(&bin("ptp"), "CHECK", &pod.path(), "ctr", &with)
-            .ok();
-        f(&node.ns.ns, &pod.ns, &r);
-        let (code, msg) = node
-            .call(&bin("ptp"), "CHECK", &pod.path(), "ctr", &with)
-            .err();
-        assert_eq!(code, 106, "{what}: {msg}");
-        node.call(&bin("ptp"), "DEL", &pod.path(), "ctr", &with)
-            .ok();
-    }
-    let pod = TestNs::new();
-    add(&node, &pod, "ctr", &c);
-    assert_eq!(
-        node.call(&bin("ptp"), "CHECK", &pod.path(), "ctr", &c)
-            .err()
-            .0,
-        7,
-        "CHECK without prevResult"
-    );
-    node.call(&bin("ptp"), "DEL", &pod.path(), "ctr", &c).ok();
+    node.check_catches(&bin("ptp"), &conf(&node, "1.0.0", json!({})), &damage);
     assert!(node.reservations().is_empty());
 }
 
@@ -289,13 +191,7 @@ fn check_passes_after_add_and_fails_after_damage() {
 fn del_is_idempotent_and_works_without_the_netns() {
     let node = Node::new();
     let c = conf(&node, "1.0.0", json!({}));
-    let pod = TestNs::new();
-    let r = add(&node, &pod, "twice", &c);
-    let with = Node::with_prev(&c, &r);
-    node.call(&bin("ptp"), "DEL", &pod.path(), "twice", &with)
-        .ok();
-    node.call(&bin("ptp"), "DEL", &pod.path(), "twice", &with)
-        .ok();
+    node.del_survives_repeats_and_a_deleted_netns(&bin("ptp"), &c);
 
     // Empty CNI_NETNS: the reservation is released and, from prevResult,
     // the host veth and its routes go too (the reference keeps them, and a
@@ -305,22 +201,10 @@ fn del_is_idempotent_and_works_without_the_netns() {
     assert_eq!(node.reservations().len(), 2);
     node.call(&bin("ptp"), "DEL", "", "nonetns", &Node::with_prev(&c, &r))
         .ok();
-    assert!(node.reservations().is_empty());
-    assert_eq!(node.host_veths(), Vec::<String>::new());
+    node.assert_nothing_left();
     nl(&pod.ns, async |n| {
         assert!(n.find_link("eth0").await.unwrap().is_none())
     });
-
-    // The netns deleted before DEL.
-    let gone = PersistentNs::new();
-    let path = gone.path.display().to_string();
-    let r = node.call(&bin("ptp"), "ADD", &path, "gone", &c).ok();
-    gone.delete();
-    node.call(&bin("ptp"), "DEL", &path, "gone", &Node::with_prev(&c, &r))
-        .ok();
-    node.call(&bin("ptp"), "DEL", &path, "gone", &c).ok();
-    assert!(node.reservations().is_empty());
-    assert_eq!(node.host_veths(), Vec::<String>::new());
 
     // DEL of a config without IPAM (which ADD refuses) still succeeds.
     let bare = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "ptp"});
@@ -342,8 +226,7 @@ fn failed_add_rolls_back_link_and_reservation() {
     let pod = TestNs::new();
     let (code, msg) = node.call(&bin("ptp"), "ADD", &pod.path(), "ctr", &c).err();
     assert_eq!(code, 103, "{msg}");
-    assert!(node.reservations().is_empty(), "IPAM released on failure");
-    assert_eq!(node.host_veths(), Vec::<String>::new());
+    node.assert_nothing_left();
     nl(&pod.ns, async |n| {
         assert!(n.find_link("eth0").await.unwrap().is_none())
     });
@@ -373,82 +256,17 @@ fn failed_add_rolls_back_link_and_reservation() {
 
 #[test]
 fn ip_masq_rules_follow_the_attachment_even_without_netns() {
-    for backend in ["iptables", "nftables"] {
-        let node = Node::new();
-        let c = conf(
-            &node,
-            "1.1.0",
-            json!({"ipMasq": true, "ipMasqBackend": backend}),
-        );
-        let (a, b) = (TestNs::new(), TestNs::new());
-        let ra = add(&node, &a, "masq-a", &c);
-        let rb = add(&node, &b, "masq-b", &c);
-        let rules = masq_rules(&node.ns.ns);
-        for ip in ["10.77.0.2", "10.77.0.3", "fd77::2", "fd77::3"] {
-            assert!(rules.contains(ip), "{backend}: {ip} in {rules}");
-        }
-        node.call(
-            &bin("ptp"),
-            "CHECK",
-            &a.path(),
-            "masq-a",
-            &Node::with_prev(&c, &ra),
-        )
-        .ok();
-        // DEL with an empty CNI_NETNS: the rules still go.
-        node.call(&bin("ptp"), "DEL", "", "masq-a", &Node::with_prev(&c, &ra))
-            .ok();
-        let rules = masq_rules(&node.ns.ns);
-        assert!(
-            !rules.contains("10.77.0.2/") && !rules.contains("10.77.0.2 "),
-            "{backend}: {rules}"
-        );
-        assert!(
-            rules.contains("10.77.0.3"),
-            "{backend}: the other pod keeps its rules"
-        );
-        // CHECK notices missing rules: GC with an empty valid set removes them.
-        let mut gc = c.clone();
-        gc["cni.dev/valid-attachments"] = json!([]);
-        Call::new(bin("ptp"), "GC")
-            .env("CNI_PATH", &node.cni_path)
-            .env("CNI_CONTAINERID", "")
-            .env("CNI_IFNAME", "")
-            .stdin(&gc)
-            .run_in(&node.ns.ns)
-            .ok();
-        let rules = masq_rules(&node.ns.ns);
-        assert!(!rules.contains("10.77.0.3"), "{backend}: {rules}");
-        assert!(node.reservations().is_empty(), "GC reached IPAM");
-        let (code, msg) = node
-            .call(
-                &bin("ptp"),
-                "CHECK",
-                &b.path(),
-                "masq-b",
-                &Node::with_prev(&c, &rb),
-            )
-            .err();
-        assert!(code == 106 || code == 107, "{backend}: {code} {msg}");
-        node.call(
-            &bin("ptp"),
-            "DEL",
-            &b.path(),
-            "masq-b",
-            &Node::with_prev(&c, &rb),
-        )
-        .ok();
-    }
+    common::masq_follows_attachments(
+        "ptp",
+        |node, extra| conf(node, "1.1.0", extra),
+        [&["10.77.0.2", "fd77::2"], &["10.77.0.3", "fd77::3"]],
+    );
 }
 
 #[test]
 fn status_reaches_ipam() {
     let node = Node::new();
-    let c = conf(&node, "1.1.0", json!({}));
-    Call::new(bin("ptp"), "STATUS")
-        .env("CNI_PATH", &node.cni_path)
-        .stdin(&c)
-        .run_in(&node.ns.ns)
+    node.status(&bin("ptp"), &conf(&node, "1.1.0", json!({})))
         .ok();
     // A /30 holds one address (gateway .1, .2 for the pod): then STATUS is 50.
     let small = conf(
@@ -459,12 +277,7 @@ fn status_reaches_ipam() {
     );
     let pod = TestNs::new();
     add(&node, &pod, "only", &small);
-    let (code, _) = Call::new(bin("ptp"), "STATUS")
-        .env("CNI_PATH", &node.cni_path)
-        .stdin(&small)
-        .run_in(&node.ns.ns)
-        .err();
-    assert_eq!(code, 50);
+    assert_eq!(node.status(&bin("ptp"), &small).err().0, 50);
     node.call(&bin("ptp"), "DEL", &pod.path(), "only", &small)
         .ok();
 }
@@ -473,25 +286,11 @@ fn status_reaches_ipam() {
 fn same_result_and_state_as_the_reference() {
     for v in ["0.3.1", "0.4.0", "1.0.0"] {
         let mut seen = Vec::new();
-        for (ptp, path) in [
-            (bin("ptp"), bin_dir()),
-            (
-                reference_bin("ptp"),
-                Path::new("/usr/lib/cni").to_path_buf(),
-            ),
-        ] {
-            let node = Node::with_path(path.display().to_string());
+        for (ptp, path) in ours_and_reference("ptp") {
+            let node = Node::with_path(path);
             let pod = TestNs::new();
             let c = conf(&node, v, json!({"mtu": 1450, "ipMasq": true}));
             let r = node.call(&ptp, "ADD", &pod.path(), "diff", &c).ok();
-            let mut n = normalize_result(&r, v);
-            for i in &mut n.interfaces {
-                i.mac.clear();
-                if i.name.starts_with("veth") {
-                    i.name = "veth".into();
-                }
-                i.sandbox.clear();
-            }
             let host_veth = r["interfaces"][0]["name"].as_str().unwrap().to_string();
             let state = (
                 routes_of(&pod.ns),
@@ -500,14 +299,13 @@ fn same_result_and_state_as_the_reference() {
                 routes_of(&node.ns.ns),
                 masq_rules(&node.ns.ns),
             );
-            seen.push((n, state));
+            seen.push((normalized_result(&r, v), state));
             let with = Node::with_prev(&c, &r);
             if v != "0.3.1" {
                 node.call(&ptp, "CHECK", &pod.path(), "diff", &with).ok();
             }
             node.call(&ptp, "DEL", &pod.path(), "diff", &with).ok();
-            assert!(node.reservations().is_empty());
-            assert_eq!(node.host_veths(), Vec::<String>::new());
+            node.assert_nothing_left();
             assert_eq!(masq_rules(&node.ns.ns), "", "{v}");
         }
         assert_eq!(seen[0].0, seen[1].0, "{v}: result");

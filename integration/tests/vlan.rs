@@ -4,20 +4,17 @@
 
 mod common;
 
-use common::{Node, ip};
+use common::{Node, ip, link_names, merged};
 use rcni_testkit::{Call, PersistentNs, TestNs, bin, reference_bin};
 use serde_json::{Value, json};
 
 fn conf(node: &Node, extra: Value) -> Value {
-    let mut c = json!({
+    let c = json!({
         "cniVersion": "1.1.0", "name": "podnet", "type": "vlan", "master": "eth1", "vlanId": 100,
         "ipam": {"type": "host-local", "dataDir": node.data.path(),
                  "ranges": [[{"subnet": "10.61.0.0/24"}]]}
     });
-    for (k, v) in extra.as_object().unwrap() {
-        c[k] = v.clone();
-    }
-    c
+    merged(c, extra)
 }
 
 #[test]
@@ -57,16 +54,7 @@ fn config_errors_are_code_7_and_touch_nothing() {
         assert!(msg.contains(want), "{extra}: {msg}");
     }
     assert!(node.reservations().is_empty());
-    common::nl(&pod.ns, async |n| {
-        let names: Vec<String> = n
-            .links()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|l| l.name)
-            .collect();
-        assert_eq!(names, ["lo"]);
-    });
+    assert_eq!(link_names(&pod.ns), ["lo"]);
 }
 
 #[test]
@@ -119,30 +107,15 @@ fn status_and_gc_reach_ipam() {
             .run_in(&node.ns.ns)
             .ok();
     }
-    let mut gc = c.clone();
-    gc["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
-    Call::new(bin("vlan"), "GC")
-        .env("CNI_PATH", &node.cni_path)
-        .env("CNI_CONTAINERID", "")
-        .env("CNI_IFNAME", "")
-        .stdin(&gc)
-        .run_in(&node.ns.ns)
-        .ok();
+    let valid = json!([{"containerID": "keep", "ifname": "eth0"}]);
+    node.gc(&bin("vlan"), &c, valid).ok();
     assert_eq!(node.reservations(), ["10.61.0.2"]);
-    Call::new(bin("vlan"), "STATUS")
-        .env("CNI_PATH", &node.cni_path)
-        .stdin(&c)
-        .run_in(&node.ns.ns)
-        .ok();
+    node.status(&bin("vlan"), &c).ok();
     let small = conf(
         &node,
         json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
             "ranges": [[{"subnet": "10.61.0.0/30"}]]}}),
     );
-    let (code, _) = Call::new(bin("vlan"), "STATUS")
-        .env("CNI_PATH", &node.cni_path)
-        .stdin(&small)
-        .run_in(&node.ns.ns)
-        .err();
+    let (code, _) = node.status(&bin("vlan"), &small).err();
     assert_eq!(code, 50, "the /30's one address is taken");
 }

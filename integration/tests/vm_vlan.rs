@@ -4,20 +4,18 @@
 
 mod common;
 
-use common::{Node, ip, ipv6_addrs, nl};
-use rcni_testkit::{TestNs, bin, bin_dir, normalize_result, ping, reference_bin};
+use common::{
+    Node, addrs_of, ip, ipv6_addrs, link_names, merged, nl, ours_and_reference, routes_of,
+};
+use rcni_testkit::{TestNs, bin, normalized_result, ping, reference_bin};
 use serde_json::{Value, json};
-use std::path::Path;
 
 fn conf(master: &str, vlan: u32, addr: &str, extra: Value) -> Value {
-    let mut c = json!({
+    let c = json!({
         "cniVersion": "1.0.0", "name": "vl", "type": "vlan", "master": master, "vlanId": vlan,
         "ipam": {"type": "static", "addresses": [{"address": addr}]}
     });
-    for (k, v) in extra.as_object().unwrap() {
-        c[k] = v.clone();
-    }
-    c
+    merged(c, extra)
 }
 
 /// Two masters on one wire: the node's veth pair m1 <-> m2.
@@ -186,16 +184,7 @@ fn failed_add_rolls_back_and_del_survives_a_missing_master() {
     let (code, msg) = node.call(&bin("vlan"), "ADD", &p.path(), "rb", &c).err();
     assert_eq!(code, 103, "{msg}");
     assert!(node.reservations().is_empty(), "IPAM released");
-    nl(&p.ns, async |n| {
-        let names: Vec<String> = n
-            .links()
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|l| l.name)
-            .collect();
-        assert_eq!(names, ["lo"], "the vlan link is rolled back");
-    });
+    assert_eq!(link_names(&p.ns), ["lo"], "the vlan link is rolled back");
     // The same VLAN again on the same master now works: nothing was left.
     let ok = conf("m1", 50, "10.60.2.9/24", json!({}));
     let r = node.call(&bin("vlan"), "ADD", &p.path(), "rb", &ok).ok();
@@ -229,14 +218,8 @@ fn failed_add_rolls_back_and_del_survives_a_missing_master() {
 fn same_result_and_state_as_the_reference() {
     for v in ["0.4.0", "1.0.0"] {
         let mut seen = Vec::new();
-        for (vlan, path) in [
-            (bin("vlan"), bin_dir()),
-            (
-                reference_bin("vlan"),
-                Path::new("/usr/lib/cni").to_path_buf(),
-            ),
-        ] {
-            let node = Node::with_path(path.display().to_string());
+        for (vlan, path) in ours_and_reference("vlan") {
+            let node = Node::with_path(path);
             ip(&node.ns.ns, "link add m1 type veth peer name m2");
             ip(&node.ns.ns, "link set m1 up");
             let pod = TestNs::new();
@@ -245,38 +228,17 @@ fn same_result_and_state_as_the_reference() {
                 "ipam": {"type": "static", "addresses": [{"address": "10.60.3.5/24", "gateway": "10.60.3.1"}],
                          "routes": [{"dst": "0.0.0.0/0"}]}});
             let r = node.call(&vlan, "ADD", &pod.path(), "diff", &c).ok();
-            let mut n = normalize_result(&r, v);
-            for i in &mut n.interfaces {
-                i.mac.clear();
-                i.sandbox.clear();
-            }
-            let state = nl(&pod.ns, async |n| {
-                let l = n.link_by_name("eth0").await.unwrap();
-                let a: Vec<String> = n
-                    .addresses(Some(l.index))
-                    .await
-                    .unwrap()
-                    .iter()
-                    .filter(|a| a.addr.is_ipv4())
-                    .map(|a| a.addr.to_string())
-                    .collect();
-                let r: Vec<String> = n
-                    .routes(rcni_netlink::Family::V4)
-                    .await
-                    .unwrap()
-                    .iter()
-                    .map(|r| format!("{} via {:?} scope {}", r.dst, r.gateway, r.scope))
-                    .collect();
-                (
-                    l.kind,
-                    l.mtu,
-                    l.admin_up,
-                    n.vlan_id(l.index).await.unwrap(),
-                    a,
-                    r,
-                )
-            });
-            seen.push((n, state));
+            let l = nl(&pod.ns, async |n| n.link_by_name("eth0").await.unwrap());
+            let vlan_id = nl(&pod.ns, async |n| n.vlan_id(l.index).await.unwrap());
+            let state = (
+                l.kind,
+                l.mtu,
+                l.admin_up,
+                vlan_id,
+                addrs_of(&pod.ns, "eth0"),
+                routes_of(&pod.ns),
+            );
+            seen.push((normalized_result(&r, v), state));
             let with = Node::with_prev(&c, &r);
             node.call(&vlan, "CHECK", &pod.path(), "diff", &with).ok();
             node.call(&vlan, "DEL", &pod.path(), "diff", &with).ok();

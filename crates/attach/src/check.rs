@@ -47,6 +47,12 @@ pub async fn validate_link(
             iface.name
         ))
     })?;
+    link_matches(&link, iface, kind)?;
+    Ok(link)
+}
+
+/// `link` is of `kind` (when given) and has the MAC recorded in `iface`.
+pub fn link_matches(link: &Link, iface: &Interface, kind: Option<&str>) -> Result<(), CniError> {
     if let Some(kind) = kind
         && link.kind.as_deref() != Some(kind)
     {
@@ -62,7 +68,18 @@ pub async fn validate_link(
             link.name, iface.mac
         )));
     }
-    Ok(link)
+    Ok(())
+}
+
+/// The host end of the container veth `link`: its peer, in `host`.
+/// `missing` is the failure when there is none.
+pub async fn veth_peer(host: &Netlink, link: &Link, missing: &str) -> Result<Link, CniError> {
+    let peer = link
+        .link
+        .ok_or_else(|| check_failed("container veth has no peer"))?;
+    host.link_by_index(peer)
+        .await
+        .map_err(|_| check_failed(missing))
 }
 
 /// Every address of `ips` that belongs to interface `index` of the result

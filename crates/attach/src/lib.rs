@@ -8,19 +8,85 @@
 //! * applying an IPAM result to an interface (libcni's `ConfigureIface`),
 //! * CHECK's comparisons against `prevResult` ([`check`]),
 //! * ipMasq keyed like the reference ([`masq`]),
-//! * forwarding STATUS and GC to IPAM.
+//! * IPAM alongside the link work (ADD and DEL), and STATUS, CHECK and GC
+//!   forwarded to it.
 
 pub mod check;
 pub mod masq;
 
 use ipnetwork::IpNetwork;
-use rcni_cni::invoke::delegate_cmd;
-use rcni_cni::skel::CmdArgs;
-use rcni_cni::{CniError, CniResult, ErrorCode, Interface};
+use rcni_cni::invoke::{PendingAdd, PendingCmd, delegate_cmd};
+use rcni_cni::rollback::Rollback;
+use rcni_cni::skel::{About, CmdArgs, Plugin};
+use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig};
 use rcni_netlink::{Link, MacAddr, Netlink, SCOPE_LINK, sysctl};
 use rcni_netns::NetNs;
 use std::net::IpAddr;
 use tokio::runtime::Runtime;
+
+/// A main plugin's config, loaded and validated by every command before
+/// anything is touched.
+pub trait AttachConf: Sized {
+    fn load(args: &CmdArgs) -> Result<Self, CniError>;
+    /// The IPAM plugin type; `None` without one.
+    fn ipam(&self) -> Option<&str>;
+    /// ipMasq: the attachment's masquerade rules are GC's as well.
+    fn ip_masq(&self) -> bool {
+        false
+    }
+    /// The config an ADD of `conf` loads: for tests of the parsing.
+    fn from_json(conf: &serde_json::Value) -> Result<Self, CniError> {
+        Self::load(&CmdArgs::for_conf(conf)?)
+    }
+}
+
+/// A main plugin's own part: its topology, set up, torn down and checked on
+/// a loaded config. [`Attach`] makes it a CNI plugin.
+pub trait Attachment {
+    type Conf: AttachConf;
+    fn about(&self) -> About;
+    fn add(&self, args: &CmdArgs, conf: &Self::Conf) -> Result<CniResult, CniError>;
+    fn del(&self, args: &CmdArgs, conf: &Self::Conf) -> Result<(), CniError>;
+    fn check(&self, args: &CmdArgs, conf: &Self::Conf) -> Result<(), CniError>;
+}
+
+/// An [`Attachment`] as a CNI plugin. What lives outside the attachment's
+/// links is IPAM's state and its masquerade rules, so STATUS is IPAM's, and
+/// GC collects both for the attachments not in the valid set.
+pub struct Attach<A>(pub A);
+
+impl<A: Attachment> Plugin for Attach<A> {
+    fn about(&self) -> About {
+        self.0.about()
+    }
+
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        self.0.add(args, &A::Conf::load(args)?)
+    }
+
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        self.0.del(args, &A::Conf::load(args)?)
+    }
+
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        self.0.check(args, &A::Conf::load(args)?)
+    }
+
+    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
+        delegate_ipam(A::Conf::load(args)?.ipam(), "STATUS", args)
+    }
+
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = A::Conf::load(args)?;
+        let masq = match conf.ip_masq() {
+            true => NetNs::current()
+                .map_err(CniError::from)
+                .and_then(|host| masq::gc(&host, args)),
+            false => Ok(()),
+        };
+        first_error([masq, delegate_ipam(conf.ipam(), "GC", args)])
+    }
+}
 
 /// A runtime for the netlink calls of one plugin run.
 pub fn rt() -> Result<Runtime, CniError> {
@@ -53,6 +119,69 @@ pub fn open_container_for_del(args: &CmdArgs) -> Result<Option<NetNs>, CniError>
     }
 }
 
+/// Both sides of an attachment for ADD and CHECK: the node's namespace (this
+/// process's) and CNI_NETNS, a netlink socket in each, driven by one runtime.
+pub struct Namespaces {
+    // Fields drop in this order: the sockets before the runtime driving them.
+    pub host: Netlink,
+    pub ct: Netlink,
+    pub host_ns: NetNs,
+    pub ct_ns: NetNs,
+    pub rt: Runtime,
+}
+
+impl Namespaces {
+    pub fn open(args: &CmdArgs) -> Result<Namespaces, CniError> {
+        let rt = rt()?;
+        let host_ns = NetNs::current()?;
+        let ct_ns = open_container(args)?;
+        let host = rt.block_on(Netlink::connect(&host_ns))?;
+        let ct = rt.block_on(Netlink::connect(&ct_ns))?;
+        Ok(Namespaces {
+            host,
+            ct,
+            host_ns,
+            ct_ns,
+            rt,
+        })
+    }
+
+    /// ADD's veth pair (see [`create_veth`]), its removal registered on
+    /// `undo`. Returns (host end, container end).
+    pub fn setup_veth<'a>(
+        &'a self,
+        undo: &mut Rollback<'a>,
+        ifname: &str,
+        mtu: Option<u32>,
+    ) -> Result<(Link, Link), CniError> {
+        let (host_veth, ct_veth) = self.rt.block_on(create_veth(
+            &self.host,
+            &self.ct,
+            &self.host_ns,
+            ifname,
+            mtu,
+        ))?;
+        let what = format!("veth {ifname}");
+        undo_link(undo, what, &self.rt, &self.ct, ct_veth.index);
+        Ok((host_veth, ct_veth))
+    }
+}
+
+/// DEL's work inside the container, when CNI_NETNS is given and still
+/// there; without it there is nothing left in there to undo.
+pub fn in_container_for_del(
+    args: &CmdArgs,
+    f: impl AsyncFnOnce(&NetNs, &Netlink) -> Result<(), CniError>,
+) -> Result<(), CniError> {
+    let Some(ct_ns) = open_container_for_del(args)? else {
+        return Ok(());
+    };
+    rt()?.block_on(async {
+        let ct = Netlink::connect(&ct_ns).await?;
+        f(&ct_ns, &ct).await
+    })
+}
+
 /// The `sandbox` of the container's interface in results: CNI_NETNS as given.
 pub fn sandbox(args: &CmdArgs) -> String {
     args.netns
@@ -80,9 +209,83 @@ pub fn delegate_ipam(ipam: Option<&str>, command: &str, args: &CmdArgs) -> Resul
     }
 }
 
-/// DEL and GC keep going past failures and report the first one.
-pub fn first_error(errors: Vec<CniError>) -> Result<(), CniError> {
-    errors.into_iter().next().map_or(Ok(()), Err)
+/// Starts the IPAM plugin's ADD, if there is one, on its own thread: its
+/// process start and work overlap the caller's link work, most of ADD's
+/// time. Declare it before the ADD's [`Rollback`]: dropped after it, a
+/// failed ADD releases the addresses after removing the links that used
+/// them.
+pub fn start_ipam_add(ipam: Option<&str>, args: &CmdArgs) -> Option<PendingAdd> {
+    ipam.map(|name| PendingAdd::start(name, &args.stdin, &args.path, args.version()))
+}
+
+/// Starts IPAM's DEL, if there is one, on its own thread: releasing the
+/// addresses does not depend on the links, and overlaps the kernel's link
+/// removal (an RCU barrier, most of DEL's time). Wait with [`wait_ipam`].
+pub fn start_ipam_del(ipam: Option<&str>, args: &CmdArgs) -> Option<PendingCmd> {
+    ipam.map(|name| PendingCmd::start(name, "DEL", &args.stdin, &args.path))
+}
+
+/// The outcome of [`start_ipam_del`]; success when there was no IPAM.
+pub fn wait_ipam(pending: Option<PendingCmd>) -> Result<(), CniError> {
+    pending.map_or(Ok(()), PendingCmd::wait)
+}
+
+/// The addresses, routes and DNS of an IPAM result as the start of ADD's
+/// result at `version`, every address on the result's interface `index`
+/// (the container's). A result without addresses fails ADD, as the
+/// reference's.
+pub fn ipam_config(version: &str, ipam: CniResult, index: usize) -> Result<CniResult, CniError> {
+    if ipam.ips.is_empty() {
+        return Err(CniError::internal("IPAM plugin returned missing IP config"));
+    }
+    let mut result = CniResult::new(version);
+    result.ips = ipam
+        .ips
+        .into_iter()
+        .map(|ip| IpConfig {
+            interface: Some(index),
+            ..ip
+        })
+        .collect();
+    result.routes = ipam.routes;
+    result.dns = ipam.dns;
+    Ok(result)
+}
+
+/// The end of a successful ADD: the config's DNS over IPAM's, the links
+/// and the addresses kept.
+pub fn finish_add(
+    mut result: CniResult,
+    args: &CmdArgs,
+    undo: Rollback<'_>,
+    ipam: Option<PendingAdd>,
+) -> CniResult {
+    result.apply_config_dns(&args.conf);
+    undo.commit();
+    if let Some(ipam) = ipam {
+        ipam.commit();
+    }
+    result
+}
+
+/// DEL and GC run every step whatever failed before and report the first
+/// failure.
+pub fn first_error(
+    results: impl IntoIterator<Item = Result<(), CniError>>,
+) -> Result<(), CniError> {
+    results
+        .into_iter()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
+}
+
+/// The `mtu` key of a veth plugin (bridge, ptp): 0 leaves the kernel's
+/// default; a value no link can have is unsupported (code 2).
+pub fn mtu(mtu: i64) -> Result<Option<u32>, CniError> {
+    if !(0..=65535).contains(&mtu) {
+        return Err(CniError::unsupported("mtu", mtu));
+    }
+    Ok((mtu > 0).then_some(mtu as u32))
 }
 
 /// `veth` + 8 random hex digits, the reference's host-side naming (which
@@ -145,6 +348,18 @@ pub async fn create_veth(
         .unwrap_or_else(|| CniError::internal("could not create a veth pair")))
 }
 
+/// Registers on `undo` the deletion of link `index` of `nl`'s namespace (for
+/// a veth, both ends).
+pub fn undo_link<'a>(
+    undo: &mut Rollback<'a>,
+    what: String,
+    rt: &'a Runtime,
+    nl: &'a Netlink,
+    index: u32,
+) {
+    undo.push(what, move || rt.block_on(delete_link(nl, index)));
+}
+
 /// A link as a result interface; `sandbox` is empty for host-side links.
 pub fn interface(l: &Link, sandbox: &str) -> Interface {
     Interface {
@@ -163,7 +378,8 @@ pub fn sysctl_best_effort(ns: &NetNs, pairs: &[(String, &str)]) {
 }
 
 /// Turns on forwarding for the families of `ips` in `ns` (the node), writing
-/// only when it is off, as the reference's `EnableForward`.
+/// only when it is off, as the reference's `EnableIP4Forward` and
+/// `EnableIP6Forward`.
 pub fn enable_forwarding(ns: &NetNs, ips: &[IpNetwork]) -> Result<(), CniError> {
     let keys = [
         (true, "net/ipv4/ip_forward"),
@@ -175,8 +391,7 @@ pub fn enable_forwarding(ns: &NetNs, ips: &[IpNetwork]) -> Result<(), CniError> 
                 .map(|v| v.trim() != "1")
                 .unwrap_or(true)
         {
-            sysctl::set(ns, key, "1")
-                .map_err(|e| CniError::from(e).context("Could not enable IP forwarding"))?;
+            sysctl::set(ns, key, "1")?;
         }
     }
     Ok(())
@@ -191,6 +406,11 @@ pub enum Dad {
     /// A shared segment: run DAD and wait for it before adding routes, as
     /// the reference's SettleAddresses (an address that loses fails ADD).
     Wait,
+    /// As the link's `accept_dad` sysctl says, not waited for: bridge
+    /// without `enabledad`, which sets that sysctl to 0 first as the
+    /// reference does, and keeps the address free of the `nodad` flag the
+    /// reference's never has.
+    NoWait,
 }
 
 /// How long [`Dad::Wait`] waits, as the reference.
@@ -223,7 +443,7 @@ pub async fn configure_iface(
     for ip in &result.ips {
         match dad {
             Dad::Skip => ct.add_address_nodad(link.index, ip.address).await?,
-            Dad::Wait => ct.add_address(link.index, ip.address).await?,
+            Dad::Wait | Dad::NoWait => ct.add_address(link.index, ip.address).await?,
         }
         match ip.gateway {
             Some(g @ IpAddr::V4(_)) if gw4.is_none() => gw4 = Some(g),
@@ -271,61 +491,44 @@ pub async fn configure_iface(
     Ok(())
 }
 
-/// Deletes CNI_IFNAME in the container. Returns its global addresses (for
-/// the masquerade teardown), or `None` when there was no such link.
-pub async fn delete_container_link(
-    ct: &Netlink,
-    ifname: &str,
-) -> Result<Option<Vec<IpNetwork>>, CniError> {
+/// Deletes CNI_IFNAME in the container; `false` when there was no such link.
+pub async fn delete_container_link(ct: &Netlink, ifname: &str) -> Result<bool, CniError> {
     let Some(l) = ct.find_link(ifname).await? else {
-        return Ok(None);
+        return Ok(false);
     };
-    let addrs = ct
-        .addresses(Some(l.index))
-        .await?
-        .into_iter()
-        .map(|a| a.addr)
-        .filter(|a| is_global_unicast(a.ip()))
-        .collect();
-    match ct.delete_link(l.index).await {
-        Err(e) if !e.is_not_found() => Err(e.into()),
-        _ => Ok(Some(addrs)),
-    }
+    delete_link(ct, l.index).await?;
+    Ok(true)
 }
 
-/// Go's `IP.IsGlobalUnicast`: not loopback, link-local, multicast or
-/// unspecified. Only such addresses were ever masqueraded.
-pub fn is_global_unicast(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(a) => {
-            !(a.is_loopback()
-                || a.is_link_local()
-                || a.is_multicast()
-                || a.is_unspecified()
-                || a.is_broadcast())
-        }
-        IpAddr::V6(a) => {
-            !(a.is_loopback()
-                || a.is_multicast()
-                || a.is_unspecified()
-                || (a.segments()[0] & 0xffc0) == 0xfe80)
+/// DEL of a veth attachment's links: CNI_IFNAME in the container when the
+/// netns is there (deleting one end of a veth deletes both). Otherwise the
+/// kernel removes the pair only once it destroys the namespace, and until
+/// then the host end would still carry traffic: the host-side veths named
+/// in `stale` (a prevResult) that `ours` claims as that result's go now.
+pub async fn delete_veth(
+    args: &CmdArgs,
+    stale: Option<&CniResult>,
+    ours: impl AsyncFn(&Netlink, &Link, &CniResult) -> Result<bool, CniError>,
+) -> Result<(), CniError> {
+    if let Some(ct_ns) = open_container_for_del(args)? {
+        let ct = Netlink::connect(&ct_ns).await?;
+        if delete_container_link(&ct, &args.ifname).await? {
+            return Ok(());
         }
     }
-}
-
-/// Host-side veths named in `prev` (interfaces without a sandbox) that still
-/// exist: what DEL removes by name when the container end is out of reach.
-/// The caller decides which of them are its own.
-pub async fn host_veths_in(host: &Netlink, prev: &CniResult) -> Result<Vec<Link>, CniError> {
-    let mut out = Vec::new();
+    let Some(prev) = stale else {
+        return Ok(());
+    };
+    let host = Netlink::connect_current().await?;
     for i in prev.interfaces.iter().filter(|i| i.sandbox.is_empty()) {
         if let Some(l) = host.find_link(&i.name).await?
             && l.kind.as_deref() == Some("veth")
+            && ours(&host, &l, prev).await?
         {
-            out.push(l);
+            delete_link(&host, l.index).await?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Deletes a link; one already gone is success.
@@ -351,20 +554,29 @@ mod tests {
     }
 
     #[test]
-    fn global_unicast_as_go() {
-        for (ip, want) in [
-            ("10.1.2.3", true),
-            ("127.0.0.1", false),
-            ("169.254.1.1", false),
-            ("224.0.0.1", false),
-            ("0.0.0.0", false),
-            ("255.255.255.255", false),
-            ("fd00::2", true),
-            ("fe80::1", false),
-            ("::1", false),
-            ("ff02::1", false),
-        ] {
-            assert_eq!(is_global_unicast(ip.parse().unwrap()), want, "{ip}");
-        }
+    fn ipam_config_puts_every_address_on_the_container() {
+        let mut r = CniResult::new("0.4.0");
+        assert_eq!(ipam_config("1.0.0", r.clone(), 2).unwrap_err().code, 100);
+        r.ips.push(IpConfig {
+            interface: Some(0),
+            address: "10.1.2.5/24".parse().unwrap(),
+            gateway: None,
+        });
+        r.interfaces.push(Interface {
+            name: "ignored".into(),
+            ..Default::default()
+        });
+        let c = ipam_config("1.0.0", r, 2).unwrap();
+        assert_eq!(c.cni_version, "1.0.0");
+        assert_eq!(c.ips[0].interface, Some(2));
+        assert!(c.interfaces.is_empty());
+    }
+
+    #[test]
+    fn mtu_bounds() {
+        assert_eq!(mtu(0).unwrap(), None);
+        assert_eq!(mtu(1400).unwrap(), Some(1400));
+        assert_eq!(mtu(-1).unwrap_err().code, 2);
+        assert_eq!(mtu(65536).unwrap_err().code, 2);
     }
 }

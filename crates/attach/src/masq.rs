@@ -51,11 +51,11 @@ impl<'a> Masq<'a> {
         )?)
     }
 
-    /// Removes the rules of both backends; needs no addresses (the rules are
-    /// found by network, container and interface), so it works when the
-    /// netns and prevResult are gone.
-    pub fn teardown(&self, ips: &[IpNetwork]) -> Result<(), CniError> {
-        Ok(rcni_ipmasq::teardown(self.host, &self.rules(ips))?)
+    /// Removes the rules of both backends. The rules are found by network,
+    /// container and interface, so DEL needs no addresses: it works when
+    /// the netns and prevResult are gone.
+    pub fn teardown(&self) -> Result<(), CniError> {
+        Ok(rcni_ipmasq::teardown(self.host, &self.rules(&[]))?)
     }
 
     pub fn check(&self, ips: &[IpNetwork]) -> Result<(), CniError> {
@@ -64,15 +64,35 @@ impl<'a> Masq<'a> {
     }
 }
 
+/// `ipMasqBackend`, checked before the kernel is touched; `None` picks the
+/// reference's default.
+pub fn backend_key(backend: Option<String>) -> Result<Option<String>, CniError> {
+    match backend.as_deref() {
+        None | Some("iptables" | "nftables") => Ok(backend),
+        Some(b) => Err(CniError::unsupported("ipMasqBackend", format!("{b:?}"))),
+    }
+}
+
 /// GC: removes the masquerade rules of the network whose attachment is not
 /// in the valid set (a missing set counts as empty).
 pub fn gc(host: &NetNs, args: &CmdArgs) -> Result<(), CniError> {
-    let valid: Vec<(String, String)> = args
-        .conf
-        .gc_valid_attachments()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|a| (a.container_id, a.ifname))
-        .collect();
+    let valid = args.conf.gc_valid_pairs();
     Ok(rcni_ipmasq::gc(host, &args.conf.name, &valid)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_key_names_the_bad_value() {
+        assert_eq!(backend_key(None).unwrap(), None);
+        assert_eq!(
+            backend_key(Some("nftables".into())).unwrap().as_deref(),
+            Some("nftables")
+        );
+        let e = backend_key(Some("ebpf".into())).unwrap_err();
+        assert_eq!(e.code, 2);
+        assert!(e.msg.contains("ipMasqBackend") && e.msg.contains("\"ebpf\""));
+    }
 }

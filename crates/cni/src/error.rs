@@ -56,6 +56,14 @@ pub enum ErrorCode {
     DuplicateAllocation = 108,
     /// 109: a netfilter tool (nft, iptables) is missing or failed.
     Netfilter = 109,
+    /// 110: the dhcp daemon is not reachable on its socket.
+    DhcpDaemon = 110,
+    /// 111: no DHCP lease: no server answered in time, or it refused
+    /// (DHCPNAK), or the lease expired.
+    DhcpNoLease = 111,
+    /// 112: an eBPF program or map could not be loaded, pinned or attached
+    /// (kernel support, privileges, bpffs).
+    Ebpf = 112,
 }
 
 impl ErrorCode {
@@ -111,6 +119,15 @@ impl ErrorCode {
         (
             ErrorCode::Runtime,
             "rcni: runtime-side failure (cnitool cache or config)",
+        ),
+        (ErrorCode::DhcpDaemon, "rcni: dhcp daemon not reachable"),
+        (
+            ErrorCode::DhcpNoLease,
+            "rcni: no DHCP lease (no answer, refused, or expired)",
+        ),
+        (
+            ErrorCode::Ebpf,
+            "rcni: eBPF program or map could not be loaded, pinned or attached",
         ),
     ];
 }

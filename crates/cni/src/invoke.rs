@@ -173,49 +173,70 @@ pub struct PendingAdd {
     name: String,
     stdin: Vec<u8>,
     path: Vec<PathBuf>,
-    handle: Option<JoinHandle<Result<CniResult, CniError>>>,
+    state: AddState,
     added: bool,
     committed: bool,
 }
 
+enum AddState {
+    Running(JoinHandle<Result<CniResult, CniError>>),
+    /// Runs at [`PendingAdd::wait`], after the caller's link work.
+    Deferred(String),
+    Taken,
+}
+
+/// IPAM plugins that never touch the container's interface, so they may run
+/// alongside the link work. Any other (dhcp acquires and releases on the
+/// interface itself; a third-party plugin may expect it) keeps the
+/// reference's order: ADD after the link exists, DEL before it goes.
+pub fn runs_beside_links(ipam: &str) -> bool {
+    matches!(ipam, "host-local" | "static")
+}
+
 impl PendingAdd {
     pub fn start(name: &str, stdin: &[u8], path: &[PathBuf], cni_version: &str) -> PendingAdd {
-        let (n, i, p, v) = (
-            name.to_string(),
-            stdin.to_vec(),
-            path.to_vec(),
-            cni_version.to_string(),
-        );
-        let handle = std::thread::spawn(move || delegate_add(&n, &i, &p, &v));
+        let state = if runs_beside_links(name) {
+            let (n, i, p, v) = (
+                name.to_string(),
+                stdin.to_vec(),
+                path.to_vec(),
+                cni_version.to_string(),
+            );
+            AddState::Running(std::thread::spawn(move || delegate_add(&n, &i, &p, &v)))
+        } else {
+            AddState::Deferred(cni_version.to_string())
+        };
         PendingAdd {
             name: name.to_string(),
             stdin: stdin.to_vec(),
             path: path.to_vec(),
-            handle: Some(handle),
+            state,
             added: false,
             committed: false,
         }
     }
 
-    fn join(&mut self) -> Option<Result<CniResult, CniError>> {
-        let r = self.handle.take()?.join().unwrap_or_else(|_| {
-            Err(CniError::internal(format!(
-                "delegated ADD of {:?} panicked",
-                self.name
-            )))
-        });
-        self.added = r.is_ok();
-        Some(r)
-    }
-
     /// The delegate's result (once; later calls are an internal error).
     pub fn wait(&mut self) -> Result<CniResult, CniError> {
-        self.join().unwrap_or_else(|| {
-            Err(CniError::internal(format!(
-                "delegated ADD of {:?} already taken",
-                self.name
-            )))
-        })
+        let r = match std::mem::replace(&mut self.state, AddState::Taken) {
+            AddState::Running(h) => h.join().unwrap_or_else(|_| {
+                Err(CniError::internal(format!(
+                    "delegated ADD of {:?} panicked",
+                    self.name
+                )))
+            }),
+            AddState::Deferred(version) => {
+                delegate_add(&self.name, &self.stdin, &self.path, &version)
+            }
+            AddState::Taken => {
+                return Err(CniError::internal(format!(
+                    "delegated ADD of {:?} already taken",
+                    self.name
+                )));
+            }
+        };
+        self.added = r.is_ok();
+        r
     }
 
     /// The attachment succeeded: keep what the delegate allocated.
@@ -229,7 +250,10 @@ impl Drop for PendingAdd {
         if self.committed {
             return;
         }
-        let _ = self.join();
+        // A deferred ADD that never ran has nothing to undo.
+        if matches!(self.state, AddState::Running(_)) {
+            let _ = self.wait();
+        }
         // A failed ADD gets no DEL, as in the reference: its error may be
         // "already allocated" for an attachment that owns the address.
         if self.added
@@ -241,25 +265,36 @@ impl Drop for PendingAdd {
     }
 }
 
-/// A delegated DEL/CHECK/STATUS/GC on its own thread (see [`PendingAdd`]):
-/// DEL's release of addresses overlaps the kernel's slow link removal.
-pub struct PendingCmd(JoinHandle<Result<(), CniError>>);
+/// A delegated DEL/CHECK/STATUS/GC (see [`PendingAdd`]): for IPAM that
+/// [`runs_beside_links`], on its own thread, so DEL's release of addresses
+/// overlaps the kernel's slow link removal; for any other, run at once,
+/// before the caller removes links.
+pub enum PendingCmd {
+    Running(JoinHandle<Result<(), CniError>>),
+    Done(Result<(), CniError>),
+}
 
 impl PendingCmd {
     pub fn start(name: &str, command: &str, stdin: &[u8], path: &[PathBuf]) -> PendingCmd {
+        if !runs_beside_links(name) {
+            return PendingCmd::Done(delegate_cmd(name, command, stdin, path));
+        }
         let (n, c, i, p) = (
             name.to_string(),
             command.to_string(),
             stdin.to_vec(),
             path.to_vec(),
         );
-        PendingCmd(std::thread::spawn(move || delegate_cmd(&n, &c, &i, &p)))
+        PendingCmd::Running(std::thread::spawn(move || delegate_cmd(&n, &c, &i, &p)))
     }
 
     pub fn wait(self) -> Result<(), CniError> {
-        self.0
-            .join()
-            .unwrap_or_else(|_| Err(CniError::internal("delegated command panicked")))
+        match self {
+            PendingCmd::Running(h) => h
+                .join()
+                .unwrap_or_else(|_| Err(CniError::internal("delegated command panicked"))),
+            PendingCmd::Done(r) => r,
+        }
     }
 }
 

@@ -79,6 +79,23 @@ impl CmdArgs {
     pub fn version(&self) -> &str {
         &self.conf.cni_version
     }
+
+    /// An ADD of `conf` with no netns, CNI_ARGS or CNI_PATH: what a plugin's
+    /// config parsing sees, for testing it without a process.
+    pub fn for_conf(conf: &serde_json::Value) -> Result<CmdArgs, CniError> {
+        let stdin = serde_json::to_vec(conf).map_err(|e| CniError::internal(e.to_string()))?;
+        Ok(CmdArgs {
+            command: Command::Add,
+            container_id: "ctr".into(),
+            netns: None,
+            ifname: "eth0".into(),
+            args: CniArgs::default(),
+            args_raw: String::new(),
+            path: Vec::new(),
+            conf: NetConf::parse(&stdin)?,
+            stdin,
+        })
+    }
 }
 
 /// What the binary says about itself.
@@ -87,6 +104,18 @@ pub struct About {
     pub name: &'static str,
     pub version: &'static str,
     pub supported_versions: &'static [&'static str],
+}
+
+impl About {
+    /// A plugin that speaks every spec version; `version` is its crate's
+    /// (`env!("CARGO_PKG_VERSION")`, read where the plugin is compiled).
+    pub const fn all_versions(name: &'static str, version: &'static str) -> About {
+        About {
+            name,
+            version,
+            supported_versions: version::ALL,
+        }
+    }
 }
 
 pub trait Plugin {

@@ -607,3 +607,28 @@ fn del_without_netns_and_gc_without_ids() {
     );
     assert_eq!(r.code, 0, "{}", r.stdout);
 }
+
+#[test]
+fn config_dns_replaces_ipams_only_when_it_sets_something() {
+    let ipam_dns = Dns {
+        nameservers: vec!["10.0.0.53".into()],
+        ..Default::default()
+    };
+    for (conf, want) in [
+        (json!({"name": "n"}), ipam_dns.clone()),
+        (json!({"name": "n", "dns": {}}), ipam_dns.clone()),
+        (
+            json!({"name": "n", "dns": {"search": ["svc"]}}),
+            Dns {
+                search: vec!["svc".into()],
+                ..Default::default()
+            },
+        ),
+    ] {
+        let args = CmdArgs::for_conf(&conf).unwrap();
+        let mut r = CniResult::new("1.0.0");
+        r.dns = ipam_dns.clone();
+        r.apply_config_dns(&args.conf);
+        assert_eq!(r.dns, want, "{conf}");
+    }
+}

@@ -227,6 +227,15 @@ impl CniResult {
         }
     }
 
+    /// The config's `dns`, when it sets anything, replaces what the IPAM
+    /// plugin returned (the reference's `dnsConfSet`); an empty `dns` object
+    /// keeps IPAM's.
+    pub fn apply_config_dns(&mut self, conf: &NetConf) {
+        if let Some(dns) = conf.dns.as_ref().filter(|d| !d.is_empty()) {
+            self.dns = dns.clone();
+        }
+    }
+
     /// Reads a result of any version. Its own `cniVersion` decides the shape;
     /// `fallback_version` is used when it has none (results before 1.0.0 may
     /// omit it; libcni injects the config's version the same way).
@@ -497,6 +506,16 @@ impl NetConf {
         self.valid_attachments
             .clone()
             .or_else(|| self.attachments.clone())
+    }
+
+    /// GC's valid set as `(containerID, ifname)` pairs; empty when the
+    /// runtime sent none.
+    pub fn gc_valid_pairs(&self) -> Vec<(String, String)> {
+        self.gc_valid_attachments()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|a| (a.container_id, a.ifname))
+            .collect()
     }
 
     /// Deserializes the plugin's own config type from the raw stdin, with

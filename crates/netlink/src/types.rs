@@ -118,6 +118,10 @@ pub struct Link {
     pub link: Option<u32>,
     pub alias: Option<String>,
     pub promisc: bool,
+    /// `IFF_ALLMULTI`: receives all multicast.
+    pub allmulti: bool,
+    /// `IFLA_TXQLEN`: transmit queue length.
+    pub txqlen: u32,
     pub is_loopback: bool,
 }
 

@@ -268,6 +268,20 @@ impl Call {
     }
 }
 
+/// `ip ARGS` inside `ns` (a test's own topology: links the plugins then
+/// use); panics with ip's message on failure.
+pub fn ip(ns: &NetNs, args: &str) {
+    let out = command_in(ns, "ip")
+        .args(args.split_whitespace())
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// One ICMP echo from inside `ns` to `dst`; true if answered.
 pub fn ping(ns: &NetNs, dst: &str) -> bool {
     command_in(ns, "ping")
@@ -309,4 +323,106 @@ pub fn assert_no_leaks() {
 pub fn normalize_result(v: &Value, version: &str) -> rcni_cni::CniResult {
     rcni_cni::CniResult::from_value(v, version)
         .unwrap_or_else(|e| panic!("not a result ({e}): {v}"))
+}
+
+/// [`normalize_result`] with what differs between two otherwise identical
+/// runs cleared: MACs, sandbox paths, random veth names.
+pub fn normalized_result(v: &Value, version: &str) -> rcni_cni::CniResult {
+    let mut r = normalize_result(v, version);
+    for i in &mut r.interfaces {
+        i.mac.clear();
+        i.sandbox.clear();
+        i.name = blank_veth(&i.name);
+    }
+    r
+}
+
+/// `veth1a2b3c4d@if7:` -> `veth@if:`: a random host veth name and a peer's
+/// interface index, which differ between otherwise identical runs.
+pub fn blank_veth(w: &str) -> String {
+    let mut w = w.to_string();
+    if let Some(i) = w.find("veth") {
+        let hex = w[i + 4..].bytes().take_while(u8::is_ascii_hexdigit).count();
+        if hex == 8 {
+            w.replace_range(i + 4..i + 12, "");
+        }
+    }
+    if let Some(i) = w.find("@if") {
+        let n = w[i + 3..].bytes().take_while(u8::is_ascii_digit).count();
+        w.replace_range(i + 3..i + 3 + n, "");
+    }
+    w
+}
+
+/// `0a:58:0a:00:00:02` and the like.
+pub fn is_mac(w: &str) -> bool {
+    w.len() == 17 && w.split(':').count() == 6 && w.split(':').all(|p| p.len() == 2)
+}
+
+/// The addresses of a result's `ips`, without their prefix length.
+pub fn result_ips(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["address"].as_str())
+        .map(|a| a.split('/').next().unwrap_or(a).to_string())
+        .collect()
+}
+
+/// host-local's reservations (address files) in a network's data directory:
+/// what a DEL must have released. Its lock, the round-robin cursors
+/// (`last_reserved_ip.N`) and our dot-files (the `.rcni-owners` index) are
+/// state, not reservations.
+pub fn reservations(net_dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(net_dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| {
+                    n != "lock" && !n.starts_with("last_reserved_ip.") && !n.starts_with('.')
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blanks_what_differs_between_runs() {
+        assert_eq!(blank_veth("veth1a2b3c4d@if7:"), "veth@if:");
+        assert_eq!(blank_veth("veth1a2b3c4d"), "veth");
+        assert_eq!(blank_veth("eth0@if12"), "eth0@if");
+        assert_eq!(blank_veth("vethernet"), "vethernet");
+        assert!(is_mac("0a:58:0a:00:00:02"));
+        assert!(!is_mac("fd24::1/128"));
+    }
+
+    #[test]
+    fn ips_of_a_result() {
+        let r = serde_json::json!({"ips": [{"address": "10.1.0.2/24"}, {"address": "fd00::2/64"}]});
+        assert_eq!(result_ips(&r), ["10.1.0.2", "fd00::2"]);
+        assert!(result_ips(&Value::Null).is_empty());
+    }
+
+    #[test]
+    fn reservations_leave_out_host_locals_own_state() {
+        let d = tempfile::tempdir().unwrap();
+        for f in [
+            "lock",
+            "last_reserved_ip.0",
+            ".rcni-owners",
+            "10.1.0.2",
+            "10.1.0.3",
+        ] {
+            std::fs::write(d.path().join(f), "").unwrap();
+        }
+        assert_eq!(reservations(d.path()), ["10.1.0.2", "10.1.0.3"]);
+        assert!(reservations(&d.path().join("none")).is_empty());
+    }
 }

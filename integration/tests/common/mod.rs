@@ -1,11 +1,16 @@
-//! Helpers shared by the bridge test binaries.
+//! Helpers shared by the plugin test binaries.
 #![allow(dead_code)]
 
-use rcni_netlink::Netlink;
+use rcni_netlink::{Family, Netlink, Route};
 use rcni_netns::NetNs;
-use rcni_testkit::{Call, Output, TestNs, bin, bin_dir};
+use rcni_testkit::{
+    Call, Output, PersistentNs, REFERENCE_DIR, TestNs, bin, bin_dir, reference_bin,
+};
 use serde_json::{Value, json};
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+#[allow(unused_imports)] // not every test binary builds topology
+pub use rcni_testkit::ip;
 
 /// A node namespace, a host-local data dir, and pods attached to one bridge.
 pub struct Node {
@@ -29,16 +34,13 @@ impl Node {
 
     /// A bridge config; `extra` keys are merged in.
     pub fn conf(&self, version: &str, extra: Value) -> Value {
-        let mut c = json!({
+        let c = json!({
             "cniVersion": version, "name": "podnet", "type": "bridge", "bridge": "cni0",
             "isGateway": true, "isDefaultGateway": true,
             "ipam": {"type": "host-local", "dataDir": self.data.path(),
                      "ranges": [[{"subnet": "10.88.0.0/24"}], [{"subnet": "fd88::/64"}]]}
         });
-        for (k, v) in extra.as_object().unwrap() {
-            c[k] = v.clone();
-        }
-        c
+        merged(c, extra)
     }
 
     pub fn call(&self, bin: &Path, cmd: &str, pod: &str, cid: &str, conf: &Value) -> Output {
@@ -53,6 +55,88 @@ impl Node {
     pub fn add(&self, pod: &TestNs, cid: &str, conf: &Value) -> Value {
         self.call(&bin("bridge"), "ADD", &pod.path(), cid, conf)
             .ok()
+    }
+
+    /// GC of `conf`'s network with the valid set `valid`, as a runtime
+    /// sends it: no container, no interface.
+    pub fn gc(&self, plugin: &Path, conf: &Value, valid: Value) -> Output {
+        let mut gc = conf.clone();
+        gc["cni.dev/valid-attachments"] = valid;
+        Call::new(plugin, "GC")
+            .env("CNI_PATH", &self.cni_path)
+            .env("CNI_CONTAINERID", "")
+            .env("CNI_IFNAME", "")
+            .stdin(&gc)
+            .run_in(&self.ns.ns)
+    }
+
+    pub fn status(&self, plugin: &Path, conf: &Value) -> Output {
+        Call::new(plugin, "STATUS")
+            .env("CNI_PATH", &self.cni_path)
+            .stdin(conf)
+            .run_in(&self.ns.ns)
+    }
+
+    /// CHECK of a fresh attachment passes, and fails with 106 after each
+    /// `damage`; without prevResult it is a config error (7). Each
+    /// attachment is deleted again.
+    pub fn check_catches(&self, plugin: &Path, conf: &Value, damage: &[(&str, Damage)]) {
+        for (what, f) in damage {
+            let pod = TestNs::new();
+            let r = self.call(plugin, "ADD", &pod.path(), "ctr", conf).ok();
+            let with = Node::with_prev(conf, &r);
+            self.call(plugin, "CHECK", &pod.path(), "ctr", &with).ok();
+            f(&self.ns.ns, &pod.ns, &r);
+            let (code, msg) = self.call(plugin, "CHECK", &pod.path(), "ctr", &with).err();
+            assert_eq!(code, 106, "{what}: {msg}");
+            self.call(plugin, "DEL", &pod.path(), "ctr", &with).ok();
+        }
+        let pod = TestNs::new();
+        self.call(plugin, "ADD", &pod.path(), "ctr", conf).ok();
+        let (code, msg) = self.call(plugin, "CHECK", &pod.path(), "ctr", conf).err();
+        assert_eq!(code, 7, "CHECK without prevResult: {msg}");
+        self.call(plugin, "DEL", &pod.path(), "ctr", conf).ok();
+    }
+
+    /// DEL twice succeeds, and so does DEL after the netns is deleted, with
+    /// and without prevResult: the addresses are released and no host
+    /// veth is left behind.
+    pub fn del_survives_repeats_and_a_deleted_netns(&self, plugin: &Path, conf: &Value) {
+        let pod = TestNs::new();
+        let r = self.call(plugin, "ADD", &pod.path(), "twice", conf).ok();
+        let with = Node::with_prev(conf, &r);
+        self.call(plugin, "DEL", &pod.path(), "twice", &with).ok();
+        self.call(plugin, "DEL", &pod.path(), "twice", &with).ok();
+
+        let gone = PersistentNs::new();
+        let path = gone.path.display().to_string();
+        let r = self.call(plugin, "ADD", &path, "gone", conf).ok();
+        gone.delete();
+        self.call(plugin, "DEL", &path, "gone", &Node::with_prev(conf, &r))
+            .ok();
+        self.call(plugin, "DEL", &path, "gone", conf).ok();
+        self.assert_nothing_left();
+    }
+
+    /// CHECK, then DEL, of an attachment ADD made: both succeed.
+    pub fn check_and_del(&self, plugin: &Path, pod: &TestNs, cid: &str, conf: &Value, r: &Value) {
+        let with = Node::with_prev(conf, r);
+        self.call(plugin, "CHECK", &pod.path(), cid, &with).ok();
+        self.call(plugin, "DEL", &pod.path(), cid, &with).ok();
+    }
+
+    /// After the last DEL: no reservation, no host veth.
+    pub fn assert_nothing_left(&self) {
+        assert_eq!(
+            self.reservations(),
+            Vec::<String>::new(),
+            "reservations left"
+        );
+        assert_eq!(
+            self.host_veths(),
+            Vec::<String>::new(),
+            "host veths left on the node"
+        );
     }
 
     pub fn with_prev(conf: &Value, prev: &Value) -> Value {
@@ -72,19 +156,158 @@ impl Node {
         v
     }
 
+    /// host-local's reservations for the network `podnet`.
     pub fn reservations(&self) -> Vec<String> {
-        let dir = self.data.path().join("podnet");
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.retain(|n| n != "lock" && !n.starts_with("last_reserved_ip") && n != ".rcni-owners");
+        rcni_testkit::reservations(&self.data.path().join("podnet"))
+    }
+}
+
+/// `base` with the keys of `extra` set: a test's variation of a config.
+pub fn merged(mut base: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().expect("extra keys") {
+        base[k] = v.clone();
+    }
+    base
+}
+
+/// Our plugin `name` with our plugins as CNI_PATH, then the reference's with
+/// the reference's: what a side-by-side test runs.
+pub fn ours_and_reference(name: &str) -> [(PathBuf, String); 2] {
+    [
+        (bin(name), bin_dir().display().to_string()),
+        (reference_bin(name), REFERENCE_DIR.to_string()),
+    ]
+}
+
+/// ipMasq over two attachments' lives, with each backend: ADD puts rules
+/// for the addresses of `pod_ips` (pod a's, pod b's) in place and CHECK
+/// finds them; DEL without CNI_NETNS still removes a's (the reference leaks
+/// them); GC with an empty valid set removes b's and reaches IPAM, after
+/// which CHECK of b fails.
+pub fn masq_follows_attachments(
+    plugin: &str,
+    conf: impl Fn(&Node, Value) -> Value,
+    pod_ips: [&[&str]; 2],
+) {
+    let plugin = bin(plugin);
+    for backend in ["iptables", "nftables"] {
+        let node = Node::new();
+        let c = conf(&node, json!({"ipMasq": true, "ipMasqBackend": backend}));
+        let (a, b) = (TestNs::new(), TestNs::new());
+        let ra = node.call(&plugin, "ADD", &a.path(), "masq-a", &c).ok();
+        let rb = node.call(&plugin, "ADD", &b.path(), "masq-b", &c).ok();
+        let rules = masq_rules(&node.ns.ns);
+        for ip in pod_ips.concat() {
+            assert!(rules.contains(ip), "{backend}: {ip} in {rules}");
+        }
+        let with_a = Node::with_prev(&c, &ra);
+        node.call(&plugin, "CHECK", &a.path(), "masq-a", &with_a)
+            .ok();
+        node.call(&plugin, "DEL", "", "masq-a", &with_a).ok();
+        let rules = masq_rules(&node.ns.ns);
+        for ip in pod_ips[0] {
+            assert!(
+                !rules.contains(&format!("{ip}/")) && !rules.contains(&format!("{ip} ")),
+                "{backend}: {ip} in {rules}"
+            );
+        }
+        for ip in pod_ips[1] {
+            assert!(rules.contains(ip), "{backend}: the other pod keeps {ip}");
+        }
+        node.gc(&plugin, &c, json!([])).ok();
+        let rules = masq_rules(&node.ns.ns);
+        for ip in pod_ips[1] {
+            assert!(!rules.contains(ip), "{backend}: {ip} in {rules}");
+        }
+        assert!(node.reservations().is_empty(), "GC reached IPAM");
+        let with_b = Node::with_prev(&c, &rb);
+        let (code, msg) = node
+            .call(&plugin, "CHECK", &b.path(), "masq-b", &with_b)
+            .err();
+        assert!(code == 106 || code == 107, "{backend}: {code} {msg}");
+        node.call(&plugin, "DEL", &b.path(), "masq-b", &with_b).ok();
+    }
+}
+
+/// Damage done to an attachment (node namespace, pod namespace, ADD's
+/// result) that CHECK must notice.
+pub type Damage = fn(&NetNs, &NetNs, &Value);
+
+/// The result's first address, removed from the pod's eth0.
+pub fn remove_pod_address(_: &NetNs, pod: &NetNs, r: &Value) {
+    let a = r["ips"][0]["address"].as_str().unwrap().parse().unwrap();
+    nl(pod, async |n| {
+        let l = n.link_by_name("eth0").await.unwrap();
+        n.del_address(l.index, a).await.unwrap();
+    });
+}
+
+pub fn delete_pod_eth0(_: &NetNs, pod: &NetNs, _: &Value) {
+    nl(pod, async |n| {
+        let l = n.link_by_name("eth0").await.unwrap();
+        n.delete_link(l.index).await.unwrap();
+    });
+}
+
+/// Deletes the first IPv4 route of the main table in `ns` that `which`
+/// picks.
+pub fn remove_route(ns: &NetNs, which: impl Fn(&Route) -> bool) {
+    nl(ns, async |n| {
+        let r = n
+            .routes(Family::V4)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| which(r))
+            .unwrap();
+        n.del_route(&r).await.unwrap();
+    });
+}
+
+/// The names of the links in `ns`.
+pub fn link_names(ns: &NetNs) -> Vec<String> {
+    nl(ns, async |n| n.links().await.unwrap())
+        .into_iter()
+        .map(|l| l.name)
+        .collect()
+}
+
+/// The addresses of `dev` in `ns` but link-local IPv6, sorted.
+pub fn addrs_of(ns: &NetNs, dev: &str) -> Vec<String> {
+    nl(ns, async |n| {
+        let l = n.link_by_name(dev).await.unwrap();
+        let mut v: Vec<String> = n
+            .addresses(Some(l.index))
+            .await
+            .unwrap()
+            .iter()
+            .filter(|a| !a.addr.ip().to_string().starts_with("fe80"))
+            .map(|a| a.addr.to_string())
+            .collect();
         v.sort();
         v
-    }
+    })
+}
+
+/// The main table of `ns` but link-local IPv6, as sorted lines with
+/// gateway, preferred source and scope.
+pub fn routes_of(ns: &NetNs) -> Vec<String> {
+    nl(ns, async |n| {
+        let mut v: Vec<String> = n
+            .routes(Family::All)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| !r.dst.ip().to_string().starts_with("fe80"))
+            .map(|r| {
+                let gw = r.gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+                let src = r.src.map(|s| format!(" src {s}")).unwrap_or_default();
+                format!("{}{gw}{src} scope {}", r.dst, r.scope)
+            })
+            .collect();
+        v.sort();
+        v
+    })
 }
 
 pub fn nl<T>(ns: &NetNs, f: impl AsyncFnOnce(&Netlink) -> T) -> T {
@@ -95,20 +318,10 @@ pub fn nl<T>(ns: &NetNs, f: impl AsyncFnOnce(&Netlink) -> T) -> T {
     })
 }
 
+/// The result's first IPv4 (`v4`) or IPv6 address, without its prefix.
 pub fn addr_of(result: &Value, v4: bool) -> String {
-    result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            i["address"]
-                .as_str()
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string()
-        })
+    rcni_testkit::result_ips(result)
+        .into_iter()
         .find(|a| a.contains('.') == v4)
         .unwrap()
 }
@@ -140,20 +353,6 @@ pub fn bridge_vlans(ns: &NetNs, dev: &str) -> Vec<(u64, bool)> {
         }
     }
     res
-}
-
-/// `ip ARGS` inside `ns` (test topology: links the plugins then use);
-/// panics with ip's message on failure.
-pub fn ip(ns: &NetNs, args: &str) {
-    let out = rcni_testkit::command_in(ns, "ip")
-        .args(args.split_whitespace())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ip {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// (address/prefix, tentative) of the IPv6 global addresses of `dev`.

@@ -70,11 +70,7 @@ fn open(data_dir: &Path, network: &str, create: bool) -> Result<Option<DiskStore
 
 impl Plugin for HostLocal {
     fn about(&self) -> About {
-        About {
-            name: "host-local",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: rcni_cni::version::ALL,
-        }
+        About::all_versions("host-local", env!("CARGO_PKG_VERSION"))
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {

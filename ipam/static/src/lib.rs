@@ -253,11 +253,7 @@ impl StaticConf {
 
 impl Plugin for Static {
     fn about(&self) -> About {
-        About {
-            name: "static",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        About::all_versions("static", env!("CARGO_PKG_VERSION"))
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {

@@ -1,8 +1,9 @@
 //! The bridge config: every reference key, validated before the kernel is
 //! touched.
 
+use rcni_attach::AttachConf;
 use rcni_cni::skel::CmdArgs;
-use rcni_cni::{CniError, Dns, ErrorCode};
+use rcni_cni::{CniError, ErrorCode};
 use rcni_netlink::MacAddr;
 use serde::Deserialize;
 
@@ -25,8 +26,6 @@ struct Raw {
     is_default_gateway: bool,
     #[serde(default)]
     force_address: bool,
-    #[serde(default)]
-    ip_masq: bool,
     #[serde(default)]
     ip_masq_backend: Option<String>,
     #[serde(default)]
@@ -65,7 +64,6 @@ struct VlanTrunk {
 /// The validated settings of one call.
 #[derive(Debug)]
 pub struct Conf {
-    pub network: String,
     pub bridge: String,
     pub is_gateway: bool,
     pub is_default_gateway: bool,
@@ -87,7 +85,6 @@ pub struct Conf {
     pub mac: Option<MacAddr>,
     /// IPAM plugin type; `None` is an L2-only attachment.
     pub ipam: Option<String>,
-    pub dns: Option<Dns>,
 }
 
 fn bad(msg: impl Into<String>) -> CniError {
@@ -137,8 +134,8 @@ fn parse_mac(s: &str, source: &str) -> Result<MacAddr, CniError> {
         .map_err(|_| bad(format!("invalid MAC address {s:?} in {source}")))
 }
 
-impl Conf {
-    pub fn load(args: &CmdArgs) -> Result<Conf, CniError> {
+impl AttachConf for Conf {
+    fn load(args: &CmdArgs) -> Result<Conf, CniError> {
         let raw: Raw = args.conf.plugin_conf()?;
         rcni_cni::types::validate_ifname(&raw.bridge)
             .map_err(|e| bad(format!("invalid bridge name {:?}: {}", raw.bridge, e.msg)))?;
@@ -152,31 +149,19 @@ impl Conf {
         if raw.vlan > 0 && !trunk.is_empty() {
             return Err(bad("cannot set vlan and vlanTrunk at the same time"));
         }
-        if raw.mtu < 0 || raw.mtu > 65535 {
-            return Err(CniError::unsupported("mtu", raw.mtu));
-        }
+        let mtu = rcni_attach::mtu(raw.mtu)?;
         if raw.hairpin_mode && raw.promisc_mode {
             return Err(bad(
                 "cannot set hairpin mode and promiscuous mode at the same time",
             ));
         }
-        let ipam = args
-            .conf
-            .ipam
-            .as_ref()
-            .map(|i| i.ipam_type.clone())
-            .filter(|t| !t.is_empty());
+        let ipam = rcni_attach::ipam_type(args);
         if raw.disable_container_interface && ipam.is_some() {
             return Err(bad(
                 "cannot use IPAM when DisableContainerInterface flag is set",
             ));
         }
-        if let Some(b) = &raw.ip_masq_backend
-            && b != "iptables"
-            && b != "nftables"
-        {
-            return Err(CniError::unsupported("ipMasqBackend", format!("{b:?}")));
-        }
+        let ip_masq_backend = rcni_attach::masq::backend_key(raw.ip_masq_backend)?;
         // MAC: runtimeConfig > args.cni > CNI_ARGS, as the reference.
         args.args.check_known(&["MAC"])?;
         let mut mac = None;
@@ -198,14 +183,13 @@ impl Conf {
             mac = Some(parse_mac(&m, "runtimeConfig.mac")?);
         }
         Ok(Conf {
-            network: args.conf.name.clone(),
             bridge: raw.bridge,
             is_gateway: raw.is_gateway || raw.is_default_gateway,
             is_default_gateway: raw.is_default_gateway,
             force_address: raw.force_address,
-            ip_masq: raw.ip_masq,
-            ip_masq_backend: raw.ip_masq_backend,
-            mtu: (raw.mtu > 0).then_some(raw.mtu as u32),
+            ip_masq: args.conf.ip_masq,
+            ip_masq_backend,
+            mtu,
             hairpin: raw.hairpin_mode,
             promisc: raw.promisc_mode,
             vlan: raw.vlan as u16,
@@ -217,8 +201,15 @@ impl Conf {
             port_isolation: raw.port_isolation,
             mac,
             ipam,
-            dns: args.conf.dns.clone().filter(|d| !d.is_empty()),
         })
+    }
+
+    fn ipam(&self) -> Option<&str> {
+        self.ipam.as_deref()
+    }
+
+    fn ip_masq(&self) -> bool {
+        self.ip_masq
     }
 }
 

@@ -1,3 +1,3 @@
 fn main() {
-    rcni_cni::skel::run(&bridge::Bridge)
+    rcni_cni::skel::run(&rcni_attach::Attach(bridge::Bridge))
 }

@@ -1,8 +1,9 @@
 //! The host-device config: which device (`device`, `hwaddr`, `kernelpath`,
-//! `pciBusID`, or the `deviceID` capability), optional IPAM, dns.
+//! `pciBusID`, or the `deviceID` capability), optional IPAM.
 
+use rcni_attach::AttachConf;
+use rcni_cni::CniError;
 use rcni_cni::skel::CmdArgs;
-use rcni_cni::{CniError, Dns};
 use rcni_netlink::MacAddr;
 use serde::Deserialize;
 
@@ -35,12 +36,10 @@ pub struct Conf {
     pub selector: Selector,
     /// IPAM plugin type; optional for host-device.
     pub ipam: Option<String>,
-    /// `dns` of the config, when it sets anything: it replaces IPAM's.
-    pub dns: Option<Dns>,
 }
 
-impl Conf {
-    pub fn load(args: &CmdArgs) -> Result<Conf, CniError> {
+impl AttachConf for Conf {
+    fn load(args: &CmdArgs) -> Result<Conf, CniError> {
         let raw: Raw = args.conf.plugin_conf()?;
         // The runtime's device (e.g. from a device plugin) overrides pciBusID.
         let device_id = args
@@ -67,65 +66,45 @@ impl Conf {
         Ok(Conf {
             selector,
             ipam: rcni_attach::ipam_type(args),
-            dns: args.conf.dns.clone().filter(|d| !d.is_empty()),
         })
+    }
+
+    fn ipam(&self) -> Option<&str> {
+        self.ipam.as_deref()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rcni_cni::{CniArgs, Command, NetConf};
     use serde_json::json;
 
-    fn load(v: serde_json::Value) -> Result<Conf, CniError> {
-        let stdin = serde_json::to_vec(&v).unwrap();
-        Conf::load(&CmdArgs {
-            command: Command::Add,
-            container_id: "c".into(),
-            netns: None,
-            ifname: "net1".into(),
-            args: CniArgs::default(),
-            args_raw: String::new(),
-            path: vec![],
-            conf: NetConf::parse(&stdin).unwrap(),
-            stdin,
-        })
-    }
-
-    fn base(extra: serde_json::Value) -> serde_json::Value {
+    /// A host-device config with `extra` keys.
+    fn load(extra: serde_json::Value) -> Result<Conf, CniError> {
         let mut c = json!({"cniVersion": "1.0.0", "name": "n", "type": "host-device"});
-        for (k, v) in extra.as_object().unwrap() {
-            c[k] = v.clone();
-        }
-        c
+        c.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        Conf::from_json(&c)
     }
 
     #[test]
     fn selector_precedence_as_the_reference() {
         let all = json!({"device": "eth1", "hwaddr": "0a:00:00:00:00:01",
             "kernelpath": "/sys/devices/x", "pciBusID": "0000:04:00.1"});
-        assert_eq!(
-            load(base(all)).unwrap().selector,
-            Selector::Device("eth1".into())
-        );
-        let c = load(base(
-            json!({"HWADDR": "0A:00:00:00:00:01", "kernelpath": "/sys/devices/x"}),
-        ))
-        .unwrap();
+        assert_eq!(load(all).unwrap().selector, Selector::Device("eth1".into()));
+        let c =
+            load(json!({"HWADDR": "0A:00:00:00:00:01", "kernelpath": "/sys/devices/x"})).unwrap();
         assert_eq!(
             c.selector,
             Selector::HwAddr("0a:00:00:00:00:01".parse().unwrap())
         );
-        let c = load(base(
-            json!({"kernelpath": "/sys/devices/x", "pciBusID": "0000:04:00.1"}),
-        ))
-        .unwrap();
+        let c = load(json!({"kernelpath": "/sys/devices/x", "pciBusID": "0000:04:00.1"})).unwrap();
         assert_eq!(c.selector, Selector::KernelPath("/sys/devices/x".into()));
-        let c = load(base(json!({"pciBusID": "0000:04:00.1"}))).unwrap();
+        let c = load(json!({"pciBusID": "0000:04:00.1"})).unwrap();
         assert_eq!(c.selector, Selector::DeviceId("0000:04:00.1".into()));
-        let c = load(base(json!({"pciBusID": "0000:04:00.1",
-            "runtimeConfig": {"deviceID": "0000:05:00.2"}})))
+        let c = load(json!({"pciBusID": "0000:04:00.1",
+            "runtimeConfig": {"deviceID": "0000:05:00.2"}}))
         .unwrap();
         assert_eq!(
             c.selector,
@@ -137,10 +116,10 @@ mod tests {
 
     #[test]
     fn errors() {
-        let e = load(base(json!({}))).unwrap_err();
+        let e = load(json!({})).unwrap_err();
         assert_eq!(e.code, 7);
         assert!(e.msg.contains("specify either"), "{}", e.msg);
-        assert_eq!(load(base(json!({"hwaddr": "nope"}))).unwrap_err().code, 7);
-        assert_eq!(load(base(json!({"device": 5}))).unwrap_err().code, 7);
+        assert_eq!(load(json!({"hwaddr": "nope"})).unwrap_err().code, 7);
+        assert_eq!(load(json!({"device": 5})).unwrap_err().code, 7);
     }
 }

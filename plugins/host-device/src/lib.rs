@@ -19,13 +19,12 @@ mod sysfs;
 use conf::{Conf, Selector};
 use rcni_attach::check::{self, check_failed};
 use rcni_attach::{
-    Dad, configure_iface, ensure_ifname_free, interface, open_container, open_container_for_del,
-    rt, sandbox,
+    Attachment, Dad, Namespaces, configure_iface, ensure_ifname_free, finish_add, first_error,
+    in_container_for_del, interface, ipam_config, open_container, rt, sandbox, start_ipam_add,
 };
-use rcni_cni::invoke::{delegate_add, delegate_cmd};
 use rcni_cni::rollback::Rollback;
-use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, Interface, version};
+use rcni_cni::skel::{About, CmdArgs};
+use rcni_cni::{CniError, CniResult, Interface};
 use rcni_netlink::{Link, Netlink};
 use rcni_netns::NetNs;
 use sysfs::Sysfs;
@@ -179,119 +178,94 @@ fn dpdk_interface(ifname: &str, sandbox: &str, pci: &str) -> Interface {
     }
 }
 
-impl HostDevice {
-    fn add_inner(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
-        let sys = Sysfs::default();
-        let rt = rt()?;
-        let host_ns = NetNs::current()?;
-        let ct_ns = open_container(args)?;
-        let sandbox = sandbox(args);
-        let host = rt.block_on(Netlink::connect(&host_ns))?;
-        let ct = rt.block_on(Netlink::connect(&ct_ns))?;
-        let dpdk = dpdk_device(&sys, &conf.selector)?;
-        let mut undo = Rollback::new();
+impl Attachment for HostDevice {
+    type Conf = Conf;
 
-        let mut result = CniResult::new(args.version());
-        let link = match &dpdk {
-            Some(pci) => {
-                result.interfaces = vec![dpdk_interface(&args.ifname, &sandbox, pci)];
-                None
-            }
+    fn about(&self) -> About {
+        About::all_versions("host-device", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+        let sys = Sysfs::default();
+        let ns = Namespaces::open(args)?;
+        let sandbox = sandbox(args);
+        let dpdk = dpdk_device(&sys, &conf.selector)?;
+        let dev = match &dpdk {
+            Some(_) => None,
             None => {
-                let dev = rt.block_on(find_device(&host, &sys, &conf.selector))?;
-                rt.block_on(ensure_ifname_free(&ct, &args.ifname))?;
-                let link =
-                    rt.block_on(move_in(&host, &host_ns, &dev, &ct, &ct_ns, &args.ifname))?;
-                let (rt_ref, ct_ref, ct_ns_ref, host_ns_ref) = (&rt, &ct, &ct_ns, &host_ns);
-                undo.push(format!("move {} back", dev.name), move || {
-                    rt_ref
-                        .block_on(move_out(ct_ref, ct_ns_ref, host_ns_ref, &args.ifname))
-                        .map(|_| ())
-                });
-                rt.block_on(ct.set_up(link.index))?;
-                Some(link)
+                let dev = ns
+                    .rt
+                    .block_on(find_device(&ns.host, &sys, &conf.selector))?;
+                ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+                Some(dev)
             }
         };
+        // Once the device is known, IPAM runs alongside the move. Declared
+        // before the rollback: dropped after it, so a failed ADD releases
+        // its addresses after the device is back in the node.
+        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let mut undo = Rollback::new();
 
-        if let Some(ipam) = &conf.ipam {
-            let r = delegate_add(ipam, &args.stdin, &args.path, args.version())?;
-            undo.push(format!("IPAM {ipam}"), || {
-                delegate_cmd(ipam, "DEL", &args.stdin, &args.path)
-            });
-            if r.ips.is_empty() {
-                return Err(CniError::internal("IPAM plugin returned missing IP config"));
+        let link = match &dev {
+            Some(dev) => {
+                let link = ns.rt.block_on(move_in(
+                    &ns.host,
+                    &ns.host_ns,
+                    dev,
+                    &ns.ct,
+                    &ns.ct_ns,
+                    &args.ifname,
+                ))?;
+                undo.push(format!("move {} back", dev.name), || {
+                    let back = move_out(&ns.ct, &ns.ct_ns, &ns.host_ns, &args.ifname);
+                    ns.rt.block_on(back).map(|_| ())
+                });
+                ns.rt.block_on(ns.ct.set_up(link.index))?;
+                Some(link)
             }
-            result.ips = r.ips;
-            result.routes = r.routes;
-            result.dns = r.dns;
-            for ip in &mut result.ips {
-                ip.interface = Some(IDX_CONTAINER);
-            }
+            None => None,
+        };
+
+        let mut result = CniResult::new(args.version());
+        if let Some(ipam) = &mut ipam {
+            result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
             if let Some(link) = &link {
                 // A device on a real segment: IPv6 addresses go through
                 // duplicate address detection, waited for as the reference.
-                rt.block_on(configure_iface(&ct, &ct_ns, link, &result, Dad::Wait))?;
+                ns.rt
+                    .block_on(configure_iface(&ns.ct, &ns.ct_ns, link, &result, Dad::Wait))?;
             }
         }
-        if let Some(link) = &link {
-            let link = rt.block_on(ct.link_by_index(link.index))?;
-            result.interfaces = vec![interface(&link, &sandbox)];
-        }
-        if let Some(dns) = &conf.dns {
-            result.dns = dns.clone();
-        }
-        undo.commit();
-        Ok(result)
-    }
-}
-
-impl Plugin for HostDevice {
-    fn about(&self) -> About {
-        About {
-            name: "host-device",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        result.interfaces = vec![match &link {
+            Some(link) => interface(&ns.rt.block_on(ns.ct.link_by_index(link.index))?, &sandbox),
+            None => dpdk_interface(&args.ifname, &sandbox, dpdk.as_deref().unwrap_or_default()),
+        }];
+        Ok(finish_add(result, args, undo, ipam))
     }
 
-    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
-        let conf = Conf::load(args)?;
-        self.add_inner(args, &conf)
-    }
-
-    /// IPAM first, whether or not the netns is there (the reference skips
-    /// it without a netns and leaks the address), then the device back to
-    /// the node; a device already gone from the container is success.
-    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        let mut errors = Vec::new();
-        if let Err(e) = rcni_attach::delegate_ipam(conf.ipam.as_deref(), "DEL", args) {
-            errors.push(e);
-        }
+    /// IPAM's release, whether or not the netns is there (the reference
+    /// skips it without a netns and leaks the address), alongside the
+    /// device's move back to the node; a device already gone from the
+    /// container is success.
+    fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        let ipam = rcni_attach::start_ipam_del(conf.ipam.as_deref(), args);
         // A DPDK device never moved; sysfs trouble here must not stop DEL.
         let dpdk = dpdk_device(&Sysfs::default(), &conf.selector)
             .ok()
             .flatten();
-        if dpdk.is_none() {
-            let r = open_container_for_del(args).and_then(|ct_ns| match ct_ns {
-                None => Ok(()),
-                Some(ct_ns) => rt()?.block_on(async {
-                    let host_ns = NetNs::current()?;
-                    let ct = Netlink::connect(&ct_ns).await?;
-                    move_out(&ct, &ct_ns, &host_ns, &args.ifname)
-                        .await
-                        .map(|_| ())
-                }),
-            });
-            if let Err(e) = r {
-                errors.push(e);
-            }
-        }
-        rcni_attach::first_error(errors)
+        let device = match dpdk {
+            Some(_) => Ok(()),
+            None => in_container_for_del(args, async |ct_ns, ct| {
+                let host_ns = NetNs::current()?;
+                move_out(ct, ct_ns, &host_ns, &args.ifname)
+                    .await
+                    .map(|_| ())
+            }),
+        };
+        first_error([rcni_attach::wait_ipam(ipam), device])
     }
 
-    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
+    fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
         let prev = check::prev_result(args)?;
         if dpdk_device(&Sysfs::default(), &conf.selector)?.is_some() {
@@ -311,17 +285,6 @@ impl Plugin for HostDevice {
             check::validate_ips(&ct, &link, &prev.ips, IDX_CONTAINER).await?;
             check::validate_routes(&ct, &prev.routes).await
         })
-    }
-
-    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "STATUS", args)
-    }
-
-    /// The only state outside the container is IPAM's.
-    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "GC", args)
     }
 }
 

@@ -1,3 +1,3 @@
 fn main() {
-    rcni_cni::skel::run(&host_device::HostDevice)
+    rcni_cni::skel::run(&rcni_attach::Attach(host_device::HostDevice))
 }

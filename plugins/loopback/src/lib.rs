@@ -2,7 +2,7 @@
 //! it (at 0.3.1) for every pod; CNI_IFNAME is ignored, as in the reference.
 
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig, version};
+use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig};
 use rcni_netlink::Netlink;
 use rcni_netns::NetNs;
 use std::path::Path;
@@ -50,11 +50,7 @@ fn lo_up(ns: &NetNs) -> Result<Vec<ipnetwork::IpNetwork>, CniError> {
 
 impl Plugin for Loopback {
     fn about(&self) -> About {
-        About {
-            name: "loopback",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        About::all_versions("loopback", env!("CARGO_PKG_VERSION"))
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {

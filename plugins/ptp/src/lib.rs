@@ -13,16 +13,16 @@ mod conf;
 use conf::Conf;
 use ipnetwork::IpNetwork;
 use rcni_attach::check::{self, check_failed};
-use rcni_attach::masq::{self, Masq};
+use rcni_attach::masq::Masq;
 use rcni_attach::{
-    Dad, configure_iface, create_veth, delete_container_link, delete_link, enable_forwarding,
-    host_veths_in, interface, is_global_unicast, open_container, open_container_for_del, rt,
-    sandbox, sysctl_best_effort,
+    Attachment, Dad, Namespaces, configure_iface, delete_veth, enable_forwarding,
+    ensure_ifname_free, finish_add, first_error, interface, ipam_config, rt, sandbox,
+    sysctl_best_effort,
 };
-use rcni_cni::invoke::{delegate_add, delegate_cmd};
+use rcni_cni::invoke::PendingAdd;
 use rcni_cni::rollback::Rollback;
-use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, version};
+use rcni_cni::skel::{About, CmdArgs};
+use rcni_cni::{CniError, CniResult};
 use rcni_netlink::{Family, Link, Netlink, Route, SCOPE_HOST, SCOPE_LINK};
 use rcni_netns::NetNs;
 use std::net::IpAddr;
@@ -118,40 +118,40 @@ async fn setup_host_veth(
     Ok(())
 }
 
-impl Ptp {
-    fn add_inner(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+/// Whether the host veth `l` named in a prevResult is the attachment's: it
+/// carries one of the result's gateways. DEL removes it when the container
+/// end is out of reach, or the host routes would send a reused address to
+/// the dead pod until the kernel gets to destroying the namespace.
+async fn holds_gateway_of(host: &Netlink, l: &Link, prev: &CniResult) -> Result<bool, CniError> {
+    let gws: Vec<IpNetwork> = prev
+        .ips
+        .iter()
+        .filter_map(|i| i.gateway.map(host_prefix))
+        .collect();
+    let addrs = host.addresses(Some(l.index)).await?;
+    Ok(addrs.iter().any(|a| gws.contains(&a.addr)))
+}
+
+impl Attachment for Ptp {
+    type Conf = Conf;
+
+    fn about(&self) -> About {
+        About::all_versions("ptp", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
         let ipam = conf.required_ipam()?;
-        let rt = rt()?;
-        let host_ns = NetNs::current()?;
-        let ct_ns = open_container(args)?;
-        let host = rt.block_on(Netlink::connect(&host_ns))?;
-        let ct = rt.block_on(Netlink::connect(&ct_ns))?;
-        // Before IPAM: a name clash must not cost a reservation.
-        rt.block_on(rcni_attach::ensure_ifname_free(&ct, &args.ifname))?;
+        let ns = Namespaces::open(args)?;
+        // Before IPAM: a repeated ADD finds its interface there and must not
+        // cost (or, undone, release) the reservation the first one holds.
+        ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+        // IPAM runs alongside the link work (the reference runs it first).
+        // Declared before the rollback: dropped after it, so a failed ADD
+        // releases its addresses after removing the links that used them.
+        let mut ipam = PendingAdd::start(ipam, &args.stdin, &args.path, args.version());
         let mut undo = Rollback::new();
 
-        let r = delegate_add(ipam, &args.stdin, &args.path, args.version())?;
-        undo.push(format!("IPAM {ipam}"), || {
-            delegate_cmd(ipam, "DEL", &args.stdin, &args.path)
-        });
-        if r.ips.is_empty() {
-            return Err(CniError::internal("IPAM plugin returned missing IP config"));
-        }
-        let mut result = CniResult::new(args.version());
-        result.ips = r.ips;
-        result.routes = r.routes;
-        result.dns = r.dns;
-        let ips = addresses_with_gateways(&result)?;
-        let addrs: Vec<IpNetwork> = ips.iter().map(|(a, _)| *a).collect();
-        enable_forwarding(&host_ns, &addrs)?;
-
-        let (host_veth, ct_veth) =
-            rt.block_on(create_veth(&host, &ct, &host_ns, &args.ifname, conf.mtu))?;
-        let (ct_index, rt_ref, ct_ref) = (ct_veth.index, &rt, &ct);
-        undo.push(format!("veth {}", args.ifname), move || {
-            // Deleting one end of a veth deletes both.
-            rt_ref.block_on(delete_link(ct_ref, ct_index))
-        });
+        let (host_veth, ct_veth) = ns.setup_veth(&mut undo, &args.ifname, conf.mtu)?;
 
         // Both ends own their addresses by construction, so no duplicate
         // address detection: the global addresses are added without it (a
@@ -163,150 +163,75 @@ impl Ptp {
         // what the plugin routes itself. Set before the links go up.
         let hv = &host_veth.name;
         sysctl_best_effort(
-            &host_ns,
+            &ns.host_ns,
             &[
                 (format!("net/ipv6/conf/{hv}/accept_ra"), "0"),
                 (format!("net/ipv6/conf/{hv}/accept_dad"), "0"),
             ],
         );
         let key = format!("net/ipv6/conf/{}/accept_dad", args.ifname);
-        sysctl_best_effort(&ct_ns, &[(key, "0")]);
-        rt.block_on(host.set_up(host_veth.index))?;
+        sysctl_best_effort(&ns.ct_ns, &[(key, "0")]);
+        ns.rt.block_on(ns.host.set_up(host_veth.index))?;
 
-        for ip in &mut result.ips {
-            ip.interface = Some(IDX_CONTAINER);
-        }
-        rt.block_on(async {
-            configure_iface(&ct, &ct_ns, &ct_veth, &result, Dad::Skip).await?;
-            setup_container_routes(&ct, &ct_veth, &ips).await?;
-            setup_host_veth(&host, &host_veth, &ips).await
+        let mut result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
+        let ips = addresses_with_gateways(&result)?;
+        let addrs: Vec<IpNetwork> = ips.iter().map(|(a, _)| *a).collect();
+        enable_forwarding(&ns.host_ns, &addrs)
+            .map_err(|e| e.context("Could not enable IP forwarding"))?;
+        ns.rt.block_on(async {
+            configure_iface(&ns.ct, &ns.ct_ns, &ct_veth, &result, Dad::Skip).await?;
+            setup_container_routes(&ns.ct, &ct_veth, &ips).await?;
+            setup_host_veth(&ns.host, &host_veth, &ips).await
         })?;
 
         if conf.ip_masq {
-            let m = Masq::of(&host_ns, args, conf.ip_masq_backend.as_deref());
+            let m = Masq::of(&ns.host_ns, args, conf.ip_masq_backend.as_deref());
             m.setup(&addrs)?;
-            let addrs = addrs.clone();
-            undo.push("masquerade rules", move || m.teardown(&addrs));
+            undo.push("masquerade rules", move || m.teardown());
         }
 
         let sandbox = sandbox(args);
-        let (host_veth, ct_veth) = rt.block_on(async {
+        let (host_veth, ct_veth) = ns.rt.block_on(async {
             Ok::<_, CniError>((
-                host.link_by_index(host_veth.index).await?,
-                ct.link_by_index(ct_veth.index).await?,
+                ns.host.link_by_index(host_veth.index).await?,
+                ns.ct.link_by_index(ct_veth.index).await?,
             ))
         })?;
         result.interfaces = vec![interface(&host_veth, ""), interface(&ct_veth, &sandbox)];
-        if let Some(dns) = &conf.dns {
-            result.dns = dns.clone();
-        }
-        undo.commit();
-        Ok(result)
-    }
-}
-
-/// Deletes the host veths named in `prev` that carry one of its gateways:
-/// when the container end is out of reach the kernel removes the pair only
-/// once it gets to destroying the namespace, and until then the host
-/// routes would send a reused address to the dead pod.
-async fn delete_stale_host_veths(host: &Netlink, prev: &CniResult) -> Result<(), CniError> {
-    let gws: Vec<IpNetwork> = prev
-        .ips
-        .iter()
-        .filter_map(|i| i.gateway.map(host_prefix))
-        .collect();
-    for l in host_veths_in(host, prev).await? {
-        let addrs = host.addresses(Some(l.index)).await?;
-        if addrs.iter().any(|a| gws.contains(&a.addr)) {
-            delete_link(host, l.index).await?;
-        }
-    }
-    Ok(())
-}
-
-impl Plugin for Ptp {
-    fn about(&self) -> About {
-        About {
-            name: "ptp",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        Ok(finish_add(result, args, undo, Some(ipam)))
     }
 
-    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
-        let conf = Conf::load(args)?;
-        self.add_inner(args, &conf)
-    }
-
-    /// IPAM first (as the reference: the address is free again whatever
-    /// happens next), then the link, then the masquerade rules; each step
-    /// runs even if an earlier one failed.
-    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        let mut errors = Vec::new();
-        if let Err(e) = rcni_attach::delegate_ipam(conf.ipam.as_deref(), "DEL", args) {
-            errors.push(e);
-        }
+    /// IPAM's release alongside the link's removal, then the masquerade
+    /// rules; each step runs even if another failed, and IPAM's failure is
+    /// reported first (the reference releases first).
+    fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        let ipam = rcni_attach::start_ipam_del(conf.ipam.as_deref(), args);
         let prev = args.conf.prev_result().ok().flatten();
-        // Addresses to unmasquerade: what the runtime recorded, plus what is
-        // still on the interface.
-        let mut ips: Vec<IpNetwork> = prev
-            .iter()
-            .flat_map(|p| p.ips.iter().map(|i| i.address))
-            .collect();
-        let r = rt().and_then(|rt| {
-            rt.block_on(async {
-                let mut link_found = false;
-                if let Some(ct_ns) = open_container_for_del(args)? {
-                    let ct = Netlink::connect(&ct_ns).await?;
-                    if let Some(addrs) = delete_container_link(&ct, &args.ifname).await? {
-                        link_found = true;
-                        for a in addrs {
-                            if !ips.contains(&a) {
-                                ips.push(a);
-                            }
-                        }
-                    }
-                }
-                if !link_found && let Some(prev) = &prev {
-                    let host = Netlink::connect_current().await?;
-                    delete_stale_host_veths(&host, prev).await?;
-                }
-                Ok::<_, CniError>(())
-            })
-        });
-        if let Err(e) = r {
-            errors.push(e);
-        }
-        if conf.ip_masq {
-            ips.retain(|a| is_global_unicast(a.ip()));
-            let r = NetNs::current()
+        let links =
+            rt().and_then(|rt| rt.block_on(delete_veth(args, prev.as_ref(), holds_gateway_of)));
+        let ipam = rcni_attach::wait_ipam(ipam);
+        let masq = match conf.ip_masq {
+            true => NetNs::current()
                 .map_err(CniError::from)
                 .and_then(|host_ns| {
-                    Masq::of(&host_ns, args, conf.ip_masq_backend.as_deref()).teardown(&ips)
-                });
-            if let Err(e) = r {
-                errors.push(e);
-            }
-        }
-        rcni_attach::first_error(errors)
+                    Masq::of(&host_ns, args, conf.ip_masq_backend.as_deref()).teardown()
+                }),
+            false => Ok(()),
+        };
+        first_error([ipam, links, masq])
     }
 
-    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        delegate_cmd(conf.required_ipam()?, "CHECK", &args.stdin, &args.path)?;
+    fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        rcni_attach::delegate_ipam(Some(conf.required_ipam()?), "CHECK", args)?;
         let prev = check::prev_result(args)?;
-        let ct_ns = open_container(args)?;
-        let host_ns = NetNs::current()?;
+        let ns = Namespaces::open(args)?;
         let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
         let ips = addresses_with_gateways(&prev).map_err(|e| check_failed(e.msg))?;
-        rt()?.block_on(async {
-            let host = Netlink::connect(&host_ns).await?;
-            let ct = Netlink::connect(&ct_ns).await?;
-            let link = check::validate_link(&ct, ct_if, Some("veth")).await?;
-            check::validate_ips(&ct, &link, &prev.ips, IDX_CONTAINER).await?;
-            check::validate_routes(&ct, &prev.routes).await?;
-            let routes = ct.routes(Family::All).await?;
+        ns.rt.block_on(async {
+            let link = check::validate_link(&ns.ct, ct_if, Some("veth")).await?;
+            check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
+            check::validate_routes(&ns.ct, &prev.routes).await?;
+            let routes = ns.ct.routes(Family::All).await?;
             for (addr, gw) in &ips {
                 for want in container_routes(link.index, addr, *gw) {
                     if !routes.iter().any(|r| {
@@ -318,15 +243,11 @@ impl Plugin for Ptp {
                     }
                 }
             }
-            // The host end: the container veth's peer, holding the gateways
-            // and the routes back to the container.
-            let peer = link
-                .link
-                .ok_or_else(|| check_failed("container veth has no peer"))?;
-            let host_veth = host
-                .link_by_index(peer)
-                .await
-                .map_err(|_| check_failed("ptp: host veth of the container not found"))?;
+            // The host end holds the gateways and the routes back to the
+            // container.
+            let host_veth =
+                check::veth_peer(&ns.host, &link, "ptp: host veth of the container not found")
+                    .await?;
             if let Some(hi) = prev.interfaces.get(IDX_HOST)
                 && hi.sandbox.is_empty()
                 && hi.name != host_veth.name
@@ -336,13 +257,14 @@ impl Plugin for Ptp {
                     host_veth.name, hi.name
                 )));
             }
-            let host_addrs: Vec<IpNetwork> = host
+            let host_addrs: Vec<IpNetwork> = ns
+                .host
                 .addresses(Some(host_veth.index))
                 .await?
                 .into_iter()
                 .map(|a| a.addr)
                 .collect();
-            let host_routes = host.routes(Family::All).await?;
+            let host_routes = ns.host.routes(Family::All).await?;
             for (addr, gw) in &ips {
                 if !host_addrs.contains(&host_prefix(*gw)) {
                     return Err(check_failed(format!(
@@ -362,30 +284,9 @@ impl Plugin for Ptp {
         })?;
         if conf.ip_masq {
             let addrs: Vec<IpNetwork> = ips.iter().map(|(a, _)| *a).collect();
-            Masq::of(&host_ns, args, conf.ip_masq_backend.as_deref()).check(&addrs)?;
+            Masq::of(&ns.host_ns, args, conf.ip_masq_backend.as_deref()).check(&addrs)?;
         }
         Ok(())
-    }
-
-    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "STATUS", args)
-    }
-
-    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        let mut errors = Vec::new();
-        if conf.ip_masq
-            && let Err(e) = NetNs::current()
-                .map_err(CniError::from)
-                .and_then(|h| masq::gc(&h, args))
-        {
-            errors.push(e);
-        }
-        if let Err(e) = rcni_attach::delegate_ipam(conf.ipam.as_deref(), "GC", args) {
-            errors.push(e);
-        }
-        rcni_attach::first_error(errors)
     }
 }
 

@@ -1,3 +1,3 @@
 fn main() {
-    rcni_cni::skel::run(&ptp::Ptp)
+    rcni_cni::skel::run(&rcni_attach::Attach(ptp::Ptp))
 }

@@ -2,8 +2,9 @@
 //! touched. The master's MTU bound is checked by ADD, which looks the master
 //! up anyway; DEL does not need the master at all.
 
+use rcni_attach::AttachConf;
+use rcni_cni::CniError;
 use rcni_cni::skel::CmdArgs;
-use rcni_cni::{CniError, Dns};
 use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
@@ -30,12 +31,10 @@ pub struct Conf {
     pub link_in_container: bool,
     /// IPAM plugin type; `None` is an L2-only attachment.
     pub ipam: Option<String>,
-    /// `dns` of the config, when it sets anything: it replaces IPAM's.
-    pub dns: Option<Dns>,
 }
 
-impl Conf {
-    pub fn load(args: &CmdArgs) -> Result<Conf, CniError> {
+impl AttachConf for Conf {
+    fn load(args: &CmdArgs) -> Result<Conf, CniError> {
         let raw: Raw = args.conf.plugin_conf()?;
         if raw.master.is_empty() {
             return Err(CniError::config(
@@ -60,10 +59,15 @@ impl Conf {
             mtu: (raw.mtu > 0).then_some(raw.mtu as u32),
             link_in_container: raw.link_in_container,
             ipam: rcni_attach::ipam_type(args),
-            dns: args.conf.dns.clone().filter(|d| !d.is_empty()),
         })
     }
 
+    fn ipam(&self) -> Option<&str> {
+        self.ipam.as_deref()
+    }
+}
+
+impl Conf {
     /// ADD: the MTU may not exceed the master's.
     pub fn check_mtu(&self, master_mtu: u32) -> Result<(), CniError> {
         match self.mtu {
@@ -78,27 +82,11 @@ impl Conf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rcni_cni::{CniArgs, Command, NetConf};
     use serde_json::json;
-
-    fn load(v: serde_json::Value) -> Result<Conf, CniError> {
-        let stdin = serde_json::to_vec(&v).unwrap();
-        Conf::load(&CmdArgs {
-            command: Command::Add,
-            container_id: "c".into(),
-            netns: None,
-            ifname: "eth0".into(),
-            args: CniArgs::default(),
-            args_raw: String::new(),
-            path: vec![],
-            conf: NetConf::parse(&stdin).unwrap(),
-            stdin,
-        })
-    }
 
     #[test]
     fn keys_defaults_and_validation() {
-        let c = load(json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan",
+        let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan",
             "master": "eth1", "VLANID": 100, "mtu": 1400, "linkInContainer": true,
             "ipam": {"type": "static"}}))
         .unwrap();
@@ -110,8 +98,10 @@ mod tests {
         assert!(c.check_mtu(1500).is_ok());
         assert_eq!(c.check_mtu(1300).unwrap_err().code, 7);
 
-        let c = load(json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "eth1"}))
-            .unwrap();
+        let c = Conf::from_json(
+            &json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "eth1"}),
+        )
+        .unwrap();
         assert_eq!((c.vlan_id, c.mtu, c.ipam), (0, None, None));
 
         for bad in [
@@ -120,7 +110,7 @@ mod tests {
             json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "e", "vlanId": -1}),
             json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "e", "mtu": -1}),
         ] {
-            assert_eq!(load(bad.clone()).unwrap_err().code, 7, "{bad}");
+            assert_eq!(Conf::from_json(&bad).unwrap_err().code, 7, "{bad}");
         }
     }
 }

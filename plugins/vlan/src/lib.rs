@@ -12,15 +12,14 @@ mod conf;
 use conf::Conf;
 use rcni_attach::check::{self, check_failed};
 use rcni_attach::{
-    Dad, configure_iface, delete_container_link, delete_link, ensure_ifname_free, interface,
-    open_container, open_container_for_del, random_temp_name, rt, sandbox,
+    Attachment, Dad, Namespaces, configure_iface, delete_container_link, ensure_ifname_free,
+    finish_add, first_error, in_container_for_del, interface, ipam_config, random_temp_name,
+    sandbox, start_ipam_add, undo_link,
 };
-use rcni_cni::invoke::{delegate_add, delegate_cmd};
 use rcni_cni::rollback::Rollback;
-use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, version};
+use rcni_cni::skel::{About, CmdArgs};
+use rcni_cni::{CniError, CniResult};
 use rcni_netlink::{Link, Netlink};
-use rcni_netns::NetNs;
 
 pub struct Vlan;
 
@@ -38,127 +37,100 @@ async fn find_master(host: &Netlink, ct: &Netlink, conf: &Conf) -> Result<Link, 
     })
 }
 
-impl Vlan {
-    fn add_inner(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
-        let rt = rt()?;
-        let host_ns = NetNs::current()?;
-        let ct_ns = open_container(args)?;
-        let host = rt.block_on(Netlink::connect(&host_ns))?;
-        let ct = rt.block_on(Netlink::connect(&ct_ns))?;
-        let master = rt.block_on(find_master(&host, &ct, conf))?;
+impl Attachment for Vlan {
+    type Conf = Conf;
+
+    fn about(&self) -> About {
+        About::all_versions("vlan", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+        let ns = Namespaces::open(args)?;
+        let master = ns.rt.block_on(find_master(&ns.host, &ns.ct, conf))?;
         conf.check_mtu(master.mtu)?;
-        rt.block_on(ensure_ifname_free(&ct, &args.ifname))?;
+        ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+        // Once the config is known good, IPAM runs alongside the link work.
+        // Declared before the rollback: dropped after it, so a failed ADD
+        // releases its addresses after removing the link that used them.
+        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
         // Created under a temporary name, directly in the container (the
         // final name may be taken where the master lives), then renamed.
         let tmp = random_temp_name();
-        let link = rt.block_on(async {
+        let link = ns.rt.block_on(async {
             let (nl, target) = if conf.link_in_container {
-                (&ct, None)
+                (&ns.ct, None)
             } else {
-                (&host, Some(&ct_ns))
+                (&ns.host, Some(&ns.ct_ns))
             };
             nl.create_vlan(&tmp, master.index, conf.vlan_id, conf.mtu, target)
                 .await
                 .map_err(|e| CniError::from(e).context("failed to create vlan"))?;
-            ct.link_by_name(&tmp).await.map_err(CniError::from)
+            ns.ct.link_by_name(&tmp).await.map_err(CniError::from)
         })?;
-        let (index, rt_ref, ct_ref) = (link.index, &rt, &ct);
-        undo.push(format!("vlan {}", args.ifname), move || {
-            rt_ref.block_on(delete_link(ct_ref, index))
-        });
-        rt.block_on(ct.set_name(link.index, &args.ifname))?;
-        let link = rt.block_on(ct.link_by_index(link.index))?;
+        undo_link(
+            &mut undo,
+            format!("vlan {}", args.ifname),
+            &ns.rt,
+            &ns.ct,
+            link.index,
+        );
+        ns.rt.block_on(ns.ct.set_name(link.index, &args.ifname))?;
+        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
 
-        let mut result = CniResult::new(args.version());
-        if let Some(ipam) = &conf.ipam {
-            let r = delegate_add(ipam, &args.stdin, &args.path, args.version())?;
-            undo.push(format!("IPAM {ipam}"), || {
-                delegate_cmd(ipam, "DEL", &args.stdin, &args.path)
-            });
-            if r.ips.is_empty() {
-                return Err(CniError::internal("IPAM plugin returned missing IP config"));
+        let mut result = match &mut ipam {
+            Some(ipam) => {
+                let result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
+                // Other hosts share the VLAN: IPv6 addresses go through
+                // duplicate address detection, and ADD waits for it as the
+                // reference does.
+                ns.rt.block_on(configure_iface(
+                    &ns.ct,
+                    &ns.ct_ns,
+                    &link,
+                    &result,
+                    Dad::Wait,
+                ))?;
+                result
             }
-            result.ips = r.ips;
-            result.routes = r.routes;
-            result.dns = r.dns;
-            for ip in &mut result.ips {
-                ip.interface = Some(IDX_CONTAINER);
+            None => {
+                ns.rt.block_on(ns.ct.set_up(link.index))?;
+                CniResult::new(args.version())
             }
-            // Other hosts share the VLAN: IPv6 addresses go through
-            // duplicate address detection, and ADD waits for it as the
-            // reference does.
-            rt.block_on(configure_iface(&ct, &ct_ns, &link, &result, Dad::Wait))?;
-        } else {
-            rt.block_on(ct.set_up(link.index))?;
-        }
-        let link = rt.block_on(ct.link_by_index(link.index))?;
+        };
+        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
         result.interfaces = vec![interface(&link, &sandbox(args))];
-        if let Some(dns) = &conf.dns {
-            result.dns = dns.clone();
-        }
-        undo.commit();
-        Ok(result)
-    }
-}
-
-impl Plugin for Vlan {
-    fn about(&self) -> About {
-        About {
-            name: "vlan",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        Ok(finish_add(result, args, undo, ipam))
     }
 
-    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
-        let conf = Conf::load(args)?;
-        self.add_inner(args, &conf)
-    }
-
-    /// IPAM first, then the link if the netns is still there; a missing
-    /// master, netns or link is success.
-    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        let mut errors = Vec::new();
-        if let Err(e) = rcni_attach::delegate_ipam(conf.ipam.as_deref(), "DEL", args) {
-            errors.push(e);
-        }
-        let r = open_container_for_del(args).and_then(|ct_ns| match ct_ns {
-            None => Ok(()),
-            Some(ct_ns) => rt()?.block_on(async {
-                let ct = Netlink::connect(&ct_ns).await?;
-                delete_container_link(&ct, &args.ifname).await.map(|_| ())
-            }),
+    /// IPAM's release alongside the link's removal if the netns is still
+    /// there; a missing master, netns or link is success.
+    fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        let ipam = rcni_attach::start_ipam_del(conf.ipam.as_deref(), args);
+        let link = in_container_for_del(args, async |_, ct| {
+            delete_container_link(ct, &args.ifname).await.map(|_| ())
         });
-        if let Err(e) = r {
-            errors.push(e);
-        }
-        rcni_attach::first_error(errors)
+        first_error([rcni_attach::wait_ipam(ipam), link])
     }
 
-    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
+    fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
         let prev = check::prev_result(args)?;
-        let ct_ns = open_container(args)?;
-        let host_ns = NetNs::current()?;
+        let ns = Namespaces::open(args)?;
         let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
-        rt()?.block_on(async {
-            let host = Netlink::connect(&host_ns).await?;
-            let ct = Netlink::connect(&ct_ns).await?;
-            let master = find_master(&host, &ct, &conf)
+        ns.rt.block_on(async {
+            let master = find_master(&ns.host, &ns.ct, conf)
                 .await
                 .map_err(|e| check_failed(e.msg))?;
-            let link = check::validate_link(&ct, ct_if, Some("vlan")).await?;
+            let link = check::validate_link(&ns.ct, ct_if, Some("vlan")).await?;
             if link.link != Some(master.index) {
                 return Err(check_failed(format!(
                     "vlan: {} is not on master {}",
                     link.name, conf.master
                 )));
             }
-            let id = ct.vlan_id(link.index).await?;
+            let id = ns.ct.vlan_id(link.index).await?;
             if id != Some(conf.vlan_id) {
                 return Err(check_failed(format!(
                     "vlan: {} has VLAN ID {}, configured {}",
@@ -175,19 +147,8 @@ impl Plugin for Vlan {
                     link.name, link.mtu
                 )));
             }
-            check::validate_ips(&ct, &link, &prev.ips, IDX_CONTAINER).await?;
-            check::validate_routes(&ct, &prev.routes).await
+            check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
+            check::validate_routes(&ns.ct, &prev.routes).await
         })
-    }
-
-    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "STATUS", args)
-    }
-
-    /// The only state outside the container is IPAM's.
-    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let conf = Conf::load(args)?;
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "GC", args)
     }
 }

@@ -1,3 +1,3 @@
 fn main() {
-    rcni_cni::skel::run(&vlan::Vlan)
+    rcni_cni::skel::run(&rcni_attach::Attach(vlan::Vlan))
 }
