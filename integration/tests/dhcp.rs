@@ -1,0 +1,497 @@
+//! The dhcp IPAM plugin and daemon against a real DHCP server: dnsmasq in a
+//! server namespace on the same bridge (in a node namespace) as the pods.
+//! Every namespace, socket, pidfile, lease directory and lease file belongs
+//! to the test; guards stop the daemon and dnsmasq however a test ends.
+
+mod common;
+mod dhcp_lab;
+
+use common::{ip, nl};
+use dhcp_lab::*;
+use rcni_testkit::{Call, PersistentNs, TestNs, bin, ping};
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[test]
+fn lease_acquired_with_options_checked_and_released() {
+    let mut lab = Lab::new("br0");
+    lab.start_dnsmasq(&[
+        "--dhcp-option=option:router,10.77.0.1",
+        "--dhcp-option=option:dns-server,10.77.0.53",
+        "--dhcp-option=option:domain-name,rcni.test",
+        "--dhcp-option=option:classless-static-route,192.168.50.0/24,10.77.0.254,0.0.0.0/0,10.77.0.1",
+        // The vendor class we provide tags the client; the tag earns it a
+        // search domain, which proves option 60 reached the server.
+        "--dhcp-vendorclass=set:rcni,rcni-vendor",
+        "--dhcp-option=tag:rcni,option:domain-search,vendor.test",
+    ]);
+    lab.start_daemon(&[]);
+    let pod = lab.pod();
+    let conf = lab.conf(json!({
+        "provide": [
+            {"option": "host-name", "fromArg": "K8S_POD_NAME"},
+            {"option": "vendor-class-identifier", "value": "rcni-vendor"}
+        ],
+        "priority": 50
+    }));
+    let r = lab.call("ADD", "c1", Some(&pod.path()), &conf);
+    let result = r.ok();
+    let got = addr_ip(&result);
+    assert!(got.starts_with("10.77.0."), "{result}\n{}", lab.logs());
+    assert_eq!(
+        result,
+        json!({"cniVersion": "1.1.0",
+            "ips": [{"address": format!("{got}/24"), "gateway": "10.77.0.1"}],
+            "routes": [
+                {"dst": "192.168.50.0/24", "gw": "10.77.0.254", "priority": 50},
+                {"dst": "0.0.0.0/0", "gw": "10.77.0.1", "priority": 50}
+            ],
+            "dns": {"nameservers": ["10.77.0.53"], "domain": "rcni.test", "search": ["vendor.test"]}}),
+        "{}",
+        lab.logs()
+    );
+    // The server's table: our host name and client identifier.
+    let lease = lab.lease_of(&got).expect("dnsmasq has the lease");
+    assert_eq!(lease.2, "web-0");
+    assert_eq!(lease.3, dnsmasq_client_id(&format!("c1/{NET}/eth0")));
+    // The daemon set the link up; the lease is on disk.
+    assert!(nl(&pod.ns, async |n| n
+        .link_by_name("eth0")
+        .await
+        .unwrap()
+        .admin_up));
+    assert_eq!(lab.state_files(), [format!("{NET}-c1-eth0.json")]);
+
+    // ADD again answers with the lease held (as the reference does).
+    let again = lab.call("ADD", "c1", Some(&pod.path()), &conf).ok();
+    assert_eq!(again, result);
+
+    // CHECK needs the address on the interface: an IPAM plugin is checked
+    // after its interface plugin applied the result.
+    let (code, msg) = lab.call("CHECK", "c1", Some(&pod.path()), &conf).err();
+    assert_eq!(code, 106, "{msg}");
+    assert!(msg.contains("not on interface"), "{msg}");
+    ip(&pod.ns, &format!("addr add {got}/24 dev eth0"));
+    lab.call("CHECK", "c1", Some(&pod.path()), &conf).ok();
+    assert!(ping(&pod.ns, SERVER_IP), "the leased address works");
+
+    // DEL releases: the server forgets the lease.
+    lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
+    assert!(
+        poll(Duration::from_secs(5), || lab.lease_of(&got).is_none()),
+        "dnsmasq still lists {got}: {:?}\n{}",
+        lab.leases(),
+        lab.logs()
+    );
+    assert!(lab.state_files().is_empty());
+    let (code, _) = lab.call("CHECK", "c1", Some(&pod.path()), &conf).err();
+    assert_eq!(code, 106, "no lease after DEL");
+    lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
+}
+
+#[test]
+fn results_at_every_version() {
+    let mut lab = Lab::new("br0");
+    lab.start_dnsmasq(&["--dhcp-option=option:router,10.77.0.1"]);
+    lab.start_daemon(&[]);
+    for (i, v) in ["0.2.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
+        .iter()
+        .enumerate()
+    {
+        let pod = lab.pod();
+        let mut conf = lab.conf(json!({}));
+        conf["cniVersion"] = json!(v);
+        let cid = format!("v{i}");
+        let r = lab.call("ADD", &cid, Some(&pod.path()), &conf).ok();
+        assert_eq!(r["cniVersion"], json!(v));
+        match *v {
+            "0.2.0" => {
+                assert_eq!(r["ip4"]["gateway"], json!("10.77.0.1"), "{r}");
+                assert_eq!(
+                    r["ip4"]["routes"],
+                    json!([{"dst": "0.0.0.0/0", "gw": "10.77.0.1"}])
+                );
+            }
+            "0.3.1" | "0.4.0" => assert_eq!(r["ips"][0]["version"], json!("4"), "{r}"),
+            _ => assert!(r["ips"][0].get("version").is_none(), "{r}"),
+        }
+        lab.call("DEL", &cid, Some(&pod.path()), &conf).ok();
+    }
+    assert!(lab.state_files().is_empty());
+}
+
+#[test]
+fn renews_at_t1() {
+    let mut lab = Lab::new("br0");
+    // dnsmasq's shortest lease is 2 minutes; T1/T2 make the client renew
+    // after 2 s and rebind after 4 s.
+    lab.start_dnsmasq(&["--dhcp-option=option:T1,2", "--dhcp-option=option:T2,4"]);
+    lab.start_daemon(&[]);
+    let pod = lab.pod();
+    let conf = lab.conf(json!({}));
+    let result = lab.call("ADD", "c1", Some(&pod.path()), &conf).ok();
+    let got = addr_ip(&result);
+    // RENEWING is unicast from the leased address: apply it, as the
+    // interface plugin would.
+    ip(&pod.ns, &format!("addr add {got}/24 dev eth0"));
+    let first = lab.lease_of(&got).expect("lease").0;
+    assert!(
+        poll(Duration::from_secs(8), || lab
+            .lease_of(&got)
+            .is_some_and(|l| l.0 > first)),
+        "no renewal seen: {:?}\n{}",
+        lab.leases(),
+        lab.logs()
+    );
+    // dnsmasq records the renewal before its ACK reaches the daemon.
+    let log = || std::fs::read_to_string(lab.path("daemon.log")).unwrap();
+    assert!(
+        poll(Duration::from_secs(3), || log().contains("extended")),
+        "{}",
+        log()
+    );
+    assert!(log().contains("renewing lease"), "{}", log());
+    // The renewed lease's timers are on disk.
+    let rec: Value = serde_json::from_slice(
+        &std::fs::read(lab.state_dir().join(format!("{NET}-c1-eth0.json"))).unwrap(),
+    )
+    .unwrap();
+    assert!(rec["renewAt"].as_u64().unwrap() > rec["boundAt"].as_u64().unwrap());
+    lab.call("CHECK", "c1", Some(&pod.path()), &conf).ok();
+    lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
+    assert!(poll(Duration::from_secs(5), || lab
+        .lease_of(&got)
+        .is_none()));
+}
+
+#[test]
+fn lease_kept_and_renewed_across_a_daemon_restart() {
+    let mut lab = Lab::new("br0");
+    lab.start_dnsmasq(&["--dhcp-option=option:T1,3", "--dhcp-option=option:T2,6"]);
+    lab.start_daemon(&[]);
+    let pod = lab.pod();
+    let conf = lab.conf(json!({}));
+    let result = lab.call("ADD", "c1", Some(&pod.path()), &conf).ok();
+    let got = addr_ip(&result);
+    ip(&pod.ns, &format!("addr add {got}/24 dev eth0"));
+
+    lab.stop_daemon();
+    assert!(!lab.socket().exists(), "the daemon removes its socket");
+    assert!(!lab.path("dhcp.pid").exists(), "and its pidfile");
+    assert_eq!(lab.state_files().len(), 1, "the lease stays on disk");
+    assert!(lab.lease_of(&got).is_some(), "stopping does not release");
+
+    lab.start_daemon(&[]);
+    // The new daemon knows the lease: CHECK passes and ADD returns it.
+    lab.call("CHECK", "c1", Some(&pod.path()), &conf).ok();
+    assert_eq!(lab.call("ADD", "c1", Some(&pod.path()), &conf).ok(), result);
+    // ... and keeps renewing it.
+    let before = lab.lease_of(&got).unwrap().0;
+    assert!(
+        poll(Duration::from_secs(10), || lab
+            .lease_of(&got)
+            .is_some_and(|l| l.0 > before)),
+        "not renewed after restart: {:?}\n{}",
+        lab.leases(),
+        lab.logs()
+    );
+    lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
+    assert!(poll(Duration::from_secs(5), || lab
+        .lease_of(&got)
+        .is_none()));
+    assert!(lab.state_files().is_empty());
+}
+
+#[test]
+fn restart_drops_leases_of_vanished_namespaces() {
+    let mut lab = Lab::new("br0");
+    lab.start_dnsmasq(&[]);
+    lab.start_daemon(&[]);
+    let pod = PersistentNs::new();
+    lab.attach(&pod.path.display().to_string());
+    let conf = lab.conf(json!({}));
+    let netns = pod.path.display().to_string();
+    lab.call("ADD", "c1", Some(&netns), &conf).ok();
+    lab.stop_daemon();
+    pod.delete();
+    lab.start_daemon(&[]);
+    assert!(lab.state_files().is_empty(), "{}", lab.logs());
+    let (code, _) = lab.call("CHECK", "c1", Some(&netns), &conf).err();
+    assert_eq!(code, 106);
+    lab.call("DEL", "c1", Some(&netns), &conf).ok();
+}
+
+#[test]
+fn missing_server_times_out_cleanly() {
+    let mut lab = Lab::new("br0");
+    lab.start_daemon(&["-timeout", "1s", "-resendtimeout", "3s"]);
+    let pod = lab.pod();
+    let conf = lab.conf(json!({}));
+    let t = Instant::now();
+    let (code, msg) = lab.call("ADD", "c1", Some(&pod.path()), &conf).err();
+    let took = t.elapsed();
+    assert_eq!(code, 111, "{msg}");
+    assert!(
+        msg.contains("no DHCP server answered on eth0 within 3 s"),
+        "{msg}"
+    );
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    assert!(lab.state_files().is_empty(), "nothing recorded");
+    let (code, _) = lab.call("CHECK", "c1", Some(&pod.path()), &conf).err();
+    assert_eq!(code, 106, "nothing held");
+    assert!(
+        addresses(&pod.ns, "eth0")
+            .iter()
+            .all(|a| !a.starts_with("10."))
+    );
+    lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
+    lab.call("STATUS", "", None, &conf).ok();
+}
+
+#[test]
+fn missing_interface_is_a_clear_error() {
+    let mut lab = Lab::new("br0");
+    lab.start_daemon(&["-timeout", "300ms"]);
+    let pod = TestNs::new();
+    let conf = lab.conf(json!({}));
+    let (code, msg) = lab.call("ADD", "c1", Some(&pod.path()), &conf).err();
+    assert_eq!(code, 103, "{msg}");
+    assert!(msg.contains("interface eth0 not found"), "{msg}");
+    assert!(lab.state_files().is_empty());
+}
+
+#[test]
+fn status_and_gc() {
+    let mut lab = Lab::new("br0");
+    let conf = lab.conf(json!({}));
+    let (code, msg) = lab.call("STATUS", "", None, &conf).err();
+    assert_eq!(code, 50, "daemon down: {msg}");
+    lab.start_dnsmasq(&[]);
+    lab.start_daemon(&[]);
+    assert_eq!(lab.call("STATUS", "", None, &conf).ok(), Value::Null);
+
+    let (a, b) = (lab.pod(), lab.pod());
+    let ra = lab.call("ADD", "ca", Some(&a.path()), &conf).ok();
+    let rb = lab.call("ADD", "cb", Some(&b.path()), &conf).ok();
+    let (ipa, ipb) = (addr_ip(&ra), addr_ip(&rb));
+    assert_ne!(ipa, ipb);
+    // A lease of another network is not this network's to collect.
+    let c = lab.pod();
+    let mut other = conf.clone();
+    other["name"] = json!("othernet");
+    let rc = lab.call("ADD", "cc", Some(&c.path()), &other).ok();
+
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "ca", "ifname": "eth0"}]);
+    lab.call("GC", "", None, &gc).ok();
+    assert!(
+        poll(Duration::from_secs(5), || lab.lease_of(&ipb).is_none()),
+        "{:?}",
+        lab.leases()
+    );
+    assert!(lab.lease_of(&ipa).is_some());
+    assert!(lab.lease_of(&addr_ip(&rc)).is_some());
+    assert_eq!(lab.state_files().len(), 2);
+    // Without the key GC refuses rather than release everything.
+    let (code, _) = lab.call("GC", "", None, &conf).err();
+    assert_eq!(code, 7);
+    lab.call("DEL", "ca", Some(&a.path()), &conf).ok();
+    lab.call("DEL", "cc", Some(&c.path()), &other).ok();
+    assert!(lab.state_files().is_empty());
+}
+
+#[test]
+fn del_succeeds_without_netns_or_daemon() {
+    let mut lab = Lab::new("br0");
+    lab.start_dnsmasq(&[]);
+    lab.start_daemon(&[]);
+    let conf = lab.conf(json!({}));
+    // The namespace vanishes before DEL.
+    let pod = PersistentNs::new();
+    let netns = pod.path.display().to_string();
+    lab.attach(&netns);
+    lab.call("ADD", "c1", Some(&netns), &conf).ok();
+    pod.delete();
+    lab.call("DEL", "c1", Some(&netns), &conf).ok();
+    lab.call("DEL", "c1", None, &conf).ok();
+    assert!(lab.state_files().is_empty());
+    // No daemon at all.
+    lab.stop_daemon();
+    lab.call("DEL", "c2", None, &conf).ok();
+}
+
+#[test]
+fn socket_is_private_and_foreign_paths_are_refused() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut lab = Lab::new("br0");
+    lab.start_daemon(&[]);
+    let md = std::fs::metadata(lab.socket()).unwrap();
+    assert_eq!(md.permissions().mode() & 0o777, 0o600);
+    let pid: u32 = std::fs::read_to_string(lab.path("dhcp.pid"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(pid, lab.daemon.0.as_ref().unwrap().id());
+    lab.stop_daemon();
+
+    // A socket file someone else owns is not ours to replace.
+    let foreign = lab.path("foreign.sock");
+    let l = std::os::unix::net::UnixListener::bind(&foreign).unwrap();
+    drop(l);
+    nix::unistd::chown(&foreign, Some(nix::unistd::Uid::from_raw(4242)), None).unwrap();
+    let out = lab
+        .node
+        .command(bin("dhcp"))
+        .args(["daemon", "-statedir"])
+        .arg(lab.state_dir())
+        .arg("-socketpath")
+        .arg(&foreign)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("refusing socket path") && err.contains("uid 4242"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::metadata(&foreign).unwrap().uid(),
+        4242,
+        "left alone"
+    );
+}
+
+#[test]
+fn socket_activation() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let mut lab = Lab::new("br0");
+    let sock = lab.path("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let fd = listener.as_raw_fd();
+    let mut cmd = Command::new("sh");
+    // LISTEN_PID must be the daemon's PID: the shell exports its own and
+    // then becomes the daemon.
+    cmd.args([
+        "-c",
+        "LISTEN_PID=$$ LISTEN_FDS=1 exec \"$0\" daemon -statedir \"$1\" -socketpath /nonexistent/never.sock",
+    ])
+    .arg(bin("dhcp"))
+    .arg(lab.state_dir())
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(std::fs::File::create(lab.path("daemon.log")).unwrap());
+    // SAFETY: dup2 is async-signal-safe; fd 3 is what sd_listen_fds expects.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(fd, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    lab.daemon = Guard(Some(cmd.spawn().unwrap()));
+    drop(listener);
+    let conf = json!({"cniVersion": "1.1.0", "name": NET, "type": "bridge",
+        "ipam": {"type": "dhcp", "daemonSocketPath": sock}});
+    let ok = poll(Duration::from_secs(5), || {
+        lab.call("STATUS", "", None, &conf).code == 0
+    });
+    assert!(ok, "{}", lab.logs());
+    assert!(!Path::new("/nonexistent/never.sock").exists());
+}
+
+/// conf/60-bridge-dhcp.conflist: the bridge plugin delegating to dhcp; the
+/// pod gets a leased address on its veth and reaches the server.
+#[test]
+fn bridge_chained_conflist() {
+    let list: Value = serde_json::from_slice(
+        &std::fs::read(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/60-bridge-dhcp.conflist"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut lab = Lab::new(list["plugins"][0]["bridge"].as_str().unwrap());
+    lab.start_dnsmasq(&["--dhcp-option=option:router,10.77.0.1"]);
+    lab.start_daemon(&[]);
+    let mut conf = list["plugins"][0].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    conf["name"] = list["name"].clone();
+    conf["ipam"]["daemonSocketPath"] = json!(lab.socket());
+    let pod = TestNs::new();
+    let add = Call::new(bin("bridge"), "ADD")
+        .env("CNI_CONTAINERID", "br1")
+        .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=web-1")
+        .netns(&pod.path())
+        .stdin(&conf)
+        .run_in(&lab.node.ns);
+    let result = add.ok();
+    let got = addr_ip(&result);
+    assert!(got.starts_with("10.77.0."), "{result}\n{}", lab.logs());
+    assert_eq!(
+        result["routes"],
+        json!([{"dst": "0.0.0.0/0", "gw": "10.77.0.1", "priority": 100}])
+    );
+    assert!(addresses(&pod.ns, "eth0").contains(&format!("{got}/24")));
+    assert!(ping(&pod.ns, SERVER_IP));
+    assert_eq!(lab.lease_of(&got).unwrap().2, "web-1");
+    let mut with_prev = conf.clone();
+    with_prev["prevResult"] = result.clone();
+    let check = Call::new(bin("bridge"), "CHECK")
+        .env("CNI_CONTAINERID", "br1")
+        .netns(&pod.path())
+        .stdin(&with_prev)
+        .run_in(&lab.node.ns);
+    check.ok();
+    let del = Call::new(bin("bridge"), "DEL")
+        .env("CNI_CONTAINERID", "br1")
+        .netns(&pod.path())
+        .stdin(&with_prev)
+        .run_in(&lab.node.ns);
+    del.ok();
+    assert!(lab.state_files().is_empty(), "{}", lab.logs());
+    // dhcp is not run alongside the link work (runs_beside_links): its
+    // RELEASE goes out before the bridge plugin removes the veth.
+    assert!(
+        poll(Duration::from_secs(5), || lab.lease_of(&got).is_none()),
+        "bridge DEL released the lease on the server: {}",
+        lab.logs()
+    );
+}
+
+/// A server that no longer grants the address answers the renewal with a
+/// DHCPNAK: the lease ends at once, the interface goes down (as the
+/// reference does at expiry), CHECK and ADD say so, DEL clears it.
+#[test]
+fn nak_on_renewal_ends_the_lease() {
+    let mut lab = Lab::new("br0");
+    lab.start_dnsmasq(&["--dhcp-option=option:T1,2", "--dhcp-option=option:T2,4"]);
+    lab.start_daemon(&[]);
+    let pod = lab.pod();
+    let conf = lab.conf(json!({}));
+    let result = lab.call("ADD", "c1", Some(&pod.path()), &conf).ok();
+    let got = addr_ip(&result);
+    ip(&pod.ns, &format!("addr add {got}/24 dev eth0"));
+    // The same server now serves another range: our address is not its to
+    // give, and an authoritative server refuses it.
+    lab.dnsmasq.stop();
+    let _ = std::fs::remove_file(lab.path("dnsmasq.pid"));
+    let _ = std::fs::remove_file(lab.path("leases"));
+    lab.start_dnsmasq_with_range(&["--dhcp-range=10.77.0.200,10.77.0.250,255.255.255.0,2m"]);
+    let down = poll(Duration::from_secs(10), || {
+        !nl(&pod.ns, async |n| {
+            n.link_by_name("eth0").await.unwrap().admin_up
+        })
+    });
+    assert!(down, "interface still up\n{}", lab.logs());
+    let (code, msg) = lab.call("CHECK", "c1", Some(&pod.path()), &conf).err();
+    assert_eq!(code, 106, "{msg}");
+    assert!(msg.contains("expired"), "{msg}");
+    let (code, msg) = lab.call("ADD", "c1", Some(&pod.path()), &conf).err();
+    assert_eq!(code, 111, "{msg}");
+    lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
+    assert!(lab.state_files().is_empty());
+}

@@ -1,0 +1,329 @@
+//! A DHCP lab for the dhcp tests: a node namespace, a server namespace
+//! running dnsmasq, the daemon, and pods, all with files in one temporary
+//! directory. Guards stop dnsmasq and the daemon however a test ends.
+#![allow(dead_code)]
+
+use crate::common::{ip, nl};
+use rcni_testkit::{Call, Output, TestNs, bin};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+pub const DNSMASQ: &str = "/usr/sbin/dnsmasq";
+pub const SERVER_IP: &str = "10.77.0.1";
+pub const NET: &str = "dhcpnet";
+
+/// A child process killed (SIGTERM, then SIGKILL) when dropped.
+pub struct Guard(pub Option<Child>);
+
+impl Guard {
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Node namespace with bridge `br`, a server namespace on it (dnsmasq at
+/// 10.77.0.1), a temporary directory for every file, and the daemon.
+pub struct Lab {
+    pub node: TestNs,
+    pub server: TestNs,
+    pub dir: tempfile::TempDir,
+    pub bridge: String,
+    /// The server's interface dnsmasq listens on.
+    pub server_if: String,
+    pub dnsmasq: Guard,
+    pub daemon: Guard,
+    pub pods: u32,
+}
+
+impl Lab {
+    /// Node and server namespaces, nothing wired.
+    pub fn bare() -> Lab {
+        assert!(
+            Path::new(DNSMASQ).is_file(),
+            "{DNSMASQ} is missing: apt-get install dnsmasq-base"
+        );
+        Lab {
+            node: TestNs::new(),
+            server: TestNs::new(),
+            dir: tempfile::tempdir().unwrap(),
+            bridge: String::new(),
+            server_if: "srv0".into(),
+            dnsmasq: Guard(None),
+            daemon: Guard(None),
+            pods: 0,
+        }
+    }
+
+    /// The server on bridge `bridge` of the node, at 10.77.0.1/24 on srv0.
+    pub fn new(bridge: &str) -> Lab {
+        let mut lab = Lab::bare();
+        let (node, server) = (&lab.node, &lab.server);
+        ip(&node.ns, &format!("link add {bridge} type bridge"));
+        ip(&node.ns, &format!("link set {bridge} up"));
+        ip(
+            &node.ns,
+            &format!(
+                "link add srv-n type veth peer name srv0 netns {}",
+                server.path()
+            ),
+        );
+        ip(&node.ns, &format!("link set srv-n master {bridge} up"));
+        ip(&server.ns, &format!("addr add {SERVER_IP}/24 dev srv0"));
+        ip(&server.ns, "link set srv0 up");
+        ip(&server.ns, "link set lo up");
+        lab.bridge = bridge.into();
+        lab
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.path("dhcp.sock")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    /// dnsmasq on srv0 with a 2-minute lease (its minimum) and `extra`
+    /// options. No DNS (`--port=0`), no ping before offering.
+    pub fn start_dnsmasq(&mut self, extra: &[&str]) {
+        let mut args = vec!["--dhcp-range=10.77.0.50,10.77.0.150,255.255.255.0,2m"];
+        args.extend_from_slice(extra);
+        self.start_dnsmasq_with_range(&args);
+    }
+
+    /// dnsmasq as above; `args` include the `--dhcp-range`.
+    pub fn start_dnsmasq_with_range(&mut self, extra: &[&str]) {
+        let pidfile = self.path("dnsmasq.pid");
+        let log = std::fs::File::create(self.path("dnsmasq.log")).unwrap();
+        let child = self
+            .server
+            .command(DNSMASQ)
+            .args([
+                "--keep-in-foreground",
+                "--conf-file=/dev/null",
+                "--no-hosts",
+                "--no-resolv",
+                "--port=0",
+                "--bind-interfaces",
+                &format!("--interface={}", self.server_if),
+                "--except-interface=lo",
+                "--no-ping",
+                "--log-dhcp",
+                "--log-facility=-",
+                "--user=root",
+                "--dhcp-authoritative",
+            ])
+            .arg(format!(
+                "--dhcp-leasefile={}",
+                self.path("leases").display()
+            ))
+            .arg(format!("--pid-file={}", pidfile.display()))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start dnsmasq");
+        self.dnsmasq = Guard(Some(child));
+        wait_for(Duration::from_secs(5), "dnsmasq to start", || {
+            pidfile.exists()
+        });
+    }
+
+    /// The daemon in the node namespace, everything in the temp dir.
+    pub fn start_daemon(&mut self, extra: &[&str]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("daemon.log"))
+            .unwrap();
+        let child = self
+            .node
+            .command(bin("dhcp"))
+            .arg("daemon")
+            .arg("-socketpath")
+            .arg(self.socket())
+            .arg("-statedir")
+            .arg(self.state_dir())
+            .arg("-pidfile")
+            .arg(self.path("dhcp.pid"))
+            .args(["-timeout", "2s"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start dhcp daemon");
+        self.daemon = Guard(Some(child));
+        let sock = self.socket();
+        wait_for(Duration::from_secs(5), "the daemon's socket", || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        });
+    }
+
+    pub fn stop_daemon(&mut self) {
+        self.daemon.stop();
+    }
+
+    /// A pod: a veth whose container end is `eth0` (left down: the daemon
+    /// sets it up), host end on the bridge.
+    pub fn pod(&mut self) -> TestNs {
+        let pod = TestNs::new();
+        self.attach(&pod.path());
+        pod
+    }
+
+    pub fn attach(&mut self, netns_path: &str) {
+        self.pods += 1;
+        let host = format!("pod{}-n", self.pods);
+        ip(
+            &self.node.ns,
+            &format!("link add {host} type veth peer name eth0 netns {netns_path}"),
+        );
+        ip(
+            &self.node.ns,
+            &format!("link set {host} master {} up", self.bridge),
+        );
+    }
+
+    pub fn conf(&self, ipam_extra: Value) -> Value {
+        let mut ipam = json!({"type": "dhcp", "daemonSocketPath": self.socket()});
+        for (k, v) in ipam_extra.as_object().unwrap() {
+            ipam[k] = v.clone();
+        }
+        json!({"cniVersion": "1.1.0", "name": NET, "type": "bridge", "ipam": ipam})
+    }
+
+    pub fn call(&self, cmd: &str, cid: &str, netns: Option<&str>, conf: &Value) -> Output {
+        let mut c = Call::new(bin("dhcp"), cmd)
+            .env("CNI_CONTAINERID", cid)
+            .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=web-0")
+            .stdin(conf);
+        if let Some(n) = netns {
+            c = c.netns(n);
+        }
+        c.run_in(&self.node.ns)
+    }
+
+    /// dnsmasq's lease table: (expiry, ip, hostname, client id) per line.
+    pub fn leases(&self) -> Vec<(u64, String, String, String)> {
+        std::fs::read_to_string(self.path("leases"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.len() >= 5).then(|| {
+                    (
+                        f[0].parse().unwrap_or(0),
+                        f[2].to_string(),
+                        f[3].to_string(),
+                        f[4].to_string(),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    pub fn lease_of(&self, ip: &str) -> Option<(u64, String, String, String)> {
+        self.leases().into_iter().find(|l| l.1 == ip)
+    }
+
+    pub fn state_files(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.state_dir())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    pub fn logs(&self) -> String {
+        format!(
+            "--- daemon log ---\n{}\n--- dnsmasq log ---\n{}",
+            std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default(),
+            std::fs::read_to_string(self.path("dnsmasq.log")).unwrap_or_default()
+        )
+    }
+}
+
+pub fn wait_for(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+pub fn poll(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let until = Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn addr_ip(result: &Value) -> String {
+    result["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// The hex client ID dnsmasq prints: type 0, then the text.
+pub fn dnsmasq_client_id(id: &str) -> String {
+    std::iter::once(0u8)
+        .chain(id.bytes())
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+pub fn addresses(ns: &rcni_netns::NetNs, dev: &str) -> Vec<String> {
+    let dev = dev.to_string();
+    nl(ns, async move |n| {
+        let l = n.link_by_name(&dev).await.unwrap();
+        n.addresses(Some(l.index))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.addr.to_string())
+            .collect()
+    })
+}
