@@ -1,0 +1,139 @@
+//! The BPF filesystem: finding it, mounting it where it is missing, and
+//! locking a pin directory.
+//!
+//! Pins live only on a bpffs. Runtimes run plugins in the host's mount
+//! namespace, where /sys/fs/bpf is usually mounted, but not always (this
+//! machine has none): the first ADD mounts it. `ip netns exec` remounts /sys
+//! privately, which hides the host's bpffs (and a bpffs mounted there is a
+//! separate instance whose pins vanish with that mount namespace).
+
+use crate::{Error, Result};
+use nix::fcntl::{Flock, FlockArg};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// statfs(2) f_type of a bpffs.
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+
+/// The canonical mount point, the one place above a pin root we mount on.
+pub const DEFAULT_MOUNT: &str = "/sys/fs/bpf";
+
+/// Serializes the mount itself, so that two first ADDs racing on one node do
+/// not stack two bpffs instances (the second would hide the first's pins).
+const MOUNT_LOCK: &str = "/run/rcni/bpffs.lock";
+
+/// Whether `path` (which must exist) lies on a bpffs.
+pub fn is_bpffs(path: &Path) -> Result<bool> {
+    let st = nix::sys::statfs::statfs(path)
+        .map_err(|e| Error::errno(format!("statfs {}", path.display()), e))?;
+    Ok(st.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+}
+
+/// The nearest existing directory at or above `path`.
+fn existing_ancestor(path: &Path) -> Option<&Path> {
+    path.ancestors().find(|p| p.exists())
+}
+
+/// Makes `root` a directory on a bpffs, mounting one if needed: on `root`
+/// itself when it exists (an empty directory given as the pin root, as
+/// tests do), or on /sys/fs/bpf when `root` is below it. Anywhere else a
+/// mount would hide an unrelated directory, so that is an error.
+pub fn ensure_root(root: &Path) -> Result<()> {
+    if let Some(at) = mount_point_for(root)? {
+        mount(&at)?;
+    }
+    std::fs::create_dir_all(root)
+        .map_err(|e| Error::io(format!("create pin directory {}", root.display()), e))
+}
+
+/// Whether [`ensure_root`] can work for `root`, changing nothing.
+pub fn check_root(root: &Path) -> Result<()> {
+    mount_point_for(root).map(|_| ())
+}
+
+/// Where a bpffs must be mounted for `root`; `None` if it is on one.
+fn mount_point_for(root: &Path) -> Result<Option<PathBuf>> {
+    let Some(at) = existing_ancestor(root) else {
+        return Err(Error::msg(format!("{}: no such directory", root.display())));
+    };
+    if is_bpffs(at)? {
+        return Ok(None);
+    }
+    if at == root || at == Path::new(DEFAULT_MOUNT) {
+        return Ok(Some(at.to_path_buf()));
+    }
+    Err(Error::msg(format!(
+        "pin directory {} is not on a bpffs, and its nearest existing directory {} is not one \
+         either: mount a bpffs there or choose a directory under {DEFAULT_MOUNT}",
+        root.display(),
+        at.display()
+    )))
+}
+
+fn mount(at: &Path) -> Result<()> {
+    let lock_path = PathBuf::from(MOUNT_LOCK);
+    if let Some(dir) = lock_path.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+    }
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| Error::io(format!("open {MOUNT_LOCK}"), e))?;
+    let _lock = Flock::lock(file, FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::errno(format!("lock {MOUNT_LOCK}"), e))?;
+    if is_bpffs(at)? {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("bpf"),
+        at,
+        Some("bpf"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some("mode=0700"),
+    )
+    .map_err(|e| Error::errno(format!("mount bpffs on {}", at.display()), e))
+}
+
+/// An exclusive lock on a pin directory, held while the network's program
+/// is loaded and pinned (flock works on a bpffs directory like on any other).
+pub struct DirLock {
+    _lock: Flock<File>,
+}
+
+impl DirLock {
+    pub fn acquire(dir: &Path) -> Result<DirLock> {
+        let f = File::open(dir).map_err(|e| Error::io(format!("open {}", dir.display()), e))?;
+        let lock = Flock::lock(f, FlockArg::LockExclusive)
+            .map_err(|(_, e)| Error::errno(format!("lock {}", dir.display()), e))?;
+        Ok(DirLock { _lock: lock })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_existing_ancestor() {
+        let d = tempfile::tempdir().unwrap();
+        let deep = d.path().join("a/b/c");
+        assert_eq!(existing_ancestor(&deep), Some(d.path()));
+        assert_eq!(existing_ancestor(d.path()), Some(d.path()));
+    }
+
+    #[test]
+    fn refuses_to_mount_over_an_unrelated_directory() {
+        let d = tempfile::tempdir().unwrap();
+        // Its nearest existing directory is the tempdir, not the root
+        // itself and not /sys/fs/bpf: mounting there would hide it.
+        let e = ensure_root(&d.path().join("missing/rcni")).unwrap_err();
+        assert!(e.to_string().contains("not on a bpffs"), "{e}");
+        assert!(check_root(&d.path().join("missing/rcni")).is_err());
+        // The directory itself, or a path below /sys/fs/bpf: mountable.
+        assert!(check_root(d.path()).is_ok());
+        assert!(!is_bpffs(d.path()).unwrap());
+    }
+}

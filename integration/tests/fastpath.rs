@@ -1,0 +1,753 @@
+//! The fastpath plugin chained after bridge and ptp, with real traffic
+//! between pods of a throwaway node namespace: ICMP and TCP over IPv4 and
+//! IPv6 take the eBPF fast path (the counters rise, the destination host
+//! veth's TX counters do not), CHECK, DEL (also mid-flow, while traffic
+//! keeps flowing), GC, STATUS, and the clsact fallback.
+//!
+//! Each test pins under a bpffs of its own, mounted (by the plugin, as it
+//! does where /sys/fs/bpf is missing) on a fresh temporary directory and
+//! unmounted on drop: nothing in /sys/fs/bpf is touched.
+
+mod common;
+
+use common::{Node, addr_of, nl};
+use rcni_netns::NetNs;
+use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// A pin root of the test's own: an empty directory the plugin mounts a
+/// bpffs on; unmounted (its pins and links vanish) and removed on drop.
+struct Bpffs {
+    dir: tempfile::TempDir,
+}
+
+impl Bpffs {
+    fn new() -> Bpffs {
+        Bpffs {
+            dir: tempfile::Builder::new()
+                .prefix("rcni-bpffs-")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    fn root(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        // Detached unmounts until nothing is mounted there (EINVAL).
+        for _ in 0..4 {
+            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+fn fp_conf(fs: &Bpffs, version: &str, prev: &Value, extra: Value) -> Value {
+    let mut c = json!({"cniVersion": version, "name": "podnet", "type": "fastpath",
+                       "pinRoot": fs.root()});
+    if !prev.is_null() {
+        c["prevResult"] = prev.clone();
+    }
+    for (k, v) in extra.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    c
+}
+
+fn fp(node: &Node, cmd: &str, pod: &str, cid: &str, conf: &Value) -> Output {
+    node.call(&bin("fastpath"), cmd, pod, cid, conf)
+}
+
+/// `fastpath ADD` chained on `prev`; asserts prevResult came back unchanged.
+fn fp_add(node: &Node, fs: &Bpffs, pod: &TestNs, cid: &str, prev: &Value, extra: Value) {
+    let c = fp_conf(fs, "1.1.0", prev, extra);
+    let out = fp(node, "ADD", &pod.path(), cid, &c).ok();
+    assert_eq!(
+        normalize_result(&out, "1.1.0"),
+        normalize_result(prev, "1.1.0"),
+        "fastpath must pass prevResult through"
+    );
+}
+
+fn ptp_conf(node: &Node) -> Value {
+    json!({"cniVersion": "1.1.0", "name": "podnet", "type": "ptp",
+           "ipam": {"type": "host-local", "dataDir": node.data.path(),
+                    "ranges": [[{"subnet": "10.77.0.0/24"}], [{"subnet": "fd77::/64"}]],
+                    "routes": [{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]}})
+}
+
+/// The pod's host veth in a bridge (index 1) or ptp (index 0) result.
+fn host_veth(result: &Value, idx: usize) -> String {
+    result["interfaces"][idx]["name"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `fastpath list --json` run in the node namespace.
+fn list(node: &Node, fs: &Bpffs) -> Vec<Value> {
+    let out = command_in(&node.ns.ns, bin("fastpath"))
+        .args(["list", "--json", "--pin-root", &fs.root()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "fastpath list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+fn counter(rows: &[Value], addr: &str, key: &str) -> u64 {
+    rows.iter()
+        .find(|r| r["address"] == addr)
+        .map(|r| r[key].as_u64().unwrap())
+        .unwrap_or(0)
+}
+
+fn redirected(node: &Node, fs: &Bpffs) -> u64 {
+    let out = command_in(&node.ns.ns, bin("fastpath"))
+        .args(["stats", "--json", "--pin-root", &fs.root()])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["verdicts"]["redirected"].as_u64().unwrap())
+        .sum()
+}
+
+/// TX packets of a node-side link (`ip -s`): what the node sent into the pod.
+fn tx_packets(ns: &NetNs, dev: &str) -> u64 {
+    let out = command_in(ns, "ip")
+        .args(["-j", "-s", "link", "show", "dev", dev])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v[0]["stats64"]["tx"]["packets"].as_u64().unwrap()
+}
+
+/// `count` pings at a 10 ms interval, all answered.
+fn pings(ns: &NetNs, dst: &str, count: u32) {
+    let out = command_in(ns, "ping")
+        .args([
+            "-c",
+            &count.to_string(),
+            "-i",
+            "0.01",
+            "-W",
+            "2",
+            "-n",
+            "-q",
+            dst,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ping {dst}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The TTL (hop limit) of the reply to one ping.
+fn reply_ttl(ns: &NetNs, dst: &str) -> u32 {
+    let out = command_in(ns, "ping")
+        .args(["-c", "1", "-W", "2", "-n", dst])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ttl = text
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("ttl=").or_else(|| w.strip_prefix("hlim=")))
+        .unwrap_or_else(|| panic!("no ttl in {text}"));
+    ttl.parse().unwrap()
+}
+
+/// A TCP echo server in `ns` on `addr`; returns its address.
+fn echo_server(ns: &NetNs, addr: IpAddr) -> SocketAddr {
+    let l = ns
+        .run(move || TcpListener::bind((addr, 0)))
+        .unwrap()
+        .unwrap();
+    let local = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if s.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    local
+}
+
+fn connect(ns: &NetNs, to: SocketAddr) -> TcpStream {
+    let s = ns
+        .run(move || TcpStream::connect_timeout(&to, Duration::from_secs(3)))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("connect {to}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    s.set_nodelay(true).unwrap();
+    s
+}
+
+/// One request/response of `len` bytes.
+fn roundtrip(s: &mut TcpStream, len: usize) -> std::io::Result<()> {
+    let msg = vec![0x5a; len];
+    s.write_all(&msg)?;
+    let mut back = vec![0; len];
+    s.read_exact(&mut back)?;
+    assert_eq!(back, msg);
+    Ok(())
+}
+
+/// 200 small round trips and one 1 MiB echo over TCP from `from` to `to`.
+fn tcp_traffic(from: &NetNs, to_ns: &NetNs, to: IpAddr) {
+    let srv = echo_server(to_ns, to);
+    let mut s = connect(from, srv);
+    for _ in 0..200 {
+        roundtrip(&mut s, 64).unwrap();
+    }
+    roundtrip(&mut s, 1 << 20).unwrap();
+}
+
+/// Pods A and B on a network, both chained to fastpath; checks that ICMP
+/// and TCP in both families take the fast path.
+fn traffic_takes_the_fast_path(
+    node: &Node,
+    fs: &Bpffs,
+    (a, ra): (&TestNs, &Value),
+    (b, rb): (&TestNs, &Value),
+    b_veth: &str,
+) {
+    for v4 in [true, false] {
+        let (a_ip, b_ip) = (addr_of(ra, v4), addr_of(rb, v4));
+        let before = list(node, fs);
+        let tx_before = tx_packets(&node.ns.ns, b_veth);
+        pings(&a.ns, &b_ip, 50);
+        tcp_traffic(&a.ns, &b.ns, b_ip.parse().unwrap());
+        tcp_traffic(&b.ns, &a.ns, a_ip.parse().unwrap());
+        let after = list(node, fs);
+        let tx_after = tx_packets(&node.ns.ns, b_veth);
+        let to_b = counter(&after, &b_ip, "rxPackets") - counter(&before, &b_ip, "rxPackets");
+        let from_a = counter(&after, &a_ip, "txPackets") - counter(&before, &a_ip, "txPackets");
+        let to_a = counter(&after, &a_ip, "rxPackets") - counter(&before, &a_ip, "rxPackets");
+        // 50 echo requests, 400 requests and responses (200 each way),
+        // the bulk transfer's segments and every ACK of B's to A's data.
+        assert!(to_b >= 450, "{} packets redirected to {b_ip}", to_b);
+        assert!(from_a >= 450, "{} packets redirected from {a_ip}", from_a);
+        assert!(to_a >= 450, "{} packets redirected to {a_ip}", to_a);
+        assert!(counter(&after, &b_ip, "rxBytes") > (1 << 20));
+        // What still reaches B through its host veth: neighbour
+        // resolution and multicast, not the traffic.
+        let via_veth = tx_after - tx_before;
+        assert!(
+            via_veth < 20,
+            "{via_veth} packets went through {b_veth} while {to_b} were redirected"
+        );
+    }
+}
+
+#[test]
+fn bridge_pods_talk_over_the_fast_path_dual_stack() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let bc = node.conf("1.1.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    let status = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    fp(&node, "STATUS", "", "", &status).ok();
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    // The plugin mounted the bpffs on the empty pin root.
+    assert!(rcni_ebpf::bpffs::is_bpffs(fs.dir.path()).unwrap());
+    let rows = list(&node, &fs);
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    let a_row = rows
+        .iter()
+        .find(|r| r["address"] == addr_of(&ra, true))
+        .unwrap();
+    assert_eq!(a_row["hostVeth"], host_veth(&ra, 1));
+    assert_eq!(a_row["podMac"], ra["interfaces"][2]["mac"]);
+    // Routed packets would come from the bridge's MAC.
+    assert_eq!(a_row["gatewayMac"], ra["interfaces"][0]["mac"]);
+
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        let c = fp_conf(&fs, "1.1.0", r, json!({}));
+        fp(&node, "CHECK", &pod.path(), cid, &c).ok();
+    }
+    traffic_takes_the_fast_path(&node, &fs, (&a, &ra), (&b, &rb), &host_veth(&rb, 1));
+    // Bridged: nothing routes, the TTL stays.
+    assert_eq!(reply_ttl(&a.ns, &addr_of(&rb, true)), 64);
+
+    // DEL: entries and attachment gone, repeatable; CHECK then fails.
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        let c = fp_conf(&fs, "1.1.0", r, json!({}));
+        fp(&node, "DEL", &pod.path(), cid, &c).ok();
+        fp(&node, "DEL", &pod.path(), cid, &c).ok();
+        assert_eq!(fp(&node, "CHECK", &pod.path(), cid, &c).err().0, 106);
+    }
+    assert!(list(&node, &fs).is_empty());
+    let veth = host_veth(&ra, 1);
+    let progs = node
+        .ns
+        .ns
+        .run(move || rcni_ebpf::tcx_programs(&veth))
+        .unwrap()
+        .unwrap();
+    assert!(progs.is_empty(), "still attached: {progs:?}");
+    // The normal path again.
+    let redirected_before = redirected(&node, &fs);
+    pings(&a.ns, &addr_of(&rb, true), 5);
+    pings(&a.ns, &addr_of(&rb, false), 5);
+    assert_eq!(redirected(&node, &fs), redirected_before);
+    for (pod, cid) in [(&a, "ctr-a"), (&b, "ctr-b")] {
+        node.call(&bin("bridge"), "DEL", &pod.path(), cid, &bc).ok();
+    }
+}
+
+#[test]
+fn ptp_pods_talk_over_the_fast_path_dual_stack() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let pc = ptp_conf(&node);
+    let ra = node.call(&bin("ptp"), "ADD", &a.path(), "ctr-a", &pc).ok();
+    let rb = node.call(&bin("ptp"), "ADD", &b.path(), "ctr-b", &pc).ok();
+    // The normal path routes once: TTL 63.
+    assert_eq!(reply_ttl(&a.ns, &addr_of(&rb, true)), 63);
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    let rows = list(&node, &fs);
+    let b_row = rows
+        .iter()
+        .find(|r| r["address"] == addr_of(&rb, true))
+        .unwrap();
+    // ptp: B's gateway is B's own host veth.
+    assert_eq!(b_row["hostVeth"], host_veth(&rb, 0));
+    assert_eq!(b_row["gatewayMac"], rb["interfaces"][0]["mac"]);
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        let c = fp_conf(&fs, "1.1.0", r, json!({}));
+        fp(&node, "CHECK", &pod.path(), cid, &c).ok();
+    }
+    traffic_takes_the_fast_path(&node, &fs, (&a, &ra), (&b, &rb), &host_veth(&rb, 0));
+    // The fast path routes as the node would: TTL and hop limit 63 too.
+    let before = redirected(&node, &fs);
+    assert_eq!(reply_ttl(&a.ns, &addr_of(&rb, true)), 63);
+    assert_eq!(reply_ttl(&a.ns, &addr_of(&rb, false)), 63);
+    assert!(redirected(&node, &fs) >= before + 4);
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        let c = fp_conf(&fs, "1.1.0", r, json!({}));
+        fp(&node, "DEL", &pod.path(), cid, &c).ok();
+        node.call(&bin("ptp"), "DEL", &pod.path(), cid, &pc).ok();
+    }
+    assert!(list(&node, &fs).is_empty());
+}
+
+#[test]
+fn removing_and_adding_fastpath_mid_flow_keeps_traffic_flowing() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let bc = node.conf("1.1.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+
+    // A client doing round trips without pause, on one connection.
+    let srv = echo_server(&b.ns, addr_of(&rb, true).parse().unwrap());
+    let mut s = connect(&a.ns, srv);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let client = {
+        let (stop, done) = (stop.clone(), done.clone());
+        std::thread::spawn(move || -> std::io::Result<()> {
+            while !stop.load(Ordering::Relaxed) {
+                roundtrip(&mut s, 100)?;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        })
+    };
+    let wait_progress = |what: &str| {
+        let n = done.load(Ordering::Relaxed);
+        let t = Instant::now();
+        while done.load(Ordering::Relaxed) < n + 200 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "traffic stalled {what}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_progress("on the fast path");
+    let fast = redirected(&node, &fs);
+    assert!(fast > 200, "{fast}");
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        fp(
+            &node,
+            "DEL",
+            &pod.path(),
+            cid,
+            &fp_conf(&fs, "1.1.0", r, json!({})),
+        )
+        .ok();
+    }
+    wait_progress("after DEL");
+    let after_del = redirected(&node, &fs);
+    wait_progress("on the normal path");
+    assert_eq!(
+        redirected(&node, &fs),
+        after_del,
+        "DEL left the fast path on"
+    );
+    // And back: ADD mid-flow.
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    wait_progress("after ADD");
+    wait_progress("back on the fast path");
+    assert!(redirected(&node, &fs) > after_del + 200);
+    stop.store(true, Ordering::Relaxed);
+    client.join().unwrap().expect("no round trip failed");
+}
+
+#[test]
+fn clsact_fallback_attaches_checks_and_detaches() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let bc = node.conf("1.1.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    let tc = json!({"attachMode": "tc"});
+    fp_add(&node, &fs, &a, "ctr-a", &ra, tc.clone());
+    fp_add(&node, &fs, &b, "ctr-b", &rb, tc.clone());
+    // ADD again (a retried runtime call) keeps one filter.
+    fp_add(&node, &fs, &a, "ctr-a", &ra, tc.clone());
+    let veth_a = host_veth(&ra, 1);
+    let filters = |veth: &str| {
+        nl(&node.ns.ns, async |n| {
+            let l = n.link_by_name(veth).await.unwrap();
+            n.ingress_bpf_filters(l.index).await.unwrap()
+        })
+    };
+    let f = filters(&veth_a);
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].name.as_deref(), Some(rcni_ebpf::PROGRAM));
+    // No tcx link pinned in this mode.
+    assert!(
+        rcni_ebpf::pinned_links(&fs.dir.path().join("podnet"))
+            .unwrap()
+            .is_empty()
+    );
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        fp(
+            &node,
+            "CHECK",
+            &pod.path(),
+            cid,
+            &fp_conf(&fs, "1.1.0", r, tc.clone()),
+        )
+        .ok();
+    }
+    let before = redirected(&node, &fs);
+    pings(&a.ns, &addr_of(&rb, true), 20);
+    pings(&a.ns, &addr_of(&rb, false), 20);
+    tcp_traffic(&a.ns, &b.ns, addr_of(&rb, true).parse().unwrap());
+    assert!(redirected(&node, &fs) >= before + 80);
+    let c = fp_conf(&fs, "1.1.0", &ra, tc.clone());
+    fp(&node, "DEL", &a.path(), "ctr-a", &c).ok();
+    assert!(filters(&veth_a).is_empty());
+    assert_eq!(fp(&node, "CHECK", &a.path(), "ctr-a", &c).err().0, 106);
+    fp(&node, "DEL", &a.path(), "ctr-a", &c).ok();
+    pings(&a.ns, &addr_of(&rb, true), 3);
+}
+
+#[test]
+fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let bc = node.conf("1.1.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    let dir = fs.dir.path().join("podnet");
+    assert_eq!(rcni_ebpf::pinned_links(&dir).unwrap().len(), 2);
+
+    let gc = |valid: Value| {
+        let c = fp_conf(
+            &fs,
+            "1.1.0",
+            &Value::Null,
+            json!({"cni.dev/valid-attachments": valid}),
+        );
+        fp(&node, "GC", "", "", &c)
+    };
+    gc(json!([{"containerID": "ctr-a", "ifname": "eth0"}])).ok();
+    let rows = list(&node, &fs);
+    let addrs: Vec<&str> = rows
+        .iter()
+        .map(|r| r["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(addrs.len(), 2);
+    assert!(addrs.contains(&addr_of(&ra, true).as_str()));
+    assert_eq!(
+        rcni_ebpf::pinned_links(&dir).unwrap(),
+        vec![rcni_ebpf::AttachmentId::new("ctr-a", "eth0")]
+    );
+    let c = fp_conf(&fs, "1.1.0", &ra, json!({}));
+    fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
+    // Again: nothing more to do.
+    gc(json!([{"containerID": "ctr-a", "ifname": "eth0"}])).ok();
+    // Nothing valid: the network's program and maps go too.
+    gc(json!([])).ok();
+    assert!(!dir.exists());
+    pings(&a.ns, &addr_of(&rb, true), 3);
+    // The key is required.
+    let c = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    assert_eq!(fp(&node, "GC", "", "", &c).err().0, 7);
+    // DEL after GC is fine, and ADD loads the network afresh.
+    fp(
+        &node,
+        "DEL",
+        &a.path(),
+        "ctr-a",
+        &fp_conf(&fs, "1.1.0", &ra, json!({})),
+    )
+    .ok();
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    assert!(dir.join("prog").exists());
+}
+
+#[test]
+fn add_needs_a_prev_result_with_the_pods_veth() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let a = TestNs::new();
+    let c = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    let (code, msg) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
+    assert_eq!(code, 7);
+    assert!(msg.contains("prevResult"), "{msg}");
+    // A prevResult naming an interface that is not there.
+    let prev = json!({"cniVersion": "1.1.0",
+        "interfaces": [{"name": "eth0", "sandbox": a.path()}],
+        "ips": [{"address": "10.9.0.2/24", "interface": 0}]});
+    let c = fp_conf(&fs, "1.1.0", &prev, json!({}));
+    let (code, _) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
+    assert_eq!(code, 103, "netlink: no such link");
+    // An eth0 that is not a veth (a bridge, as dummy needs a module).
+    common::ip(&a.ns, "link add eth0 type bridge");
+    let (code, msg) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
+    assert_eq!(code, 7);
+    assert!(msg.contains("not a veth"), "{msg}");
+    // Nothing was loaded by the failed ADDs.
+    assert!(!fs.dir.path().join("podnet").join("prog").exists());
+}
+
+#[test]
+fn check_finds_a_lost_attachment() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let bc = node.conf("1.1.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &bc);
+    let _rb = node.add(&b, "ctr-b", &bc);
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    let c = fp_conf(&fs, "1.1.0", &ra, json!({}));
+    fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
+    // The link unpinned behind the plugin's back: detached.
+    let id = rcni_ebpf::AttachmentId::new("ctr-a", "eth0");
+    rcni_ebpf::detach_tcx(&fs.dir.path().join("podnet"), id).unwrap();
+    let (code, msg) = fp(&node, "CHECK", &a.path(), "ctr-a", &c).err();
+    assert_eq!(code, 106);
+    assert!(msg.contains("not attached"), "{msg}");
+    // ADD repairs it.
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
+}
+
+#[test]
+fn status_tells_whether_the_program_can_load() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let c = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    fp(&node, "STATUS", "", "", &c).ok();
+    // A pin root that no bpffs can serve: not available.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let bad = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
+                     "pinRoot": elsewhere.path().join("a/b").display().to_string()});
+    let (code, msg) = fp(&node, "STATUS", "", "", &bad).err();
+    assert_eq!(code, 50);
+    assert!(msg.contains("bpffs"), "{msg}");
+    // bestEffort: ADD would still succeed, so STATUS says ready.
+    let mut be = bad.clone();
+    be["bestEffort"] = json!(true);
+    fp(&node, "STATUS", "", "", &be).ok();
+}
+
+#[test]
+fn best_effort_add_passes_through_when_the_datapath_cannot_load() {
+    let node = Node::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let bc = node.conf("1.1.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    let elsewhere = tempfile::tempdir().unwrap();
+    let mut c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
+                       "pinRoot": elsewhere.path().join("a/b").display().to_string(),
+                       "prevResult": ra});
+    let (code, _) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
+    assert_eq!(code, 112);
+    c["bestEffort"] = json!(true);
+    let out = fp(&node, "ADD", &a.path(), "ctr-a", &c).ok();
+    assert_eq!(
+        normalize_result(&out, "1.1.0"),
+        normalize_result(&ra, "1.1.0")
+    );
+    assert!(ping(&a.ns, &addr_of(&rb, true)));
+    fp(&node, "DEL", &a.path(), "ctr-a", &c).ok();
+}
+
+/// Our cnitool with NETCONFPATH, CNI_PATH and a cache dir, from the node.
+fn cnitool(node: &Node, confdir: &Path, cache: &Path, args: &[&str]) -> Output {
+    let mut cmd = command_in(&node.ns.ns, bin("cnitool"));
+    for (k, _) in std::env::vars() {
+        if k.starts_with("CNI_") || k == "NETCONFPATH" || k == "CAP_ARGS" {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(args)
+        .env("NETCONFPATH", confdir)
+        .env("CNI_PATH", rcni_testkit::bin_dir())
+        .output()
+        .unwrap();
+    Output {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// conf/11-bridge-fastpath.conflist and conf/31-ptp-fastpath.conflist as a
+/// runtime runs them (cnitool: ADD in order, CHECK, STATUS, GC, DEL in
+/// reverse), with host-local's state and the pins in the test's own
+/// directories.
+#[test]
+fn example_conflists_run_through_cnitool() {
+    for (file, net) in [
+        ("11-bridge-fastpath.conflist", "bridge-fast"),
+        ("31-ptp-fastpath.conflist", "ptp-fast"),
+    ] {
+        let node = Node::new();
+        let fs = Bpffs::new();
+        let (confdir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../conf")
+            .join(file);
+        let mut v: Value = serde_json::from_slice(&std::fs::read(src).unwrap()).unwrap();
+        for p in v["plugins"].as_array_mut().unwrap() {
+            if p["type"] == "fastpath" {
+                p["pinRoot"] = json!(fs.root());
+            } else {
+                p["ipam"]["dataDir"] = json!(node.data.path());
+            }
+        }
+        std::fs::write(confdir.path().join(file), v.to_string()).unwrap();
+        let run = |args: &[&str]| cnitool(&node, confdir.path(), cache.path(), args);
+        let (a, b) = (TestNs::new(), TestNs::new());
+        let ra = run(&["add", net, &a.path(), "--container-id", "ctr-a"]).ok();
+        let rb = run(&["add", net, &b.path(), "--container-id", "ctr-b"]).ok();
+        run(&["check", net, &a.path(), "--container-id", "ctr-a"]).ok();
+        run(&["status", net]).ok();
+        let before = redirected(&node, &fs);
+        for v4 in [true, false] {
+            pings(&a.ns, &addr_of(&rb, v4), 10);
+            pings(&b.ns, &addr_of(&ra, v4), 10);
+        }
+        assert!(
+            redirected(&node, &fs) >= before + 80,
+            "{file}: fast path not taken"
+        );
+        // GC with A the only valid attachment: B's entries go.
+        run(&["gc", net, "--valid", "ctr-a/eth0"]).ok();
+        let rows = list(&node, &fs);
+        assert_eq!(rows.len(), 2, "{file}: {rows:?}");
+        run(&["del", net, &a.path(), "--container-id", "ctr-a"]).ok();
+        run(&["del", net, &a.path(), "--container-id", "ctr-a"]).ok();
+        assert!(list(&node, &fs).is_empty(), "{file}");
+        assert!(
+            node.host_veths().is_empty(),
+            "{file}: {:?}",
+            node.host_veths()
+        );
+    }
+}
+
+/// DEL after the pod's veth and netns are gone (the runtime lost the pod,
+/// or ran the chain's DELs out of order): success, nothing left behind.
+#[test]
+fn del_succeeds_when_the_veth_and_netns_are_gone() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let bc = node.conf("1.1.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    node.call(&bin("bridge"), "DEL", &a.path(), "ctr-a", &bc)
+        .ok();
+    drop(a);
+    let c = fp_conf(&fs, "1.1.0", &ra, json!({}));
+    fp(&node, "DEL", "", "ctr-a", &c).ok();
+    fp(&node, "DEL", "", "ctr-a", &c).ok();
+    let rows = list(&node, &fs);
+    let addrs: Vec<&str> = rows
+        .iter()
+        .map(|r| r["address"].as_str().unwrap())
+        .collect();
+    assert_eq!(addrs.len(), 2, "only B's entries are left: {addrs:?}");
+    assert_eq!(
+        rcni_ebpf::pinned_links(&fs.dir.path().join("podnet")).unwrap(),
+        vec![rcni_ebpf::AttachmentId::new("ctr-b", "eth0")]
+    );
+    // The same without prevResult (a runtime that lost its cache).
+    let bare = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    fp(&node, "DEL", &b.path(), "ctr-b", &bare).ok();
+    assert!(list(&node, &fs).is_empty());
+}

@@ -1,0 +1,593 @@
+//! `fastpath`: a chained plugin, placed after `bridge` or `ptp`, that lets
+//! traffic between pods of one network on one node skip the bridge,
+//! netfilter and the routing path. ADD hooks the eBPF program (rcni-ebpf) to
+//! the pod's host-side veth and registers the pod's addresses as endpoints;
+//! a packet from one endpoint to another is then handed by
+//! `bpf_redirect_peer` straight into the destination pod. Everything else
+//! keeps the normal path, so the plugin can be added to and removed from a
+//! network at any time.
+//!
+//! The fast path skips every netfilter hook of the node namespace: policy
+//! for pod-to-pod traffic of a network using it must be enforced in BPF
+//! (tcx programs attached in front of this one run first).
+//!
+//! Run with arguments, the binary is an operator's tool instead: `fastpath
+//! list` and `fastpath stats` (see [`cli`]).
+
+pub mod cli;
+mod conf;
+
+use conf::Conf;
+use rcni_cni::skel::{About, CmdArgs, Plugin};
+use rcni_cni::{CniError, CniResult, ErrorCode, version};
+use rcni_ebpf::{AttachmentId, Datapath, Endpoint, EndpointKey, Hook, bpffs};
+use rcni_netlink::{Link, Netlink};
+use rcni_netns::NetNs;
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+pub struct Fastpath;
+
+/// The binary's entry: an operator's subcommand when it has arguments (a
+/// runtime never passes any), else the CNI plugin.
+pub fn main() -> ! {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.is_empty() {
+        std::process::exit(cli::run(&args));
+    }
+    rcni_cni::skel::run(&Fastpath)
+}
+
+fn ebpf_err(e: rcni_ebpf::Error) -> CniError {
+    CniError::new(ErrorCode::Ebpf, format!("fastpath: {e}"))
+}
+
+fn check_failed(msg: impl Into<String>) -> CniError {
+    CniError::new(ErrorCode::CheckFailed, msg)
+}
+
+fn rt() -> Result<tokio::runtime::Runtime, CniError> {
+    Ok(rcni_netlink::runtime()?)
+}
+
+/// The pod as this plugin sees it: its interface's host end and what the
+/// datapath needs to deliver to it.
+#[derive(Debug)]
+struct Target {
+    host_veth: Link,
+    pod_mac: [u8; 6],
+    /// The pod's gateway MAC: the bridge's when the host veth is a bridge
+    /// port, else (ptp) the host veth's own.
+    node_mac: [u8; 6],
+    addrs: Vec<IpAddr>,
+}
+
+/// The index of the pod's interface in `prev` (named `ifname`, in a
+/// sandbox), if the result lists interfaces.
+fn container_iface(prev: &CniResult, ifname: &str) -> Option<usize> {
+    prev.interfaces
+        .iter()
+        .position(|i| i.name == ifname && !i.sandbox.is_empty())
+}
+
+/// The pod's addresses in `prev`: those of its interface, or all when the
+/// result does not say which interface an address belongs to.
+fn pod_addrs(prev: &CniResult, ifname: &str) -> Vec<IpAddr> {
+    let idx = container_iface(prev, ifname);
+    let mut v: Vec<IpAddr> = prev
+        .ips
+        .iter()
+        .filter(|ip| ip.interface.is_none() || ip.interface == idx)
+        .map(|ip| ip.address.ip())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Names of the node-side interfaces in `prev` (no sandbox).
+fn host_side_names(prev: &CniResult) -> Vec<&str> {
+    prev.interfaces
+        .iter()
+        .filter(|i| i.sandbox.is_empty())
+        .map(|i| i.name.as_str())
+        .collect()
+}
+
+fn mac_of(l: &Link) -> Result<[u8; 6], CniError> {
+    l.mac
+        .map(|m| m.0)
+        .ok_or_else(|| CniError::internal(format!("link {} has no MAC address", l.name)))
+}
+
+/// Finds the pod's host veth through its interface's veth peer, checked
+/// against the node-side interfaces prevResult names.
+fn find_target(args: &CmdArgs, prev: &CniResult) -> Result<Target, CniError> {
+    let addrs = pod_addrs(prev, &args.ifname);
+    let netns = args.netns.as_ref().ok_or_else(|| {
+        CniError::new(ErrorCode::InvalidEnvironmentVariables, "CNI_NETNS missing")
+    })?;
+    let ct_ns = NetNs::open(netns)?;
+    let host_ns = NetNs::current()?;
+    let (ct_link, host_veth, master) = rt()?.block_on(async {
+        let ct = Netlink::connect(&ct_ns).await?;
+        let host = Netlink::connect(&host_ns).await?;
+        let ct_link = ct.link_by_name(&args.ifname).await?;
+        let not_veth = |what: &str| {
+            CniError::config(format!(
+                "fastpath: {what} is not a veth: chain fastpath after bridge or ptp"
+            ))
+        };
+        if ct_link.kind.as_deref() != Some("veth") {
+            return Err(not_veth(&format!("pod interface {}", args.ifname)));
+        }
+        let peer = ct_link
+            .link
+            .ok_or_else(|| not_veth(&format!("pod interface {}", args.ifname)))?;
+        let host_veth = host.link_by_index(peer).await.map_err(|_| {
+            CniError::config(format!(
+                "fastpath: the peer of {} (index {peer}) is not in this (the node's) namespace",
+                args.ifname
+            ))
+        })?;
+        if host_veth.kind.as_deref() != Some("veth") || host_veth.link != Some(ct_link.index) {
+            return Err(CniError::config(format!(
+                "fastpath: link {} of the node is not the peer of pod interface {}",
+                host_veth.name, args.ifname
+            )));
+        }
+        let master = match host_veth.master {
+            Some(m) => Some(host.link_by_index(m).await?),
+            None => None,
+        };
+        Ok::<_, CniError>((ct_link, host_veth, master))
+    })?;
+    let names = host_side_names(prev);
+    if !names.is_empty() && !names.contains(&host_veth.name.as_str()) {
+        return Err(CniError::config(format!(
+            "fastpath: the host veth of {} is {}, which prevResult does not list (it lists {})",
+            args.ifname,
+            host_veth.name,
+            names.join(", ")
+        )));
+    }
+    let node_mac = match &master {
+        Some(bridge) => mac_of(bridge)?,
+        None => mac_of(&host_veth)?,
+    };
+    Ok(Target {
+        pod_mac: mac_of(&ct_link)?,
+        node_mac,
+        host_veth,
+        addrs,
+    })
+}
+
+fn required_prev(args: &CmdArgs) -> Result<CniResult, CniError> {
+    args.conf.prev_result()?.ok_or_else(|| {
+        CniError::config(
+            "fastpath must be chained after a plugin that creates the pod's veth \
+             (bridge, ptp): no prevResult",
+        )
+    })
+}
+
+/// Whether the program already sits on the target's veth.
+fn attached(
+    dp: &mut Datapath,
+    conf: &Conf,
+    id: AttachmentId,
+    veth: &Link,
+) -> Result<bool, CniError> {
+    match conf.hook() {
+        Hook::Tcx => {
+            let pinned = conf.dir.join(id.link_pin()).exists();
+            Ok(pinned && dp.tcx_attached(&veth.name).map_err(ebpf_err)?)
+        }
+        Hook::Tc => {
+            let prog = dp.program_id().map_err(ebpf_err)?;
+            let filters = rt()?.block_on(async {
+                Netlink::connect_current()
+                    .await?
+                    .ingress_bpf_filters(veth.index)
+                    .await
+            })?;
+            Ok(filters.iter().any(|f| f.prog_id == Some(prog)))
+        }
+    }
+}
+
+/// Removes cls_bpf filters of an earlier copy of the program from `veth`
+/// (the network unloaded by GC and loaded afresh since): its maps are no
+/// longer the network's, so it must not keep redirecting.
+fn clear_stale_tc(dp: &mut Datapath, veth: &Link) -> Result<(), CniError> {
+    let prog = dp.program_id().map_err(ebpf_err)?;
+    let filters = rt()?.block_on(async {
+        Netlink::connect_current()
+            .await?
+            .ingress_bpf_filters(veth.index)
+            .await
+    })?;
+    let stale = filters
+        .iter()
+        .any(|f| f.name.as_deref() == Some(rcni_ebpf::PROGRAM) && f.prog_id != Some(prog));
+    if stale {
+        // By name: ours too, if it is there; ADD attaches afresh.
+        rcni_ebpf::detach_tc(&veth.name).map_err(ebpf_err)?;
+    }
+    Ok(())
+}
+
+fn detach(conf: &Conf, id: AttachmentId, ifnames: &[String]) -> Result<(), CniError> {
+    // Pinned tcx links are removed whatever the mode: cheap when absent.
+    rcni_ebpf::detach_tcx(&conf.dir, id).map_err(ebpf_err)?;
+    if conf.hook() == Hook::Tc {
+        for name in ifnames {
+            rcni_ebpf::detach_tc(name).map_err(ebpf_err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Names of the node's links with these indexes (the gone ones skipped).
+fn link_names(indexes: &BTreeSet<u32>) -> Result<Vec<String>, CniError> {
+    if indexes.is_empty() {
+        return Ok(vec![]);
+    }
+    rt()?.block_on(async {
+        let host = Netlink::connect_current().await?;
+        let mut v = Vec::new();
+        for i in indexes {
+            match host.link_by_index(*i).await {
+                Ok(l) => v.push(l.name),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(v)
+    })
+}
+
+/// Removes the endpoints `owned` selects; returns their host veth indexes.
+fn remove_endpoints(
+    dp: &mut Datapath,
+    owned: impl Fn(u64) -> bool,
+) -> Result<BTreeSet<u32>, CniError> {
+    let mut veths = BTreeSet::new();
+    let mut keys = Vec::new();
+    for (key, ep) in dp.endpoints().map_err(ebpf_err)? {
+        if owned(ep.owner) {
+            keys.push(key);
+            veths.insert(ep.ifindex);
+        }
+    }
+    if !keys.is_empty() {
+        dp.remove_endpoints(&keys).map_err(ebpf_err)?;
+    }
+    Ok(veths)
+}
+
+impl Fastpath {
+    fn add_inner(&self, args: &CmdArgs, conf: &Conf, prev: &CniResult) -> Result<(), CniError> {
+        let target = find_target(args, prev)?;
+        if target.addrs.is_empty() {
+            eprintln!(
+                "fastpath: prevResult has no address for {}: nothing to fast-path",
+                args.ifname
+            );
+            return Ok(());
+        }
+        bpffs::ensure_root(&conf.pin_root).map_err(ebpf_err)?;
+        let mut dp = Datapath::open_or_load(&conf.dir).map_err(ebpf_err)?;
+        let id = AttachmentId::new(&args.container_id, &args.ifname);
+        let keys: Vec<EndpointKey> = target.addrs.iter().map(|a| EndpointKey::new(*a)).collect();
+        let ep = Endpoint::new(
+            target.host_veth.index,
+            target.pod_mac,
+            target.node_mac,
+            id.owner(),
+        );
+        let eps: Vec<(EndpointKey, Endpoint)> = keys.iter().map(|k| (*k, ep)).collect();
+        let r = (|| -> Result<(), CniError> {
+            dp.insert_endpoints(&eps).map_err(ebpf_err)?;
+            if conf.hook() == Hook::Tc {
+                clear_stale_tc(&mut dp, &target.host_veth)?;
+            }
+            if !attached(&mut dp, conf, id, &target.host_veth)? {
+                dp.attach(&target.host_veth.name, id, conf.hook())
+                    .map_err(ebpf_err)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            // Undo: the endpoints first, so nothing is redirected into a
+            // pod whose setup failed, then the attachment.
+            if let Err(u) = dp.remove_endpoints(&keys) {
+                eprintln!("rcni: undo endpoints: {u}");
+            }
+            if let Err(u) = detach(conf, id, std::slice::from_ref(&target.host_veth.name)) {
+                eprintln!("rcni: undo attachment: {u}");
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn check_inner(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        let prev = required_prev(args)?;
+        let target = find_target(args, &prev)?;
+        if target.addrs.is_empty() {
+            return Ok(());
+        }
+        let mut dp = Datapath::open(&conf.dir)
+            .map_err(ebpf_err)?
+            .ok_or_else(|| {
+                check_failed(format!(
+                    "fastpath: no program pinned in {}",
+                    conf.dir.display()
+                ))
+            })?;
+        let id = AttachmentId::new(&args.container_id, &args.ifname);
+        for a in &target.addrs {
+            let Some(ep) = dp.endpoint(&EndpointKey::new(*a)).map_err(ebpf_err)? else {
+                return Err(check_failed(format!("fastpath: endpoint {a} missing")));
+            };
+            let want = Endpoint::new(
+                target.host_veth.index,
+                target.pod_mac,
+                target.node_mac,
+                id.owner(),
+            );
+            if !ep.same_as(&want) {
+                return Err(check_failed(format!(
+                    "fastpath: endpoint {a} is {}, expected {}",
+                    cli::describe(&ep),
+                    cli::describe(&want)
+                )));
+            }
+        }
+        if !attached(&mut dp, conf, id, &target.host_veth)? {
+            return Err(check_failed(format!(
+                "fastpath: program not attached ({}) to {}",
+                conf.hook().name(),
+                target.host_veth.name
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Plugin for Fastpath {
+    fn about(&self) -> About {
+        About {
+            name: "fastpath",
+            version: env!("CARGO_PKG_VERSION"),
+            supported_versions: version::ALL,
+        }
+    }
+
+    /// Attaches and registers the pod; passes prevResult through unchanged.
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        let conf = Conf::load(args)?;
+        let prev = required_prev(args)?;
+        match self.add_inner(args, &conf, &prev) {
+            Ok(()) => Ok(prev),
+            Err(e) if conf.best_effort && e.code == ErrorCode::Ebpf.code() => {
+                eprintln!("{e}; bestEffort: the pod uses the normal path");
+                Ok(prev)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the attachment's endpoints and its hook; anything already
+    /// gone (netns, veth, pins, the whole bpffs) is success.
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        let id = AttachmentId::new(&args.container_id, &args.ifname);
+        let mut errors = Vec::new();
+        let mut veths = BTreeSet::new();
+        match Datapath::open(&conf.dir) {
+            Ok(Some(mut dp)) => match remove_endpoints(&mut dp, |o| o == id.owner()) {
+                Ok(v) => veths = v,
+                Err(e) => errors.push(e),
+            },
+            Ok(None) => {}
+            Err(e) => errors.push(ebpf_err(e)),
+        }
+        let names = if conf.hook() == Hook::Tc {
+            link_names(&veths).unwrap_or_else(|e| {
+                errors.push(e);
+                vec![]
+            })
+        } else {
+            vec![]
+        };
+        if let Err(e) = detach(&conf, id, &names) {
+            errors.push(e);
+        }
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        self.check_inner(args, &conf)
+    }
+
+    /// Ready when the network's program is pinned, or the kernel accepts a
+    /// fresh copy (verifier, privileges) and the pin root is usable.
+    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        if conf.best_effort {
+            return Ok(());
+        }
+        let unavailable =
+            |why: String| CniError::new(ErrorCode::PluginNotAvailable, format!("fastpath: {why}"));
+        if let Ok(Some(_)) = Datapath::open(&conf.dir) {
+            return Ok(());
+        }
+        if let Err(e) = bpffs::check_root(&conf.pin_root) {
+            return Err(unavailable(e.to_string()));
+        }
+        match Datapath::load() {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_permission() => Err(unavailable(format!(
+                "not allowed to load eBPF programs (needs CAP_BPF and CAP_NET_ADMIN): {e}"
+            ))),
+            Err(e) => Err(unavailable(format!(
+                "the kernel cannot load the fast path program: {e}"
+            ))),
+        }
+    }
+
+    /// Removes the endpoints and links of attachments not in the valid set;
+    /// with none left, the network's program and maps too.
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        // An absent key is a malformed request, not "nothing is valid".
+        let has_key = args.conf.raw.as_object().is_some_and(|m| {
+            m.contains_key("cni.dev/valid-attachments") || m.contains_key("cni.dev/attachments")
+        });
+        if !has_key {
+            return Err(CniError::config(
+                "GC needs cni.dev/valid-attachments (an empty list removes everything)",
+            ));
+        }
+        let valid: BTreeSet<u64> = args
+            .conf
+            .gc_valid_attachments()
+            .unwrap_or_default()
+            .iter()
+            .map(|a| AttachmentId::new(&a.container_id, &a.ifname).owner())
+            .collect();
+        let mut errors = Vec::new();
+        let mut veths = BTreeSet::new();
+        let mut left = 0;
+        match Datapath::open(&conf.dir) {
+            Ok(Some(mut dp)) => {
+                match remove_endpoints(&mut dp, |o| !valid.contains(&o)) {
+                    Ok(v) => veths = v,
+                    Err(e) => errors.push(e),
+                }
+                left = dp.endpoints().map(|v| v.len()).unwrap_or(1);
+            }
+            Ok(None) => {}
+            Err(e) => errors.push(ebpf_err(e)),
+        }
+        if conf.hook() == Hook::Tc {
+            match link_names(&veths) {
+                Ok(names) => {
+                    for n in names {
+                        if let Err(e) = rcni_ebpf::detach_tc(&n) {
+                            errors.push(ebpf_err(e));
+                        }
+                    }
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        let links = rcni_ebpf::pinned_links(&conf.dir).unwrap_or_else(|e| {
+            errors.push(ebpf_err(e));
+            vec![]
+        });
+        let mut links_left = 0;
+        for id in links {
+            if valid.contains(&id.owner()) {
+                links_left += 1;
+            } else if let Err(e) = rcni_ebpf::detach_tcx(&conf.dir, id) {
+                errors.push(ebpf_err(e));
+            }
+        }
+        // GC runs alone (no ADD in flight): with nothing left the network's
+        // program and maps go too, and the next ADD loads them afresh.
+        if errors.is_empty()
+            && left == 0
+            && links_left == 0
+            && let Err(e) = rcni_ebpf::remove_network(&conf.dir)
+        {
+            errors.push(ebpf_err(e));
+        }
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use rcni_cni::{CniArgs, Command, NetConf};
+    use serde_json::json;
+
+    pub(crate) fn args(v: &serde_json::Value) -> CmdArgs {
+        let stdin = serde_json::to_vec(v).unwrap();
+        CmdArgs {
+            command: Command::Add,
+            container_id: "c".into(),
+            netns: None,
+            ifname: "eth0".into(),
+            args: CniArgs::default(),
+            args_raw: String::new(),
+            path: vec![],
+            conf: NetConf::parse(&stdin).unwrap(),
+            stdin,
+        }
+    }
+
+    fn result(v: serde_json::Value) -> CniResult {
+        CniResult::from_value(&v, "1.1.0").unwrap()
+    }
+
+    #[test]
+    fn picks_the_pods_addresses_from_a_bridge_result() {
+        let r = result(json!({"cniVersion":"1.1.0",
+            "interfaces":[{"name":"cni0","mac":"aa:aa:aa:aa:aa:aa"},
+                          {"name":"veth1","mac":"bb:bb:bb:bb:bb:bb"},
+                          {"name":"eth0","mac":"cc:cc:cc:cc:cc:cc","sandbox":"/run/netns/p"},
+                          {"name":"eth1","sandbox":"/run/netns/p"}],
+            "ips":[{"address":"10.88.0.5/24","interface":2,"gateway":"10.88.0.1"},
+                   {"address":"fd88::5/64","interface":2},
+                   {"address":"10.99.0.5/24","interface":3}]}));
+        assert_eq!(container_iface(&r, "eth0"), Some(2));
+        assert_eq!(container_iface(&r, "veth1"), None, "not in a sandbox");
+        let a: Vec<String> = pod_addrs(&r, "eth0")
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        assert_eq!(a, ["10.88.0.5", "fd88::5"]);
+        assert_eq!(host_side_names(&r), ["cni0", "veth1"]);
+    }
+
+    #[test]
+    fn addresses_without_an_interface_belong_to_the_pod() {
+        // A 0.2.0-era result: no interfaces, no indexes.
+        let r = result(json!({"cniVersion":"1.1.0","ips":[{"address":"10.1.0.9/16"}]}));
+        assert_eq!(
+            pod_addrs(&r, "eth0"),
+            vec!["10.1.0.9".parse::<IpAddr>().unwrap()]
+        );
+        assert!(host_side_names(&r).is_empty());
+        let none = result(json!({"cniVersion":"1.1.0","ips":[]}));
+        assert!(pod_addrs(&none, "eth0").is_empty());
+    }
+
+    #[test]
+    fn add_without_prev_result_is_a_config_error() {
+        let a = args(&json!({"cniVersion":"1.1.0","name":"n","type":"fastpath"}));
+        let e = Fastpath.add(&a).unwrap_err();
+        assert_eq!(e.code, 7);
+        assert!(e.msg.contains("prevResult"), "{}", e.msg);
+    }
+
+    #[test]
+    fn gc_without_the_valid_set_is_refused() {
+        let mut a = args(&json!({"cniVersion":"1.1.0","name":"n","type":"fastpath",
+            "pinRoot":"/nonexistent/rcni"}));
+        a.command = Command::Gc;
+        assert_eq!(Fastpath.gc(&a).unwrap_err().code, 7);
+    }
+}
