@@ -24,14 +24,26 @@ fn plugins() -> Vec<String> {
     out
 }
 
+/// What `p` supports: every version, except where the reference starts
+/// later because the plugin needs what older results lack (bandwidth finds
+/// the host veth through prevResult's interfaces, which 0.1.0/0.2.0 lack;
+/// firewall needs CHECK, which arrived in 0.4.0).
+fn expected(p: &str) -> &'static [&'static str] {
+    match p {
+        "bandwidth" => &rcni_cni::version::ALL[2..],
+        "firewall" => &rcni_cni::version::ALL[4..],
+        _ => rcni_cni::version::ALL,
+    }
+}
+
 #[test]
 fn every_plugin_answers_version_with_empty_stdin() {
     for p in plugins() {
         let out = Call::new(bin(&p), "VERSION").run().ok();
         assert_eq!(
             out["supportedVersions"],
-            serde_json::json!(rcni_cni::version::ALL),
-            "{p} must list all seven versions"
+            serde_json::json!(expected(&p)),
+            "{p}: supported versions"
         );
         assert_eq!(out["cniVersion"], "1.1.0");
     }
@@ -48,7 +60,7 @@ fn every_plugin_prints_about_without_command() {
         assert!(out.stdout.is_empty(), "{p}: about goes to stderr");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(
-            err.contains(&p) && err.contains("0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0"),
+            err.contains(&p) && err.contains(&expected(&p).join(", ")),
             "{p}: {err}"
         );
     }

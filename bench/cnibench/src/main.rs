@@ -307,6 +307,8 @@ fn main() {
             let pps = (bridge_mcast(im) - m0) as f64 / t0.elapsed().as_secs_f64();
             (pct(&mut w, 0.5), pps)
         };
+        // (pods, fresh (median µs, multicast pps), settled (same)).
+        #[allow(clippy::type_complexity)]
         let mut rows: Vec<(usize, (f64, f64), (f64, f64))> = Vec::new();
         for &target in &a.scale {
             while pods.len() < target {

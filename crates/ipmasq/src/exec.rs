@@ -16,7 +16,7 @@ use std::process::Stdio;
 const FALLBACK_DIRS: &[&str] = &["/usr/sbin", "/sbin", "/usr/local/sbin", "/usr/bin", "/bin"];
 
 /// The executable `name` from PATH, else from the usual sbin directories.
-pub(crate) fn find_tool(name: &str) -> Option<PathBuf> {
+pub fn find_tool(name: &str) -> Option<PathBuf> {
     let from_path = std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .unwrap_or_default();
@@ -35,7 +35,7 @@ fn is_executable(p: &Path) -> bool {
 }
 
 /// What a tool printed and whether it succeeded.
-pub(crate) struct Output {
+pub struct Output {
     pub success: bool,
     /// The exit code; `None` when killed by a signal.
     pub code: Option<i32>,
@@ -47,7 +47,7 @@ pub(crate) struct Output {
 /// Runs `tool args` inside `ns`, feeding `stdin`. A missing tool is
 /// [`Error::ToolMissing`]; a failing one is returned as an [`Output`] for the
 /// caller to judge (a missing nft table is not an error for teardown).
-pub(crate) fn run(
+pub fn run(
     ns: &NetNs,
     tool: &'static str,
     args: &[&str],
@@ -85,7 +85,7 @@ pub(crate) fn run(
 }
 
 /// Like [`run`], but a non-zero exit is [`Error::ToolFailed`]; returns stdout.
-pub(crate) fn run_ok(
+pub fn run_ok(
     ns: &NetNs,
     tool: &'static str,
     args: &[&str],
@@ -101,12 +101,7 @@ pub(crate) fn run_ok(
 
 /// The error for a failed run. The input script is included: it is short,
 /// and it is what an operator needs to see to understand the failure.
-pub(crate) fn failed(
-    tool: &'static str,
-    args: &[&str],
-    stdin: Option<&str>,
-    out: &Output,
-) -> Error {
+pub fn failed(tool: &'static str, args: &[&str], stdin: Option<&str>, out: &Output) -> Error {
     let mut stderr = out.stderr.trim().to_string();
     if let Some(input) = stdin {
         stderr.push_str("; input was:\n");

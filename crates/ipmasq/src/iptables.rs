@@ -22,15 +22,15 @@ use std::collections::{BTreeSet, HashSet};
 use std::net::IpAddr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Family {
+pub enum Family {
     V4,
     V6,
 }
 
 impl Family {
-    pub(crate) const BOTH: [Family; 2] = [Family::V4, Family::V6];
+    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
 
-    pub(crate) fn of(ip: &IpAddr) -> Family {
+    pub fn of(ip: &IpAddr) -> Family {
         if ip.is_ipv4() { Family::V4 } else { Family::V6 }
     }
 
@@ -48,7 +48,7 @@ impl Family {
         }
     }
 
-    pub(crate) fn iptables_tool(self) -> &'static str {
+    pub fn iptables_tool(self) -> &'static str {
         match self {
             Family::V4 => "iptables",
             Family::V6 => "ip6tables",
@@ -67,7 +67,7 @@ impl Family {
 
 /// One `-A` line of `iptables-save`, with the parts we look at.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Rule {
+pub struct Rule {
     pub chain: String,
     /// `(negated, value)` of `-s`.
     pub src: Option<(bool, String)>,
@@ -97,7 +97,7 @@ impl Rule {
     }
 
     /// The `iptables-restore` line that deletes this rule.
-    fn delete_line(&self) -> String {
+    pub fn delete_line(&self) -> String {
         match self.raw.strip_prefix("-A ") {
             Some(rest) => format!("-D {rest}"),
             None => self.raw.clone(),
@@ -107,23 +107,23 @@ impl Rule {
 
 /// The nat table as `iptables-save -t nat` prints it.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct NatTable {
+pub struct NatTable {
     /// Every chain declared (`:NAME POLICY [p:b]`), built-in ones included.
     pub chains: Vec<String>,
     pub rules: Vec<Rule>,
 }
 
 impl NatTable {
-    fn has_chain(&self, chain: &str) -> bool {
+    pub fn has_chain(&self, chain: &str) -> bool {
         self.chains.iter().any(|c| c == chain)
     }
 
-    fn rules_in<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
+    pub fn rules_in<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
         self.rules.iter().filter(move |r| r.chain == chain)
     }
 
     /// Rules elsewhere that jump to `chain`.
-    fn references<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
+    pub fn references<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
         self.rules
             .iter()
             .filter(move |r| r.chain != chain && r.target.as_deref() == Some(chain))
@@ -133,7 +133,7 @@ impl NatTable {
 /// Splits an `iptables-save` line into words: double quotes group, and a
 /// backslash escapes the next character inside them (how comments are
 /// printed).
-pub(crate) fn tokenize(line: &str) -> Result<Vec<String>, String> {
+pub fn tokenize(line: &str) -> Result<Vec<String>, String> {
     let mut out = Vec::new();
     let mut cur = String::new();
     let mut in_word = false;
@@ -173,7 +173,12 @@ pub(crate) fn tokenize(line: &str) -> Result<Vec<String>, String> {
 }
 
 /// Parses `iptables-save -t nat` output.
-pub(crate) fn parse_save(text: &str) -> Result<NatTable, String> {
+pub fn parse_save(text: &str) -> Result<NatTable, String> {
+    parse_save_table(text, "nat")
+}
+
+/// Parses the part of `iptables-save` output that lists `table`.
+pub fn parse_save_table(text: &str, table: &str) -> Result<NatTable, String> {
     let mut t = NatTable::default();
     let mut in_nat = false;
     for line in text.lines() {
@@ -181,8 +186,8 @@ pub(crate) fn parse_save(text: &str) -> Result<NatTable, String> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        if let Some(table) = line.strip_prefix('*') {
-            in_nat = table == "nat";
+        if let Some(name) = line.strip_prefix('*') {
+            in_nat = name == table;
             continue;
         }
         if !in_nat || line == "COMMIT" {
@@ -382,7 +387,7 @@ pub(crate) fn setup_script(
 /// The input that removes `chains` entirely: every rule jumping to them
 /// (whatever its source: older reference versions used `-s <ip>/<prefix>`),
 /// then the chains. `None` when none of them exists.
-pub(crate) fn removal_script(t: &NatTable, chains: &BTreeSet<String>) -> Option<String> {
+pub fn removal_script(t: &NatTable, chains: &BTreeSet<String>) -> Option<String> {
     let mut body = String::new();
     for chain in chains {
         for r in t.references(chain) {
@@ -425,22 +430,43 @@ pub(crate) fn stale_chains(t: &NatTable, network: &str, valid: &HashSet<&str>) -
 }
 
 /// Reads the nat table of `fam` in `ns`.
-pub(crate) fn read(ns: &NetNs, fam: Family) -> Result<NatTable, Error> {
+pub fn read(ns: &NetNs, fam: Family) -> Result<NatTable, Error> {
+    read_table(ns, fam, "nat")
+}
+
+/// Reads `table` (nat, filter, ...) of `fam` in `ns`.
+pub fn read_table(ns: &NetNs, fam: Family, table: &str) -> Result<NatTable, Error> {
     let tool = fam.save_tool();
-    let out = exec::run_ok(ns, tool, &["-t", "nat"], None)?;
-    parse_save(&out).map_err(|msg| Error::Parse { tool, msg })
+    let out = exec::run_ok(ns, tool, &["-t", table], None)?;
+    parse_save_table(&out, table).map_err(|msg| Error::Parse { tool, msg })
+}
+
+/// Reads `table` of `fam`, lets `script` decide the restore input from
+/// what is there (`None`: nothing to change) and applies it: one read and
+/// at most one write.
+pub fn edit(
+    ns: &NetNs,
+    fam: Family,
+    table: &str,
+    script: impl FnOnce(&NatTable) -> Option<String>,
+) -> Result<(), Error> {
+    let t = read_table(ns, fam, table)?;
+    match script(&t) {
+        Some(s) if !s.is_empty() => apply(ns, fam, &s),
+        _ => Ok(()),
+    }
 }
 
 /// Applies a script with one `iptables-restore --noflush` (waiting for the
 /// xtables lock like the reference's `iptables --wait`).
-pub(crate) fn apply(ns: &NetNs, fam: Family, script: &str) -> Result<(), Error> {
+pub fn apply(ns: &NetNs, fam: Family, script: &str) -> Result<(), Error> {
     exec::run_ok(ns, fam.restore_tool(), &["-w", "--noflush"], Some(script)).map(|_| ())
 }
 
 /// Whether iptables of this family works in `ns` at all, with the
 /// reference's probe (`SupportsIPTables`: can the filter INPUT chain be
 /// listed). Teardown and GC ignore errors of a backend that cannot work.
-pub(crate) fn supported(ns: &NetNs, fam: Family) -> bool {
+pub fn supported(ns: &NetNs, fam: Family) -> bool {
     match exec::run(
         ns,
         fam.iptables_tool(),

@@ -23,14 +23,22 @@
 //! reference's iptables GC is a no-op); CHECK verifies the rules; the
 //! nftables table is removed with its last rule.
 
-mod exec;
+pub mod exec;
 mod iptables;
 mod names;
 mod nftables;
 
+/// The iptables-save reader and iptables-restore writer, shared with the
+/// other plugins that keep iptables rules (portmap, firewall).
+pub mod ipt {
+    pub use crate::iptables::{
+        Family, NatTable as SaveTable, Rule, apply, edit, parse_save, parse_save_table, read,
+        read_table, removal_script, supported, tokenize,
+    };
+}
 pub use names::{
-    chain_name, iptables_comment, nft_comment, nft_instance_hash, nft_network_hash,
-    parse_iptables_comment,
+    chain_name, chain_name_with_prefix, go_quote, hash_with_prefix, iptables_comment, nft_comment,
+    nft_instance_hash, nft_network_hash, parse_iptables_comment,
 };
 pub use nftables::TABLE as NFT_TABLE;
 
@@ -143,6 +151,9 @@ pub enum Error {
         backend: Backend,
         problems: Vec<String>,
     },
+    /// Reading or deleting rules over nfnetlink failed.
+    #[error(transparent)]
+    Netlink(#[from] rcni_netlink::Error),
     /// Teardown and GC keep going after an error and report them all.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Several(Vec<Error>),
@@ -156,6 +167,7 @@ impl Error {
         match self {
             Error::UnknownBackend(_) => ErrorCode::UnsupportedField.code(),
             Error::Missing { .. } => ErrorCode::CheckFailed.code(),
+            Error::Netlink(e) => e.cni_code(),
             Error::Several(v) => v
                 .first()
                 .map_or(ErrorCode::Netfilter.code(), Error::cni_code),
@@ -262,7 +274,16 @@ fn best_effort(errors: &mut Vec<Error>, works: impl FnOnce() -> bool, r: Result<
 /// the nftables layout keeps them apart.
 pub fn teardown(ns: &NetNs, m: &Masq) -> Result<(), Error> {
     let mut errors = Vec::new();
+    // Which iptables families can hold the chain at all, read over
+    // nfnetlink: on a node without such rules DEL starts no iptables-save.
+    let mut nl = rcni_netlink::nfnl::Nfnl::open(ns).ok();
+    let chain = chain_name(m.network, m.container_id);
     for fam in Family::BOTH {
+        if let Some(nl) = nl.as_mut()
+            && !nl.iptables_may_hold(ns, fam == Family::V6, "nat", &[chain.as_str()])
+        {
+            continue;
+        }
         let r = iptables::teardown(ns, fam, m.network, m.container_id);
         best_effort(&mut errors, || iptables::supported(ns, fam), r);
     }

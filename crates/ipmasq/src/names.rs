@@ -25,7 +25,7 @@ fn sha512_hex(s: &str) -> String {
 
 /// `MustFormatHashWithPrefix(length, prefix, toHash)`: the prefix followed
 /// by the hash, cut to `length` characters.
-fn hash_with_prefix(length: usize, prefix: &str, to_hash: &str) -> String {
+pub fn hash_with_prefix(length: usize, prefix: &str, to_hash: &str) -> String {
     let mut s = format!("{prefix}{}", sha512_hex(to_hash));
     s.truncate(length);
     s
@@ -42,12 +42,23 @@ pub fn chain_name(network: &str, container_id: &str) -> String {
     )
 }
 
+/// `utils.MustFormatChainNameWithPrefix(network, containerID, prefix)`:
+/// `CNI-<prefix>` and the hash of network + containerID, 28 characters in
+/// all (portmap's `CNI-DN-...`).
+pub fn chain_name_with_prefix(prefix: &str, network: &str, container_id: &str) -> String {
+    hash_with_prefix(
+        MAX_CHAIN_LENGTH,
+        &format!("CNI-{prefix}"),
+        &format!("{network}{container_id}"),
+    )
+}
+
 /// Go's `%q` for the strings that can occur here. Network names and
 /// container IDs are restricted to `[a-zA-Z0-9_.-]` by the skel, so only the
 /// escapes of `"` and `\` matter; anything else is kept as is.
 /// Also how `iptables-save` prints a comment, so rules we render compare
 /// equal to what the kernel lists.
-pub(crate) fn go_quote(s: &str) -> String {
+pub fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
@@ -128,6 +139,11 @@ mod tests {
         // "mynet", container "ctr1".
         assert_eq!(chain_name("mynet", "ctr1"), "CNI-5145007e2a8415ce07579739");
         assert_eq!(chain_name("a", "b").len(), 28);
+        // Made by /usr/lib/cni/portmap (v1.1.1) for the same attachment.
+        assert_eq!(
+            chain_name_with_prefix("DN-", "mynet", "ctr1"),
+            "CNI-DN-5145007e2a8415ce07579"
+        );
     }
 
     #[test]

@@ -414,9 +414,71 @@ pub(crate) fn teardown(
     container_id: &str,
 ) -> Result<(), Error> {
     let prefix = names::nft_instance_hash(network, ifname, container_id);
-    remove_where(ns, |r| {
-        r.comment.as_deref().is_some_and(|c| c.starts_with(&prefix))
-    })
+    remove_where_nl(ns, &|c: &str| c.starts_with(&prefix))
+}
+
+/// [`remove_where`] over nfnetlink, without `nft` processes (DEL runs on
+/// every pod's teardown): the rules of masq_checks whose comment `select`
+/// picks go, and with the last of them the chains and the table, in one
+/// transaction; listing again and retrying once if another plugin
+/// process changed the table meanwhile.
+fn remove_where_nl(ns: &NetNs, select: &dyn Fn(&str) -> bool) -> Result<(), Error> {
+    use rcni_netlink::nfnl::{Nfnl, NftFamily, NftOp};
+    let mut nl = Nfnl::open(ns)?;
+    let fam = NftFamily::Inet;
+    let mut last = None;
+    for _ in 0..2 {
+        let Some(rules) = nl.nft_rules(fam, TABLE)? else {
+            return Ok(());
+        };
+        let masq: Vec<_> = rules.iter().filter(|r| r.chain == MASQ_CHAIN).collect();
+        let doomed: Vec<u64> = masq
+            .iter()
+            .filter(|r| r.comment.as_deref().is_some_and(select))
+            .map(|r| r.handle)
+            .collect();
+        if doomed.is_empty() {
+            return Ok(());
+        }
+        let plain: Vec<NftOp> = doomed
+            .iter()
+            .map(|h| NftOp::DeleteRule {
+                family: fam,
+                table: TABLE.into(),
+                chain: MASQ_CHAIN.into(),
+                handle: *h,
+            })
+            .collect();
+        let only_ours = nl
+            .nft_chains(fam, TABLE)?
+            .unwrap_or_default()
+            .iter()
+            .all(|c| c.name == MASQ_CHAIN || c.name == POSTROUTING);
+        let mut attempts = Vec::new();
+        if only_ours && masq.len() == doomed.len() {
+            let mut full = plain.clone();
+            for chain in [POSTROUTING, MASQ_CHAIN] {
+                full.push(NftOp::DeleteChain {
+                    family: fam,
+                    table: TABLE.into(),
+                    chain: chain.into(),
+                });
+            }
+            full.push(NftOp::DeleteTable {
+                family: fam,
+                table: TABLE.into(),
+            });
+            attempts.push(full);
+        }
+        attempts.push(plain);
+        for ops in &attempts {
+            match nl.nft_apply(ops) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+        }
+    }
+    Err(last.expect("one attempt at least").into())
 }
 
 /// Removes rules of `network` whose attachment is not in `valid`

@@ -7,7 +7,10 @@
 
 mod dad;
 mod error;
+pub mod nfnl;
+pub mod nftexpr;
 pub mod sysctl;
+pub mod tc;
 mod types;
 mod vlan;
 
@@ -217,6 +220,19 @@ impl Netlink {
         let msg = LinkUnspec::new_with_index(index).promiscuous(on).build();
         let state = if on { "on" } else { "off" };
         self.set_link(format!("set promisc {state} on link {index}"), msg)
+            .await
+    }
+
+    pub async fn set_allmulti(&self, index: u32, on: bool) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index).allmulticast(on).build();
+        let state = if on { "on" } else { "off" };
+        self.set_link(format!("set allmulticast {state} on link {index}"), msg)
+            .await
+    }
+
+    pub async fn set_txqlen(&self, index: u32, len: u32) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index).txqueuelen(len).build();
+        self.set_link(format!("set txqueuelen {len} on link {index}"), msg)
             .await
     }
 
@@ -679,6 +695,8 @@ fn parse_link(m: &LinkMessage) -> Link {
         link: None,
         alias: None,
         promisc: flags.contains(LinkFlags::Promisc),
+        allmulti: flags.contains(LinkFlags::Allmulti),
+        txqlen: 0,
         is_loopback: flags.contains(LinkFlags::Loopback),
     };
     for attr in &m.attributes {
@@ -686,6 +704,7 @@ fn parse_link(m: &LinkMessage) -> Link {
             LinkAttribute::IfName(n) => link.name = n.clone(),
             LinkAttribute::Address(a) => link.mac = MacAddr::from_slice(a),
             LinkAttribute::Mtu(mtu) => link.mtu = *mtu,
+            LinkAttribute::TxQueueLen(q) => link.txqlen = *q,
             LinkAttribute::Controller(c) if *c != 0 => link.master = Some(*c),
             LinkAttribute::Link(l) if *l != 0 => link.link = Some(*l),
             LinkAttribute::IfAlias(a) if !a.is_empty() => link.alias = Some(a.clone()),

@@ -1,0 +1,298 @@
+//! chainbench: podman's default chain (bridge + portmap + firewall +
+//! tuning, `conf/70-podman-chain.conflist`), ours and the reference side by
+//! side. Each round runs the whole chain's ADD (in order, each plugin
+//! getting the previous result) and DEL (in reverse) for one pod, for both
+//! suites, alternating which goes first. Reported: median and p99 wall
+//! time of chain ADD and chain DEL, the CPU time of everything the chain
+//! started (plugins, IPAM, nft/iptables processes), the per-plugin medians,
+//! and the ratios. Each suite has its own throwaway node namespace; the
+//! reference writes its rules with iptables (its only portmap backend in
+//! v1.1.1), ours with its defaults (nftables where `nft` exists).
+
+use clap::Parser;
+use rcni_netns::NetNs;
+use serde_json::{Value, json};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(about = "bridge + portmap + firewall + tuning: rcni against the reference plugins")]
+struct Args {
+    /// Directory with our plugins.
+    #[arg(long, default_value = "target/release")]
+    ours: PathBuf,
+    /// Directory with the reference plugins.
+    #[arg(long, default_value = "/usr/lib/cni")]
+    reference: PathBuf,
+    /// The conflist to run.
+    #[arg(long, default_value = "conf/70-podman-chain.conflist")]
+    conf: PathBuf,
+    /// Chain ADD+DEL rounds per suite.
+    #[arg(long, default_value_t = 100)]
+    rounds: usize,
+}
+
+/// One suite: its plugins, node namespace and state directory.
+struct Suite {
+    name: &'static str,
+    dir: PathBuf,
+    node: NetNs,
+    state: tempfile::TempDir,
+}
+
+/// The CPU time (user + system, µs) of every reaped descendant so far.
+fn reaped_cpu() -> f64 {
+    // SAFETY: getrusage fills a plain struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
+    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
+    us(ru.ru_utime) + us(ru.ru_stime)
+}
+
+fn median_p99(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.99))
+}
+
+impl Suite {
+    /// The plugin list with this suite's state directories put in (the
+    /// conflist's defaults would write to the machine's /var/lib/cni).
+    fn plugins(&self, list: &Value) -> Vec<Value> {
+        let mut out = Vec::new();
+        for p in list["plugins"].as_array().expect("plugins") {
+            let mut p = p.clone();
+            if p.get("ipam").is_some() {
+                p["ipam"]["dataDir"] = json!(self.state.path().join("ipam"));
+            }
+            if p["type"] == "tuning" {
+                p["dataDir"] = json!(self.state.path().join("tuning"));
+            }
+            out.push(p);
+        }
+        out
+    }
+
+    /// Runs one plugin inside the node namespace; (stdout, wall µs).
+    fn call(&self, cmd: &str, plugin: &Value, pod: &str, stdin: &Value) -> (Value, f64) {
+        let bin = self.dir.join(plugin["type"].as_str().unwrap());
+        let mut c = self.node.command(&bin);
+        c.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_COMMAND", cmd)
+            .env("CNI_CONTAINERID", "bench")
+            .env("CNI_NETNS", pod)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", &self.dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let start = Instant::now();
+        let mut child = c
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(&serde_json::to_vec(stdin).unwrap())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let took = start.elapsed().as_secs_f64() * 1e6;
+        assert!(
+            out.status.success(),
+            "{} {cmd} {} failed: {}{}",
+            self.name,
+            plugin["type"],
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (v, took)
+    }
+}
+
+/// A plugin's stdin as libcni builds it.
+fn stdin_of(plugin: &Value, list: &Value, caps: &Value, prev: Option<&Value>) -> Value {
+    let mut p = plugin.clone();
+    p["name"] = list["name"].clone();
+    p["cniVersion"] = list["cniVersion"].clone();
+    if let Some(c) = p.get("capabilities").and_then(Value::as_object) {
+        let rc: serde_json::Map<String, Value> = c
+            .iter()
+            .filter(|(k, on)| on.as_bool() == Some(true) && caps.get(k.as_str()).is_some())
+            .map(|(k, _)| (k.clone(), caps[k.as_str()].clone()))
+            .collect();
+        if !rc.is_empty() {
+            p["runtimeConfig"] = Value::Object(rc);
+        }
+    }
+    if let Some(prev) = prev {
+        p["prevResult"] = prev.clone();
+    }
+    p
+}
+
+/// Per-round figures of one suite: chain ADD, chain DEL (wall and CPU),
+/// and each plugin's ADD and DEL wall time.
+#[derive(Default)]
+struct Figures {
+    add: Vec<f64>,
+    del: Vec<f64>,
+    add_cpu: Vec<f64>,
+    del_cpu: Vec<f64>,
+    per_plugin: Vec<(Vec<f64>, Vec<f64>)>,
+}
+
+fn round(s: &Suite, plugins: &[Value], list: &Value, caps: &Value, f: &mut Figures) {
+    let pod = NetNs::new_anonymous().expect("pod namespace");
+    let path = pod.proc_path().display().to_string();
+    if f.per_plugin.is_empty() {
+        f.per_plugin = vec![Default::default(); plugins.len()];
+    }
+    let (c0, t0) = (reaped_cpu(), Instant::now());
+    let mut prev: Option<Value> = None;
+    for (i, p) in plugins.iter().enumerate() {
+        let (out, us) = s.call("ADD", p, &path, &stdin_of(p, list, caps, prev.as_ref()));
+        f.per_plugin[i].0.push(us);
+        prev = Some(out);
+    }
+    f.add.push(t0.elapsed().as_secs_f64() * 1e6);
+    let (c1, t1) = (reaped_cpu(), Instant::now());
+    f.add_cpu.push(c1 - c0);
+    for (i, p) in plugins.iter().enumerate().rev() {
+        let (_, us) = s.call("DEL", p, &path, &stdin_of(p, list, caps, prev.as_ref()));
+        f.per_plugin[i].1.push(us);
+    }
+    f.del.push(t1.elapsed().as_secs_f64() * 1e6);
+    f.del_cpu.push(reaped_cpu() - c1);
+}
+
+/// What a suite left in its node after the last DEL: per-pod rules and
+/// address reservations.
+fn leftovers(s: &Suite) -> String {
+    let mut text = String::new();
+    for (tool, args) in [
+        ("nft", &["list", "ruleset"][..]),
+        ("iptables-save", &[][..]),
+        ("ip6tables-save", &[][..]),
+    ] {
+        if let Ok(o) = s.node.command(tool).args(args).output() {
+            text.push_str(&String::from_utf8_lossy(&o.stdout));
+        }
+    }
+    let rules = text
+        .lines()
+        .filter(|l| {
+            l.contains("dnat to")
+                || l.contains("CNI-DN-")
+                || l.contains("accept comment")
+                || (l.contains("10.88.") && !l.starts_with('#'))
+        })
+        .count();
+    let reservations = std::fs::read_dir(s.state.path().join("ipam/podnet"))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    n != "lock" && !n.starts_with("last_reserved") && !n.starts_with('.')
+                })
+                .count()
+        })
+        .unwrap_or(0);
+    format!("{rules} per-pod rules, {reservations} reservations")
+}
+
+fn main() {
+    let a = Args::parse();
+    let list: Value = serde_json::from_slice(
+        &std::fs::read(&a.conf).unwrap_or_else(|e| panic!("{}: {e}", a.conf.display())),
+    )
+    .expect("conflist JSON");
+    let caps = json!({"portMappings": [
+        {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
+        {"hostPort": 8443, "containerPort": 443, "protocol": "tcp"}]});
+    let suite = |name, dir: &Path| Suite {
+        name,
+        dir: dir.to_path_buf(),
+        node: NetNs::new_anonymous().expect("node namespace"),
+        state: tempfile::tempdir().unwrap(),
+    };
+    let suites = [suite("rcni", &a.ours), suite("reference", &a.reference)];
+    let plugins: Vec<Vec<Value>> = suites.iter().map(|s| s.plugins(&list)).collect();
+    for (s, ps) in suites.iter().zip(&plugins) {
+        for p in ps {
+            let b = s.dir.join(p["type"].as_str().unwrap());
+            assert!(b.is_file(), "{} missing", b.display());
+        }
+        // The node forwards, as a podman host does.
+        let _ = s
+            .node
+            .command("sysctl")
+            .args(["-qw", "net.ipv4.ip_forward=1"])
+            .status();
+    }
+    let mut figs = [Figures::default(), Figures::default()];
+    let warmup = 3;
+    for r in 0..a.rounds + warmup {
+        // Alternate who goes first, so drift hits both alike.
+        let order = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+        for i in order {
+            let mut f = Figures::default();
+            let target = if r < warmup { &mut f } else { &mut figs[i] };
+            round(&suites[i], &plugins[i], &list, &caps, target);
+        }
+    }
+    let types: Vec<&str> = plugins[0]
+        .iter()
+        .map(|p| p["type"].as_str().unwrap())
+        .collect();
+    println!(
+        "{} ({}), {} rounds per suite, microseconds; CPU = every process the chain started",
+        a.conf.display(),
+        types.join(" + "),
+        a.rounds
+    );
+    println!(
+        "{:<10} {:<4} {:>9} {:>9} {:>9}",
+        "", "op", "median", "p99", "cpu"
+    );
+    let mut med = [[0.0; 2]; 2];
+    let mut p99 = [[0.0; 2]; 2];
+    let mut cpu = [[0.0; 2]; 2];
+    for (i, s) in suites.iter().enumerate() {
+        let f = &figs[i];
+        for (k, (op, wall, c)) in [("ADD", &f.add, &f.add_cpu), ("DEL", &f.del, &f.del_cpu)]
+            .into_iter()
+            .enumerate()
+        {
+            let (m, p) = median_p99(wall.clone());
+            let (cm, _) = median_p99(c.clone());
+            println!("{:<10} {op:<4} {m:>9.0} {p:>9.0} {cm:>9.0}", s.name);
+            (med[i][k], p99[i][k], cpu[i][k]) = (m, p, cm);
+        }
+    }
+    for (k, op) in ["ADD", "DEL"].iter().enumerate() {
+        println!(
+            "ratio rcni/reference chain {op}: median {:.3}  p99 {:.3}  cpu {:.3}",
+            med[0][k] / med[1][k],
+            p99[0][k] / p99[1][k],
+            cpu[0][k] / cpu[1][k]
+        );
+    }
+    println!("\nper plugin, median microseconds (ADD / DEL)");
+    for (j, t) in types.iter().enumerate() {
+        let mut line = format!("{t:<10}");
+        for (i, s) in suites.iter().enumerate() {
+            let (a, _) = median_p99(figs[i].per_plugin[j].0.clone());
+            let (d, _) = median_p99(figs[i].per_plugin[j].1.clone());
+            line += &format!("  {}: {a:>7.0} / {d:>7.0}", s.name);
+        }
+        println!("{line}");
+    }
+    for s in &suites {
+        println!("{:<10} after the last DEL: {}", s.name, leftovers(s));
+    }
+}

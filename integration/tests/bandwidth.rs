@@ -1,0 +1,341 @@
+//! bandwidth: iperf3 transfers through the shaped veth measure the
+//! configured rates in both directions; CHECK, DEL, GC; and interop with
+//! the reference's TBF/IFB layout.
+
+mod chain;
+
+use chain::*;
+use rcni_testkit::{Call, TestNs, bin, reference_bin};
+use serde_json::{Value, json};
+use std::process::{Child, Stdio};
+
+const MBIT: u64 = 1_000_000;
+
+fn chain(lan: &Lan, version: &str, bw: Value) -> Chain {
+    let mut b = json!({"type": "bandwidth", "capabilities": {"bandwidth": true}});
+    for (k, v) in bw.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    let mut br = lan.bridge_conf(version);
+    br.as_object_mut().unwrap().remove("name");
+    Chain::new(version, vec![br, b])
+}
+
+/// An iperf3 server in the client namespace, killed on drop.
+struct Server(Child);
+
+impl Server {
+    fn start(lan: &Lan, port: u16) -> Server {
+        let child = rcni_testkit::command_in(&lan.client.ns, "iperf3")
+            .args(["-s", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("iperf3 is installed");
+        // Wait until it listens (a bare connection is a harmless failed
+        // test to a server without -1).
+        for _ in 0..100 {
+            let up = lan
+                .client
+                .ns
+                .run(|| std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_ok())
+                .unwrap();
+            if up {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
+        Server(child)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Bits per second the receiving side saw in a 2 s iperf3 TCP run from
+/// `pod` to the client (`reverse`: from the client to the pod).
+fn iperf(lan: &Lan, pod: &TestNs, port: u16, reverse: bool) -> u64 {
+    let _server = Server::start(lan, port);
+    let mut args = vec!["-c", CLIENT_V4, "-p", "", "-t", "2", "-J"];
+    let p = port.to_string();
+    args[3] = &p;
+    if reverse {
+        args.push("-R");
+    }
+    let out = rcni_testkit::command_in(&pod.ns, "iperf3")
+        .args(&args)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 output ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no result: {v}")) as u64
+}
+
+#[test]
+fn iperf3_measures_the_configured_rates() {
+    let lan = Lan::new();
+    let c = chain(&lan, "1.0.0", json!({})).caps(json!({"bandwidth": {
+        "ingressRate": 20 * MBIT, "ingressBurst": 256_000,
+        "egressRate": 10 * MBIT, "egressBurst": 256_000}}));
+    let pod = TestNs::new();
+    let r = c.add(&lan, &pod.path(), "pod-bw", "eth0");
+    let ifb = super_ifb(&r);
+    assert!(ifb.starts_with("bwp"), "{r}");
+    let egress = iperf(&lan, &pod, 5301, false);
+    let ingress = iperf(&lan, &pod, 5302, true);
+    assert!(
+        (5 * MBIT..13 * MBIT).contains(&egress),
+        "egress measured {egress} bit/s for a 10 Mbit/s limit"
+    );
+    assert!(
+        (10 * MBIT..26 * MBIT).contains(&ingress),
+        "ingress measured {ingress} bit/s for a 20 Mbit/s limit"
+    );
+    c.check(&lan, &pod.path(), "pod-bw", "eth0", &r)
+        .unwrap_or_else(|(i, o)| panic!("CHECK {i}: {}", o.stdout));
+    c.del(&lan, Some(&pod.path()), "pod-bw", "eth0", Some(&r));
+    assert!(!sh(&lan.node.ns, "ip", &["link"]).1.contains("bwp"));
+
+    // Unshaped, the same path is far faster: the limits were the cause.
+    let plain = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
+    let pod2 = TestNs::new();
+    let r2 = plain.add(&lan, &pod2.path(), "pod-plain", "eth0");
+    let free = iperf(&lan, &pod2, 5303, false);
+    assert!(free > 100 * MBIT, "unshaped transfer only {free} bit/s");
+    plain.del(&lan, Some(&pod2.path()), "pod-plain", "eth0", Some(&r2));
+}
+
+fn super_ifb(r: &Value) -> String {
+    r["interfaces"].as_array().unwrap().last().unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+fn qdiscs(lan: &Lan, dev: &str) -> String {
+    sh(&lan.node.ns, "tc", &["qdisc", "show", "dev", dev]).1
+}
+
+fn host_veth(r: &Value) -> String {
+    r["interfaces"][1]["name"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn check_del_and_the_references_layout() {
+    let lan = Lan::new();
+    let limits = json!({"ingressRate": 8 * MBIT, "ingressBurst": 80_000, "egressRate": 4 * MBIT, "egressBurst": 40_000});
+    let c = chain(&lan, "1.0.0", limits);
+    let pod = TestNs::new();
+    let br_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
+    let br = br_only.add(&lan, &pod.path(), "pod-x", "eth0");
+    let veth = host_veth(&br);
+    let conf = c.stdin(1, Some(&br));
+    for (adder, checker, deleter) in [
+        (
+            bin("bandwidth"),
+            reference_bin("bandwidth"),
+            reference_bin("bandwidth"),
+        ),
+        (
+            reference_bin("bandwidth"),
+            bin("bandwidth"),
+            bin("bandwidth"),
+        ),
+    ] {
+        let r = lan
+            .call(&adder, "ADD", Some(&pod.path()), "pod-x", "eth0", &conf)
+            .ok();
+        let ifb = super_ifb(&r);
+        assert!(
+            qdiscs(&lan, &veth).contains("tbf"),
+            "{}",
+            qdiscs(&lan, &veth)
+        );
+        assert!(qdiscs(&lan, &ifb).contains("tbf"));
+        let filters = sh(
+            &lan.node.ns,
+            "tc",
+            &["filter", "show", "dev", &veth, "ingress"],
+        )
+        .1;
+        assert!(
+            filters.contains("protocol all") && filters.contains(&ifb),
+            "{filters}"
+        );
+        let mut check_conf = c.stdin(1, Some(&r));
+        check_conf["cniVersion"] = json!("1.0.0");
+        let out = lan.call(
+            &checker,
+            "CHECK",
+            Some(&pod.path()),
+            "pod-x",
+            "eth0",
+            &check_conf,
+        );
+        assert_eq!(
+            out.code,
+            0,
+            "{} checking {}: {}",
+            checker.display(),
+            adder.display(),
+            out.stdout
+        );
+        let out = lan.call(
+            &deleter,
+            "DEL",
+            Some(&pod.path()),
+            "pod-x",
+            "eth0",
+            &check_conf,
+        );
+        assert_eq!(out.code, 0, "{}", out.stdout);
+        assert!(
+            !sh(&lan.node.ns, "ip", &["link"]).1.contains(&ifb),
+            "{} left {ifb}",
+            deleter.display()
+        );
+        // Ours also leaves the surviving veth unshaped.
+        if deleter == bin("bandwidth") {
+            assert!(
+                !qdiscs(&lan, &veth).contains("tbf"),
+                "{}",
+                qdiscs(&lan, &veth)
+            );
+        } else {
+            let _ = sh(&lan.node.ns, "tc", &["qdisc", "del", "dev", &veth, "root"]);
+            let _ = sh(
+                &lan.node.ns,
+                "tc",
+                &["qdisc", "del", "dev", &veth, "ingress"],
+            );
+        }
+    }
+
+    // CHECK notices a changed rate.
+    let r = lan
+        .call(
+            &bin("bandwidth"),
+            "ADD",
+            Some(&pod.path()),
+            "pod-x",
+            "eth0",
+            &conf,
+        )
+        .ok();
+    let (ok, msg) = sh(
+        &lan.node.ns,
+        "tc",
+        &[
+            "qdisc", "change", "dev", &veth, "root", "handle", "1:", "tbf", "rate", "1mbit",
+            "burst", "10kb", "latency", "25ms",
+        ],
+    );
+    assert!(ok, "{msg}");
+    let out = lan.call(
+        &bin("bandwidth"),
+        "CHECK",
+        Some(&pod.path()),
+        "pod-x",
+        "eth0",
+        &c.stdin(1, Some(&r)),
+    );
+    let (code, msg) = out.err();
+    assert_eq!(code, 106, "{msg}");
+    // DEL twice, and without netns.
+    for netns in [Some(pod.path()), None] {
+        let out = lan.call(
+            &bin("bandwidth"),
+            "DEL",
+            netns.as_deref(),
+            "pod-x",
+            "eth0",
+            &c.stdin(1, Some(&r)),
+        );
+        assert_eq!(out.code, 0, "{}", out.stdout);
+    }
+    br_only.del(&lan, Some(&pod.path()), "pod-x", "eth0", Some(&br));
+}
+
+#[test]
+fn gc_removes_ifbs_of_stale_attachments() {
+    let lan = Lan::new();
+    let c = chain(
+        &lan,
+        "1.1.0",
+        json!({"egressRate": 4 * MBIT, "egressBurst": 40_000}),
+    );
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let ra = c.add(&lan, &a.path(), "pod-a", "eth0");
+    let rb = c.add(&lan, &b.path(), "pod-b", "eth0");
+    let (ifa, ifb) = (super_ifb(&ra), super_ifb(&rb));
+    let bw_only = Chain {
+        plugins: vec![c.plugins[1].clone()],
+        ..c.clone()
+    };
+    bw_only.gc(&lan, &[("pod-a", "eth0")]);
+    let links = sh(&lan.node.ns, "ip", &["link"]).1;
+    assert!(links.contains(&ifa) && !links.contains(&ifb), "{links}");
+    c.del(&lan, Some(&a.path()), "pod-a", "eth0", Some(&ra));
+    c.del(&lan, Some(&b.path()), "pod-b", "eth0", Some(&rb));
+}
+
+#[test]
+fn validation_versions_and_pass_through() {
+    let lan = Lan::new();
+    let pod = TestNs::new();
+    let c = chain(&lan, "1.0.0", json!({"egressRate": 1000}));
+    let br_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
+    let br = br_only.add(&lan, &pod.path(), "pod-v", "eth0");
+    let (code, msg) = lan
+        .call(
+            &bin("bandwidth"),
+            "ADD",
+            Some(&pod.path()),
+            "pod-v",
+            "eth0",
+            &c.stdin(1, Some(&br)),
+        )
+        .err();
+    assert_eq!(code, 7);
+    assert!(msg.contains("burst"), "{msg}");
+    // No limits: the result passes through unchanged, nothing is made.
+    let none = chain(&lan, "1.0.0", json!({}));
+    let out = lan
+        .call(
+            &bin("bandwidth"),
+            "ADD",
+            Some(&pod.path()),
+            "pod-v",
+            "eth0",
+            &none.stdin(1, Some(&br)),
+        )
+        .ok();
+    assert_eq!(out, br);
+    let mut old = none.stdin(1, Some(&br));
+    old["cniVersion"] = json!("0.2.0");
+    old.as_object_mut().unwrap().remove("prevResult");
+    let (code, _) = lan
+        .call(
+            &bin("bandwidth"),
+            "ADD",
+            Some(&pod.path()),
+            "pod-v",
+            "eth0",
+            &old,
+        )
+        .err();
+    assert_eq!(code, 1);
+    let v = Call::new(bin("bandwidth"), "VERSION").run().ok();
+    assert_eq!(v["supportedVersions"][0], "0.3.0");
+    br_only.del(&lan, Some(&pod.path()), "pod-v", "eth0", Some(&br));
+}

@@ -1,0 +1,486 @@
+//! Helpers for the chained (meta) plugin tests: a node namespace with an
+//! uplink to a client namespace ("outside"), pods attached by our bridge
+//! plugin, the chain run the way a runtime runs it, and real TCP/UDP
+//! traffic between the namespaces (sockets created inside a namespace stay
+//! there, so the test process talks from any of them).
+#![allow(dead_code)]
+
+use rcni_netlink::Netlink;
+use rcni_netns::NetNs;
+use rcni_testkit::{Call, Output, TestNs, bin, bin_dir};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub const NODE_UPLINK_V4: &str = "10.99.0.1";
+pub const NODE_UPLINK_V6: &str = "fd99::1";
+pub const CLIENT_V4: &str = "10.99.0.2";
+pub const CLIENT_V6: &str = "fd99::2";
+/// The bridge's gateway addresses (bridge plugin, isGateway).
+pub const BRIDGE_V4: &str = "10.88.0.1";
+
+pub fn nl<T>(ns: &NetNs, f: impl AsyncFnOnce(&Netlink) -> T) -> T {
+    let rt = rcni_netlink::runtime().unwrap();
+    rt.block_on(async {
+        let n = Netlink::connect(ns).await.unwrap();
+        f(&n).await
+    })
+}
+
+/// Runs a tool inside `ns`; returns (success, stdout+stderr).
+pub fn sh(ns: &NetNs, prog: &str, args: &[&str]) -> (bool, String) {
+    let out = rcni_testkit::command_in(ns, prog)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {prog}: {e}"));
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+/// The whole nftables ruleset and both iptables nat and filter tables of
+/// `ns`, as text.
+pub fn ruleset(ns: &NetNs) -> String {
+    let mut s = sh(ns, "nft", &["list", "ruleset"]).1;
+    for tool in ["iptables-save", "ip6tables-save"] {
+        s.push_str(&sh(ns, tool, &[]).1);
+    }
+    s
+}
+
+/// A node namespace (the "host") with an uplink to a client namespace.
+pub struct Lan {
+    pub node: TestNs,
+    pub client: TestNs,
+    pub data: tempfile::TempDir,
+    pub cni_path: String,
+}
+
+impl Lan {
+    pub fn new() -> Lan {
+        Lan::with_path(bin_dir().display().to_string())
+    }
+
+    /// A LAN whose plugins are looked up in `cni_path`.
+    pub fn with_path(cni_path: String) -> Lan {
+        let node = TestNs::new();
+        let client = TestNs::new();
+        nl(&node.ns, async |n| {
+            let up = n
+                .create_veth("up0", "eth0", Some(&client.ns), None)
+                .await
+                .unwrap();
+            n.ensure_address_nodad(up.index, format!("{NODE_UPLINK_V4}/24").parse().unwrap())
+                .await
+                .unwrap();
+            n.ensure_address_nodad(up.index, format!("{NODE_UPLINK_V6}/64").parse().unwrap())
+                .await
+                .unwrap();
+            n.set_up(up.index).await.unwrap();
+            let lo = n.link_by_name("lo").await.unwrap();
+            n.set_up(lo.index).await.unwrap();
+        });
+        nl(&client.ns, async |n| {
+            let eth = n.link_by_name("eth0").await.unwrap();
+            n.ensure_address_nodad(eth.index, format!("{CLIENT_V4}/24").parse().unwrap())
+                .await
+                .unwrap();
+            n.ensure_address_nodad(eth.index, format!("{CLIENT_V6}/64").parse().unwrap())
+                .await
+                .unwrap();
+            n.set_up(eth.index).await.unwrap();
+            let lo = n.link_by_name("lo").await.unwrap();
+            n.set_up(lo.index).await.unwrap();
+            for (dst, gw) in [("0.0.0.0/0", NODE_UPLINK_V4), ("::/0", NODE_UPLINK_V6)] {
+                let r = rcni_netlink::Route::new(dst.parse().unwrap())
+                    .gateway(gw.parse().unwrap())
+                    .oif(eth.index);
+                n.add_route(&r).await.unwrap();
+            }
+        });
+        for key in ["net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"] {
+            rcni_netlink::sysctl::set(&node.ns, key, "1").unwrap();
+        }
+        Lan {
+            node,
+            client,
+            data: tempfile::tempdir().unwrap(),
+            cni_path,
+        }
+    }
+
+    /// The bridge plugin config every chain here starts with.
+    pub fn bridge_conf(&self, version: &str) -> Value {
+        json!({
+            "cniVersion": version, "name": "podnet", "type": "bridge", "bridge": "cni0",
+            "isGateway": true, "isDefaultGateway": true, "hairpinMode": true,
+            "ipam": {"type": "host-local", "dataDir": self.data.path(),
+                     "ranges": [[{"subnet": "10.88.0.0/24"}], [{"subnet": "fd88::/64"}]]}
+        })
+    }
+
+    /// Runs `plugin` (a path) with `cmd` for a pod, from the node.
+    pub fn call(
+        &self,
+        plugin: &Path,
+        cmd: &str,
+        pod: Option<&str>,
+        cid: &str,
+        ifname: &str,
+        conf: &Value,
+    ) -> Output {
+        let mut c = Call::new(plugin, cmd)
+            .env("CNI_PATH", &self.cni_path)
+            .env("CNI_CONTAINERID", cid)
+            .env("CNI_IFNAME", ifname)
+            .stdin(conf);
+        if let Some(p) = pod {
+            c = c.netns(p);
+        }
+        c.run_in(&self.node.ns)
+    }
+}
+
+impl Default for Lan {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A conflist run the way libcni runs it: ADD in order with prevResult,
+/// DEL in reverse with the final result, CHECK with it.
+#[derive(Clone)]
+pub struct Chain {
+    pub version: String,
+    pub name: String,
+    /// Plugin objects (without name/cniVersion, which are injected).
+    pub plugins: Vec<Value>,
+    /// Capability args (`portMappings`, `bandwidth`, `mac`, ...).
+    pub caps: Value,
+    /// Where the binaries are.
+    pub dir: PathBuf,
+}
+
+impl Chain {
+    pub fn new(version: &str, plugins: Vec<Value>) -> Chain {
+        Chain {
+            version: version.into(),
+            name: "podnet".into(),
+            plugins,
+            caps: json!({}),
+            dir: bin_dir(),
+        }
+    }
+
+    pub fn caps(mut self, caps: Value) -> Chain {
+        self.caps = caps;
+        self
+    }
+
+    pub fn dir(mut self, dir: impl Into<PathBuf>) -> Chain {
+        self.dir = dir.into();
+        self
+    }
+
+    /// The stdin of plugin `i`: its object with name, version, the
+    /// runtimeConfig of its declared capabilities, and prevResult.
+    pub fn stdin(&self, i: usize, prev: Option<&Value>) -> Value {
+        let mut p = self.plugins[i].clone();
+        p["name"] = json!(self.name);
+        p["cniVersion"] = json!(self.version);
+        let mut rc = serde_json::Map::new();
+        if let Some(caps) = p.get("capabilities").and_then(Value::as_object) {
+            for (k, on) in caps {
+                if on.as_bool() == Some(true)
+                    && let Some(v) = self.caps.get(k)
+                {
+                    rc.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        if !rc.is_empty() {
+            p["runtimeConfig"] = Value::Object(rc);
+        }
+        if let Some(prev) = prev {
+            p["prevResult"] = prev.clone();
+        }
+        p
+    }
+
+    fn bin(&self, i: usize) -> PathBuf {
+        let ty = self.plugins[i]["type"].as_str().unwrap();
+        let p = self.dir.join(ty);
+        assert!(p.is_file(), "{} missing", p.display());
+        p
+    }
+
+    pub fn add(&self, lan: &Lan, pod: &str, cid: &str, ifname: &str) -> Value {
+        self.try_add(lan, pod, cid, ifname)
+            .unwrap_or_else(|(i, o)| panic!("ADD of plugin {i} failed: {} {}", o.stdout, o.stderr))
+    }
+
+    /// ADD through the chain; on failure the index of the failing plugin.
+    pub fn try_add(
+        &self,
+        lan: &Lan,
+        pod: &str,
+        cid: &str,
+        ifname: &str,
+    ) -> Result<Value, (usize, Output)> {
+        let mut prev: Option<Value> = None;
+        for i in 0..self.plugins.len() {
+            let out = lan.call(
+                &self.bin(i),
+                "ADD",
+                Some(pod),
+                cid,
+                ifname,
+                &self.stdin(i, prev.as_ref()),
+            );
+            if out.code != 0 {
+                return Err((i, out));
+            }
+            prev = Some(serde_json::from_str(&out.stdout).unwrap());
+        }
+        Ok(prev.unwrap())
+    }
+
+    /// CHECK every plugin; the first failure.
+    pub fn check(
+        &self,
+        lan: &Lan,
+        pod: &str,
+        cid: &str,
+        ifname: &str,
+        result: &Value,
+    ) -> Result<(), (usize, Output)> {
+        for i in 0..self.plugins.len() {
+            let out = lan.call(
+                &self.bin(i),
+                "CHECK",
+                Some(pod),
+                cid,
+                ifname,
+                &self.stdin(i, Some(result)),
+            );
+            if out.code != 0 {
+                return Err((i, out));
+            }
+        }
+        Ok(())
+    }
+
+    /// DEL in reverse order; every plugin must succeed.
+    pub fn del(
+        &self,
+        lan: &Lan,
+        pod: Option<&str>,
+        cid: &str,
+        ifname: &str,
+        result: Option<&Value>,
+    ) {
+        for i in (0..self.plugins.len()).rev() {
+            let out = lan.call(
+                &self.bin(i),
+                "DEL",
+                pod,
+                cid,
+                ifname,
+                &self.stdin(i, result),
+            );
+            assert_eq!(
+                out.code, 0,
+                "DEL of plugin {i}: {} {}",
+                out.stdout, out.stderr
+            );
+        }
+    }
+
+    /// GC every plugin with the valid attachments `valid` ((cid, ifname)).
+    pub fn gc(&self, lan: &Lan, valid: &[(&str, &str)]) {
+        let list: Vec<Value> = valid
+            .iter()
+            .map(|(c, i)| json!({"containerID": c, "ifname": i}))
+            .collect();
+        for i in 0..self.plugins.len() {
+            let mut conf = self.stdin(i, None);
+            conf.as_object_mut().unwrap().remove("runtimeConfig");
+            conf["cni.dev/valid-attachments"] = json!(list);
+            conf["cni.dev/attachments"] = json!(list);
+            let out = Call::new(self.bin(i), "GC")
+                .env("CNI_PATH", &lan.cni_path)
+                .without("CNI_CONTAINERID")
+                .without("CNI_IFNAME")
+                .stdin(&conf)
+                .run_in(&lan.node.ns);
+            assert_eq!(
+                out.code, 0,
+                "GC of plugin {i}: {} {}",
+                out.stdout, out.stderr
+            );
+        }
+    }
+}
+
+/// The first address of a family in a result.
+pub fn ip_of(result: &Value, v4: bool) -> String {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            i["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .find(|a| a.contains('.') == v4)
+        .unwrap()
+}
+
+/// A TCP server in `ns` on `port` (both families) answering every
+/// connection with `reply` and the peer address it saw; stops with the
+/// test process.
+pub fn tcp_server(ns: &NetNs, port: u16, reply: &str) {
+    for addr in [format!("0.0.0.0:{port}"), format!("[::]:{port}")] {
+        let l = ns
+            .run(|| {
+                if addr.starts_with('[') {
+                    // v6-only so both binds succeed.
+                    socket_v6_only(&addr).unwrap()
+                } else {
+                    TcpListener::bind(&addr).unwrap()
+                }
+            })
+            .unwrap();
+        let reply = reply.to_string();
+        std::thread::spawn(move || {
+            for mut c in l.incoming().flatten() {
+                let peer = c
+                    .peer_addr()
+                    .map(|p| p.ip().to_string())
+                    .unwrap_or_default();
+                let _ = c.write_all(format!("{reply} {peer}").as_bytes());
+            }
+        });
+    }
+}
+
+fn socket_v6_only(addr: &str) -> std::io::Result<TcpListener> {
+    use std::os::fd::FromRawFd;
+    let sa: SocketAddr = addr.parse().unwrap();
+    // SAFETY: plain socket/setsockopt/bind/listen on a fresh fd we own.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let one: libc::c_int = 1;
+        let sz = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            (&one as *const libc::c_int).cast(),
+            sz,
+        );
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            sz,
+        );
+        let SocketAddr::V6(v6) = sa else {
+            unreachable!()
+        };
+        let mut s: libc::sockaddr_in6 = std::mem::zeroed();
+        s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        s.sin6_port = v6.port().to_be();
+        s.sin6_addr.s6_addr = v6.ip().octets();
+        if libc::bind(
+            fd,
+            (&s as *const libc::sockaddr_in6).cast(),
+            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        ) != 0
+            || libc::listen(fd, 128) != 0
+        {
+            let e = std::io::Error::last_os_error();
+            libc::close(fd);
+            return Err(e);
+        }
+        Ok(TcpListener::from_raw_fd(fd))
+    }
+}
+
+/// Connects from `ns` to `addr` ("ip:port" or "[ip6]:port") and returns
+/// what the server said, or `None` if nothing answered within 4 s (long
+/// enough for the SYN retransmitted at 3 s: a fresh bridge's IPv6
+/// link-local address is tentative for about a second, and the node sends
+/// no neighbour solicitation towards a pod until it is not).
+pub fn tcp_get(ns: &NetNs, addr: &str) -> Option<String> {
+    tcp_get_within(ns, addr, Duration::from_secs(4))
+}
+
+/// [`tcp_get`] with a shorter wait, for connections that must fail (a
+/// dropped SYN is never answered): only a path that works in time can make
+/// a "blocked" assertion fail.
+pub fn tcp_blocked(ns: &NetNs, addr: &str) -> bool {
+    tcp_get_within(ns, addr, Duration::from_millis(1500)).is_none()
+}
+
+pub fn tcp_get_within(ns: &NetNs, addr: &str, wait: Duration) -> Option<String> {
+    let sa: SocketAddr = addr.parse().unwrap();
+    let stream = ns
+        .run(|| TcpStream::connect_timeout(&sa, wait))
+        .unwrap()
+        .ok()?;
+    let mut stream = stream;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let mut s = String::new();
+    stream.read_to_string(&mut s).ok()?;
+    Some(s)
+}
+
+/// A UDP echo server in `ns` (IPv4, `port`): answers each datagram with
+/// `reply`.
+pub fn udp_server(ns: &NetNs, port: u16, reply: &str) {
+    let s = ns
+        .run(|| UdpSocket::bind(format!("0.0.0.0:{port}")).unwrap())
+        .unwrap();
+    let reply = reply.to_string();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 1500];
+        while let Ok((_, from)) = s.recv_from(&mut buf) {
+            let _ = s.send_to(reply.as_bytes(), from);
+        }
+    });
+}
+
+/// A UDP socket in `ns` bound to `local_port` (fixed, so conntrack sees the
+/// same flow each time).
+pub fn udp_client(ns: &NetNs, local_port: u16) -> UdpSocket {
+    let s = ns
+        .run(|| UdpSocket::bind(format!("0.0.0.0:{local_port}")).unwrap())
+        .unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(700)))
+        .unwrap();
+    s
+}
+
+/// Sends one datagram and waits for an answer.
+pub fn udp_ask(s: &UdpSocket, to: &str) -> Option<String> {
+    s.send_to(b"hi", to).ok()?;
+    let mut buf = [0u8; 1500];
+    let (n, _) = s.recv_from(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+pub fn plugin_bin(name: &str) -> PathBuf {
+    bin(name)
+}

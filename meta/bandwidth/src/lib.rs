@@ -1,0 +1,357 @@
+//! `bandwidth`: rate limits on a veth attachment, as a chained plugin.
+//!
+//! Ingress (towards the container): a token bucket (TBF) as the root qdisc
+//! of the host-side veth. Egress (from the container): the host veth's
+//! ingress qdisc redirects everything (u32 match-all, mirred) to an IFB
+//! device `bwp<hash(network+containerID)>`, whose root qdisc is a TBF; the
+//! IFB is added to the result's interfaces. All of it over netlink, with
+//! the reference's names and TBF parameters (latency 25 ms), so either
+//! implementation checks and removes what the other made.
+//!
+//! Better than the reference: DEL also removes the qdiscs from a host veth
+//! that outlives the attachment; GC removes IFBs of stale attachments
+//! (found by the alias ours carry); a failed ADD removes what it made;
+//! CHECK fails with a code of its own.
+
+use rcni_cni::rollback::Rollback;
+use rcni_cni::skel::{About, CmdArgs, Plugin};
+use rcni_cni::types::BandwidthEntry;
+use rcni_cni::{CniError, CniResult, ErrorCode, Interface};
+use rcni_netlink::tc::{INGRESS_HANDLE, TBF_HANDLE, Tbf};
+use rcni_netlink::{Link, Netlink};
+use rcni_netns::NetNs;
+use serde::Deserialize;
+
+pub struct Bandwidth;
+
+/// The reference supports 0.3.0 and later.
+const VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+/// IFB names: `bwp` and the hash, 15 characters (IFNAMSIZ - 1).
+const IFB_NAME_LEN: usize = 15;
+/// Bursts are handed to the kernel in bytes as a u32.
+const MAX_BURST_BITS: u64 = (u32::MAX as u64) * 8;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Raw {
+    #[serde(default)]
+    ingress_rate: Option<u64>,
+    #[serde(default)]
+    ingress_burst: Option<u64>,
+    #[serde(default)]
+    egress_rate: Option<u64>,
+    #[serde(default)]
+    egress_burst: Option<u64>,
+}
+
+/// The limits of one call: the config's own entry if it has any of the
+/// four keys (as Go allocates the embedded entry then), else the
+/// `bandwidth` capability.
+pub fn limits(args: &CmdArgs) -> Result<Option<BandwidthEntry>, CniError> {
+    let raw: Raw = args.conf.plugin_conf()?;
+    let any = raw.ingress_rate.is_some()
+        || raw.ingress_burst.is_some()
+        || raw.egress_rate.is_some()
+        || raw.egress_burst.is_some();
+    let bw = if any {
+        Some(BandwidthEntry {
+            ingress_rate: raw.ingress_rate.unwrap_or(0),
+            ingress_burst: raw.ingress_burst.unwrap_or(0),
+            egress_rate: raw.egress_rate.unwrap_or(0),
+            egress_burst: raw.egress_burst.unwrap_or(0),
+        })
+    } else {
+        args.conf.runtime_value::<BandwidthEntry>("bandwidth")?
+    };
+    if let Some(b) = &bw {
+        validate(b.ingress_rate, b.ingress_burst)?;
+        validate(b.egress_rate, b.egress_burst)?;
+    }
+    Ok(bw)
+}
+
+/// Rate and burst come together, and the burst fits the kernel's u32 of
+/// bytes (the reference's `validateRateAndBurst`).
+pub fn validate(rate: u64, burst: u64) -> Result<(), CniError> {
+    match (rate, burst) {
+        (0, b) if b != 0 => Err(CniError::config("if burst is set, rate must also be set")),
+        (r, 0) if r != 0 => Err(CniError::config("if rate is set, burst must also be set")),
+        (_, b) if b >= MAX_BURST_BITS => Err(CniError::config("burst cannot be more than 4GB")),
+        (r, _) if r != 0 && r < 8 => Err(CniError::config("rate must be at least 8 bit/s")),
+        _ => Ok(()),
+    }
+}
+
+/// The reference's IFB name.
+pub fn ifb_name(network: &str, container_id: &str) -> String {
+    rcni_ipmasq::hash_with_prefix(IFB_NAME_LEN, "bwp", &format!("{network}{container_id}"))
+}
+
+/// The alias our IFBs carry: what GC needs to tell whose it is.
+fn ifb_alias(network: &str, container_id: &str, ifname: &str) -> String {
+    format!("rcni-bandwidth {network} {container_id} {ifname}")
+}
+
+fn parse_alias(alias: &str) -> Option<(&str, &str, &str)> {
+    let mut w = alias.strip_prefix("rcni-bandwidth ")?.split(' ');
+    Some((w.next()?, w.next()?, w.next()?))
+}
+
+/// The host end of the container's veth, which the result must list as a
+/// host interface (the reference's `getHostInterface`).
+async fn host_veth(
+    host: &Netlink,
+    container: &Netlink,
+    prev: &CniResult,
+    ifname: &str,
+) -> Result<Link, CniError> {
+    let ct = container.link_by_name(ifname).await?;
+    let peer = match (ct.kind.as_deref(), ct.link) {
+        (Some("veth"), Some(p)) => p,
+        _ => {
+            return Err(CniError::config(format!(
+                "container interface {ifname} has no veth peer"
+            )));
+        }
+    };
+    let link = host
+        .link_by_index(peer)
+        .await
+        .map_err(|_| CniError::config(format!("veth peer with index {peer} is not in host ns")))?;
+    if !prev
+        .interfaces
+        .iter()
+        .any(|i| i.sandbox.is_empty() && i.name == link.name)
+    {
+        return Err(CniError::config(
+            "no veth peer of container interface found in host ns",
+        ));
+    }
+    Ok(link)
+}
+
+fn open_container(args: &CmdArgs) -> Result<NetNs, CniError> {
+    let p = args.netns.as_ref().ok_or_else(|| {
+        CniError::new(ErrorCode::InvalidEnvironmentVariables, "CNI_NETNS is empty")
+    })?;
+    Ok(NetNs::open(p)?)
+}
+
+fn check_failed(msg: String) -> CniError {
+    CniError::new(ErrorCode::CheckFailed, msg)
+}
+
+fn tbf_of(qdiscs: &[rcni_netlink::tc::Qdisc]) -> Option<Tbf> {
+    qdiscs
+        .iter()
+        .find(|q| q.kind == "tbf" && q.parent == 0xffff_ffff)
+        .and_then(|q| q.tbf)
+}
+
+impl Plugin for Bandwidth {
+    fn about(&self) -> About {
+        About {
+            name: "bandwidth",
+            version: env!("CARGO_PKG_VERSION"),
+            supported_versions: VERSIONS,
+        }
+    }
+
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        let bw = limits(args)?;
+        let mut prev = args
+            .conf
+            .prev_result()?
+            .ok_or_else(|| CniError::config("must be called as chained plugin"))?;
+        let Some(bw) = bw.filter(|b| b.ingress_rate > 0 || b.egress_rate > 0) else {
+            return Ok(prev);
+        };
+        let ct_ns = open_container(args)?;
+        let host_ns = NetNs::current()?;
+        let rt = rcni_netlink::runtime()?;
+        let (host, ct) = rt.block_on(async {
+            Ok::<_, CniError>((
+                Netlink::connect(&host_ns).await?,
+                Netlink::connect(&ct_ns).await?,
+            ))
+        })?;
+        let veth = rt.block_on(host_veth(&host, &ct, &prev, &args.ifname))?;
+        let mut undo = Rollback::new();
+        if bw.ingress_rate > 0 {
+            let tbf = Tbf::from_bits(bw.ingress_rate, bw.ingress_burst);
+            rt.block_on(host.add_tbf(veth.index, tbf))?;
+            let (rt, host, index) = (&rt, &host, veth.index);
+            undo.push("ingress TBF", move || {
+                Ok(rt.block_on(host.del_qdisc(index, 0xffff_ffff, TBF_HANDLE))?)
+            });
+        }
+        if bw.egress_rate > 0 {
+            let name = ifb_name(&args.conf.name, &args.container_id);
+            let alias = ifb_alias(&args.conf.name, &args.container_id, &args.ifname);
+            let ifb = rt.block_on(host.create_ifb(&name, veth.mtu, &alias))?;
+            {
+                let (rt, host, index) = (&rt, &host, ifb.index);
+                undo.push(format!("ifb {name}"), move || {
+                    Ok(rt.block_on(host.delete_link(index))?)
+                });
+            }
+            let tbf = Tbf::from_bits(bw.egress_rate, bw.egress_burst);
+            rt.block_on(async {
+                host.add_tbf(ifb.index, tbf).await?;
+                host.add_ingress_qdisc(veth.index).await
+            })?;
+            {
+                let (rt, host, index) = (&rt, &host, veth.index);
+                undo.push("ingress qdisc", move || {
+                    Ok(rt.block_on(host.del_qdisc(index, 0xffff_fff1, INGRESS_HANDLE))?)
+                });
+            }
+            rt.block_on(host.add_redirect_filter(veth.index, ifb.index))?;
+            prev.interfaces.push(Interface {
+                name,
+                mac: ifb.mac.map(|m| m.to_string()).unwrap_or_default(),
+                ..Interface::default()
+            });
+        }
+        undo.commit();
+        Ok(prev)
+    }
+
+    /// Deletes the IFB, and the qdiscs of the host veth when it is still
+    /// there; missing ones are success.
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let _ = limits(args)?;
+        let host_ns = NetNs::current()?;
+        let rt = rcni_netlink::runtime()?;
+        let host = rt.block_on(Netlink::connect(&host_ns))?;
+        let name = ifb_name(&args.conf.name, &args.container_id);
+        rt.block_on(host.ensure_link_deleted(&name))?;
+        if let (Ok(Some(prev)), Ok(ct_ns)) = (args.conf.prev_result(), open_container(args)) {
+            let _ = rt.block_on(async {
+                let ct = Netlink::connect(&ct_ns).await?;
+                let veth = host_veth(&host, &ct, &prev, &args.ifname).await?;
+                host.del_qdisc(veth.index, 0xffff_ffff, TBF_HANDLE).await?;
+                host.del_qdisc(veth.index, 0xffff_fff1, INGRESS_HANDLE)
+                    .await?;
+                Ok::<_, CniError>(())
+            });
+        }
+        Ok(())
+    }
+
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let bw = limits(args)?;
+        let prev = args
+            .conf
+            .prev_result()?
+            .ok_or_else(|| CniError::config("must be called as chained plugin"))?;
+        let Some(bw) = bw.filter(|b| b.ingress_rate > 0 || b.egress_rate > 0) else {
+            return Ok(());
+        };
+        let ct_ns = open_container(args)?;
+        let host_ns = NetNs::current()?;
+        let rt = rcni_netlink::runtime()?;
+        rt.block_on(async {
+            let host = Netlink::connect(&host_ns).await?;
+            let ct = Netlink::connect(&ct_ns).await?;
+            let veth = host_veth(&host, &ct, &prev, &args.ifname).await?;
+            let qdiscs = host.qdiscs(veth.index).await?;
+            if bw.ingress_rate > 0 {
+                let want = Tbf::from_bits(bw.ingress_rate, bw.ingress_burst);
+                if tbf_of(&qdiscs) != Some(want) {
+                    return Err(check_failed(format!(
+                        "ingress TBF of {} is {:?}, want {want:?}",
+                        veth.name,
+                        tbf_of(&qdiscs)
+                    )));
+                }
+            }
+            if bw.egress_rate > 0 {
+                if !qdiscs.iter().any(|q| q.kind == "ingress") {
+                    return Err(check_failed(format!("no ingress qdisc on {}", veth.name)));
+                }
+                let name = ifb_name(&args.conf.name, &args.container_id);
+                let ifb = host
+                    .find_link(&name)
+                    .await?
+                    .ok_or_else(|| check_failed(format!("ifb {name} does not exist")))?;
+                let want = Tbf::from_bits(bw.egress_rate, bw.egress_burst);
+                let have = tbf_of(&host.qdiscs(ifb.index).await?);
+                if have != Some(want) {
+                    return Err(check_failed(format!(
+                        "egress TBF of {name} is {have:?}, want {want:?}"
+                    )));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Deletes this network's IFBs whose attachment is not valid (ours
+    /// carry an alias naming it; the reference's carry none and are left).
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let valid = args.conf.gc_valid_pairs();
+        let host_ns = NetNs::current()?;
+        let rt = rcni_netlink::runtime()?;
+        rt.block_on(async {
+            let host = Netlink::connect(&host_ns).await?;
+            for l in host.links().await? {
+                let Some((net, cid, ifname)) = l.alias.as_deref().and_then(parse_alias) else {
+                    continue;
+                };
+                let stale = l.kind.as_deref() == Some("ifb")
+                    && net == args.conf.name
+                    && !valid.iter().any(|(c, i)| c == cid && i == ifname);
+                if stale {
+                    match host.delete_link(l.index).await {
+                        Err(e) if !e.is_not_found() => return Err(e.into()),
+                        _ => {}
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn load(v: serde_json::Value) -> Result<Option<BandwidthEntry>, CniError> {
+        limits(&CmdArgs::for_conf(&v)?)
+    }
+
+    #[test]
+    fn static_entry_wins_over_the_capability() {
+        let mut v = json!({"cniVersion": "1.0.0", "name": "n", "type": "bandwidth",
+            "runtimeConfig": {"bandwidth": {"ingressRate": 1000, "ingressBurst": 800}}});
+        assert_eq!(load(v.clone()).unwrap().unwrap().ingress_rate, 1000);
+        v["egressRate"] = json!(2000);
+        v["egressBurst"] = json!(1600);
+        let b = load(v).unwrap().unwrap();
+        assert_eq!((b.ingress_rate, b.egress_rate), (0, 2000));
+        let none = json!({"cniVersion": "1.0.0", "name": "n", "type": "bandwidth"});
+        assert_eq!(load(none).unwrap(), None);
+    }
+
+    #[test]
+    fn rate_and_burst_go_together() {
+        assert!(validate(0, 0).is_ok());
+        assert!(validate(1000, 800).is_ok());
+        assert_eq!(validate(1000, 0).unwrap_err().code, 7);
+        assert_eq!(validate(0, 800).unwrap_err().code, 7);
+        assert_eq!(validate(1000, MAX_BURST_BITS).unwrap_err().code, 7);
+    }
+
+    #[test]
+    fn names() {
+        let n = ifb_name("mynet", "ctr1");
+        assert_eq!(n.len(), 15);
+        assert!(n.starts_with("bwp"));
+        let a = ifb_alias("mynet", "ctr1", "eth0");
+        assert_eq!(parse_alias(&a), Some(("mynet", "ctr1", "eth0")));
+        assert_eq!(parse_alias("something"), None);
+    }
+}
