@@ -209,18 +209,17 @@ pub fn delegate_ipam(ipam: Option<&str>, command: &str, args: &CmdArgs) -> Resul
     }
 }
 
-/// Starts the IPAM plugin's ADD, if there is one, on its own thread: its
-/// process start and work overlap the caller's link work, most of ADD's
-/// time. Declare it before the ADD's [`Rollback`]: dropped after it, a
-/// failed ADD releases the addresses after removing the links that used
-/// them.
+/// Starts the IPAM plugin's ADD, if there is one ([`PendingAdd`]: beside
+/// the caller's link work where the plugin allows it). Declare it before
+/// the ADD's [`Rollback`]: dropped after it, a failed ADD releases the
+/// addresses after removing the links that used them.
 pub fn start_ipam_add(ipam: Option<&str>, args: &CmdArgs) -> Option<PendingAdd> {
     ipam.map(|name| PendingAdd::start(name, &args.stdin, &args.path, args.version()))
 }
 
-/// Starts IPAM's DEL, if there is one, on its own thread: releasing the
-/// addresses does not depend on the links, and overlaps the kernel's link
-/// removal (an RCU barrier, most of DEL's time). Wait with [`wait_ipam`].
+/// Starts IPAM's DEL, if there is one ([`PendingCmd`]: beside the kernel's
+/// link removal, most of DEL's time, where the plugin allows it; otherwise
+/// now, before the links go). Wait with [`wait_ipam`].
 pub fn start_ipam_del(ipam: Option<&str>, args: &CmdArgs) -> Option<PendingCmd> {
     ipam.map(|name| PendingCmd::start(name, "DEL", &args.stdin, &args.path))
 }

@@ -6,6 +6,7 @@ use crate::types::CniResult;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -170,12 +171,35 @@ pub fn delegate_add(
 /// undoes it with DEL: a process that exited without joining would leave the
 /// delegate's reservation behind.
 pub struct PendingAdd {
-    name: String,
-    stdin: Vec<u8>,
-    path: Vec<PathBuf>,
+    delegate: Arc<Delegate>,
     state: AddState,
     added: bool,
     committed: bool,
+}
+
+/// What a pending call needs, shared with the thread running it.
+struct Delegate {
+    name: String,
+    stdin: Vec<u8>,
+    path: Vec<PathBuf>,
+}
+
+impl Delegate {
+    fn new(name: &str, stdin: &[u8], path: &[PathBuf]) -> Arc<Delegate> {
+        Arc::new(Delegate {
+            name: name.to_string(),
+            stdin: stdin.to_vec(),
+            path: path.to_vec(),
+        })
+    }
+
+    fn add(&self, cni_version: &str) -> Result<CniResult, CniError> {
+        delegate_add(&self.name, &self.stdin, &self.path, cni_version)
+    }
+
+    fn cmd(&self, command: &str) -> Result<(), CniError> {
+        delegate_cmd(&self.name, command, &self.stdin, &self.path)
+    }
 }
 
 enum AddState {
@@ -195,21 +219,15 @@ pub fn runs_beside_links(ipam: &str) -> bool {
 
 impl PendingAdd {
     pub fn start(name: &str, stdin: &[u8], path: &[PathBuf], cni_version: &str) -> PendingAdd {
+        let delegate = Delegate::new(name, stdin, path);
         let state = if runs_beside_links(name) {
-            let (n, i, p, v) = (
-                name.to_string(),
-                stdin.to_vec(),
-                path.to_vec(),
-                cni_version.to_string(),
-            );
-            AddState::Running(std::thread::spawn(move || delegate_add(&n, &i, &p, &v)))
+            let (d, v) = (Arc::clone(&delegate), cni_version.to_string());
+            AddState::Running(std::thread::spawn(move || d.add(&v)))
         } else {
             AddState::Deferred(cni_version.to_string())
         };
         PendingAdd {
-            name: name.to_string(),
-            stdin: stdin.to_vec(),
-            path: path.to_vec(),
+            delegate,
             state,
             added: false,
             committed: false,
@@ -218,20 +236,17 @@ impl PendingAdd {
 
     /// The delegate's result (once; later calls are an internal error).
     pub fn wait(&mut self) -> Result<CniResult, CniError> {
+        let name = &self.delegate.name;
         let r = match std::mem::replace(&mut self.state, AddState::Taken) {
             AddState::Running(h) => h.join().unwrap_or_else(|_| {
                 Err(CniError::internal(format!(
-                    "delegated ADD of {:?} panicked",
-                    self.name
+                    "delegated ADD of {name:?} panicked"
                 )))
             }),
-            AddState::Deferred(version) => {
-                delegate_add(&self.name, &self.stdin, &self.path, &version)
-            }
+            AddState::Deferred(version) => self.delegate.add(&version),
             AddState::Taken => {
                 return Err(CniError::internal(format!(
-                    "delegated ADD of {:?} already taken",
-                    self.name
+                    "delegated ADD of {name:?} already taken"
                 )));
             }
         };
@@ -257,10 +272,10 @@ impl Drop for PendingAdd {
         // A failed ADD gets no DEL, as in the reference: its error may be
         // "already allocated" for an attachment that owns the address.
         if self.added
-            && let Err(e) = delegate_cmd(&self.name, "DEL", &self.stdin, &self.path)
+            && let Err(e) = self.delegate.cmd("DEL")
         {
             // stderr is the runtime's log; stdout carries the error JSON.
-            eprintln!("rcni: undo IPAM {}: {e}", self.name);
+            eprintln!("rcni: undo IPAM {}: {e}", self.delegate.name);
         }
     }
 }
@@ -279,13 +294,8 @@ impl PendingCmd {
         if !runs_beside_links(name) {
             return PendingCmd::Done(delegate_cmd(name, command, stdin, path));
         }
-        let (n, c, i, p) = (
-            name.to_string(),
-            command.to_string(),
-            stdin.to_vec(),
-            path.to_vec(),
-        );
-        PendingCmd::Running(std::thread::spawn(move || delegate_cmd(&n, &c, &i, &p)))
+        let (d, c) = (Delegate::new(name, stdin, path), command.to_string());
+        PendingCmd::Running(std::thread::spawn(move || d.cmd(&c)))
     }
 
     pub fn wait(self) -> Result<(), CniError> {

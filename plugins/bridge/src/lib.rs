@@ -225,9 +225,10 @@ impl Attachment for Bridge {
     }
 
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
-        // IPAM runs alongside the link work below (the reference runs it
-        // after). Declared before the rollback: dropped after it, so a failed ADD
-        // releases its addresses after removing the links that used them.
+        // IPAM runs alongside the link work below where it may (the
+        // reference runs it after). Declared before the rollback: dropped
+        // after it, so a failed ADD releases its addresses after removing
+        // the links that used them.
         let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
         let ns = Namespaces::open(args)?;
         let mut undo = Rollback::new();

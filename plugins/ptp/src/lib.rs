@@ -145,8 +145,8 @@ impl Attachment for Ptp {
         // Before IPAM: a repeated ADD finds its interface there and must not
         // cost (or, undone, release) the reservation the first one holds.
         ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
-        // IPAM runs alongside the link work (the reference runs it first).
-        // Declared before the rollback: dropped after it, so a failed ADD
+        // IPAM runs alongside the link work where it may (the reference
+        // runs it first). Declared before the rollback: dropped after it, so a failed ADD
         // releases its addresses after removing the links that used them.
         let mut ipam = PendingAdd::start(ipam, &args.stdin, &args.path, args.version());
         let mut undo = Rollback::new();
