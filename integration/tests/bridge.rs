@@ -214,7 +214,7 @@ fn failed_add_releases_a_concurrent_reservation_but_never_anothers() {
             &conf,
         )
         .err();
-    assert!(code != 0, "{msg}");
+    assert_eq!(code, 104, "{msg}");
     assert_eq!(node.reservations(), held);
     node.call(&bin("bridge"), "DEL", &pod.path(), "first", &conf)
         .ok();
