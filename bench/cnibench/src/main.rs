@@ -166,6 +166,14 @@ fn reservations(im: &Impl) -> usize {
         .unwrap_or(0)
 }
 
+/// DEL of a scale pod, with its ADD's result as prevResult.
+fn del_pod(im: &Impl, (_, path, cid, out, _): &Pod) {
+    let mut c = conf(im.data.path());
+    c["prevResult"] = serde_json::from_slice(out).unwrap();
+    let (_, ok, _) = run(im, "DEL", cid, path, &serde_json::to_vec(&c).unwrap());
+    assert!(ok, "{} DEL failed", im.name);
+}
+
 /// Multicast packets the node's bridge has received from its ports.
 fn bridge_mcast(im: &Impl) -> u64 {
     let mut c = im.node.command("ip");
@@ -309,7 +317,8 @@ fn main() {
         };
         // (pods, fresh (median µs, multicast pps), settled (same)).
         #[allow(clippy::type_complexity)]
-        let mut rows: Vec<(usize, (f64, f64), (f64, f64))> = Vec::new();
+        // Per scale point: (pods, [fresh, settled] as (median µs, mcast/s)).
+        let mut rows: Vec<(usize, [(f64, f64); 2])> = Vec::new();
         for &target in &a.scale {
             while pods.len() < target {
                 add_pod(&mut pods);
@@ -317,37 +326,26 @@ fn main() {
             let fresh = sample(&mut pods, &mut add_pod);
             // The fresh sample's pods go again: a bridge takes at most 1023
             // ports (BR_MAX_PORTS), so 1000 + 2 x 15 would not fit.
-            for (_, path, cid, out, _) in pods.drain(target..) {
-                let mut c = conf(im.data.path());
-                c["prevResult"] = serde_json::from_slice(&out).unwrap();
-                let (_, ok, _) = run(im, "DEL", &cid, &path, &serde_json::to_vec(&c).unwrap());
-                assert!(ok, "{} DEL failed", im.name);
+            for p in pods.drain(target..) {
+                del_pod(im, &p);
             }
             std::thread::sleep(std::time::Duration::from_secs(a.settle));
             let settled = sample(&mut pods, &mut add_pod);
-            rows.push((target, fresh, settled));
+            rows.push((target, [fresh, settled]));
         }
-        for (label, pick) in [("fresh", 0), ("settled", 1)] {
+        for (k, label) in ["fresh", "settled"].iter().enumerate() {
             let mut line = format!("{:<10} {label:<8}", im.name);
-            for (t, f, s) in &rows {
-                let (m, pps) = if pick == 0 { f } else { s };
+            for (t, samples) in &rows {
+                let (m, pps) = samples[k];
                 line += &format!("  {t:>5} pods: {m:>6.0} ({pps:>5.0} mcast)");
             }
-            if let (Some(first), Some(last)) = (rows.first(), rows.last()) {
-                let (a0, b0) = if pick == 0 {
-                    (first.1.0, last.1.0)
-                } else {
-                    (first.2.0, last.2.0)
-                };
-                line += &format!("  largest/smallest {:.2}", b0 / a0);
+            if let (Some((_, first)), Some((_, last))) = (rows.first(), rows.last()) {
+                line += &format!("  largest/smallest {:.2}", last[k].0 / first[k].0);
             }
             println!("{line}");
         }
-        for (_, path, cid, out, _) in &pods {
-            let mut c = conf(im.data.path());
-            c["prevResult"] = serde_json::from_slice(out).unwrap();
-            let (_, ok, _) = run(im, "DEL", cid, path, &serde_json::to_vec(&c).unwrap());
-            assert!(ok, "{} DEL failed", im.name);
+        for p in &pods {
+            del_pod(im, p);
         }
         println!(
             "{:<10} after {} ADD/DEL cycles: {} reservations, {} veths left",
