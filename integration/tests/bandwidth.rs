@@ -5,20 +5,15 @@
 mod chain;
 
 use chain::*;
-use rcni_testkit::{Call, TestNs, bin, reference_bin};
+use rcni_testkit::{TestNs, bin, reference_bin};
 use serde_json::{Value, json};
 use std::process::{Child, Stdio};
 
 const MBIT: u64 = 1_000_000;
 
 fn chain(lan: &Lan, version: &str, bw: Value) -> Chain {
-    let mut b = json!({"type": "bandwidth", "capabilities": {"bandwidth": true}});
-    for (k, v) in bw.as_object().unwrap() {
-        b[k] = v.clone();
-    }
-    let mut br = lan.bridge_conf(version);
-    br.as_object_mut().unwrap().remove("name");
-    Chain::new(version, vec![br, b])
+    let b = json!({"type": "bandwidth", "capabilities": {"bandwidth": true}});
+    lan.chain_with(version, b, bw)
 }
 
 /// An iperf3 server in the client namespace, killed on drop.
@@ -101,18 +96,17 @@ fn iperf3_measures_the_configured_rates() {
         (10 * MBIT..26 * MBIT).contains(&ingress),
         "ingress measured {ingress} bit/s for a 20 Mbit/s limit"
     );
-    c.check(&lan, &pod.path(), "pod-bw", "eth0", &r)
-        .unwrap_or_else(|(i, o)| panic!("CHECK {i}: {}", o.stdout));
-    c.del(&lan, Some(&pod.path()), "pod-bw", "eth0", Some(&r));
-    assert!(!sh(&lan.node.ns, "ip", &["link"]).1.contains("bwp"));
+    c.check_ok(&lan, &pod, "pod-bw", &r);
+    c.del_pod(&lan, &pod, "pod-bw", &r);
+    assert!(!node_links(&lan).contains("bwp"));
 
     // Unshaped, the same path is far faster: the limits were the cause.
-    let plain = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
+    let plain = c.only(0);
     let pod2 = TestNs::new();
     let r2 = plain.add(&lan, &pod2.path(), "pod-plain", "eth0");
     let free = iperf(&lan, &pod2, 5303, false);
     assert!(free > 100 * MBIT, "unshaped transfer only {free} bit/s");
-    plain.del(&lan, Some(&pod2.path()), "pod-plain", "eth0", Some(&r2));
+    plain.del_pod(&lan, &pod2, "pod-plain", &r2);
 }
 
 fn super_ifb(r: &Value) -> String {
@@ -123,11 +117,17 @@ fn super_ifb(r: &Value) -> String {
 }
 
 fn qdiscs(lan: &Lan, dev: &str) -> String {
-    sh(&lan.node.ns, "tc", &["qdisc", "show", "dev", dev]).1
+    lan.on_node("tc", &["qdisc", "show", "dev", dev])
 }
 
-fn host_veth(r: &Value) -> String {
-    r["interfaces"][1]["name"].as_str().unwrap().to_string()
+/// Whether `dev` has a TBF qdisc, with the qdiscs it has.
+fn tbf_on(lan: &Lan, dev: &str) -> (bool, String) {
+    let q = qdiscs(lan, dev);
+    (q.contains("tbf"), q)
+}
+
+fn node_links(lan: &Lan) -> String {
+    lan.on_node("ip", &["link"])
 }
 
 #[test]
@@ -136,7 +136,7 @@ fn check_del_and_the_references_layout() {
     let limits = json!({"ingressRate": 8 * MBIT, "ingressBurst": 80_000, "egressRate": 4 * MBIT, "egressBurst": 40_000});
     let c = chain(&lan, "1.0.0", limits);
     let pod = TestNs::new();
-    let br_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
+    let br_only = c.only(0);
     let br = br_only.add(&lan, &pod.path(), "pod-x", "eth0");
     let veth = host_veth(&br);
     let conf = c.stdin(1, Some(&br));
@@ -152,141 +152,77 @@ fn check_del_and_the_references_layout() {
             bin("bandwidth"),
         ),
     ] {
-        let r = lan
-            .call(&adder, "ADD", Some(&pod.path()), "pod-x", "eth0", &conf)
-            .ok();
+        let r = lan.run(&adder, "ADD", &pod, "pod-x", &conf).ok();
         let ifb = super_ifb(&r);
-        assert!(
-            qdiscs(&lan, &veth).contains("tbf"),
-            "{}",
-            qdiscs(&lan, &veth)
-        );
-        assert!(qdiscs(&lan, &ifb).contains("tbf"));
-        let filters = sh(
-            &lan.node.ns,
-            "tc",
-            &["filter", "show", "dev", &veth, "ingress"],
-        )
-        .1;
+        let (shaped, q) = tbf_on(&lan, &veth);
+        assert!(shaped, "{q}");
+        assert!(tbf_on(&lan, &ifb).0);
+        let filters = lan.on_node("tc", &["filter", "show", "dev", &veth, "ingress"]);
         assert!(
             filters.contains("protocol all") && filters.contains(&ifb),
             "{filters}"
         );
         let mut check_conf = c.stdin(1, Some(&r));
         check_conf["cniVersion"] = json!("1.0.0");
-        let out = lan.call(
-            &checker,
-            "CHECK",
-            Some(&pod.path()),
-            "pod-x",
-            "eth0",
-            &check_conf,
-        );
-        assert_eq!(
-            out.code,
-            0,
-            "{} checking {}: {}",
-            checker.display(),
-            adder.display(),
-            out.stdout
-        );
-        let out = lan.call(
-            &deleter,
-            "DEL",
-            Some(&pod.path()),
-            "pod-x",
-            "eth0",
-            &check_conf,
-        );
-        assert_eq!(out.code, 0, "{}", out.stdout);
+        assert_checks(&lan, &checker, &adder, &pod, "pod-x", &check_conf);
+        assert_success(&lan.run(&deleter, "DEL", &pod, "pod-x", &check_conf));
         assert!(
-            !sh(&lan.node.ns, "ip", &["link"]).1.contains(&ifb),
+            !node_links(&lan).contains(&ifb),
             "{} left {ifb}",
             deleter.display()
         );
         // Ours also leaves the surviving veth unshaped.
         if deleter == bin("bandwidth") {
-            assert!(
-                !qdiscs(&lan, &veth).contains("tbf"),
-                "{}",
-                qdiscs(&lan, &veth)
-            );
+            let (shaped, q) = tbf_on(&lan, &veth);
+            assert!(!shaped, "{q}");
         } else {
-            let _ = sh(&lan.node.ns, "tc", &["qdisc", "del", "dev", &veth, "root"]);
-            let _ = sh(
-                &lan.node.ns,
-                "tc",
-                &["qdisc", "del", "dev", &veth, "ingress"],
-            );
+            for parent in ["root", "ingress"] {
+                lan.on_node("tc", &["qdisc", "del", "dev", &veth, parent]);
+            }
         }
     }
 
     // CHECK notices a changed rate.
-    let r = lan
-        .call(
-            &bin("bandwidth"),
-            "ADD",
-            Some(&pod.path()),
-            "pod-x",
-            "eth0",
-            &conf,
-        )
-        .ok();
-    let (ok, msg) = sh(
-        &lan.node.ns,
+    let r = lan.run(&bin("bandwidth"), "ADD", &pod, "pod-x", &conf).ok();
+    lan.on_node_ok(
         "tc",
         &[
             "qdisc", "change", "dev", &veth, "root", "handle", "1:", "tbf", "rate", "1mbit",
             "burst", "10kb", "latency", "25ms",
         ],
     );
-    assert!(ok, "{msg}");
-    let out = lan.call(
-        &bin("bandwidth"),
-        "CHECK",
-        Some(&pod.path()),
-        "pod-x",
-        "eth0",
-        &c.stdin(1, Some(&r)),
-    );
-    let (code, msg) = out.err();
+    let (code, msg) = c.run(&lan, 1, "CHECK", &pod, "pod-x", Some(&r)).err();
     assert_eq!(code, 106, "{msg}");
     // DEL twice, and without netns.
     for netns in [Some(pod.path()), None] {
+        let conf = c.stdin(1, Some(&r));
         let out = lan.call(
             &bin("bandwidth"),
             "DEL",
             netns.as_deref(),
             "pod-x",
             "eth0",
-            &c.stdin(1, Some(&r)),
+            &conf,
         );
-        assert_eq!(out.code, 0, "{}", out.stdout);
+        assert_success(&out);
     }
-    br_only.del(&lan, Some(&pod.path()), "pod-x", "eth0", Some(&br));
+    br_only.del_pod(&lan, &pod, "pod-x", &br);
 }
 
 #[test]
 fn gc_removes_ifbs_of_stale_attachments() {
     let lan = Lan::new();
-    let c = chain(
-        &lan,
-        "1.1.0",
-        json!({"egressRate": 4 * MBIT, "egressBurst": 40_000}),
-    );
+    let limits = json!({"egressRate": 4 * MBIT, "egressBurst": 40_000});
+    let c = chain(&lan, "1.1.0", limits);
     let (a, b) = (TestNs::new(), TestNs::new());
     let ra = c.add(&lan, &a.path(), "pod-a", "eth0");
     let rb = c.add(&lan, &b.path(), "pod-b", "eth0");
     let (ifa, ifb) = (super_ifb(&ra), super_ifb(&rb));
-    let bw_only = Chain {
-        plugins: vec![c.plugins[1].clone()],
-        ..c.clone()
-    };
-    bw_only.gc(&lan, &[("pod-a", "eth0")]);
-    let links = sh(&lan.node.ns, "ip", &["link"]).1;
+    c.only(1).gc(&lan, &[("pod-a", "eth0")]);
+    let links = node_links(&lan);
     assert!(links.contains(&ifa) && !links.contains(&ifb), "{links}");
-    c.del(&lan, Some(&a.path()), "pod-a", "eth0", Some(&ra));
-    c.del(&lan, Some(&b.path()), "pod-b", "eth0", Some(&rb));
+    c.del_pod(&lan, &a, "pod-a", &ra);
+    c.del_pod(&lan, &b, "pod-b", &rb);
 }
 
 #[test]
@@ -294,48 +230,21 @@ fn validation_versions_and_pass_through() {
     let lan = Lan::new();
     let pod = TestNs::new();
     let c = chain(&lan, "1.0.0", json!({"egressRate": 1000}));
-    let br_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
+    let br_only = c.only(0);
     let br = br_only.add(&lan, &pod.path(), "pod-v", "eth0");
-    let (code, msg) = lan
-        .call(
-            &bin("bandwidth"),
-            "ADD",
-            Some(&pod.path()),
-            "pod-v",
-            "eth0",
-            &c.stdin(1, Some(&br)),
-        )
-        .err();
+    let (code, msg) = c.run(&lan, 1, "ADD", &pod, "pod-v", Some(&br)).err();
     assert_eq!(code, 7);
     assert!(msg.contains("burst"), "{msg}");
     // No limits: the result passes through unchanged, nothing is made.
     let none = chain(&lan, "1.0.0", json!({}));
-    let out = lan
-        .call(
-            &bin("bandwidth"),
-            "ADD",
-            Some(&pod.path()),
-            "pod-v",
-            "eth0",
-            &none.stdin(1, Some(&br)),
-        )
-        .ok();
+    let out = none.run(&lan, 1, "ADD", &pod, "pod-v", Some(&br)).ok();
     assert_eq!(out, br);
     let mut old = none.stdin(1, Some(&br));
     old["cniVersion"] = json!("0.2.0");
     old.as_object_mut().unwrap().remove("prevResult");
-    let (code, _) = lan
-        .call(
-            &bin("bandwidth"),
-            "ADD",
-            Some(&pod.path()),
-            "pod-v",
-            "eth0",
-            &old,
-        )
-        .err();
+    let (code, _) = lan.run(&bin("bandwidth"), "ADD", &pod, "pod-v", &old).err();
     assert_eq!(code, 1);
-    let v = Call::new(bin("bandwidth"), "VERSION").run().ok();
+    let v = version_of("bandwidth");
     assert_eq!(v["supportedVersions"][0], "0.3.0");
-    br_only.del(&lan, Some(&pod.path()), "pod-v", "eth0", Some(&br));
+    br_only.del_pod(&lan, &pod, "pod-v", &br);
 }

@@ -8,7 +8,7 @@ mod chain;
 
 use chain::*;
 use rcni_netlink::nfnl::{IPPROTO_UDP, Nfnl};
-use rcni_testkit::{Call, TestNs, bin, reference_bin};
+use rcni_testkit::{TestNs, bin, reference_bin};
 use serde_json::{Value, json};
 
 fn mappings() -> Value {
@@ -20,13 +20,9 @@ fn mappings() -> Value {
 }
 
 fn chain(lan: &Lan, version: &str, portmap: Value) -> Chain {
-    let mut pm = json!({"type": "portmap", "capabilities": {"portMappings": true}});
-    for (k, v) in portmap.as_object().unwrap() {
-        pm[k] = v.clone();
-    }
-    let mut br = lan.bridge_conf(version);
-    br.as_object_mut().unwrap().remove("name");
-    Chain::new(version, vec![br, pm]).caps(json!({"portMappings": mappings()}))
+    let pm = json!({"type": "portmap", "capabilities": {"portMappings": true}});
+    lan.chain_with(version, pm, portmap)
+        .caps(json!({"portMappings": mappings()}))
 }
 
 /// A pod with servers on 80 and 81 (TCP) and 53 (UDP) answering `tag`.
@@ -38,9 +34,10 @@ fn pod_with_servers(tag: &str) -> TestNs {
     pod
 }
 
-fn assert_from(got: Option<String>, tag: &str, peer: &str, what: &str) {
-    let got = got.unwrap_or_else(|| panic!("{what}: no answer"));
-    assert_eq!(got, format!("{tag} {peer}"), "{what}");
+/// Pod A's server answers a connection from `ns` to `addr`, seeing `peer`.
+fn assert_a_from(ns: &TestNs, addr: &str, peer: &str, what: &str) {
+    let got = tcp_get(&ns.ns, addr).unwrap_or_else(|| panic!("{what}: no answer"));
+    assert_eq!(got, format!("A {peer}"), "{what}");
 }
 
 /// Our rules in the node: nft comments and iptables chains of portmap.
@@ -54,41 +51,54 @@ fn portmap_rules(lan: &Lan) -> Vec<String> {
         .collect()
 }
 
-fn traffic_works(lan: &Lan, result_a: &Value) {
-    let a4 = ip_of(result_a, true);
-    let _ = a4;
+/// Pod A (servers, attached through the chain) and pod B (attached by the
+/// bridge alone).
+struct TwoPods {
+    a: TestNs,
+    b: TestNs,
+    ra: Value,
+    rb: Value,
+    b_only: Chain,
+}
+
+fn two_pods(lan: &Lan, c: &Chain) -> TwoPods {
+    let a = pod_with_servers("A");
+    let b = TestNs::new();
+    let ra = c.add(lan, &a.path(), "pod-a", "eth0");
+    let b_only = c.only(0);
+    let rb = b_only.add(lan, &b.path(), "pod-b", "eth0");
+    TwoPods {
+        a,
+        b,
+        ra,
+        rb,
+        b_only,
+    }
+}
+
+/// The chain with `backend`, and two pods on it whose mapped ports (pod
+/// A's) answer from outside, from pod B, from A itself and from the node.
+fn mapped_ports_work(lan: &Lan, backend: &str) -> (Chain, TwoPods) {
+    let c = chain(lan, "1.0.0", json!({"backend": backend}));
+    let pods = two_pods(lan, &c);
+    traffic_works(lan);
+    hairpin_and_node(lan, &pods.a, &pods.b);
+    (c, pods)
+}
+
+fn traffic_works(lan: &Lan) {
     // From outside, both families: the client's own address arrives.
-    assert_from(
-        tcp_get(&lan.client.ns, "10.99.0.1:8080"),
-        "A",
-        CLIENT_V4,
-        "outside v4",
-    );
-    assert_from(
-        tcp_get(&lan.client.ns, "[fd99::1]:8080"),
-        "A",
-        CLIENT_V6,
-        "outside v6",
-    );
+    assert_a_from(&lan.client, "10.99.0.1:8080", CLIENT_V4, "outside v4");
+    assert_a_from(&lan.client, "[fd99::1]:8080", CLIENT_V6, "outside v6");
     // hostIP: only that address maps 8081.
-    assert_from(
-        tcp_get(&lan.client.ns, "10.99.0.1:8081"),
-        "A",
-        CLIENT_V4,
-        "hostIP",
-    );
+    assert_a_from(&lan.client, "10.99.0.1:8081", CLIENT_V4, "hostIP");
     assert_eq!(
         tcp_get(&lan.client.ns, "10.88.0.1:8081"),
         None,
         "8081 mapped on another address"
     );
     // Any local address maps 8080.
-    assert_from(
-        tcp_get(&lan.client.ns, "10.88.0.1:8080"),
-        "A",
-        CLIENT_V4,
-        "bridge address",
-    );
+    assert_a_from(&lan.client, "10.88.0.1:8080", CLIENT_V4, "bridge address");
     // UDP.
     let u = udp_client(&lan.client.ns, 40001);
     assert_eq!(
@@ -101,16 +111,11 @@ fn traffic_works(lan: &Lan, result_a: &Value) {
 fn hairpin_and_node(lan: &Lan, pod_a: &TestNs, pod_b: &TestNs) {
     // Another pod on the bridge: masqueraded to the bridge address so the
     // reply comes back through the node.
-    assert_from(
-        tcp_get(&pod_b.ns, "10.99.0.1:8080"),
-        "A",
-        BRIDGE_V4,
-        "hairpin from pod B",
-    );
+    assert_a_from(pod_b, "10.99.0.1:8080", BRIDGE_V4, "hairpin from pod B");
     // The pod itself through its host port (hairpin on the bridge port).
-    assert_from(
-        tcp_get(&pod_a.ns, "10.99.0.1:8080"),
-        "A",
+    assert_a_from(
+        pod_a,
+        "10.99.0.1:8080",
         BRIDGE_V4,
         "hairpin from pod A itself",
     );
@@ -119,26 +124,13 @@ fn hairpin_and_node(lan: &Lan, pod_a: &TestNs, pod_b: &TestNs) {
         tcp_get(&lan.node.ns, "10.99.0.1:8080").is_some_and(|s| s.starts_with("A ")),
         "node to its own address"
     );
-    assert_from(
-        tcp_get(&lan.node.ns, "127.0.0.1:8080"),
-        "A",
-        BRIDGE_V4,
-        "node via 127.0.0.1",
-    );
+    assert_a_from(&lan.node, "127.0.0.1:8080", BRIDGE_V4, "node via 127.0.0.1");
 }
 
 #[test]
 fn nftables_mapped_ports_reach_the_pod_from_everywhere() {
     let lan = Lan::new();
-    let c = chain(&lan, "1.0.0", json!({"backend": "nftables"}));
-    let pod_a = pod_with_servers("A");
-    let pod_b = TestNs::new();
-    let ra = c.add(&lan, &pod_a.path(), "pod-a", "eth0");
-    let rb_chain = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
-    let rb = rb_chain.add(&lan, &pod_b.path(), "pod-b", "eth0");
-    let _ = rb;
-    traffic_works(&lan, &ra);
-    hairpin_and_node(&lan, &pod_a, &pod_b);
+    let (c, p) = mapped_ports_work(&lan, "nftables");
     let rules = ruleset(&lan.node.ns);
     assert!(
         rules.contains("table ip cni_hostport") && rules.contains("table ip6 cni_hostport"),
@@ -148,10 +140,9 @@ fn nftables_mapped_ports_reach_the_pod_from_everywhere() {
         !rules.contains("CNI-DN-"),
         "nftables backend wrote iptables rules: {rules}"
     );
-    c.check(&lan, &pod_a.path(), "pod-a", "eth0", &ra)
-        .unwrap_or_else(|(i, o)| panic!("CHECK {i}: {}", o.stdout));
+    c.check_ok(&lan, &p.a, "pod-a", &p.ra);
 
-    c.del(&lan, Some(&pod_a.path()), "pod-a", "eth0", Some(&ra));
+    c.del_pod(&lan, &p.a, "pod-a", &p.ra);
     assert!(
         portmap_rules(&lan).is_empty(),
         "left behind: {:?}",
@@ -159,106 +150,48 @@ fn nftables_mapped_ports_reach_the_pod_from_everywhere() {
     );
     assert_eq!(tcp_get(&lan.client.ns, "10.99.0.1:8080"), None);
     // DEL is idempotent.
-    c.del(&lan, Some(&pod_a.path()), "pod-a", "eth0", Some(&ra));
-    rb_chain.del(&lan, Some(&pod_b.path()), "pod-b", "eth0", None);
+    c.del_pod(&lan, &p.a, "pod-a", &p.ra);
+    p.b_only.del(&lan, Some(&p.b.path()), "pod-b", "eth0", None);
 }
 
 #[test]
 fn iptables_backend_traffic_and_layout_of_the_reference() {
     let lan = Lan::new();
-    let c = chain(&lan, "1.0.0", json!({"backend": "iptables"}));
-    let pod_a = pod_with_servers("A");
-    let pod_b = TestNs::new();
-    let ra = c.add(&lan, &pod_a.path(), "pod-a", "eth0");
-    let b_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
-    b_only.add(&lan, &pod_b.path(), "pod-b", "eth0");
-    traffic_works(&lan, &ra);
-    hairpin_and_node(&lan, &pod_a, &pod_b);
-    let (_, v4) = sh(&lan.node.ns, "iptables-save", &["-t", "nat"]);
+    let (c, p) = mapped_ports_work(&lan, "iptables");
+    let v4 = lan.on_node("iptables-save", &["-t", "nat"]);
     assert!(v4.contains("-A CNI-HOSTPORT-DNAT -p tcp -m comment --comment \"dnat name: \\\"podnet\\\" id: \\\"pod-a\\\"\" -m multiport --dports 8080,8081 -j CNI-DN-"), "{v4}");
     assert!(
-        !sh(&lan.node.ns, "nft", &["list", "tables"])
-            .1
+        !lan.on_node("nft", &["list", "tables"])
             .contains("cni_hostport")
     );
 
     // (The reference's CHECK cannot judge a dual-stack attachment: v1.1.1
     // looks for the IPv4 rules in ip6tables too and fails on its own rules.)
-    let pm_conf = c.stdin(1, Some(&ra));
+    let pm_conf = c.stdin(1, Some(&p.ra));
+    let reference = reference_bin("portmap");
     // The reference's DEL removes them.
-    let out = lan.call(
-        &reference_bin("portmap"),
-        "DEL",
-        Some(&pod_a.path()),
-        "pod-a",
-        "eth0",
-        &pm_conf,
-    );
-    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_success(&lan.run(&reference, "DEL", &p.a, "pod-a", &pm_conf));
     assert!(
-        !sh(&lan.node.ns, "iptables-save", &["-t", "nat"])
-            .1
+        !lan.on_node("iptables-save", &["-t", "nat"])
             .contains("CNI-DN-")
     );
 
     // The reference's rules pass our CHECK, and our DEL removes them even
     // without portMappings (the reference's own DEL leaks them then).
-    let out = lan.call(
-        &reference_bin("portmap"),
-        "ADD",
-        Some(&pod_a.path()),
-        "pod-a",
-        "eth0",
-        &pm_conf,
-    );
-    assert_eq!(out.code, 0, "{}", out.stdout);
-    let out = lan.call(
-        &bin("portmap"),
-        "CHECK",
-        Some(&pod_a.path()),
-        "pod-a",
-        "eth0",
-        &pm_conf,
-    );
-    assert_eq!(
-        out.code, 0,
-        "our CHECK of the reference's rules: {}",
-        out.stdout
-    );
-    assert_from(
-        tcp_get(&lan.client.ns, "10.99.0.1:8080"),
-        "A",
-        CLIENT_V4,
-        "reference rules",
-    );
+    assert_success(&lan.run(&reference, "ADD", &p.a, "pod-a", &pm_conf));
+    assert_checks(&lan, &bin("portmap"), &reference, &p.a, "pod-a", &pm_conf);
+    assert_a_from(&lan.client, "10.99.0.1:8080", CLIENT_V4, "reference rules");
     let mut no_maps = pm_conf.clone();
     no_maps.as_object_mut().unwrap().remove("runtimeConfig");
-    let out = lan.call(
-        &reference_bin("portmap"),
-        "DEL",
-        Some(&pod_a.path()),
-        "pod-a",
-        "eth0",
-        &no_maps,
-    );
-    assert_eq!(out.code, 0);
+    assert_eq!(lan.run(&reference, "DEL", &p.a, "pod-a", &no_maps).code, 0);
     assert!(
-        sh(&lan.node.ns, "iptables-save", &["-t", "nat"])
-            .1
+        lan.on_node("iptables-save", &["-t", "nat"])
             .contains("CNI-DN-"),
         "the reference leaks without portMappings"
     );
-    let out = lan.call(
-        &bin("portmap"),
-        "DEL",
-        Some(&pod_a.path()),
-        "pod-a",
-        "eth0",
-        &no_maps,
-    );
-    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_success(&lan.run(&bin("portmap"), "DEL", &p.a, "pod-a", &no_maps));
     for tool in ["iptables-save", "ip6tables-save"] {
-        let t = sh(&lan.node.ns, tool, &["-t", "nat"]).1;
+        let t = lan.on_node(tool, &["-t", "nat"]);
         assert!(!t.contains("CNI-DN-"), "{tool}: {t}");
     }
     assert_eq!(tcp_get(&lan.client.ns, "10.99.0.1:8080"), None);
@@ -274,10 +207,9 @@ fn del_without_port_mappings_or_netns_removes_the_rules() {
     let mut conf = c.stdin(1, Some(&r));
     conf.as_object_mut().unwrap().remove("runtimeConfig");
     conf.as_object_mut().unwrap().remove("prevResult");
-    let out = lan.call(&bin("portmap"), "DEL", None, "pod-a", "eth0", &conf);
-    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_success(&lan.call(&bin("portmap"), "DEL", None, "pod-a", "eth0", &conf));
     assert!(portmap_rules(&lan).is_empty(), "{:?}", portmap_rules(&lan));
-    c.del(&lan, Some(&pod.path()), "pod-a", "eth0", Some(&r));
+    c.del_pod(&lan, &pod, "pod-a", &r);
 }
 
 #[test]
@@ -286,20 +218,15 @@ fn check_fails_when_a_rule_is_gone() {
     let c = chain(&lan, "1.0.0", json!({"backend": "nftables"}));
     let pod = TestNs::new();
     let r = c.add(&lan, &pod.path(), "pod-a", "eth0");
-    c.check(&lan, &pod.path(), "pod-a", "eth0", &r).unwrap();
+    c.check_ok(&lan, &pod, "pod-a", &r);
     // Flush the DNAT chain behind the plugin's back.
-    let (ok, msg) = sh(
-        &lan.node.ns,
+    lan.on_node_ok(
         "nft",
         &["flush", "chain", "ip", "cni_hostport", "hostports"],
     );
-    assert!(ok, "{msg}");
-    let (i, out) = c.check(&lan, &pod.path(), "pod-a", "eth0", &r).unwrap_err();
-    assert_eq!(i, 1);
-    let (code, msg) = out.err();
-    assert_eq!(code, 106, "{msg}");
+    let msg = c.check_fails(&lan, &pod, "pod-a", "eth0", &r);
     assert!(msg.contains("hostports"), "{msg}");
-    c.del(&lan, Some(&pod.path()), "pod-a", "eth0", Some(&r));
+    c.del_pod(&lan, &pod, "pod-a", &r);
 }
 
 #[test]
@@ -323,24 +250,15 @@ fn gc_removes_only_stale_attachments() {
             "{backend}: {before:?}"
         );
         // Only the portmap plugin: the bridge's GC would also release B's address.
-        let pm_only = Chain {
-            plugins: vec![c.plugins[1].clone()],
-            ..chain(&lan, "1.1.0", json!({"backend": backend}))
-        };
-        pm_only.gc(&lan, &[("pod-a", "eth0")]);
+        c.only(1).gc(&lan, &[("pod-a", "eth0")]);
         let after = ruleset(&lan.node.ns);
         assert!(
             !after.contains("9090"),
             "{backend}: B's mapping survived GC: {after}"
         );
-        assert_from(
-            tcp_get(&lan.client.ns, "10.99.0.1:8080"),
-            "A",
-            CLIENT_V4,
-            "A after GC",
-        );
-        c.del(&lan, Some(&a.path()), "pod-a", "eth0", Some(&ra));
-        cb.del(&lan, Some(&b.path()), "pod-b", "eth0", Some(&rb));
+        assert_a_from(&lan.client, "10.99.0.1:8080", CLIENT_V4, "A after GC");
+        c.del_pod(&lan, &a, "pod-a", &ra);
+        cb.del_pod(&lan, &b, "pod-b", &rb);
         assert!(
             portmap_rules(&lan).is_empty(),
             "{backend}: {:?}",
@@ -385,7 +303,7 @@ fn stale_udp_conntrack_is_flushed_on_add_and_del() {
     assert_eq!(udp_ask(&client, "10.99.0.1:5353").as_deref(), Some("A"));
     let pod_ip = ip_of(&r, true);
     assert_eq!(udp_flows_to(&lan, &pod_ip), 1);
-    c.del(&lan, Some(&pod.path()), "pod-a", "eth0", Some(&r));
+    c.del_pod(&lan, &pod, "pod-a", &r);
     assert_eq!(
         udp_flows_to(&lan, &pod_ip),
         0,
@@ -396,32 +314,8 @@ fn stale_udp_conntrack_is_flushed_on_add_and_del() {
 #[test]
 fn every_version_passes_prev_result_through() {
     let lan = Lan::new();
-    for version in ["0.2.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
-        let c = chain(&lan, version, json!({}));
-        let pod = TestNs::new();
-        let cid = format!("pod-{}", version.replace('.', "-"));
-        let br = lan
-            .call(
-                &bin("bridge"),
-                "ADD",
-                Some(&pod.path()),
-                &cid,
-                "eth0",
-                &c.stdin(0, None),
-            )
-            .ok();
-        let out = lan.call(
-            &bin("portmap"),
-            "ADD",
-            Some(&pod.path()),
-            &cid,
-            "eth0",
-            &c.stdin(1, Some(&br)),
-        );
-        let pm = out.ok();
-        assert_eq!(pm, br, "{version}: portmap changed the result");
-        c.del(&lan, Some(&pod.path()), &cid, "eth0", Some(&pm));
-    }
+    let versions = ["0.2.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+    chained_add_per_version(&lan, &versions, |v| chain(&lan, v, json!({})), |br| br);
     assert!(portmap_rules(&lan).is_empty());
 }
 
@@ -430,26 +324,16 @@ fn chained_only_and_config_errors() {
     let lan = Lan::new();
     let c = chain(&lan, "1.0.0", json!({}));
     let pod = TestNs::new();
-    let out = lan.call(
-        &bin("portmap"),
-        "ADD",
-        Some(&pod.path()),
-        "x",
-        "eth0",
-        &c.stdin(1, None),
-    );
-    let (code, msg) = out.err();
+    let (code, msg) = c.add_unchained(&lan, &pod);
     assert_eq!(code, 7);
     assert!(msg.contains("chained"), "{msg}");
     let mut bad = c.stdin(1, Some(&json!({"cniVersion": "1.0.0"})));
     bad["runtimeConfig"] =
         json!({"portMappings": [{"hostPort": 1, "containerPort": 1, "protocol": "icmp"}]});
-    let (code, _) = lan
-        .call(&bin("portmap"), "ADD", Some(&pod.path()), "x", "eth0", &bad)
-        .err();
+    let (code, _) = lan.run(&bin("portmap"), "ADD", &pod, "x", &bad).err();
     assert_eq!(code, 2);
     // VERSION with empty stdin.
-    let v = Call::new(bin("portmap"), "VERSION").run().ok();
+    let v = version_of("portmap");
     assert!(v["supportedVersions"].as_array().unwrap().len() >= 6);
 }
 
@@ -457,39 +341,28 @@ fn chained_only_and_config_errors() {
 fn conditions_go_through_nft_and_limit_who_is_mapped() {
     let lan = Lan::new();
     // Only clients of the uplink's subnet get the mapping.
-    let c = chain(
-        &lan,
-        "1.0.0",
-        json!({"conditionsV4": ["ip saddr 10.99.0.0/24"]}),
-    );
-    let pod_a = pod_with_servers("A");
-    let pod_b = TestNs::new();
-    let ra = c.add(&lan, &pod_a.path(), "pod-a", "eth0");
-    let b_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
-    let rb = b_only.add(&lan, &pod_b.path(), "pod-b", "eth0");
-    assert_from(
-        tcp_get(&lan.client.ns, "10.99.0.1:8080"),
-        "A",
-        CLIENT_V4,
-        "matching client",
-    );
+    let conditions = json!({"conditionsV4": ["ip saddr 10.99.0.0/24"]});
+    let c = chain(&lan, "1.0.0", conditions);
+    let TwoPods {
+        a: pod_a,
+        b: pod_b,
+        ra,
+        rb,
+        b_only,
+    } = two_pods(&lan, &c);
+    assert_a_from(&lan.client, "10.99.0.1:8080", CLIENT_V4, "matching client");
     assert!(
         tcp_blocked(&pod_b.ns, "10.99.0.1:8080"),
         "pod B matched a condition it does not meet"
     );
-    let rules = sh(
-        &lan.node.ns,
-        "nft",
-        &["list", "table", "ip", "cni_hostport"],
-    )
-    .1;
+    let rules = lan.on_node("nft", &["list", "table", "ip", "cni_hostport"]);
     assert!(
         rules.contains("ip saddr 10.99.0.0/24 jump hostip_hostports"),
         "{rules}"
     );
-    c.check(&lan, &pod_a.path(), "pod-a", "eth0", &ra).unwrap();
-    c.del(&lan, Some(&pod_a.path()), "pod-a", "eth0", Some(&ra));
-    b_only.del(&lan, Some(&pod_b.path()), "pod-b", "eth0", Some(&rb));
+    c.check_ok(&lan, &pod_a, "pod-a", &ra);
+    c.del_pod(&lan, &pod_a, "pod-a", &ra);
+    b_only.del_pod(&lan, &pod_b, "pod-b", &rb);
     assert!(portmap_rules(&lan).is_empty());
 }
 
@@ -500,12 +373,7 @@ fn rules_written_over_netlink_read_back_as_nft_would_write_them() {
     let pod = TestNs::new();
     let r = c.add(&lan, &pod.path(), "pod-a", "eth0");
     let ip = ip_of(&r, true);
-    let v4 = sh(
-        &lan.node.ns,
-        "nft",
-        &["list", "table", "ip", "cni_hostport"],
-    )
-    .1;
+    let v4 = lan.on_node("nft", &["list", "table", "ip", "cni_hostport"]);
     for want in [
         format!("tcp dport 8080 dnat to {ip}:80"),
         format!("ip daddr {NODE_UPLINK_V4} tcp dport 8081 dnat to {ip}:81"),
@@ -518,16 +386,11 @@ fn rules_written_over_netlink_read_back_as_nft_would_write_them() {
     ] {
         assert!(v4.contains(&want), "missing {want:?} in {v4}");
     }
-    let v6 = sh(
-        &lan.node.ns,
-        "nft",
-        &["list", "table", "ip6", "cni_hostport"],
-    )
-    .1;
+    let v6 = lan.on_node("nft", &["list", "table", "ip6", "cni_hostport"]);
     let ip6 = ip_of(&r, false);
     assert!(
         v6.contains(&format!("tcp dport 8080 dnat to [{ip6}]:80")),
         "{v6}"
     );
-    c.del(&lan, Some(&pod.path()), "pod-a", "eth0", Some(&r));
+    c.del_pod(&lan, &pod, "pod-a", &r);
 }

@@ -7,18 +7,13 @@ mod chain;
 
 use chain::*;
 use rcni_netlink::Link;
-use rcni_testkit::{Call, TestNs, bin, reference_bin};
+use rcni_testkit::{TestNs, bin, reference_bin};
 use serde_json::{Value, json};
 use std::path::Path;
 
 fn chain(lan: &Lan, version: &str, tuning: Value, data: &Path) -> Chain {
-    let mut t = json!({"type": "tuning", "dataDir": data, "capabilities": {"mac": true}});
-    for (k, v) in tuning.as_object().unwrap() {
-        t[k] = v.clone();
-    }
-    let mut br = lan.bridge_conf(version);
-    br.as_object_mut().unwrap().remove("name");
-    Chain::new(version, vec![br, t])
+    let t = json!({"type": "tuning", "dataDir": data, "capabilities": {"mac": true}});
+    lan.chain_with(version, t, tuning)
 }
 
 fn link(pod: &TestNs, name: &str) -> Link {
@@ -39,12 +34,11 @@ fn full() -> Value {
 
 fn backups(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
     v.sort();
     v
 }
@@ -56,30 +50,15 @@ fn values_appear_in_the_pod_and_come_back_on_del() {
     let c = chain(&lan, "1.0.0", full(), data.path());
     let pod = TestNs::new();
     // Attach as net1 so IFNAME is really substituted.
-    let br_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
-    let br = lan
-        .call(
-            &bin("bridge"),
-            "ADD",
-            Some(&pod.path()),
-            "pod-t",
-            "net1",
-            &br_only.stdin(0, None),
-        )
-        .ok();
+    let br_only = c.only(0);
+    let on_net1 = |plugin: &str, cmd: &str, conf: &Value| {
+        lan.call(&bin(plugin), cmd, Some(&pod.path()), "pod-t", "net1", conf)
+    };
+    let br = on_net1("bridge", "ADD", &br_only.stdin(0, None)).ok();
     let before = link(&pod, "net1");
     let somaxconn_before = sysctl(&pod, "net.core.somaxconn");
     assert_eq!(sysctl(&pod, "net.ipv4.conf.net1.arp_filter"), "0");
-    let r = lan
-        .call(
-            &bin("tuning"),
-            "ADD",
-            Some(&pod.path()),
-            "pod-t",
-            "net1",
-            &c.stdin(1, Some(&br)),
-        )
-        .ok();
+    let r = on_net1("tuning", "ADD", &c.stdin(1, Some(&br))).ok();
 
     let after = link(&pod, "net1");
     assert_eq!(after.mac.unwrap().to_string(), "02:aa:bb:cc:dd:ee");
@@ -102,21 +81,10 @@ fn values_appear_in_the_pod_and_come_back_on_del() {
         .unwrap_or_else(|(i, o)| panic!("CHECK {i}: {}", o.stdout));
     let (ok, _) = sh(&pod.ns, "ip", &["link", "set", "net1", "mtu", "1300"]);
     assert!(ok);
-    let (i, out) = c.check(&lan, &pod.path(), "pod-t", "net1", &r).unwrap_err();
-    assert_eq!(i, 1);
-    let (code, msg) = out.err();
-    assert_eq!(code, 106, "{msg}");
+    let msg = c.check_fails(&lan, &pod, "pod-t", "net1", &r);
     assert!(msg.contains("MTU"), "{msg}");
 
-    let out = lan.call(
-        &bin("tuning"),
-        "DEL",
-        Some(&pod.path()),
-        "pod-t",
-        "net1",
-        &c.stdin(1, Some(&r)),
-    );
-    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_success(&on_net1("tuning", "DEL", &c.stdin(1, Some(&r))));
     let restored = link(&pod, "net1");
     assert_eq!(restored.mac, before.mac);
     assert_eq!(
@@ -132,15 +100,7 @@ fn values_appear_in_the_pod_and_come_back_on_del() {
     assert_eq!(sysctl(&pod, "net.core.somaxconn"), somaxconn_before);
     assert!(backups(data.path()).is_empty());
     // Again: nothing to do.
-    let out = lan.call(
-        &bin("tuning"),
-        "DEL",
-        Some(&pod.path()),
-        "pod-t",
-        "net1",
-        &c.stdin(1, Some(&r)),
-    );
-    assert_eq!(out.code, 0);
+    assert_eq!(on_net1("tuning", "DEL", &c.stdin(1, Some(&r))).code, 0);
     br_only.del(&lan, Some(&pod.path()), "pod-t", "net1", Some(&br));
 }
 
@@ -164,8 +124,8 @@ fn runtime_config_and_args_override_the_config() {
     assert_eq!(l.mtu, 1300);
     assert_eq!(sysctl(&pod, "net.ipv4.conf.eth0.arp_ignore"), "1");
     // CNI_ARGS MAC loses to runtimeConfig.
-    c.check(&lan, &pod.path(), "pod-o", "eth0", &r).unwrap();
-    c.del(&lan, Some(&pod.path()), "pod-o", "eth0", Some(&r));
+    c.check_ok(&lan, &pod, "pod-o", &r);
+    c.del_pod(&lan, &pod, "pod-o", &r);
     assert!(backups(data.path()).is_empty());
 }
 
@@ -181,18 +141,10 @@ fn failed_add_changes_nothing() {
         data.path(),
     );
     let pod = TestNs::new();
-    let br_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
+    let br_only = c.only(0);
     let br = br_only.add(&lan, &pod.path(), "pod-f", "eth0");
     let before = link(&pod, "eth0");
-    let out = lan.call(
-        &bin("tuning"),
-        "ADD",
-        Some(&pod.path()),
-        "pod-f",
-        "eth0",
-        &c.stdin(1, Some(&br)),
-    );
-    let (code, msg) = out.err();
+    let (code, msg) = c.run(&lan, 1, "ADD", &pod, "pod-f", Some(&br)).err();
     assert_eq!(code, 103, "{msg}");
     let after = link(&pod, "eth0");
     assert_eq!((after.mac, after.mtu), (before.mac, before.mtu));
@@ -205,18 +157,9 @@ fn failed_add_changes_nothing() {
         json!({"sysctl": {"kernel.hostname": "x"}}),
         data.path(),
     );
-    let (code, msg) = lan
-        .call(
-            &bin("tuning"),
-            "ADD",
-            Some(&pod.path()),
-            "pod-f",
-            "eth0",
-            &c.stdin(1, Some(&br)),
-        )
-        .err();
+    let (code, msg) = c.run(&lan, 1, "ADD", &pod, "pod-f", Some(&br)).err();
     assert_eq!(code, 7, "{msg}");
-    br_only.del(&lan, Some(&pod.path()), "pod-f", "eth0", Some(&br));
+    br_only.del_pod(&lan, &pod, "pod-f", &br);
 }
 
 /// Runs tuning in a private mount namespace whose /etc is a tmpfs holding
@@ -252,18 +195,10 @@ fn the_node_allowlist_refuses_other_sysctls() {
         json!({"sysctl": {"net.ipv4.conf.IFNAME.arp_filter": "1"}}),
         data.path(),
     );
-    let br_only = Chain::new("1.0.0", vec![ok_conf.plugins[0].clone()]);
+    let br_only = ok_conf.only(0);
     let br = br_only.add(&lan, &pod.path(), "pod-l", "eth0");
-    let r = lan
-        .call(
-            &tuning,
-            "ADD",
-            Some(&pod.path()),
-            "pod-l",
-            "eth0",
-            &ok_conf.stdin(1, Some(&br)),
-        )
-        .ok();
+    let run = |cmd: &str, conf: &Value| lan.run(&tuning, cmd, &pod, "pod-l", conf);
+    let r = run("ADD", &ok_conf.stdin(1, Some(&br))).ok();
     assert_eq!(sysctl(&pod, "net.ipv4.conf.eth0.arp_filter"), "1");
     let bad = chain(
         &lan,
@@ -271,33 +206,16 @@ fn the_node_allowlist_refuses_other_sysctls() {
         json!({"sysctl": {"net.core.somaxconn": "5"}}),
         data.path(),
     );
-    let (code, msg) = lan
-        .call(
-            &tuning,
-            "ADD",
-            Some(&pod.path()),
-            "pod-l",
-            "eth0",
-            &bad.stdin(1, Some(&br)),
-        )
-        .err();
+    let (code, msg) = run("ADD", &bad.stdin(1, Some(&br))).err();
     assert_eq!(code, 7);
     assert!(
         msg.contains("net.core.somaxconn") && msg.contains("not allowed"),
         "{msg}"
     );
     assert_ne!(sysctl(&pod, "net.core.somaxconn"), "5");
-    let out = lan.call(
-        &tuning,
-        "DEL",
-        Some(&pod.path()),
-        "pod-l",
-        "eth0",
-        &ok_conf.stdin(1, Some(&r)),
-    );
-    assert_eq!(out.code, 0, "{}", out.stdout);
+    assert_success(&run("DEL", &ok_conf.stdin(1, Some(&r))));
     assert_eq!(sysctl(&pod, "net.ipv4.conf.eth0.arp_filter"), "0");
-    br_only.del(&lan, Some(&pod.path()), "pod-l", "eth0", Some(&br));
+    br_only.del_pod(&lan, &pod, "pod-l", &br);
 }
 
 #[test]
@@ -312,41 +230,19 @@ fn backups_interoperate_with_the_reference() {
         (reference_bin("tuning"), bin("tuning")),
     ] {
         let pod = TestNs::new();
-        let br_only = Chain::new("1.0.0", vec![c.plugins[0].clone()]);
+        let br_only = c.only(0);
         let br = br_only.add(&lan, &pod.path(), "pod-r", "eth0");
         let before = link(&pod, "eth0");
         let r = lan
-            .call(
-                &adder,
-                "ADD",
-                Some(&pod.path()),
-                "pod-r",
-                "eth0",
-                &c.stdin(1, Some(&br)),
-            )
+            .run(&adder, "ADD", &pod, "pod-r", &c.stdin(1, Some(&br)))
             .ok();
         assert_eq!(link(&pod, "eth0").mtu, 1380);
+        let conf = c.stdin(1, Some(&r));
         // Both CHECKs accept either's work.
         for checker in [bin("tuning"), reference_bin("tuning")] {
-            let out = lan.call(
-                &checker,
-                "CHECK",
-                Some(&pod.path()),
-                "pod-r",
-                "eth0",
-                &c.stdin(1, Some(&r)),
-            );
-            assert_eq!(out.code, 0, "{}: {}", checker.display(), out.stdout);
+            assert_checks(&lan, &checker, &adder, &pod, "pod-r", &conf);
         }
-        let out = lan.call(
-            &deleter,
-            "DEL",
-            Some(&pod.path()),
-            "pod-r",
-            "eth0",
-            &c.stdin(1, Some(&r)),
-        );
-        assert_eq!(out.code, 0, "{}", out.stdout);
+        assert_success(&lan.run(&deleter, "DEL", &pod, "pod-r", &conf));
         let after = link(&pod, "eth0");
         assert_eq!(
             (after.mac, after.mtu, after.promisc, after.allmulti),
@@ -356,7 +252,7 @@ fn backups_interoperate_with_the_reference() {
             adder.display()
         );
         assert!(backups(data.path()).is_empty());
-        br_only.del(&lan, Some(&pod.path()), "pod-r", "eth0", Some(&br));
+        br_only.del_pod(&lan, &pod, "pod-r", &br);
     }
 }
 
@@ -374,86 +270,38 @@ fn gc_drops_stale_backups_and_del_without_netns_too() {
     );
     // A file of another network (or the reference's, naming none) stays.
     std::fs::write(data.path().join("other_eth0.json"), r#"{"mtu":1500}"#).unwrap();
-    let tuning_only = Chain {
-        plugins: vec![c.plugins[1].clone()],
-        ..chain(&lan, "1.1.0", json!({"mtu": 1400}), data.path())
-    };
-    tuning_only.gc(&lan, &[("pod-a", "eth0")]);
+    c.only(1).gc(&lan, &[("pod-a", "eth0")]);
     assert_eq!(
         backups(data.path()),
         vec!["other_eth0.json", "pod-a_eth0.json"]
     );
     // DEL without a netns removes the backup (nothing to restore).
-    let out = lan.call(
-        &bin("tuning"),
-        "DEL",
-        None,
-        "pod-a",
-        "eth0",
-        &c.stdin(1, Some(&ra)),
-    );
-    assert_eq!(out.code, 0, "{}", out.stdout);
+    let conf = c.stdin(1, Some(&ra));
+    assert_success(&lan.call(&bin("tuning"), "DEL", None, "pod-a", "eth0", &conf));
     assert_eq!(backups(data.path()), vec!["other_eth0.json"]);
-    c.del(&lan, Some(&a.path()), "pod-a", "eth0", Some(&ra));
-    c.del(&lan, Some(&b.path()), "pod-b", "eth0", Some(&rb));
+    c.del_pod(&lan, &a, "pod-a", &ra);
+    c.del_pod(&lan, &b, "pod-b", &rb);
 }
 
 #[test]
 fn every_version_and_chained_only() {
     let lan = Lan::new();
     let data = tempfile::tempdir().unwrap();
-    for version in ["0.3.1", "0.4.0", "1.0.0", "1.1.0"] {
-        let c = chain(
-            &lan,
-            version,
-            json!({"mac": "02:aa:bb:cc:dd:02"}),
-            data.path(),
-        );
-        let pod = TestNs::new();
-        let cid = format!("pod-{}", version.replace('.', "-"));
-        let br = lan
-            .call(
-                &bin("bridge"),
-                "ADD",
-                Some(&pod.path()),
-                &cid,
-                "eth0",
-                &c.stdin(0, None),
-            )
-            .ok();
-        let t = lan
-            .call(
-                &bin("tuning"),
-                "ADD",
-                Some(&pod.path()),
-                &cid,
-                "eth0",
-                &c.stdin(1, Some(&br)),
-            )
-            .ok();
-        let mut want = br.clone();
+    let versions = ["0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+    let mac = json!({"mac": "02:aa:bb:cc:dd:02"});
+    let chain_of = |version: &str| chain(&lan, version, mac.clone(), data.path());
+    chained_add_per_version(&lan, &versions, chain_of, |mut want| {
         for i in want["interfaces"].as_array_mut().unwrap() {
             if i["name"] == "eth0" {
                 i["mac"] = json!("02:aa:bb:cc:dd:02");
             }
         }
-        assert_eq!(t, want, "{version}");
-        c.del(&lan, Some(&pod.path()), &cid, "eth0", Some(&t));
-    }
+        want
+    });
     let c = chain(&lan, "1.0.0", json!({}), data.path());
-    let pod = TestNs::new();
-    let (code, msg) = lan
-        .call(
-            &bin("tuning"),
-            "ADD",
-            Some(&pod.path()),
-            "x",
-            "eth0",
-            &c.stdin(1, None),
-        )
-        .err();
+    let (code, msg) = c.add_unchained(&lan, &TestNs::new());
     assert_eq!(code, 7);
     assert!(msg.contains("prevResult"), "{msg}");
-    let v = Call::new(bin("tuning"), "VERSION").run().ok();
+    let v = version_of("tuning");
     assert!(v["supportedVersions"].as_array().unwrap().len() >= 6);
 }

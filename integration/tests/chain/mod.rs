@@ -50,6 +50,32 @@ pub fn ruleset(ns: &NetNs) -> String {
     s
 }
 
+/// Gives link `index` `v4`/24 and `v6`/64 without DAD, and brings it and
+/// lo up.
+async fn up_with(n: &Netlink, index: u32, v4: &str, v6: &str) {
+    for a in [format!("{v4}/24"), format!("{v6}/64")] {
+        n.ensure_address_nodad(index, a.parse().unwrap())
+            .await
+            .unwrap();
+    }
+    n.set_up(index).await.unwrap();
+    let lo = n.link_by_name("lo").await.unwrap();
+    n.set_up(lo.index).await.unwrap();
+}
+
+/// `base` with the keys of `extra` set: a test's variation of a config.
+pub fn merged(mut base: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().expect("extra keys") {
+        base[k] = v.clone();
+    }
+    base
+}
+
+/// Asserts that a plugin run succeeded.
+pub fn assert_success(out: &Output) {
+    assert_eq!(out.code, 0, "{}", out.stdout);
+}
+
 /// A node namespace (the "host") with an uplink to a client namespace.
 pub struct Lan {
     pub node: TestNs,
@@ -72,27 +98,11 @@ impl Lan {
                 .create_veth("up0", "eth0", Some(&client.ns), None)
                 .await
                 .unwrap();
-            n.ensure_address_nodad(up.index, format!("{NODE_UPLINK_V4}/24").parse().unwrap())
-                .await
-                .unwrap();
-            n.ensure_address_nodad(up.index, format!("{NODE_UPLINK_V6}/64").parse().unwrap())
-                .await
-                .unwrap();
-            n.set_up(up.index).await.unwrap();
-            let lo = n.link_by_name("lo").await.unwrap();
-            n.set_up(lo.index).await.unwrap();
+            up_with(n, up.index, NODE_UPLINK_V4, NODE_UPLINK_V6).await;
         });
         nl(&client.ns, async |n| {
             let eth = n.link_by_name("eth0").await.unwrap();
-            n.ensure_address_nodad(eth.index, format!("{CLIENT_V4}/24").parse().unwrap())
-                .await
-                .unwrap();
-            n.ensure_address_nodad(eth.index, format!("{CLIENT_V6}/64").parse().unwrap())
-                .await
-                .unwrap();
-            n.set_up(eth.index).await.unwrap();
-            let lo = n.link_by_name("lo").await.unwrap();
-            n.set_up(lo.index).await.unwrap();
+            up_with(n, eth.index, CLIENT_V4, CLIENT_V6).await;
             for (dst, gw) in [("0.0.0.0/0", NODE_UPLINK_V4), ("::/0", NODE_UPLINK_V6)] {
                 let r = rcni_netlink::Route::new(dst.parse().unwrap())
                     .gateway(gw.parse().unwrap())
@@ -119,6 +129,30 @@ impl Lan {
             "ipam": {"type": "host-local", "dataDir": self.data.path(),
                      "ranges": [[{"subnet": "10.88.0.0/24"}], [{"subnet": "fd88::/64"}]]}
         })
+    }
+
+    /// The bridge config (without its name) chained with `plugin`, whose
+    /// keys `extra` overrides.
+    pub fn chain_with(&self, version: &str, plugin: Value, extra: Value) -> Chain {
+        let mut br = self.bridge_conf(version);
+        br.as_object_mut().unwrap().remove("name");
+        Chain::new(version, vec![br, merged(plugin, extra)])
+    }
+
+    /// Runs `plugin` with `cmd` for `pod`'s eth0.
+    pub fn run(&self, plugin: &Path, cmd: &str, pod: &TestNs, cid: &str, conf: &Value) -> Output {
+        self.call(plugin, cmd, Some(&pod.path()), cid, "eth0", conf)
+    }
+
+    /// What `prog args` printed in the node, whether it succeeded or not.
+    pub fn on_node(&self, prog: &str, args: &[&str]) -> String {
+        sh(&self.node.ns, prog, args).1
+    }
+
+    /// Runs `prog args` in the node; it must succeed.
+    pub fn on_node_ok(&self, prog: &str, args: &[&str]) {
+        let (ok, msg) = sh(&self.node.ns, prog, args);
+        assert!(ok, "{msg}");
     }
 
     /// Runs `plugin` (a path) with `cmd` for a pod, from the node.
@@ -184,6 +218,14 @@ impl Chain {
         self
     }
 
+    /// This chain with plugin `i` alone.
+    pub fn only(&self, i: usize) -> Chain {
+        Chain {
+            plugins: vec![self.plugins[i].clone()],
+            ..self.clone()
+        }
+    }
+
     /// The stdin of plugin `i`: its object with name, version, the
     /// runtimeConfig of its declared capabilities, and prevResult.
     pub fn stdin(&self, i: usize, prev: Option<&Value>) -> Value {
@@ -221,6 +263,45 @@ impl Chain {
             .unwrap_or_else(|(i, o)| panic!("ADD of plugin {i} failed: {} {}", o.stdout, o.stderr))
     }
 
+    /// Runs plugin `i` alone with `cmd` for `pod`'s eth0, `prev` its
+    /// prevResult.
+    pub fn run(
+        &self,
+        lan: &Lan,
+        i: usize,
+        cmd: &str,
+        pod: &TestNs,
+        cid: &str,
+        prev: Option<&Value>,
+    ) -> Output {
+        self.call_plugin(lan, i, cmd, (Some(&pod.path()), cid, "eth0"), prev)
+    }
+
+    /// Runs plugin `i` with `cmd` for (netns, container ID, interface),
+    /// `prev` its prevResult.
+    fn call_plugin(
+        &self,
+        lan: &Lan,
+        i: usize,
+        cmd: &str,
+        (pod, cid, ifname): (Option<&str>, &str, &str),
+        prev: Option<&Value>,
+    ) -> Output {
+        lan.call(&self.bin(i), cmd, pod, cid, ifname, &self.stdin(i, prev))
+    }
+
+    /// ADD of plugin 0, then of plugin 1 with its result: both results.
+    pub fn add_in_two(&self, lan: &Lan, pod: &TestNs, cid: &str) -> (Value, Value) {
+        let first = self.run(lan, 0, "ADD", pod, cid, None).ok();
+        let second = self.run(lan, 1, "ADD", pod, cid, Some(&first)).ok();
+        (first, second)
+    }
+
+    /// ADD of plugin 1 without prevResult: its error (code, msg).
+    pub fn add_unchained(&self, lan: &Lan, pod: &TestNs) -> (u64, String) {
+        self.run(lan, 1, "ADD", pod, "x", None).err()
+    }
+
     /// ADD through the chain; on failure the index of the failing plugin.
     pub fn try_add(
         &self,
@@ -231,14 +312,7 @@ impl Chain {
     ) -> Result<Value, (usize, Output)> {
         let mut prev: Option<Value> = None;
         for i in 0..self.plugins.len() {
-            let out = lan.call(
-                &self.bin(i),
-                "ADD",
-                Some(pod),
-                cid,
-                ifname,
-                &self.stdin(i, prev.as_ref()),
-            );
+            let out = self.call_plugin(lan, i, "ADD", (Some(pod), cid, ifname), prev.as_ref());
             if out.code != 0 {
                 return Err((i, out));
             }
@@ -257,19 +331,36 @@ impl Chain {
         result: &Value,
     ) -> Result<(), (usize, Output)> {
         for i in 0..self.plugins.len() {
-            let out = lan.call(
-                &self.bin(i),
-                "CHECK",
-                Some(pod),
-                cid,
-                ifname,
-                &self.stdin(i, Some(result)),
-            );
+            let out = self.call_plugin(lan, i, "CHECK", (Some(pod), cid, ifname), Some(result));
             if out.code != 0 {
                 return Err((i, out));
             }
         }
         Ok(())
+    }
+
+    /// CHECK of `pod`'s eth0 passes.
+    pub fn check_ok(&self, lan: &Lan, pod: &TestNs, cid: &str, result: &Value) {
+        self.check(lan, &pod.path(), cid, "eth0", result)
+            .unwrap_or_else(|(i, o)| panic!("CHECK {i}: {} {}", o.stdout, o.stderr));
+    }
+
+    /// CHECK fails in plugin 1 with code 106: its message.
+    pub fn check_fails(
+        &self,
+        lan: &Lan,
+        pod: &TestNs,
+        cid: &str,
+        ifname: &str,
+        result: &Value,
+    ) -> String {
+        let (i, out) = self
+            .check(lan, &pod.path(), cid, ifname, result)
+            .unwrap_err();
+        assert_eq!(i, 1);
+        let (code, msg) = out.err();
+        assert_eq!(code, 106, "{msg}");
+        msg
     }
 
     /// DEL in reverse order; every plugin must succeed.
@@ -282,20 +373,18 @@ impl Chain {
         result: Option<&Value>,
     ) {
         for i in (0..self.plugins.len()).rev() {
-            let out = lan.call(
-                &self.bin(i),
-                "DEL",
-                pod,
-                cid,
-                ifname,
-                &self.stdin(i, result),
-            );
+            let out = self.call_plugin(lan, i, "DEL", (pod, cid, ifname), result);
             assert_eq!(
                 out.code, 0,
                 "DEL of plugin {i}: {} {}",
                 out.stdout, out.stderr
             );
         }
+    }
+
+    /// DEL of `pod`'s eth0 with `result`.
+    pub fn del_pod(&self, lan: &Lan, pod: &TestNs, cid: &str, result: &Value) {
+        self.del(lan, Some(&pod.path()), cid, "eth0", Some(result));
     }
 
     /// GC every plugin with the valid attachments `valid` ((cid, ifname)).
@@ -326,21 +415,16 @@ impl Chain {
 
 /// The first address of a family in a result.
 pub fn ip_of(result: &Value, v4: bool) -> String {
-    result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|i| {
-            i["address"]
-                .as_str()
-                .unwrap()
-                .split('/')
-                .next()
-                .unwrap()
-                .to_string()
-        })
+    rcni_testkit::result_ips(result)
+        .into_iter()
         .find(|a| a.contains('.') == v4)
         .unwrap()
+}
+
+/// The host end of the pod's veth in a bridge result (its second
+/// interface).
+pub fn host_veth(r: &Value) -> String {
+    r["interfaces"][1]["name"].as_str().unwrap().to_string()
 }
 
 /// A TCP server in `ns` on `port` (both families) answering every
@@ -483,4 +567,49 @@ pub fn udp_ask(s: &UdpSocket, to: &str) -> Option<String> {
 
 pub fn plugin_bin(name: &str) -> PathBuf {
     bin(name)
+}
+
+/// Each version: ADD of plugin 0, then of plugin 1 with its result, of the
+/// chain `chain` makes; plugin 1 returns what `want` makes of plugin 0's
+/// result. DEL of both.
+pub fn chained_add_per_version(
+    lan: &Lan,
+    versions: &[&str],
+    chain: impl Fn(&str) -> Chain,
+    want: impl Fn(Value) -> Value,
+) {
+    for &version in versions {
+        let c = chain(version);
+        let pod = TestNs::new();
+        let cid = format!("pod-{}", version.replace('.', "-"));
+        let (first, second) = c.add_in_two(lan, &pod, &cid);
+        assert_eq!(second, want(first), "{version}");
+        c.del_pod(lan, &pod, &cid, &second);
+    }
+}
+
+/// The VERSION answer of our plugin `name`.
+pub fn version_of(name: &str) -> Value {
+    Call::new(bin(name), "VERSION").run().ok()
+}
+
+/// Asserts that `checker`'s CHECK of what `adder` set up for `pod`'s eth0
+/// passes.
+pub fn assert_checks(
+    lan: &Lan,
+    checker: &Path,
+    adder: &Path,
+    pod: &TestNs,
+    cid: &str,
+    conf: &Value,
+) {
+    let out = lan.run(checker, "CHECK", pod, cid, conf);
+    assert_eq!(
+        out.code,
+        0,
+        "{} checking {}: {}",
+        checker.display(),
+        adder.display(),
+        out.stdout
+    );
 }

@@ -328,20 +328,21 @@ pub fn addr_of(result: &Value, v4: bool) -> String {
 
 /// `ip -d -j link show dev` inside a namespace, as JSON.
 pub fn ip_link_json(ns: &NetNs, dev: &str) -> Value {
-    let out = rcni_testkit::command_in(ns, "ip")
-        .args(["-d", "-j", "link", "show", "dev", dev])
+    let v = json_out(ns, "ip", &["-d", "-j", "link", "show", "dev", dev]);
+    v.unwrap_or(Value::Null)[0].clone()
+}
+
+/// What `prog args` printed inside a namespace, if it is JSON.
+fn json_out(ns: &NetNs, prog: &str, args: &[&str]) -> Option<Value> {
+    let out = rcni_testkit::command_in(ns, prog)
+        .args(args)
         .output()
         .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    v[0].clone()
+    serde_json::from_slice(&out.stdout).ok()
 }
 
 pub fn bridge_vlans(ns: &NetNs, dev: &str) -> Vec<(u64, bool)> {
-    let out = rcni_testkit::command_in(ns, "bridge")
-        .args(["-j", "vlan", "show", "dev", dev])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!([]));
+    let v = json_out(ns, "bridge", &["-j", "vlan", "show", "dev", dev]).unwrap_or(json!([]));
     let mut res = vec![];
     for port in v.as_array().into_iter().flatten() {
         for vl in port["vlans"].as_array().into_iter().flatten() {
@@ -357,11 +358,8 @@ pub fn bridge_vlans(ns: &NetNs, dev: &str) -> Vec<(u64, bool)> {
 
 /// (address/prefix, tentative) of the IPv6 global addresses of `dev`.
 pub fn ipv6_addrs(ns: &NetNs, dev: &str) -> Vec<(String, bool)> {
-    let out = rcni_testkit::command_in(ns, "ip")
-        .args(["-j", "-6", "addr", "show", "dev", dev, "scope", "global"])
-        .output()
-        .unwrap();
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(json!([]));
+    let args = ["-j", "-6", "addr", "show", "dev", dev, "scope", "global"];
+    let v = json_out(ns, "ip", &args).unwrap_or(json!([]));
     let mut res = vec![];
     for l in v.as_array().into_iter().flatten() {
         // `ip -j` lists an empty object for an address filtered out.
