@@ -16,8 +16,7 @@ use std::time::{Duration, Instant};
 
 #[test]
 fn lease_acquired_with_options_checked_and_released() {
-    let mut lab = Lab::new("br0");
-    lab.start_dnsmasq(&[
+    let mut lab = Lab::serving(&[
         "--dhcp-option=option:router,10.77.0.1",
         "--dhcp-option=option:dns-server,10.77.0.53",
         "--dhcp-option=option:domain-name,rcni.test",
@@ -27,7 +26,6 @@ fn lease_acquired_with_options_checked_and_released() {
         "--dhcp-vendorclass=set:rcni,rcni-vendor",
         "--dhcp-option=tag:rcni,option:domain-search,vendor.test",
     ]);
-    lab.start_daemon(&[]);
     let pod = lab.pod();
     let conf = lab.conf(json!({
         "provide": [
@@ -79,12 +77,7 @@ fn lease_acquired_with_options_checked_and_released() {
 
     // DEL releases: the server forgets the lease.
     lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
-    assert!(
-        poll(Duration::from_secs(5), || lab.lease_of(&got).is_none()),
-        "dnsmasq still lists {got}: {:?}\n{}",
-        lab.leases(),
-        lab.logs()
-    );
+    lab.assert_released(&got, "DEL");
     assert!(lab.state_files().is_empty());
     let (code, _) = lab.call("CHECK", "c1", Some(&pod.path()), &conf).err();
     assert_eq!(code, 106, "no lease after DEL");
@@ -93,9 +86,7 @@ fn lease_acquired_with_options_checked_and_released() {
 
 #[test]
 fn results_at_every_version() {
-    let mut lab = Lab::new("br0");
-    lab.start_dnsmasq(&["--dhcp-option=option:router,10.77.0.1"]);
-    lab.start_daemon(&[]);
+    let mut lab = Lab::serving(&["--dhcp-option=option:router,10.77.0.1"]);
     for (i, v) in ["0.2.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]
         .iter()
         .enumerate()
@@ -124,29 +115,18 @@ fn results_at_every_version() {
 
 #[test]
 fn renews_at_t1() {
-    let mut lab = Lab::new("br0");
     // dnsmasq's shortest lease is 2 minutes; T1/T2 make the client renew
     // after 2 s and rebind after 4 s.
-    lab.start_dnsmasq(&["--dhcp-option=option:T1,2", "--dhcp-option=option:T2,4"]);
-    lab.start_daemon(&[]);
-    let pod = lab.pod();
-    let conf = lab.conf(json!({}));
-    let result = lab.call("ADD", "c1", Some(&pod.path()), &conf).ok();
-    let got = addr_ip(&result);
-    // RENEWING is unicast from the leased address: apply it, as the
+    let mut lab = Lab::serving(&["--dhcp-option=option:T1,2", "--dhcp-option=option:T2,4"]);
+    // RENEWING is unicast from the leased address: applied, as the
     // interface plugin would.
-    ip(&pod.ns, &format!("addr add {got}/24 dev eth0"));
+    let Leased {
+        pod, conf, ip: got, ..
+    } = lab.leased_pod();
     let first = lab.lease_of(&got).expect("lease").0;
-    assert!(
-        poll(Duration::from_secs(8), || lab
-            .lease_of(&got)
-            .is_some_and(|l| l.0 > first)),
-        "no renewal seen: {:?}\n{}",
-        lab.leases(),
-        lab.logs()
-    );
+    lab.assert_renewed(&got, first, Duration::from_secs(8), "no renewal seen");
     // dnsmasq records the renewal before its ACK reaches the daemon.
-    let log = || std::fs::read_to_string(lab.path("daemon.log")).unwrap();
+    let log = || lab.daemon_log();
     assert!(
         poll(Duration::from_secs(3), || log().contains("extended")),
         "{}",
@@ -161,21 +141,18 @@ fn renews_at_t1() {
     assert!(rec["renewAt"].as_u64().unwrap() > rec["boundAt"].as_u64().unwrap());
     lab.call("CHECK", "c1", Some(&pod.path()), &conf).ok();
     lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
-    assert!(poll(Duration::from_secs(5), || lab
-        .lease_of(&got)
-        .is_none()));
+    lab.assert_released(&got, "DEL");
 }
 
 #[test]
 fn lease_kept_and_renewed_across_a_daemon_restart() {
-    let mut lab = Lab::new("br0");
-    lab.start_dnsmasq(&["--dhcp-option=option:T1,3", "--dhcp-option=option:T2,6"]);
-    lab.start_daemon(&[]);
-    let pod = lab.pod();
-    let conf = lab.conf(json!({}));
-    let result = lab.call("ADD", "c1", Some(&pod.path()), &conf).ok();
-    let got = addr_ip(&result);
-    ip(&pod.ns, &format!("addr add {got}/24 dev eth0"));
+    let mut lab = Lab::serving(&["--dhcp-option=option:T1,3", "--dhcp-option=option:T2,6"]);
+    let Leased {
+        pod,
+        conf,
+        result,
+        ip: got,
+    } = lab.leased_pod();
 
     lab.stop_daemon();
     assert!(!lab.socket().exists(), "the daemon removes its socket");
@@ -189,26 +166,16 @@ fn lease_kept_and_renewed_across_a_daemon_restart() {
     assert_eq!(lab.call("ADD", "c1", Some(&pod.path()), &conf).ok(), result);
     // ... and keeps renewing it.
     let before = lab.lease_of(&got).unwrap().0;
-    assert!(
-        poll(Duration::from_secs(10), || lab
-            .lease_of(&got)
-            .is_some_and(|l| l.0 > before)),
-        "not renewed after restart: {:?}\n{}",
-        lab.leases(),
-        lab.logs()
-    );
+    let limit = Duration::from_secs(10);
+    lab.assert_renewed(&got, before, limit, "not renewed after restart");
     lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
-    assert!(poll(Duration::from_secs(5), || lab
-        .lease_of(&got)
-        .is_none()));
+    lab.assert_released(&got, "DEL");
     assert!(lab.state_files().is_empty());
 }
 
 #[test]
 fn restart_drops_leases_of_vanished_namespaces() {
-    let mut lab = Lab::new("br0");
-    lab.start_dnsmasq(&[]);
-    lab.start_daemon(&[]);
+    let mut lab = Lab::serving(&[]);
     let pod = PersistentNs::new();
     lab.attach(&pod.path.display().to_string());
     let conf = lab.conf(json!({}));
@@ -286,11 +253,7 @@ fn status_and_gc() {
     let mut gc = conf.clone();
     gc["cni.dev/valid-attachments"] = json!([{"containerID": "ca", "ifname": "eth0"}]);
     lab.call("GC", "", None, &gc).ok();
-    assert!(
-        poll(Duration::from_secs(5), || lab.lease_of(&ipb).is_none()),
-        "{:?}",
-        lab.leases()
-    );
+    lab.assert_released(&ipb, "GC of an invalid attachment");
     assert!(lab.lease_of(&ipa).is_some());
     assert!(lab.lease_of(&addr_ip(&rc)).is_some());
     assert_eq!(lab.state_files().len(), 2);
@@ -304,9 +267,7 @@ fn status_and_gc() {
 
 #[test]
 fn del_succeeds_without_netns_or_daemon() {
-    let mut lab = Lab::new("br0");
-    lab.start_dnsmasq(&[]);
-    lab.start_daemon(&[]);
+    let mut lab = Lab::serving(&[]);
     let conf = lab.conf(json!({}));
     // The namespace vanishes before DEL.
     let pod = PersistentNs::new();
@@ -407,28 +368,21 @@ fn socket_activation() {
 /// pod gets a leased address on its veth and reaches the server.
 #[test]
 fn bridge_chained_conflist() {
-    let list: Value = serde_json::from_slice(
-        &std::fs::read(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/60-bridge-dhcp.conflist"),
-        )
-        .unwrap(),
-    )
-    .unwrap();
-    let mut lab = Lab::new(list["plugins"][0]["bridge"].as_str().unwrap());
-    lab.start_dnsmasq(&["--dhcp-option=option:router,10.77.0.1"]);
-    lab.start_daemon(&[]);
-    let mut conf = list["plugins"][0].clone();
-    conf["cniVersion"] = list["cniVersion"].clone();
-    conf["name"] = list["name"].clone();
-    conf["ipam"]["daemonSocketPath"] = json!(lab.socket());
+    let list = conflist("60-bridge-dhcp.conflist");
+    let bridge = list["plugins"][0]["bridge"].as_str().unwrap();
+    let lab = Lab::serving_on(bridge, &["--dhcp-option=option:router,10.77.0.1"]);
+    let conf = lab.first_plugin_conf(&list);
     let pod = TestNs::new();
-    let add = Call::new(bin("bridge"), "ADD")
-        .env("CNI_CONTAINERID", "br1")
-        .env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=web-1")
-        .netns(&pod.path())
-        .stdin(&conf)
-        .run_in(&lab.node.ns);
-    let result = add.ok();
+    // Only ADD names the pod in CNI_ARGS.
+    let call = |cmd: &str, stdin: &Value| {
+        let c = Call::new(bin("bridge"), cmd).env("CNI_CONTAINERID", "br1");
+        let c = match cmd {
+            "ADD" => c.env("CNI_ARGS", "IgnoreUnknown=1;K8S_POD_NAME=web-1"),
+            _ => c,
+        };
+        c.netns(&pod.path()).stdin(stdin).run_in(&lab.node.ns)
+    };
+    let result = call("ADD", &conf).ok();
     let got = addr_ip(&result);
     assert!(got.starts_with("10.77.0."), "{result}\n{}", lab.logs());
     assert_eq!(
@@ -438,28 +392,10 @@ fn bridge_chained_conflist() {
     assert!(addresses(&pod.ns, "eth0").contains(&format!("{got}/24")));
     assert!(ping(&pod.ns, SERVER_IP));
     assert_eq!(lab.lease_of(&got).unwrap().2, "web-1");
-    let mut with_prev = conf.clone();
-    with_prev["prevResult"] = result.clone();
-    let check = Call::new(bin("bridge"), "CHECK")
-        .env("CNI_CONTAINERID", "br1")
-        .netns(&pod.path())
-        .stdin(&with_prev)
-        .run_in(&lab.node.ns);
-    check.ok();
-    let del = Call::new(bin("bridge"), "DEL")
-        .env("CNI_CONTAINERID", "br1")
-        .netns(&pod.path())
-        .stdin(&with_prev)
-        .run_in(&lab.node.ns);
-    del.ok();
-    assert!(lab.state_files().is_empty(), "{}", lab.logs());
+    lab.check_and_del(call, &conf, &result);
     // dhcp is not run alongside the link work (runs_beside_links): its
     // RELEASE goes out before the bridge plugin removes the veth.
-    assert!(
-        poll(Duration::from_secs(5), || lab.lease_of(&got).is_none()),
-        "bridge DEL released the lease on the server: {}",
-        lab.logs()
-    );
+    lab.assert_released(&got, "bridge DEL released the lease on the server");
 }
 
 /// A server that no longer grants the address answers the renewal with a
@@ -467,14 +403,8 @@ fn bridge_chained_conflist() {
 /// reference does at expiry), CHECK and ADD say so, DEL clears it.
 #[test]
 fn nak_on_renewal_ends_the_lease() {
-    let mut lab = Lab::new("br0");
-    lab.start_dnsmasq(&["--dhcp-option=option:T1,2", "--dhcp-option=option:T2,4"]);
-    lab.start_daemon(&[]);
-    let pod = lab.pod();
-    let conf = lab.conf(json!({}));
-    let result = lab.call("ADD", "c1", Some(&pod.path()), &conf).ok();
-    let got = addr_ip(&result);
-    ip(&pod.ns, &format!("addr add {got}/24 dev eth0"));
+    let mut lab = Lab::serving(&["--dhcp-option=option:T1,2", "--dhcp-option=option:T2,4"]);
+    let Leased { pod, conf, .. } = lab.leased_pod();
     // The same server now serves another range: our address is not its to
     // give, and an authoritative server refuses it.
     lab.dnsmasq.stop();

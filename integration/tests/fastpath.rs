@@ -15,7 +15,7 @@ use rcni_netns::NetNs;
 use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,8 +53,8 @@ impl Drop for Bpffs {
     }
 }
 
-fn fp_conf(fs: &Bpffs, version: &str, prev: &Value, extra: Value) -> Value {
-    let mut c = json!({"cniVersion": version, "name": "podnet", "type": "fastpath",
+fn fp_conf(fs: &Bpffs, prev: &Value, extra: Value) -> Value {
+    let mut c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
                        "pinRoot": fs.root()});
     if !prev.is_null() {
         c["prevResult"] = prev.clone();
@@ -69,15 +69,58 @@ fn fp(node: &Node, cmd: &str, pod: &str, cid: &str, conf: &Value) -> Output {
     node.call(&bin("fastpath"), cmd, pod, cid, conf)
 }
 
+/// A pod, its container ID and the result of its interface plugin.
+type Pod<'a> = (&'a TestNs, &'a str, &'a Value);
+
+/// `fastpath CMD` for `pod`, chained on its result, with `extra` keys.
+fn fp_on(node: &Node, fs: &Bpffs, cmd: &str, (pod, cid, prev): Pod, extra: Value) -> Output {
+    fp(node, cmd, &pod.path(), cid, &fp_conf(fs, prev, extra))
+}
+
+/// `fastpath CMD` for each pod in turn, every call succeeding.
+fn fp_each(node: &Node, fs: &Bpffs, cmd: &str, pods: [Pod; 2], extra: &Value) {
+    for p in pods {
+        fp_on(node, fs, cmd, p, extra.clone()).ok();
+    }
+}
+
 /// `fastpath ADD` chained on `prev`; asserts prevResult came back unchanged.
 fn fp_add(node: &Node, fs: &Bpffs, pod: &TestNs, cid: &str, prev: &Value, extra: Value) {
-    let c = fp_conf(fs, "1.1.0", prev, extra);
-    let out = fp(node, "ADD", &pod.path(), cid, &c).ok();
+    let out = fp_on(node, fs, "ADD", (pod, cid, prev), extra).ok();
     assert_eq!(
         normalize_result(&out, "1.1.0"),
         normalize_result(prev, "1.1.0"),
         "fastpath must pass prevResult through"
     );
+}
+
+/// `fastpath ADD` for each pod, as [`fp_add`].
+fn fp_add_each(node: &Node, fs: &Bpffs, pods: [Pod; 2], extra: &Value) {
+    for (pod, cid, prev) in pods {
+        fp_add(node, fs, pod, cid, prev, extra.clone());
+    }
+}
+
+/// Pods A (`ctr-a`) and B (`ctr-b`) added to the node's bridge network:
+/// the pods, the bridge config and their results.
+fn bridge_pods(node: &Node) -> (TestNs, TestNs, Value, Value, Value) {
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let bc = node.conf("1.1.0", json!({}));
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    (a, b, bc, ra, rb)
+}
+
+/// The addresses of the fast path's endpoints.
+fn addresses(rows: &[Value]) -> Vec<&str> {
+    rows.iter()
+        .map(|r| r["address"].as_str().unwrap())
+        .collect()
+}
+
+/// The row of the endpoint with `address`.
+fn row<'a>(rows: &'a [Value], address: &str) -> &'a Value {
+    rows.iter().find(|r| r["address"] == address).unwrap()
 }
 
 fn ptp_conf(node: &Node) -> Value {
@@ -95,15 +138,18 @@ fn host_veth(result: &Value, idx: usize) -> String {
         .to_string()
 }
 
-/// `fastpath list --json` run in the node namespace.
-fn list(node: &Node, fs: &Bpffs) -> Vec<Value> {
-    let out = command_in(&node.ns.ns, bin("fastpath"))
-        .args(["list", "--json", "--pin-root", &fs.root()])
-        .output()
-        .unwrap();
+/// What `prog args` did inside `ns`.
+fn output_in(ns: &NetNs, prog: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> std::process::Output {
+    command_in(ns, prog).args(args).output().unwrap()
+}
+
+/// `fastpath SUB --json` run in the node namespace: its rows.
+fn fastpath_json(node: &Node, fs: &Bpffs, sub: &str) -> Vec<Value> {
+    let args = [sub, "--json", "--pin-root", &fs.root()];
+    let out = output_in(&node.ns.ns, bin("fastpath"), &args);
     assert!(
         out.status.success(),
-        "fastpath list: {}",
+        "fastpath {sub}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice::<Value>(&out.stdout)
@@ -111,6 +157,11 @@ fn list(node: &Node, fs: &Bpffs) -> Vec<Value> {
         .as_array()
         .unwrap()
         .clone()
+}
+
+/// `fastpath list --json` run in the node namespace.
+fn list(node: &Node, fs: &Bpffs) -> Vec<Value> {
+    fastpath_json(node, fs, "list")
 }
 
 fn counter(rows: &[Value], addr: &str, key: &str) -> u64 {
@@ -121,14 +172,7 @@ fn counter(rows: &[Value], addr: &str, key: &str) -> u64 {
 }
 
 fn redirected(node: &Node, fs: &Bpffs) -> u64 {
-    let out = command_in(&node.ns.ns, bin("fastpath"))
-        .args(["stats", "--json", "--pin-root", &fs.root()])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v.as_array()
-        .unwrap()
+    fastpath_json(node, fs, "stats")
         .iter()
         .map(|n| n["verdicts"]["redirected"].as_u64().unwrap())
         .sum()
@@ -136,30 +180,16 @@ fn redirected(node: &Node, fs: &Bpffs) -> u64 {
 
 /// TX packets of a node-side link (`ip -s`): what the node sent into the pod.
 fn tx_packets(ns: &NetNs, dev: &str) -> u64 {
-    let out = command_in(ns, "ip")
-        .args(["-j", "-s", "link", "show", "dev", dev])
-        .output()
-        .unwrap();
+    let out = output_in(ns, "ip", &["-j", "-s", "link", "show", "dev", dev]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v[0]["stats64"]["tx"]["packets"].as_u64().unwrap()
 }
 
 /// `count` pings at a 10 ms interval, all answered.
 fn pings(ns: &NetNs, dst: &str, count: u32) {
-    let out = command_in(ns, "ping")
-        .args([
-            "-c",
-            &count.to_string(),
-            "-i",
-            "0.01",
-            "-W",
-            "2",
-            "-n",
-            "-q",
-            dst,
-        ])
-        .output()
-        .unwrap();
+    let count = count.to_string();
+    let args = ["-c", &count, "-i", "0.01", "-W", "2", "-n", "-q", dst];
+    let out = output_in(ns, "ping", &args);
     assert!(
         out.status.success(),
         "ping {dst}: {}",
@@ -169,10 +199,7 @@ fn pings(ns: &NetNs, dst: &str, count: u32) {
 
 /// The TTL (hop limit) of the reply to one ping.
 fn reply_ttl(ns: &NetNs, dst: &str) -> u32 {
-    let out = command_in(ns, "ping")
-        .args(["-c", "1", "-W", "2", "-n", dst])
-        .output()
-        .unwrap();
+    let out = output_in(ns, "ping", &["-c", "1", "-W", "2", "-n", dst]);
     let text = String::from_utf8_lossy(&out.stdout);
     let ttl = text
         .split_whitespace()
@@ -183,30 +210,19 @@ fn reply_ttl(ns: &NetNs, dst: &str) -> u32 {
 
 /// A TCP echo server in `ns` on `addr`; returns its address.
 fn echo_server(ns: &NetNs, addr: IpAddr) -> SocketAddr {
-    let l = ns
-        .run(move || TcpListener::bind((addr, 0)))
-        .unwrap()
-        .unwrap();
-    let local = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 65536];
-                loop {
-                    match s.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => {
-                            if s.write_all(&buf[..n]).is_err() {
-                                return;
-                            }
-                        }
+    rcni_testkit::tcp_server(ns, addr, |mut s| {
+        let mut buf = [0u8; 65536];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if s.write_all(&buf[..n]).is_err() {
+                        return;
                     }
                 }
-            });
+            }
         }
-    });
-    local
+    })
 }
 
 fn connect(ns: &NetNs, to: SocketAddr) -> TcpStream {
@@ -280,41 +296,31 @@ fn traffic_takes_the_fast_path(
 fn bridge_pods_talk_over_the_fast_path_dual_stack() {
     let node = Node::new();
     let fs = Bpffs::new();
-    let (a, b) = (TestNs::new(), TestNs::new());
-    let bc = node.conf("1.1.0", json!({}));
-    let ra = node.add(&a, "ctr-a", &bc);
-    let rb = node.add(&b, "ctr-b", &bc);
-    let status = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    let (a, b, bc, ra, rb) = bridge_pods(&node);
+    let pods = [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)];
+    let status = fp_conf(&fs, &Value::Null, json!({}));
     fp(&node, "STATUS", "", "", &status).ok();
-    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    fp_add_each(&node, &fs, pods, &json!({}));
     // The plugin mounted the bpffs on the empty pin root.
     assert!(rcni_ebpf::bpffs::is_bpffs(fs.dir.path()).unwrap());
     let rows = list(&node, &fs);
     assert_eq!(rows.len(), 4, "{rows:?}");
-    let a_row = rows
-        .iter()
-        .find(|r| r["address"] == addr_of(&ra, true))
-        .unwrap();
+    let a_row = row(&rows, &addr_of(&ra, true));
     assert_eq!(a_row["hostVeth"], host_veth(&ra, 1));
     assert_eq!(a_row["podMac"], ra["interfaces"][2]["mac"]);
     // Routed packets would come from the bridge's MAC.
     assert_eq!(a_row["gatewayMac"], ra["interfaces"][0]["mac"]);
 
-    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
-        let c = fp_conf(&fs, "1.1.0", r, json!({}));
-        fp(&node, "CHECK", &pod.path(), cid, &c).ok();
-    }
+    fp_each(&node, &fs, "CHECK", pods, &json!({}));
     traffic_takes_the_fast_path(&node, &fs, (&a, &ra), (&b, &rb), &host_veth(&rb, 1));
     // Bridged: nothing routes, the TTL stays.
     assert_eq!(reply_ttl(&a.ns, &addr_of(&rb, true)), 64);
 
     // DEL: entries and attachment gone, repeatable; CHECK then fails.
-    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
-        let c = fp_conf(&fs, "1.1.0", r, json!({}));
-        fp(&node, "DEL", &pod.path(), cid, &c).ok();
-        fp(&node, "DEL", &pod.path(), cid, &c).ok();
-        assert_eq!(fp(&node, "CHECK", &pod.path(), cid, &c).err().0, 106);
+    for p in pods {
+        fp_on(&node, &fs, "DEL", p, json!({})).ok();
+        fp_on(&node, &fs, "DEL", p, json!({})).ok();
+        assert_eq!(fp_on(&node, &fs, "CHECK", p, json!({})).err().0, 106);
     }
     assert!(list(&node, &fs).is_empty());
     let veth = host_veth(&ra, 1);
@@ -343,31 +349,24 @@ fn ptp_pods_talk_over_the_fast_path_dual_stack() {
     let pc = ptp_conf(&node);
     let ra = node.call(&bin("ptp"), "ADD", &a.path(), "ctr-a", &pc).ok();
     let rb = node.call(&bin("ptp"), "ADD", &b.path(), "ctr-b", &pc).ok();
+    let pods = [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)];
     // The normal path routes once: TTL 63.
     assert_eq!(reply_ttl(&a.ns, &addr_of(&rb, true)), 63);
-    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    fp_add_each(&node, &fs, pods, &json!({}));
     let rows = list(&node, &fs);
-    let b_row = rows
-        .iter()
-        .find(|r| r["address"] == addr_of(&rb, true))
-        .unwrap();
+    let b_row = row(&rows, &addr_of(&rb, true));
     // ptp: B's gateway is B's own host veth.
     assert_eq!(b_row["hostVeth"], host_veth(&rb, 0));
     assert_eq!(b_row["gatewayMac"], rb["interfaces"][0]["mac"]);
-    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
-        let c = fp_conf(&fs, "1.1.0", r, json!({}));
-        fp(&node, "CHECK", &pod.path(), cid, &c).ok();
-    }
+    fp_each(&node, &fs, "CHECK", pods, &json!({}));
     traffic_takes_the_fast_path(&node, &fs, (&a, &ra), (&b, &rb), &host_veth(&rb, 0));
     // The fast path routes as the node would: TTL and hop limit 63 too.
     let before = redirected(&node, &fs);
     assert_eq!(reply_ttl(&a.ns, &addr_of(&rb, true)), 63);
     assert_eq!(reply_ttl(&a.ns, &addr_of(&rb, false)), 63);
     assert!(redirected(&node, &fs) >= before + 4);
-    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
-        let c = fp_conf(&fs, "1.1.0", r, json!({}));
-        fp(&node, "DEL", &pod.path(), cid, &c).ok();
+    for p @ (pod, cid, _) in pods {
+        fp_on(&node, &fs, "DEL", p, json!({})).ok();
         node.call(&bin("ptp"), "DEL", &pod.path(), cid, &pc).ok();
     }
     assert!(list(&node, &fs).is_empty());
@@ -377,12 +376,9 @@ fn ptp_pods_talk_over_the_fast_path_dual_stack() {
 fn removing_and_adding_fastpath_mid_flow_keeps_traffic_flowing() {
     let node = Node::new();
     let fs = Bpffs::new();
-    let (a, b) = (TestNs::new(), TestNs::new());
-    let bc = node.conf("1.1.0", json!({}));
-    let ra = node.add(&a, "ctr-a", &bc);
-    let rb = node.add(&b, "ctr-b", &bc);
-    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    let (a, b, _bc, ra, rb) = bridge_pods(&node);
+    let pods = [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)];
+    fp_add_each(&node, &fs, pods, &json!({}));
 
     // A client doing round trips without pause, on one connection.
     let srv = echo_server(&b.ns, addr_of(&rb, true).parse().unwrap());
@@ -413,16 +409,7 @@ fn removing_and_adding_fastpath_mid_flow_keeps_traffic_flowing() {
     wait_progress("on the fast path");
     let fast = redirected(&node, &fs);
     assert!(fast > 200, "{fast}");
-    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
-        fp(
-            &node,
-            "DEL",
-            &pod.path(),
-            cid,
-            &fp_conf(&fs, "1.1.0", r, json!({})),
-        )
-        .ok();
-    }
+    fp_each(&node, &fs, "DEL", pods, &json!({}));
     wait_progress("after DEL");
     let after_del = redirected(&node, &fs);
     wait_progress("on the normal path");
@@ -432,8 +419,7 @@ fn removing_and_adding_fastpath_mid_flow_keeps_traffic_flowing() {
         "DEL left the fast path on"
     );
     // And back: ADD mid-flow.
-    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    fp_add_each(&node, &fs, pods, &json!({}));
     wait_progress("after ADD");
     wait_progress("back on the fast path");
     assert!(redirected(&node, &fs) > after_del + 200);
@@ -445,13 +431,10 @@ fn removing_and_adding_fastpath_mid_flow_keeps_traffic_flowing() {
 fn clsact_fallback_attaches_checks_and_detaches() {
     let node = Node::new();
     let fs = Bpffs::new();
-    let (a, b) = (TestNs::new(), TestNs::new());
-    let bc = node.conf("1.1.0", json!({}));
-    let ra = node.add(&a, "ctr-a", &bc);
-    let rb = node.add(&b, "ctr-b", &bc);
+    let (a, b, _bc, ra, rb) = bridge_pods(&node);
+    let pods = [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)];
     let tc = json!({"attachMode": "tc"});
-    fp_add(&node, &fs, &a, "ctr-a", &ra, tc.clone());
-    fp_add(&node, &fs, &b, "ctr-b", &rb, tc.clone());
+    fp_add_each(&node, &fs, pods, &tc);
     // ADD again (a retried runtime call) keeps one filter.
     fp_add(&node, &fs, &a, "ctr-a", &ra, tc.clone());
     let veth_a = host_veth(&ra, 1);
@@ -470,22 +453,13 @@ fn clsact_fallback_attaches_checks_and_detaches() {
             .unwrap()
             .is_empty()
     );
-    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
-        fp(
-            &node,
-            "CHECK",
-            &pod.path(),
-            cid,
-            &fp_conf(&fs, "1.1.0", r, tc.clone()),
-        )
-        .ok();
-    }
+    fp_each(&node, &fs, "CHECK", pods, &tc);
     let before = redirected(&node, &fs);
     pings(&a.ns, &addr_of(&rb, true), 20);
     pings(&a.ns, &addr_of(&rb, false), 20);
     tcp_traffic(&a.ns, &b.ns, addr_of(&rb, true).parse().unwrap());
     assert!(redirected(&node, &fs) >= before + 80);
-    let c = fp_conf(&fs, "1.1.0", &ra, tc.clone());
+    let c = fp_conf(&fs, &ra, tc.clone());
     fp(&node, "DEL", &a.path(), "ctr-a", &c).ok();
     assert!(filters(&veth_a).is_empty());
     assert_eq!(fp(&node, "CHECK", &a.path(), "ctr-a", &c).err().0, 106);
@@ -497,19 +471,15 @@ fn clsact_fallback_attaches_checks_and_detaches() {
 fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
     let node = Node::new();
     let fs = Bpffs::new();
-    let (a, b) = (TestNs::new(), TestNs::new());
-    let bc = node.conf("1.1.0", json!({}));
-    let ra = node.add(&a, "ctr-a", &bc);
-    let rb = node.add(&b, "ctr-b", &bc);
-    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    let (a, b, _bc, ra, rb) = bridge_pods(&node);
+    let pod_a = (&a, "ctr-a", &ra);
+    fp_add_each(&node, &fs, [pod_a, (&b, "ctr-b", &rb)], &json!({}));
     let dir = fs.dir.path().join("podnet");
     assert_eq!(rcni_ebpf::pinned_links(&dir).unwrap().len(), 2);
 
     let gc = |valid: Value| {
         let c = fp_conf(
             &fs,
-            "1.1.0",
             &Value::Null,
             json!({"cni.dev/valid-attachments": valid}),
         );
@@ -517,18 +487,14 @@ fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
     };
     gc(json!([{"containerID": "ctr-a", "ifname": "eth0"}])).ok();
     let rows = list(&node, &fs);
-    let addrs: Vec<&str> = rows
-        .iter()
-        .map(|r| r["address"].as_str().unwrap())
-        .collect();
+    let addrs = addresses(&rows);
     assert_eq!(addrs.len(), 2);
     assert!(addrs.contains(&addr_of(&ra, true).as_str()));
     assert_eq!(
         rcni_ebpf::pinned_links(&dir).unwrap(),
         vec![rcni_ebpf::AttachmentId::new("ctr-a", "eth0")]
     );
-    let c = fp_conf(&fs, "1.1.0", &ra, json!({}));
-    fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
+    fp_on(&node, &fs, "CHECK", pod_a, json!({})).ok();
     // Again: nothing more to do.
     gc(json!([{"containerID": "ctr-a", "ifname": "eth0"}])).ok();
     // Nothing valid: the network's program and maps go too.
@@ -536,17 +502,10 @@ fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
     assert!(!dir.exists());
     pings(&a.ns, &addr_of(&rb, true), 3);
     // The key is required.
-    let c = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    let c = fp_conf(&fs, &Value::Null, json!({}));
     assert_eq!(fp(&node, "GC", "", "", &c).err().0, 7);
     // DEL after GC is fine, and ADD loads the network afresh.
-    fp(
-        &node,
-        "DEL",
-        &a.path(),
-        "ctr-a",
-        &fp_conf(&fs, "1.1.0", &ra, json!({})),
-    )
-    .ok();
+    fp_on(&node, &fs, "DEL", pod_a, json!({})).ok();
     fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
     assert!(dir.join("prog").exists());
 }
@@ -556,7 +515,7 @@ fn add_needs_a_prev_result_with_the_pods_veth() {
     let node = Node::new();
     let fs = Bpffs::new();
     let a = TestNs::new();
-    let c = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    let c = fp_conf(&fs, &Value::Null, json!({}));
     let (code, msg) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
     assert_eq!(code, 7);
     assert!(msg.contains("prevResult"), "{msg}");
@@ -564,7 +523,7 @@ fn add_needs_a_prev_result_with_the_pods_veth() {
     let prev = json!({"cniVersion": "1.1.0",
         "interfaces": [{"name": "eth0", "sandbox": a.path()}],
         "ips": [{"address": "10.9.0.2/24", "interface": 0}]});
-    let c = fp_conf(&fs, "1.1.0", &prev, json!({}));
+    let c = fp_conf(&fs, &prev, json!({}));
     let (code, _) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
     assert_eq!(code, 103, "netlink: no such link");
     // An eth0 that is not a veth (a bridge, as dummy needs a module).
@@ -580,12 +539,9 @@ fn add_needs_a_prev_result_with_the_pods_veth() {
 fn check_finds_a_lost_attachment() {
     let node = Node::new();
     let fs = Bpffs::new();
-    let (a, b) = (TestNs::new(), TestNs::new());
-    let bc = node.conf("1.1.0", json!({}));
-    let ra = node.add(&a, "ctr-a", &bc);
-    let _rb = node.add(&b, "ctr-b", &bc);
+    let (a, _b, _bc, ra, _rb) = bridge_pods(&node);
     fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    let c = fp_conf(&fs, "1.1.0", &ra, json!({}));
+    let c = fp_conf(&fs, &ra, json!({}));
     fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
     // The link unpinned behind the plugin's back: detached.
     let id = rcni_ebpf::AttachmentId::new("ctr-a", "eth0");
@@ -602,7 +558,7 @@ fn check_finds_a_lost_attachment() {
 fn status_tells_whether_the_program_can_load() {
     let node = Node::new();
     let fs = Bpffs::new();
-    let c = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    let c = fp_conf(&fs, &Value::Null, json!({}));
     fp(&node, "STATUS", "", "", &c).ok();
     // A pin root that no bpffs can serve: not available.
     let elsewhere = tempfile::tempdir().unwrap();
@@ -620,10 +576,7 @@ fn status_tells_whether_the_program_can_load() {
 #[test]
 fn best_effort_add_passes_through_when_the_datapath_cannot_load() {
     let node = Node::new();
-    let (a, b) = (TestNs::new(), TestNs::new());
-    let bc = node.conf("1.1.0", json!({}));
-    let ra = node.add(&a, "ctr-a", &bc);
-    let rb = node.add(&b, "ctr-b", &bc);
+    let (a, _b, _bc, ra, rb) = bridge_pods(&node);
     let elsewhere = tempfile::tempdir().unwrap();
     let mut c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
                        "pinRoot": elsewhere.path().join("a/b").display().to_string(),
@@ -648,19 +601,14 @@ fn cnitool(node: &Node, confdir: &Path, cache: &Path, args: &[&str]) -> Output {
             cmd.env_remove(k);
         }
     }
-    let out = cmd
-        .arg("--cache-dir")
+    cmd.arg("--cache-dir")
         .arg(cache)
         .args(args)
         .env("NETCONFPATH", confdir)
         .env("CNI_PATH", rcni_testkit::bin_dir())
         .output()
-        .unwrap();
-    Output {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+        .unwrap()
+        .into()
 }
 
 /// conf/11-bridge-fastpath.conflist and conf/31-ptp-fastpath.conflist as a
@@ -724,30 +672,28 @@ fn example_conflists_run_through_cnitool() {
 fn del_succeeds_when_the_veth_and_netns_are_gone() {
     let node = Node::new();
     let fs = Bpffs::new();
-    let (a, b) = (TestNs::new(), TestNs::new());
-    let bc = node.conf("1.1.0", json!({}));
-    let ra = node.add(&a, "ctr-a", &bc);
-    let rb = node.add(&b, "ctr-b", &bc);
-    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    let (a, b, bc, ra, rb) = bridge_pods(&node);
+    fp_add_each(
+        &node,
+        &fs,
+        [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)],
+        &json!({}),
+    );
     node.call(&bin("bridge"), "DEL", &a.path(), "ctr-a", &bc)
         .ok();
     drop(a);
-    let c = fp_conf(&fs, "1.1.0", &ra, json!({}));
+    let c = fp_conf(&fs, &ra, json!({}));
     fp(&node, "DEL", "", "ctr-a", &c).ok();
     fp(&node, "DEL", "", "ctr-a", &c).ok();
     let rows = list(&node, &fs);
-    let addrs: Vec<&str> = rows
-        .iter()
-        .map(|r| r["address"].as_str().unwrap())
-        .collect();
+    let addrs = addresses(&rows);
     assert_eq!(addrs.len(), 2, "only B's entries are left: {addrs:?}");
     assert_eq!(
         rcni_ebpf::pinned_links(&fs.dir.path().join("podnet")).unwrap(),
         vec![rcni_ebpf::AttachmentId::new("ctr-b", "eth0")]
     );
     // The same without prevResult (a runtime that lost its cache).
-    let bare = fp_conf(&fs, "1.1.0", &Value::Null, json!({}));
+    let bare = fp_conf(&fs, &Value::Null, json!({}));
     fp(&node, "DEL", &b.path(), "ctr-b", &bare).ok();
     assert!(list(&node, &fs).is_empty());
 }

@@ -11,16 +11,10 @@ use common::{ip, nl};
 use dhcp_lab::Lab;
 use rcni_testkit::{Call, TestNs, bin, ping};
 use serde_json::{Value, json};
-use std::path::Path;
-use std::time::Duration;
 
 #[test]
 fn vlan_chained_conflist_gets_a_lease_over_802_1q() {
-    let list: Value = serde_json::from_slice(
-        &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../conf/61-vlan-dhcp.conflist"))
-            .unwrap(),
-    )
-    .unwrap();
+    let list = dhcp_lab::conflist("61-vlan-dhcp.conflist");
     let plugin = &list["plugins"][0];
     let master = plugin["master"].as_str().unwrap();
     let vid = plugin["vlanId"].as_u64().unwrap();
@@ -50,10 +44,7 @@ fn vlan_chained_conflist_gets_a_lease_over_802_1q() {
     lab.start_dnsmasq(&["--dhcp-option=option:router,10.77.0.1"]);
     lab.start_daemon(&[]);
 
-    let mut conf = plugin.clone();
-    conf["cniVersion"] = list["cniVersion"].clone();
-    conf["name"] = list["name"].clone();
-    conf["ipam"]["daemonSocketPath"] = json!(lab.socket());
+    let conf = lab.first_plugin_conf(&list);
     let pod = TestNs::new();
     let call = |cmd: &str, stdin: &Value| {
         Call::new(bin("vlan"), cmd)
@@ -78,17 +69,9 @@ fn vlan_chained_conflist_gets_a_lease_over_802_1q() {
     assert!(ping(&pod.ns, "10.77.0.1"), "{}", lab.logs());
     assert_eq!(lab.lease_of(&got).expect("lease").2, "vlan-pod");
 
-    let mut with_prev = conf.clone();
-    with_prev["prevResult"] = result.clone();
-    call("CHECK", &with_prev).ok();
-    call("DEL", &with_prev).ok();
-    assert!(lab.state_files().is_empty(), "{}", lab.logs());
+    let with_prev = lab.check_and_del(call, &conf, &result);
     call("DEL", &with_prev).ok();
     // dhcp's DEL runs before the vlan link goes (runs_beside_links), so
     // its RELEASE reaches the server.
-    assert!(
-        dhcp_lab::poll(Duration::from_secs(5), || lab.lease_of(&got).is_none()),
-        "vlan DEL released the lease on the server: {}",
-        lab.logs()
-    );
+    lab.assert_released(&got, "vlan DEL released the lease on the server");
 }

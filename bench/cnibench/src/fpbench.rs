@@ -19,7 +19,7 @@ use rcni_netlink::Netlink;
 use rcni_netns::NetNs;
 use serde_json::{Value, json};
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -306,27 +306,16 @@ fn redirected(args: &Args, s: &Setup) -> u64 {
 
 /// A 1-byte TCP echo server in `ns` on `addr`, for the whole run.
 fn rr_server(ns: &NetNs, addr: IpAddr, cpu: i32) -> SocketAddr {
-    let l = ns
-        .run(move || TcpListener::bind((addr, 0)))
-        .unwrap()
-        .unwrap();
-    let local = l.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            s.set_nodelay(true).unwrap();
-            std::thread::spawn(move || {
-                pin_to(cpu);
-                let mut b = [0u8; 1];
-                while let Ok(1) = s.read(&mut b) {
-                    if s.write_all(&b).is_err() {
-                        return;
-                    }
-                }
-            });
+    rcni_testkit::tcp_server(ns, addr, move |mut s| {
+        s.set_nodelay(true).unwrap();
+        pin_to(cpu);
+        let mut b = [0u8; 1];
+        while let Ok(1) = s.read(&mut b) {
+            if s.write_all(&b).is_err() {
+                return;
+            }
         }
-    });
-    local
+    })
 }
 
 /// `n` request/response exchanges of 1 byte: sorted round-trip times (µs).

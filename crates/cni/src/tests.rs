@@ -223,6 +223,26 @@ fn netconf_parsing() {
     // Only the older key: still read.
     let c = NetConf::parse(br#"{"cniVersion":"1.1.0","name":"n","cni.dev/attachments":[{"containerID":"b","ifname":"e"}]}"#).unwrap();
     assert_eq!(c.gc_valid_attachments().unwrap()[0].container_id, "b");
+    let valid = c.gc_required_valid_attachments("removes").unwrap();
+    assert_eq!(valid[0].container_id, "b");
+    // `null` is libcni's empty set; no key at all is an error.
+    let c = NetConf::parse(br#"{"name":"n","cni.dev/valid-attachments":null}"#).unwrap();
+    assert!(
+        c.gc_required_valid_attachments("removes")
+            .unwrap()
+            .is_empty()
+    );
+    let e = NetConf::parse(br#"{"name":"n"}"#)
+        .unwrap()
+        .gc_required_valid_attachments("releases")
+        .unwrap_err();
+    assert_eq!(
+        (e.code, e.msg.as_str()),
+        (
+            7,
+            "GC needs cni.dev/valid-attachments (an empty list releases everything)"
+        )
+    );
 
     let c = NetConf::parse(br#"{"name":"n"}"#).unwrap();
     assert_eq!(c.cni_version, "0.1.0");

@@ -508,6 +508,23 @@ impl NetConf {
             .or_else(|| self.attachments.clone())
     }
 
+    /// GC's valid set for a plugin that removes what is not in it. An
+    /// absent key is a malformed request (code 7), not "nothing is valid":
+    /// guessing the latter would remove everything of the network. libcni
+    /// sends `null` for an empty set, which is the key present. `verb` says
+    /// in the error what an empty list does ("releases", "removes").
+    pub fn gc_required_valid_attachments(&self, verb: &str) -> Result<Vec<GcAttachment>, CniError> {
+        let has_key = self.raw.as_object().is_some_and(|m| {
+            m.contains_key("cni.dev/valid-attachments") || m.contains_key("cni.dev/attachments")
+        });
+        if !has_key {
+            return Err(CniError::config(format!(
+                "GC needs cni.dev/valid-attachments (an empty list {verb} everything)"
+            )));
+        }
+        Ok(self.gc_valid_attachments().unwrap_or_default())
+    }
+
     /// GC's valid set as `(containerID, ifname)` pairs; empty when the
     /// runtime sent none.
     pub fn gc_valid_pairs(&self) -> Vec<(String, String)> {

@@ -180,6 +180,51 @@ impl Output {
     }
 }
 
+/// Runs `plugin` in-process through the skel, as its binary would:
+/// `CNI_COMMAND=cmd` for container `cid` on eth0, in a namespace path that
+/// is never opened. Returns the exit code and stdout as JSON (Null when
+/// empty).
+pub fn dispatch<P: rcni_cni::Plugin>(
+    plugin: &P,
+    cmd: &str,
+    cid: &str,
+    stdin: &Value,
+) -> (i32, Value) {
+    let env = |k: &str| -> Option<String> {
+        Some(
+            match k {
+                "CNI_COMMAND" => cmd,
+                "CNI_CONTAINERID" => cid,
+                "CNI_IFNAME" => "eth0",
+                "CNI_NETNS" => "/run/rcni-unit-test/netns-never-opened",
+                "CNI_PATH" => "/nonexistent",
+                _ => return None,
+            }
+            .to_string(),
+        )
+    };
+    let input = serde_json::to_vec(stdin).unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = rcni_cni::skel::dispatch(plugin, &env, &mut input.as_slice(), &mut out, &mut err);
+    let v = if out.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&out).unwrap()
+    };
+    (code, v)
+}
+
+impl From<std::process::Output> for Output {
+    /// The exit code (-1 when killed by a signal) and the text printed.
+    fn from(out: std::process::Output) -> Output {
+        Output {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
 /// One plugin invocation with the `CNI_*` protocol variables.
 #[derive(Clone)]
 pub struct Call {
@@ -259,12 +304,7 @@ impl Call {
             let mut stdin = child.stdin.take().expect("piped");
             let _ = stdin.write_all(&self.stdin);
         }
-        let out = child.wait_with_output().expect("wait for plugin");
-        Output {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        child.wait_with_output().expect("wait for plugin").into()
     }
 }
 
@@ -291,6 +331,28 @@ pub fn ping(ns: &NetNs, dst: &str) -> bool {
         .status()
         .map(|s| s.success())
         .unwrap_or(false)
+}
+
+/// A TCP server in `ns` on `addr` (a port the kernel picks) for the rest of
+/// the process: every connection is handed to `serve` on a thread of its
+/// own. Returns the server's address.
+pub fn tcp_server<F>(ns: &NetNs, addr: std::net::IpAddr, serve: F) -> std::net::SocketAddr
+where
+    F: Fn(std::net::TcpStream) + Send + Clone + 'static,
+{
+    let l = ns
+        .run(move || std::net::TcpListener::bind((addr, 0)))
+        .unwrap()
+        .unwrap();
+    let local = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            let serve = serve.clone();
+            std::thread::spawn(move || serve(s));
+        }
+    });
+    local
 }
 
 /// Asserts that nothing this test process named (`rcni-<pid>-*`) is left in

@@ -6,8 +6,9 @@
 use crate::common::{ip, nl};
 use rcni_testkit::{Call, Output, TestNs, bin};
 use serde_json::{Value, json};
+use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const DNSMASQ: &str = "/usr/sbin/dnsmasq";
@@ -41,6 +42,34 @@ impl Drop for Guard {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Starts `cmd` (`what`, for the panic) without stdin, its stdout and
+/// stderr to `log`, guarded.
+fn spawn_logged(cmd: &mut Command, log: File, what: &str) -> Guard {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {what}: {e:?}"));
+    Guard(Some(child))
+}
+
+/// A lease a pod holds: the pod, its config, ADD's result and the address.
+pub struct Leased {
+    pub pod: TestNs,
+    pub conf: Value,
+    pub result: Value,
+    pub ip: String,
+}
+
+/// An example config of the repository's conf/ directory.
+pub fn conflist(file: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../conf")
+        .join(file);
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
 
 /// Node namespace with bridge `br`, a server namespace on it (dnsmasq at
@@ -97,6 +126,36 @@ impl Lab {
         lab
     }
 
+    /// The lab on bridge `bridge` with dnsmasq (`dnsmasq` options, as
+    /// [`Lab::start_dnsmasq`]) and the daemon running.
+    pub fn serving_on(bridge: &str, dnsmasq: &[&str]) -> Lab {
+        let mut lab = Lab::new(bridge);
+        lab.start_dnsmasq(dnsmasq);
+        lab.start_daemon(&[]);
+        lab
+    }
+
+    /// [`Lab::serving_on`] bridge `br0`.
+    pub fn serving(dnsmasq: &[&str]) -> Lab {
+        Lab::serving_on("br0", dnsmasq)
+    }
+
+    /// A new pod with a lease for container `c1`, its address on eth0 as
+    /// the interface plugin would apply it.
+    pub fn leased_pod(&mut self) -> Leased {
+        let pod = self.pod();
+        let conf = self.conf(json!({}));
+        let result = self.call("ADD", "c1", Some(&pod.path()), &conf).ok();
+        let addr = addr_ip(&result);
+        ip(&pod.ns, &format!("addr add {addr}/24 dev eth0"));
+        Leased {
+            pod,
+            conf,
+            result,
+            ip: addr,
+        }
+    }
+
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -121,36 +180,29 @@ impl Lab {
     pub fn start_dnsmasq_with_range(&mut self, extra: &[&str]) {
         let pidfile = self.path("dnsmasq.pid");
         let log = std::fs::File::create(self.path("dnsmasq.log")).unwrap();
-        let child = self
-            .server
-            .command(DNSMASQ)
-            .args([
-                "--keep-in-foreground",
-                "--conf-file=/dev/null",
-                "--no-hosts",
-                "--no-resolv",
-                "--port=0",
-                "--bind-interfaces",
-                &format!("--interface={}", self.server_if),
-                "--except-interface=lo",
-                "--no-ping",
-                "--log-dhcp",
-                "--log-facility=-",
-                "--user=root",
-                "--dhcp-authoritative",
-            ])
-            .arg(format!(
-                "--dhcp-leasefile={}",
-                self.path("leases").display()
-            ))
-            .arg(format!("--pid-file={}", pidfile.display()))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start dnsmasq");
-        self.dnsmasq = Guard(Some(child));
+        let mut cmd = self.server.command(DNSMASQ);
+        cmd.args([
+            "--keep-in-foreground",
+            "--conf-file=/dev/null",
+            "--no-hosts",
+            "--no-resolv",
+            "--port=0",
+            "--bind-interfaces",
+            &format!("--interface={}", self.server_if),
+            "--except-interface=lo",
+            "--no-ping",
+            "--log-dhcp",
+            "--log-facility=-",
+            "--user=root",
+            "--dhcp-authoritative",
+        ])
+        .arg(format!(
+            "--dhcp-leasefile={}",
+            self.path("leases").display()
+        ))
+        .arg(format!("--pid-file={}", pidfile.display()))
+        .args(extra);
+        self.dnsmasq = spawn_logged(&mut cmd, log, "dnsmasq");
         wait_for(Duration::from_secs(5), "dnsmasq to start", || {
             pidfile.exists()
         });
@@ -163,10 +215,8 @@ impl Lab {
             .append(true)
             .open(self.path("daemon.log"))
             .unwrap();
-        let child = self
-            .node
-            .command(bin("dhcp"))
-            .arg("daemon")
+        let mut cmd = self.node.command(bin("dhcp"));
+        cmd.arg("daemon")
             .arg("-socketpath")
             .arg(self.socket())
             .arg("-statedir")
@@ -174,13 +224,8 @@ impl Lab {
             .arg("-pidfile")
             .arg(self.path("dhcp.pid"))
             .args(["-timeout", "2s"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start dhcp daemon");
-        self.daemon = Guard(Some(child));
+            .args(extra);
+        self.daemon = spawn_logged(&mut cmd, log, "dhcp daemon");
         let sock = self.socket();
         wait_for(Duration::from_secs(5), "the daemon's socket", || {
             std::os::unix::net::UnixStream::connect(&sock).is_ok()
@@ -254,6 +299,56 @@ impl Lab {
         self.leases().into_iter().find(|l| l.1 == ip)
     }
 
+    /// Asserts that dnsmasq forgets the lease of `ip` within 5 s (`what`
+    /// says why it should).
+    pub fn assert_released(&self, ip: &str, what: &str) {
+        assert!(
+            poll(Duration::from_secs(5), || self.lease_of(ip).is_none()),
+            "{what}: dnsmasq still lists {ip}: {:?}\n{}",
+            self.leases(),
+            self.logs()
+        );
+    }
+
+    /// Asserts that dnsmasq's lease of `ip` is extended past expiry
+    /// `since` within `limit` (`what` says why it should).
+    pub fn assert_renewed(&self, ip: &str, since: u64, limit: Duration, what: &str) {
+        assert!(
+            poll(limit, || self.lease_of(ip).is_some_and(|l| l.0 > since)),
+            "{what}: {:?}\n{}",
+            self.leases(),
+            self.logs()
+        );
+    }
+
+    /// The config of a conflist's first plugin as a runtime hands it over
+    /// (with the list's cniVersion and name), its dhcp IPAM pointed at
+    /// this lab's daemon.
+    pub fn first_plugin_conf(&self, list: &Value) -> Value {
+        let mut conf = list["plugins"][0].clone();
+        conf["cniVersion"] = list["cniVersion"].clone();
+        conf["name"] = list["name"].clone();
+        conf["ipam"]["daemonSocketPath"] = json!(self.socket());
+        conf
+    }
+
+    /// CHECK, then DEL, through `call` (a chain's first plugin, given the
+    /// command and its stdin) with `result` as prevResult: both succeed and
+    /// the daemon holds no lease after. Returns the config with prevResult.
+    pub fn check_and_del(
+        &self,
+        call: impl Fn(&str, &Value) -> Output,
+        conf: &Value,
+        result: &Value,
+    ) -> Value {
+        let mut with_prev = conf.clone();
+        with_prev["prevResult"] = result.clone();
+        call("CHECK", &with_prev).ok();
+        call("DEL", &with_prev).ok();
+        assert!(self.state_files().is_empty(), "{}", self.logs());
+        with_prev
+    }
+
     pub fn state_files(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.state_dir())
             .map(|rd| {
@@ -266,10 +361,14 @@ impl Lab {
         v
     }
 
+    pub fn daemon_log(&self) -> String {
+        std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default()
+    }
+
     pub fn logs(&self) -> String {
         format!(
             "--- daemon log ---\n{}\n--- dnsmasq log ---\n{}",
-            std::fs::read_to_string(self.path("daemon.log")).unwrap_or_default(),
+            self.daemon_log(),
             std::fs::read_to_string(self.path("dnsmasq.log")).unwrap_or_default()
         )
     }

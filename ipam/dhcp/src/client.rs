@@ -18,6 +18,11 @@ use crate::raw::{self, PacketSocket, SERVER_PORT};
 
 const BROADCAST_MAC: [u8; 6] = [0xff; 6];
 
+/// Source, destination and frame destination of a client without an
+/// address (INIT, SELECTING, REQUESTING): 0.0.0.0 to broadcast.
+const FROM_INIT: (Ipv4Addr, Ipv4Addr, [u8; 6]) =
+    (Ipv4Addr::UNSPECIFIED, Ipv4Addr::BROADCAST, BROADCAST_MAC);
+
 /// Retransmission and give-up times (the daemon's flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
@@ -270,6 +275,19 @@ impl Client<'_> {
         m
     }
 
+    /// Encodes `m` and sends it through the packet socket from `src` to
+    /// `dst` in a frame to `dst_mac`; `what` names the message in errors.
+    async fn send_packet(
+        sock: &PacketSocket,
+        m: &Message,
+        (src, dst, dst_mac): (Ipv4Addr, Ipv4Addr, [u8; 6]),
+        what: &str,
+    ) -> Result<(), Error> {
+        sock.send(&Self::encode(m)?, src, dst, dst_mac)
+            .await
+            .map_err(|e| Error::io(&format!("send {what}"), e))
+    }
+
     fn encode(m: &Message) -> Result<Vec<u8>, Error> {
         m.to_vec().map_err(|e| Error::io("encode DHCP message", e))
     }
@@ -330,14 +348,7 @@ impl Client<'_> {
                 if let Some(ip) = hint {
                     m.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
                 }
-                sock.send(
-                    &Self::encode(&m)?,
-                    Ipv4Addr::UNSPECIFIED,
-                    Ipv4Addr::BROADCAST,
-                    BROADCAST_MAC,
-                )
-                .await
-                .map_err(|e| Error::io("send DHCPDISCOVER", e))?;
+                Self::send_packet(&sock, &m, FROM_INIT, "DHCPDISCOVER").await?;
                 let until = (now + self.timing.init_wait(sent)).min(deadline);
                 sent += 1;
                 if let Some(o) = self
@@ -361,14 +372,7 @@ impl Client<'_> {
                 m.opts_mut()
                     .insert(DhcpOption::RequestedIpAddress(offer.yiaddr()));
                 m.opts_mut().insert(DhcpOption::ServerIdentifier(server));
-                sock.send(
-                    &Self::encode(&m)?,
-                    Ipv4Addr::UNSPECIFIED,
-                    Ipv4Addr::BROADCAST,
-                    BROADCAST_MAC,
-                )
-                .await
-                .map_err(|e| Error::io("send DHCPREQUEST", e))?;
+                Self::send_packet(&sock, &m, FROM_INIT, "DHCPREQUEST").await?;
                 let until = (now + self.timing.init_wait(n)).min(deadline);
                 match self
                     .wait_packet(&sock, xid, &[MessageType::Ack, MessageType::Nak], until)
@@ -459,15 +463,8 @@ impl Client<'_> {
         let mut m = self.message(random_xid(), MessageType::Release, Instant::now(), ciaddr);
         m.set_secs(0);
         m.opts_mut().insert(DhcpOption::ServerIdentifier(server));
-        sock.send(
-            &Self::encode(&m)?,
-            ciaddr,
-            server,
-            server_mac.unwrap_or(BROADCAST_MAC),
-        )
-        .await
-        .map_err(|e| Error::io("send DHCPRELEASE", e))?;
-        Ok(())
+        let to = (ciaddr, server, server_mac.unwrap_or(BROADCAST_MAC));
+        Self::send_packet(&sock, &m, to, "DHCPRELEASE").await
     }
 }
 

@@ -117,15 +117,35 @@ fn daemon_err(e: CallError) -> CniError {
     }
 }
 
-/// The reply's lease, or its error.
-fn lease_of(r: Reply) -> Result<LeaseReply, CniError> {
+/// The reply if it says ok, else its error.
+fn reply_ok(r: Reply) -> Result<Reply, CniError> {
     if !r.ok {
         return Err(r
             .error
             .unwrap_or_else(|| CniError::internal("DHCP daemon failed without a reason")));
     }
-    r.lease
+    Ok(r)
+}
+
+/// The reply's lease, or its error.
+fn lease_of(r: Reply) -> Result<LeaseReply, CniError> {
+    reply_ok(r)?
+        .lease
         .ok_or_else(|| CniError::internal("DHCP daemon answered without a lease"))
+}
+
+/// A call that lets go of leases (DEL, GC). No daemon, no lease held: there
+/// is nothing left to do, and failing would stop the runtime's teardown
+/// (the reference fails here); `nothing` says so on stderr.
+fn call_to_let_go(conf: &IpamConf, req: &Request, nothing: &str) -> Result<(), CniError> {
+    match call(&conf.socket_path(), req) {
+        Ok(r) => reply_ok(r).map(drop),
+        Err(CallError::Unreachable(m)) => {
+            eprintln!("dhcp: {m}; {nothing}");
+            Ok(())
+        }
+        Err(e) => Err(daemon_err(e)),
+    }
 }
 
 fn attachment(args: &CmdArgs) -> Attachment {
@@ -208,20 +228,7 @@ impl Plugin for Dhcp {
         let req = Request::Release {
             attachment: attachment(args),
         };
-        match call(&conf.socket_path(), &req) {
-            Ok(r) if r.ok => Ok(()),
-            Ok(r) => Err(r
-                .error
-                .unwrap_or_else(|| CniError::internal("DHCP daemon failed without a reason"))),
-            // No daemon, no lease held: DEL has nothing left to do, and
-            // failing it would stop the runtime's teardown (the reference
-            // fails here).
-            Err(CallError::Unreachable(m)) => {
-                eprintln!("dhcp: {m}; nothing to release");
-                Ok(())
-            }
-            Err(e) => Err(daemon_err(e)),
-        }
+        call_to_let_go(&conf, &req, "nothing to release")
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
@@ -262,10 +269,7 @@ impl Plugin for Dhcp {
     fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = IpamConf::load(args)?;
         match call(&conf.socket_path(), &Request::Status) {
-            Ok(r) if r.ok => Ok(()),
-            Ok(r) => Err(r
-                .error
-                .unwrap_or_else(|| CniError::internal("DHCP daemon failed without a reason"))),
+            Ok(r) => reply_ok(r).map(drop),
             Err(CallError::Unreachable(m) | CallError::Broken(m)) => {
                 Err(CniError::new(ErrorCode::PluginNotAvailable, m))
             }
@@ -274,30 +278,11 @@ impl Plugin for Dhcp {
 
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = IpamConf::load(args)?;
-        // An absent key is a malformed request, not "nothing is valid".
-        let has_key = args.conf.raw.as_object().is_some_and(|m| {
-            m.contains_key("cni.dev/valid-attachments") || m.contains_key("cni.dev/attachments")
-        });
-        if !has_key {
-            return Err(CniError::config(
-                "GC needs cni.dev/valid-attachments (an empty list releases everything)",
-            ));
-        }
         let req = Request::Gc {
             net_name: args.conf.name.clone(),
-            valid: args.conf.gc_valid_attachments().unwrap_or_default(),
+            valid: args.conf.gc_required_valid_attachments("releases")?,
         };
-        match call(&conf.socket_path(), &req) {
-            Ok(r) if r.ok => Ok(()),
-            Ok(r) => Err(r
-                .error
-                .unwrap_or_else(|| CniError::internal("DHCP daemon failed without a reason"))),
-            Err(CallError::Unreachable(m)) => {
-                eprintln!("dhcp: {m}; no lease to collect");
-                Ok(())
-            }
-            Err(e) => Err(daemon_err(e)),
-        }
+        call_to_let_go(&conf, &req, "no lease to collect")
     }
 }
 
@@ -323,28 +308,7 @@ mod tests {
     use serde_json::{Value, json};
 
     fn run(cmd: &str, stdin: &Value) -> (i32, Value) {
-        let env = |k: &str| -> Option<String> {
-            Some(
-                match k {
-                    "CNI_COMMAND" => cmd,
-                    "CNI_CONTAINERID" => "c1",
-                    "CNI_IFNAME" => "eth0",
-                    "CNI_NETNS" => "/run/rcni-unit-test/netns-never-opened",
-                    "CNI_PATH" => "/nonexistent",
-                    _ => return None,
-                }
-                .to_string(),
-            )
-        };
-        let input = serde_json::to_vec(stdin).unwrap();
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code = rcni_cni::skel::dispatch(&Dhcp, &env, &mut input.as_slice(), &mut out, &mut err);
-        let v = if out.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&out).unwrap()
-        };
-        (code, v)
+        rcni_testkit::dispatch(&Dhcp, cmd, "c1", stdin)
     }
 
     #[test]

@@ -157,21 +157,9 @@ impl Plugin for HostLocal {
     }
 
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
-        // An absent key is a malformed request, not "nothing is valid":
-        // guessing the latter would release every address of the network.
-        // libcni sends `null` for an empty set, which is the key present.
-        let has_key = args.conf.raw.as_object().is_some_and(|m| {
-            m.contains_key("cni.dev/valid-attachments") || m.contains_key("cni.dev/attachments")
-        });
-        if !has_key {
-            return Err(CniError::config(
-                "GC needs cni.dev/valid-attachments (an empty list releases everything)",
-            ));
-        }
         let valid: HashSet<Attachment> = args
             .conf
-            .gc_valid_attachments()
-            .unwrap_or_default()
+            .gc_required_valid_attachments("releases")?
             .iter()
             .map(|a| Attachment::new(&a.container_id, &a.ifname))
             .collect();
@@ -211,29 +199,7 @@ mod tests {
 
     /// Runs the plugin in-process through the skel, as the binary would.
     fn run(cmd: &str, cid: &str, stdin: &Value) -> (i32, Value) {
-        let env = |k: &str| -> Option<String> {
-            Some(
-                match k {
-                    "CNI_COMMAND" => cmd,
-                    "CNI_CONTAINERID" => cid,
-                    "CNI_IFNAME" => "eth0",
-                    "CNI_NETNS" => "/run/rcni-unit-test/netns-never-opened",
-                    "CNI_PATH" => "/nonexistent",
-                    _ => return None,
-                }
-                .to_string(),
-            )
-        };
-        let input = serde_json::to_vec(stdin).unwrap();
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        let code =
-            rcni_cni::skel::dispatch(&HostLocal, &env, &mut input.as_slice(), &mut out, &mut err);
-        let v = if out.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&out).unwrap()
-        };
-        (code, v)
+        rcni_testkit::dispatch(&HostLocal, cmd, cid, stdin)
     }
 
     #[test]

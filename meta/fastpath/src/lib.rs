@@ -447,19 +447,9 @@ impl Plugin for Fastpath {
     /// with none left, the network's program and maps too.
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
-        // An absent key is a malformed request, not "nothing is valid".
-        let has_key = args.conf.raw.as_object().is_some_and(|m| {
-            m.contains_key("cni.dev/valid-attachments") || m.contains_key("cni.dev/attachments")
-        });
-        if !has_key {
-            return Err(CniError::config(
-                "GC needs cni.dev/valid-attachments (an empty list removes everything)",
-            ));
-        }
         let valid: BTreeSet<u64> = args
             .conf
-            .gc_valid_attachments()
-            .unwrap_or_default()
+            .gc_required_valid_attachments("removes")?
             .iter()
             .map(|a| AttachmentId::new(&a.container_id, &a.ifname).owner())
             .collect();
