@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const PROGRAMS: &[&str] = &["fastpath"];
+const PROGRAMS: &[&str] = &["datapath"];
 
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
@@ -26,9 +26,10 @@ fn main() {
              (Debian: apt-get install clang llvm libbpf-dev; .ci/run installs them)"
         );
     }
+    // The whole directory: the programs include headers from it.
+    println!("cargo:rerun-if-changed=c");
     for name in PROGRAMS {
         let src = Path::new("c").join(format!("{name}.bpf.c"));
-        println!("cargo:rerun-if-changed={}", src.display());
         let obj = out.join(format!("{name}.bpf.o"));
         let status = Command::new(&clang)
             .args(["-target", "bpf", "-O2", "-g", "-Wall", "-Werror"])

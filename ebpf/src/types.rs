@@ -1,5 +1,6 @@
-//! The map keys and values shared with `c/fastpath.bpf.c`, mirrored field for
-//! field (`#[repr(C)]`), and the attachment ids that name pinned links.
+//! The map keys and values shared with `c/datapath.bpf.c` and `c/policy.h`,
+//! mirrored field for field (`#[repr(C)]`), and the attachment ids that name
+//! pinned links.
 
 use sha2::{Digest, Sha256};
 use std::fmt;
@@ -56,43 +57,157 @@ impl From<IpAddr> for EndpointKey {
     }
 }
 
-/// `struct endpoint`: where a local pod address is delivered.
+/// `struct endpoint`: a local pod address, as the fast path (where to
+/// deliver it) and the policy plugin (who it is, which rules apply) know it.
+/// Both write the same entry, each its own fields and flag.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Endpoint {
     /// The pod's host-side veth (node namespace).
     pub ifindex: u32,
-    /// The address's counters (`rcni_ep_stats` index); chosen by
-    /// [`crate::Datapath::insert_endpoints`], whatever the caller sets.
+    /// The address's counters (`rcni_ep_stats` index); chosen by the
+    /// [`crate::Datapath`], whatever the caller sets.
     pub slot: u32,
     pub pod_mac: [u8; 6],
     /// The pod's gateway MAC: the bridge's, or for ptp its host veth's.
     pub node_mac: [u8; 6],
-    /// Zero.
-    pub reserved: u32,
+    /// Which plugins wrote the entry: [`EP_FASTPATH`], [`EP_POLICY`].
+    pub flags: u32,
     /// The attachment that owns the entry ([`AttachmentId::owner`]).
     pub owner: u64,
+    /// The pod's label-set identity; 0: none.
+    pub identity: u32,
+    /// The rule set deciding traffic to the pod; 0: not selected.
+    pub ingress_rs: u32,
+    /// The rule set deciding traffic from the pod; 0: not selected.
+    pub egress_rs: u32,
+    /// Zero.
+    pub pad: u32,
 }
 
-// SAFETY: repr(C), integers and byte arrays: 4 + 4 + 6 + 6 + 4 + 8 bytes,
-// no padding (owner starts at offset 24).
+// SAFETY: repr(C), integers and byte arrays: 4 + 4 + 6 + 6 + 4 + 8 + 4 * 4
+// bytes, no padding (owner starts at offset 24, the struct ends at 48).
 unsafe impl aya::Pod for Endpoint {}
 
+/// The fast path wrote the entry: its MACs are valid, it may redirect.
+pub const EP_FASTPATH: u32 = 1;
+/// The policy plugin wrote the entry: identity and rule sets are valid.
+pub const EP_POLICY: u32 = 2;
+
 impl Endpoint {
+    /// The fast path's endpoint.
     pub fn new(ifindex: u32, pod_mac: [u8; 6], node_mac: [u8; 6], owner: u64) -> Endpoint {
         Endpoint {
             ifindex,
-            slot: 0,
             pod_mac,
             node_mac,
-            reserved: 0,
+            flags: EP_FASTPATH,
             owner,
+            ..Default::default()
         }
     }
 
-    /// Same delivery and owner (the counter slot aside).
+    /// The policy plugin's endpoint.
+    pub fn policy(
+        ifindex: u32,
+        owner: u64,
+        identity: u32,
+        ingress_rs: u32,
+        egress_rs: u32,
+    ) -> Endpoint {
+        Endpoint {
+            ifindex,
+            flags: EP_POLICY,
+            owner,
+            identity,
+            ingress_rs,
+            egress_rs,
+            ..Default::default()
+        }
+    }
+
+    /// The same fast path fields (delivery, owner, the flag), whatever the
+    /// policy plugin wrote and the counter slot.
     pub fn same_as(&self, o: &Endpoint) -> bool {
-        Endpoint { slot: 0, ..*self } == Endpoint { slot: 0, ..*o }
+        self.ifindex == o.ifindex
+            && self.pod_mac == o.pod_mac
+            && self.node_mac == o.node_mac
+            && self.owner == o.owner
+            && self.flags & EP_FASTPATH == o.flags & EP_FASTPATH
+    }
+
+    /// The same policy fields (host veth, owner, identity, rule sets, the
+    /// flag), whatever the fast path wrote.
+    pub fn same_policy_as(&self, o: &Endpoint) -> bool {
+        self.ifindex == o.ifindex
+            && self.owner == o.owner
+            && self.identity == o.identity
+            && self.ingress_rs == o.ingress_rs
+            && self.egress_rs == o.egress_rs
+            && self.flags & EP_POLICY == o.flags & EP_POLICY
+    }
+
+    /// `old` (the entry in the map) with the fast path's fields of `fp`.
+    /// Another owner's entry is replaced whole: what the policy plugin
+    /// wrote there was about a pod that is gone.
+    pub(crate) fn merge_fastpath(old: Option<Endpoint>, fp: &Endpoint) -> Endpoint {
+        let base = match old {
+            Some(o) if o.owner == fp.owner => o,
+            _ => Endpoint::default(),
+        };
+        Endpoint {
+            ifindex: fp.ifindex,
+            slot: old.map_or(0, |o| o.slot),
+            pod_mac: fp.pod_mac,
+            node_mac: fp.node_mac,
+            flags: base.flags | EP_FASTPATH,
+            owner: fp.owner,
+            pad: 0,
+            ..base
+        }
+    }
+
+    /// `old` with the policy plugin's fields of `pol` (see
+    /// [`Endpoint::merge_fastpath`]).
+    pub(crate) fn merge_policy(old: Option<Endpoint>, pol: &Endpoint) -> Endpoint {
+        let base = match old {
+            Some(o) if o.owner == pol.owner => o,
+            _ => Endpoint::default(),
+        };
+        Endpoint {
+            ifindex: pol.ifindex,
+            slot: old.map_or(0, |o| o.slot),
+            flags: base.flags | EP_POLICY,
+            owner: pol.owner,
+            identity: pol.identity,
+            ingress_rs: pol.ingress_rs,
+            egress_rs: pol.egress_rs,
+            pad: 0,
+            ..base
+        }
+    }
+
+    /// Without the fast path's fields; `None` when nothing is left.
+    pub(crate) fn without_fastpath(self) -> Option<Endpoint> {
+        let flags = self.flags & !EP_FASTPATH;
+        (flags != 0).then_some(Endpoint {
+            pod_mac: [0; 6],
+            node_mac: [0; 6],
+            flags,
+            ..self
+        })
+    }
+
+    /// Without the policy plugin's fields; `None` when nothing is left.
+    pub(crate) fn without_policy(self) -> Option<Endpoint> {
+        let flags = self.flags & !EP_POLICY;
+        (flags != 0).then_some(Endpoint {
+            identity: 0,
+            ingress_rs: 0,
+            egress_rs: 0,
+            flags,
+            ..self
+        })
     }
 }
 
@@ -144,7 +259,7 @@ impl std::ops::AddAssign for EndpointStats {
     }
 }
 
-/// The program's decisions (`enum verdict`), counted per CPU.
+/// The programs' decisions (`enum verdict`), counted per CPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u32)]
 pub enum Verdict {
@@ -154,16 +269,22 @@ pub enum Verdict {
     UnknownDst = 3,
     UnknownSrc = 4,
     Other = 5,
+    PolicyDenyIn = 6,
+    PolicyDenyOut = 7,
+    PolicySpoof = 8,
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 6] = [
+    pub const ALL: [Verdict; 9] = [
         Verdict::Redirect,
         Verdict::NotIp,
         Verdict::Short,
         Verdict::UnknownDst,
         Verdict::UnknownSrc,
         Verdict::Other,
+        Verdict::PolicyDenyIn,
+        Verdict::PolicyDenyOut,
+        Verdict::PolicySpoof,
     ];
 
     pub fn name(self) -> &'static str {
@@ -174,12 +295,162 @@ impl Verdict {
             Verdict::UnknownDst => "passed: destination not a local endpoint",
             Verdict::UnknownSrc => "passed: source not an endpoint of the veth",
             Verdict::Other => "passed: hairpin, ND, TTL 1, multicast, foreign MAC",
+            Verdict::PolicyDenyIn => "dropped: receiver's ingress policy",
+            Verdict::PolicyDenyOut => "dropped: sender's egress policy",
+            Verdict::PolicySpoof => "dropped: source address not the pod's",
         }
     }
 }
 
-/// The program's return values.
+// ---- policy ----
+
+/// Port set id: nothing allowed (reserved, never stored).
+pub const PORTSET_NONE: u32 = 0;
+/// Port set id: every protocol and port (reserved, never stored).
+pub const PORTSET_ALL: u32 = 1;
+/// Ranges one port set holds.
+pub const MAX_PORT_RANGES: usize = 32;
+
+/// `struct port_range`: one protocol's ports `lo..=hi` (host order). A
+/// protocol without ports (ICMP, ...) matches as port 0.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRange {
+    pub proto: u8,
+    _pad: u8,
+    pub lo: u16,
+    pub hi: u16,
+    _pad2: u16,
+}
+
+// SAFETY: repr(C), 1 + 1 + 2 + 2 + 2 bytes, no padding.
+unsafe impl aya::Pod for PortRange {}
+
+impl PortRange {
+    pub fn new(proto: u8, lo: u16, hi: u16) -> PortRange {
+        PortRange {
+            proto,
+            lo,
+            hi,
+            ..Default::default()
+        }
+    }
+}
+
+/// `struct portset`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PortSet {
+    pub n: u32,
+    pub pad: u32,
+    pub r: [PortRange; MAX_PORT_RANGES],
+}
+
+// SAFETY: repr(C), 4 + 4 + 32 * 8 bytes, no padding.
+unsafe impl aya::Pod for PortSet {}
+
+/// `struct peer_key`: a rule set's entry for a peer identity.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PeerKey {
+    pub rs: u32,
+    pub identity: u32,
+}
+
+// SAFETY: repr(C), two u32.
+unsafe impl aya::Pod for PeerKey {}
+
+/// `struct cidr_key` after its prefix length (aya's LPM key puts that in
+/// front): rule set, family, address.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CidrData {
+    pub rs: u32,
+    pub family: u32,
+    pub addr: [u8; 16],
+}
+
+// SAFETY: repr(C), 4 + 4 + 16 bytes, no padding.
+unsafe impl aya::Pod for CidrData {}
+
+/// `rcni_pol_cidr`'s prefix length covers rule set and family (64 bits)
+/// before the address.
+pub(crate) const CIDR_PREFIX_BASE: u32 = 64;
+
+/// `ip` masked to its first `len` bits, as a CIDR key; `None` when `len`
+/// is too long for the family.
+pub(crate) fn cidr_key(rs: u32, ip: IpAddr, len: u8) -> Option<aya::maps::lpm_trie::Key<CidrData>> {
+    let bits = if ip.is_ipv4() { 32 } else { 128 };
+    if u32::from(len) > bits {
+        return None;
+    }
+    let EndpointKey { family, mut addr } = EndpointKey::new(ip);
+    for (i, b) in addr.iter_mut().enumerate() {
+        let keep = (u32::from(len)).saturating_sub(i as u32 * 8).min(8);
+        *b &= if keep == 0 { 0 } else { 0xffu8 << (8 - keep) };
+    }
+    Some(aya::maps::lpm_trie::Key::new(
+        CIDR_PREFIX_BASE + u32::from(len),
+        CidrData { rs, family, addr },
+    ))
+}
+
+/// What a CIDR key says: (rule set, network address, prefix length).
+pub(crate) fn cidr_of(k: &aya::maps::lpm_trie::Key<CidrData>) -> Option<(u32, IpAddr, u8)> {
+    let d = k.data();
+    let ip = EndpointKey {
+        family: d.family,
+        addr: d.addr,
+    }
+    .ip()?;
+    let len = k.prefix_len().checked_sub(CIDR_PREFIX_BASE)?;
+    Some((d.rs, ip, len as u8))
+}
+
+/// Connection tracking: recorded at the sender's egress point.
+pub const CT_EGRESS: u8 = 1;
+/// Connection tracking: recorded at the receiver's ingress point.
+pub const CT_INGRESS: u8 = 2;
+
+/// `struct ct_key`: one direction of a flow as one point recorded it.
+/// Ports in host order (ICMP echo: the identifier as both; else 0).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CtKey {
+    pub family: u8,
+    pub proto: u8,
+    /// [`CT_EGRESS`] or [`CT_INGRESS`].
+    pub point: u8,
+    pub pad: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+}
+
+// SAFETY: repr(C), 4 * 1 + 2 * 2 + 2 * 16 bytes, no padding.
+unsafe impl aya::Pod for CtKey {}
+
+impl CtKey {
+    /// The source address as an endpoint key.
+    pub fn src(&self) -> EndpointKey {
+        EndpointKey {
+            family: u32::from(self.family),
+            addr: self.saddr,
+        }
+    }
+
+    pub fn dst(&self) -> EndpointKey {
+        EndpointKey {
+            family: u32::from(self.family),
+            addr: self.daddr,
+        }
+    }
+}
+
+/// The programs' return values.
 pub const TC_ACT_UNSPEC: u32 = u32::MAX; // -1: next program / filter
+pub const TC_ACT_SHOT: u32 = 2;
 pub const TC_ACT_REDIRECT: u32 = 7;
 
 /// One CNI attachment (container ID, ifname): a 64-bit digest, stored as the
@@ -218,6 +489,31 @@ impl AttachmentId {
 }
 
 const LINK_PREFIX: &str = "link-";
+const POLICY_IN_PREFIX: &str = "link-pol-in-";
+const POLICY_OUT_PREFIX: &str = "link-pol-out-";
+
+impl AttachmentId {
+    /// The pin names of this attachment's policy links: `rcni_pol_in`'s
+    /// (egress hook) and `rcni_pol_out`'s (ingress hook). Not link pins
+    /// for [`AttachmentId::from_link_pin`]: fastpath's GC leaves them be.
+    pub fn policy_link_pins(self) -> [String; 2] {
+        [
+            format!("{POLICY_IN_PREFIX}{self}"),
+            format!("{POLICY_OUT_PREFIX}{self}"),
+        ]
+    }
+
+    /// The id a policy link pin (either) stands for.
+    pub fn from_policy_link_pin(name: &str) -> Option<AttachmentId> {
+        let hex = name
+            .strip_prefix(POLICY_IN_PREFIX)
+            .or_else(|| name.strip_prefix(POLICY_OUT_PREFIX))?;
+        if hex.len() != 16 {
+            return None;
+        }
+        u64::from_str_radix(hex, 16).ok().map(AttachmentId)
+    }
+}
 
 impl fmt::Display for AttachmentId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -239,14 +535,83 @@ mod tests {
 
     #[test]
     fn layouts_match_the_c_structs() {
-        assert_eq!(std::mem::size_of::<EndpointKey>(), 20);
-        assert_eq!(std::mem::size_of::<Endpoint>(), 32);
-        assert_eq!(std::mem::offset_of!(Endpoint, slot), 4);
-        assert_eq!(std::mem::offset_of!(Endpoint, pod_mac), 8);
-        assert_eq!(std::mem::offset_of!(Endpoint, node_mac), 14);
-        assert_eq!(std::mem::offset_of!(Endpoint, reserved), 20);
-        assert_eq!(std::mem::offset_of!(Endpoint, owner), 24);
-        assert_eq!(std::mem::size_of::<EndpointStats>(), 32);
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<EndpointKey>(), 20);
+        assert_eq!(size_of::<Endpoint>(), 48);
+        assert_eq!(offset_of!(Endpoint, slot), 4);
+        assert_eq!(offset_of!(Endpoint, pod_mac), 8);
+        assert_eq!(offset_of!(Endpoint, node_mac), 14);
+        assert_eq!(offset_of!(Endpoint, flags), 20);
+        assert_eq!(offset_of!(Endpoint, owner), 24);
+        assert_eq!(offset_of!(Endpoint, identity), 32);
+        assert_eq!(offset_of!(Endpoint, ingress_rs), 36);
+        assert_eq!(offset_of!(Endpoint, egress_rs), 40);
+        assert_eq!(size_of::<EndpointStats>(), 32);
+        assert_eq!(size_of::<PortRange>(), 8);
+        assert_eq!(offset_of!(PortRange, lo), 2);
+        assert_eq!(size_of::<PortSet>(), 8 + 8 * MAX_PORT_RANGES);
+        assert_eq!(size_of::<PeerKey>(), 8);
+        assert_eq!(size_of::<aya::maps::lpm_trie::Key<CidrData>>(), 28);
+        assert_eq!(size_of::<CtKey>(), 40);
+        assert_eq!(offset_of!(CtKey, sport), 4);
+        assert_eq!(offset_of!(CtKey, saddr), 8);
+    }
+
+    #[test]
+    fn fastpath_and_policy_share_an_entry() {
+        let fp = Endpoint::new(3, [1; 6], [2; 6], 9);
+        let pol = Endpoint::policy(3, 9, 100, 5, 6);
+        // Either order, the same merged entry.
+        let a = Endpoint::merge_policy(Some(Endpoint::merge_fastpath(None, &fp)), &pol);
+        let b = Endpoint::merge_fastpath(Some(Endpoint::merge_policy(None, &pol)), &fp);
+        assert_eq!(a, b);
+        assert_eq!(a.flags, EP_FASTPATH | EP_POLICY);
+        assert!(a.same_as(&fp) && a.same_policy_as(&pol));
+        assert_eq!(
+            (a.pod_mac, a.identity, a.ingress_rs, a.egress_rs),
+            ([1; 6], 100, 5, 6)
+        );
+        // The slot stays with the entry.
+        let slotted = Endpoint { slot: 7, ..a };
+        assert_eq!(Endpoint::merge_policy(Some(slotted), &pol).slot, 7);
+        // Removing one plugin's part keeps the other's.
+        let only_pol = a.without_fastpath().unwrap();
+        assert_eq!(only_pol.flags, EP_POLICY);
+        assert_eq!((only_pol.pod_mac, only_pol.identity), ([0; 6], 100));
+        assert!(!only_pol.same_as(&fp) && only_pol.same_policy_as(&pol));
+        let only_fp = a.without_policy().unwrap();
+        assert_eq!(
+            (only_fp.flags, only_fp.identity, only_fp.egress_rs),
+            (EP_FASTPATH, 0, 0)
+        );
+        assert!(only_fp.same_as(&fp));
+        assert_eq!(only_fp.without_fastpath(), None);
+        assert_eq!(only_pol.without_policy(), None);
+        // Another owner's entry is replaced, not merged into.
+        let other = Endpoint::merge_fastpath(
+            Some(Endpoint { slot: 4, ..a }),
+            &Endpoint::new(8, [3; 6], [4; 6], 10),
+        );
+        assert_eq!(
+            (other.flags, other.identity, other.owner, other.slot),
+            (EP_FASTPATH, 0, 10, 4)
+        );
+    }
+
+    #[test]
+    fn cidr_keys_are_masked_and_read_back() {
+        let k = cidr_key(3, "10.1.2.3".parse().unwrap(), 20).unwrap();
+        assert_eq!(k.prefix_len(), 84);
+        let d = k.data();
+        assert_eq!((d.rs, d.family), (3, 4));
+        assert_eq!(&d.addr[..4], &[10, 1, 0, 0]);
+        assert_eq!(cidr_of(&k), Some((3, "10.1.0.0".parse().unwrap(), 20)));
+        let k6 = cidr_key(1, "fd00::1:2:3".parse().unwrap(), 127).unwrap();
+        assert_eq!(cidr_of(&k6), Some((1, "fd00::1:2:2".parse().unwrap(), 127)));
+        let all = cidr_key(1, "1.2.3.4".parse().unwrap(), 0).unwrap();
+        assert_eq!(cidr_of(&all), Some((1, "0.0.0.0".parse().unwrap(), 0)));
+        assert!(cidr_key(1, "1.2.3.4".parse().unwrap(), 33).is_none());
+        assert!(cidr_key(1, "::".parse().unwrap(), 129).is_none());
     }
 
     #[test]
@@ -271,6 +636,7 @@ mod tests {
         let b = Endpoint { slot: 7, ..a };
         assert!(a.same_as(&b));
         assert!(!a.same_as(&Endpoint { ifindex: 4, ..a }));
+        assert!(a.same_as(&Endpoint { identity: 4, ..a }));
     }
 
     #[test]
@@ -306,6 +672,13 @@ mod tests {
         assert_eq!(AttachmentId::from_link_pin(&pin), Some(a));
         assert_eq!(AttachmentId::from_link_pin("prog"), None);
         assert_eq!(AttachmentId::from_link_pin("link-xyz"), None);
+        let [pin_in, pin_out] = a.policy_link_pins();
+        assert_eq!(pin_in, format!("link-pol-in-{a}"));
+        assert_eq!(AttachmentId::from_link_pin(&pin_in), None);
+        assert_eq!(AttachmentId::from_link_pin(&pin_out), None);
+        assert_eq!(AttachmentId::from_policy_link_pin(&pin_in), Some(a));
+        assert_eq!(AttachmentId::from_policy_link_pin(&pin_out), Some(a));
+        assert_eq!(AttachmentId::from_policy_link_pin(&pin), None);
     }
 
     #[test]

@@ -1,12 +1,19 @@
-//! The fast path program's decisions and rewrites, run by the kernel on
-//! hand-built packets with BPF_PROG_TEST_RUN. Needs root (CAP_BPF); loads a
-//! private, unpinned copy of the program per test and touches no interface.
+//! The programs' decisions and rewrites, run by the kernel on hand-built
+//! packets with BPF_PROG_TEST_RUN: the fast path, then network policy.
+//! Needs root (CAP_BPF); loads a private, unpinned copy of the programs per
+//! test and touches no interface (the last tests make their own in a
+//! throwaway namespace, and a bpffs of their own).
 //!
 //! In a test run the packet arrives on the loopback device of the test's
-//! namespace (ifindex 1), so the source pods sit behind ifindex 1.
+//! namespace (ifindex 1), so the pods whose host veth the program runs on
+//! sit behind ifindex 1.
 
 use aya::programs::{TestRun, TestRunOptions};
-use rcni_ebpf::{Datapath, Endpoint, EndpointKey, TC_ACT_REDIRECT, TC_ACT_UNSPEC, Verdict};
+use rcni_ebpf::{
+    AttachmentId, CT_EGRESS, CT_INGRESS, Datapath, EP_FASTPATH, EP_POLICY, Endpoint, EndpointKey,
+    Hook, PORTSET_ALL, PORTSET_NONE, PortRange, Program, TC_ACT_REDIRECT, TC_ACT_SHOT,
+    TC_ACT_UNSPEC, Verdict,
+};
 use std::net::IpAddr;
 
 const LO: u32 = 1;
@@ -71,11 +78,23 @@ fn csum(data: &[u8]) -> u16 {
 
 /// Ethernet + IPv4 (TTL 64, protocol ICMP) + `payload`.
 fn ipv4(dst_mac: [u8; 6], src: &str, dst: &str, ttl: u8, payload: &[u8]) -> Vec<u8> {
+    ipv4_proto(dst_mac, src, dst, ttl, 1, payload)
+}
+
+/// Ethernet + IPv4 (DF, TTL `ttl`, protocol `proto`) + `payload`.
+fn ipv4_proto(
+    dst_mac: [u8; 6],
+    src: &str,
+    dst: &str,
+    ttl: u8,
+    proto: u8,
+    payload: &[u8],
+) -> Vec<u8> {
     let mut p = eth(dst_mac, POD_A, 0x0800);
     let total = (20 + payload.len()) as u16;
     let mut h = vec![0x45, 0];
     h.extend_from_slice(&total.to_be_bytes());
-    h.extend_from_slice(&[0, 1, 0x40, 0, ttl, 1, 0, 0]);
+    h.extend_from_slice(&[0, 1, 0x40, 0, ttl, proto, 0, 0]);
     let (IpAddr::V4(s), IpAddr::V4(d)) = (ip(src), ip(dst)) else {
         panic!("v4")
     };
@@ -107,14 +126,25 @@ fn ipv6(dst_mac: [u8; 6], src: &str, dst: &str, next: u8, payload: &[u8]) -> Vec
 const ICMP_ECHO: &[u8] = &[8, 0, 0xf7, 0xff, 0, 0, 0, 0, b'r', b'c', b'n', b'i'];
 const ICMPV6_ECHO: &[u8] = &[128, 0, 0, 0, 0, 1, 0, 1, b'r', b'c', b'n', b'i'];
 
-/// Runs the program on `pkt`: (return value, packet after the run).
+/// Runs the fast path on `pkt`: (return value, packet after the run).
 fn run(dp: &mut Datapath, pkt: &[u8]) -> (u32, Vec<u8>) {
+    run_prog(dp, Program::Fastpath, pkt, 0)
+}
+
+/// Runs `prog` on `pkt`, as if it had come into the node on
+/// `ingress_ifindex` (0: sent by the node itself).
+fn run_prog(dp: &mut Datapath, prog: Program, pkt: &[u8], ingress_ifindex: u32) -> (u32, Vec<u8>) {
     let mut out = vec![0u8; pkt.len() + 256];
+    // struct __sk_buff up to ifindex: ingress_ifindex at offset 36, the
+    // rest zero (what the kernel requires of a test run's context).
+    let mut ctx = [0u8; 44];
+    ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
     let r = dp
-        .program()
+        .program_of(prog)
         .test_run(TestRunOptions {
             data_in: Some(pkt),
             data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
             ..TestRunOptions::new()
         })
         .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN on {} bytes: {e:?}", pkt.len()));
@@ -364,12 +394,752 @@ fn removed_endpoints_stop_the_redirect_and_their_counters() {
     assert_eq!((again.slot, again.owner), (back.slot, 3));
 }
 
-/// The program's own cost per packet (the kernel's average over a million
+// ---- policy ----
+//
+// A (10.0.0.2, fd00::2) sits behind lo, where the programs run: rcni_pol_out
+// sees what A sends (A's egress point), rcni_pol_in what A receives (A's
+// ingress point), and the fast path redirects from A to B.
+
+const A_ID: u32 = 100;
+const B_ID: u32 = 200;
+const A_OWNER: u64 = 1;
+const B_OWNER: u64 = 2;
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+
+/// [`datapath`] with both pods known to the policy plugin as well, selected
+/// by no rule set.
+fn policy_datapath() -> Datapath {
+    let mut dp = datapath();
+    for (a, b) in [("10.0.0.2", "10.0.0.3"), ("fd00::2", "fd00::3")] {
+        dp.set_policy_endpoint(&[key(a)], LO, A_OWNER, A_ID, 0, 0)
+            .unwrap();
+        dp.set_policy_endpoint(&[key(b)], B_IFINDEX, B_OWNER, B_ID, 0, 0)
+            .unwrap();
+    }
+    dp
+}
+
+fn key(a: &str) -> EndpointKey {
+    EndpointKey::new(ip(a))
+}
+
+/// Gives A rule sets (0: not selected), for both its addresses.
+fn select_a(dp: &mut Datapath, ingress_rs: u32, egress_rs: u32) {
+    dp.set_policy_endpoint(
+        &[key("10.0.0.2"), key("fd00::2")],
+        LO,
+        A_OWNER,
+        A_ID,
+        ingress_rs,
+        egress_rs,
+    )
+    .unwrap();
+}
+
+fn ports(sport: u16, dport: u16) -> Vec<u8> {
+    let mut p = sport.to_be_bytes().to_vec();
+    p.extend_from_slice(&dport.to_be_bytes());
+    p
+}
+
+/// A UDP datagram (8-byte header, checksum 0).
+fn udp(src: &str, dst: &str, sport: u16, dport: u16) -> Vec<u8> {
+    let mut h = ports(sport, dport);
+    h.extend_from_slice(&[0, 12, 0, 0, b'r', b'c', b'n', b'i']);
+    if ip(src).is_ipv4() {
+        ipv4_proto(GW_A, src, dst, 64, UDP, &h)
+    } else {
+        ipv6(GW_A, src, dst, UDP, &h)
+    }
+}
+
+/// A TCP SYN (the checksum is not checked on this path).
+fn tcp(src: &str, dst: &str, sport: u16, dport: u16) -> Vec<u8> {
+    let mut h = ports(sport, dport);
+    h.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0]);
+    if ip(src).is_ipv4() {
+        ipv4_proto(GW_A, src, dst, 64, TCP, &h)
+    } else {
+        ipv6(GW_A, src, dst, TCP, &h)
+    }
+}
+
+/// An ICMP echo request (8) or reply (0) with identifier `id`.
+fn echo(src: &str, dst: &str, ty: u8, id: u16) -> Vec<u8> {
+    let mut h = vec![ty, 0, 0, 0];
+    h.extend_from_slice(&id.to_be_bytes());
+    h.extend_from_slice(&[0, 1]);
+    ipv4(GW_A, src, dst, 64, &h)
+}
+
+/// A's egress point: rcni_pol_out on a packet A sends.
+fn out(dp: &mut Datapath, pkt: &[u8]) -> u32 {
+    let (ret, after) = run_prog(dp, Program::PolicyOut, pkt, 0);
+    assert_eq!(after, pkt, "policy never rewrites");
+    ret
+}
+
+/// A's ingress point: rcni_pol_in on a packet forwarded to A from B's
+/// host veth.
+fn into_a(dp: &mut Datapath, pkt: &[u8]) -> u32 {
+    run_prog(dp, Program::PolicyIn, pkt, B_IFINDEX).0
+}
+
+const PASS: u32 = TC_ACT_UNSPEC;
+const DROP: u32 = TC_ACT_SHOT;
+
+#[test]
+fn unselected_pods_pass_both_points_untracked() {
+    let mut dp = policy_datapath();
+    for pkt in [
+        tcp("10.0.0.2", "10.0.0.3", 40000, 80),
+        udp("fd00::2", "2001:db8::1", 40000, 53),
+    ] {
+        assert_eq!(out(&mut dp, &pkt), PASS);
+    }
+    assert_eq!(
+        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 80)),
+        PASS
+    );
+    assert_eq!(into_a(&mut dp, &udp("fd00::3", "fd00::2", 53, 40000)), PASS);
+    // Not for A at all: this program has nothing to say.
+    assert_eq!(into_a(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 1, 2)), PASS);
+    assert!(dp.ct_entries().unwrap().is_empty());
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 0);
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 0);
+}
+
+#[test]
+fn egress_without_a_matching_rule_is_dropped_except_to_the_node() {
+    let mut dp = policy_datapath();
+    // Rule set 10 has no entries: deny all.
+    select_a(&mut dp, 0, 10);
+    assert_eq!(out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40000, 80)), DROP);
+    assert_eq!(out(&mut dp, &udp("10.0.0.2", "192.0.2.1", 40000, 53)), DROP);
+    assert_eq!(out(&mut dp, &udp("fd00::2", "fd00::3", 40000, 53)), DROP);
+    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.1", 8, 7)), DROP);
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 4);
+    // The node's own addresses stay reachable.
+    dp.set_node_addrs(&[ip("10.0.0.1"), ip("fd00::1")]).unwrap();
+    assert_eq!(dp.node_addrs().unwrap(), [ip("10.0.0.1"), ip("fd00::1")]);
+    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.1", 8, 7)), PASS);
+    assert_eq!(out(&mut dp, &udp("fd00::2", "fd00::1", 40000, 53)), PASS);
+    dp.set_node_addrs(&[ip("fd00::1")]).unwrap();
+    assert_eq!(dp.node_addrs().unwrap(), [ip("fd00::1")]);
+    assert_eq!(out(&mut dp, &tcp("10.0.0.2", "10.0.0.1", 40001, 22)), DROP);
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 5);
+    // ARP, neighbour discovery and group MACs are not policy's business.
+    let mut arp = eth([0xff; 6], POD_A, 0x0806);
+    arp.extend_from_slice(&[0; 28]);
+    assert_eq!(out(&mut dp, &arp), PASS);
+    let mut ns = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    ns.extend_from_slice(&ip6_octets("fd00::3"));
+    assert_eq!(
+        out(&mut dp, &ipv6(POD_B, "fd00::2", "fd00::3", 58, &ns)),
+        PASS
+    );
+    let mut bcast = udp("10.0.0.2", "10.0.0.255", 68, 67);
+    bcast[0..6].copy_from_slice(&[0xff; 6]);
+    assert_eq!(out(&mut dp, &bcast), PASS);
+}
+
+#[test]
+fn peers_are_allowed_by_identity_on_their_ports() {
+    let mut dp = policy_datapath();
+    dp.put_portset(
+        2,
+        &[PortRange::new(TCP, 8000, 8080), PortRange::new(UDP, 53, 53)],
+    )
+    .unwrap();
+    dp.put_peer(10, B_ID, 2).unwrap();
+    select_a(&mut dp, 0, 10);
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40000, 8000)),
+        PASS
+    );
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40001, 8080)),
+        PASS
+    );
+    assert_eq!(out(&mut dp, &udp("fd00::2", "fd00::3", 40002, 53)), PASS);
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40003, 8081)),
+        DROP
+    );
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40004, 7999)),
+        DROP
+    );
+    assert_eq!(
+        out(&mut dp, &udp("10.0.0.2", "10.0.0.3", 40005, 8000)),
+        DROP
+    );
+    // Ping carries no port: port rules do not allow it.
+    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.3", 8, 9)), DROP);
+    // An address with no identity is no such peer.
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.99", 40006, 8000)),
+        DROP
+    );
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 5);
+    // Every port of every protocol, and back to none.
+    dp.put_peer(10, B_ID, PORTSET_ALL).unwrap();
+    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.3", 8, 10)), PASS);
+    dp.put_peer(10, B_ID, PORTSET_NONE).unwrap();
+    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.3", 8, 11)), DROP);
+    assert_eq!(
+        dp.peers().unwrap(),
+        [(
+            rcni_ebpf::PeerKey {
+                rs: 10,
+                identity: B_ID
+            },
+            PORTSET_NONE
+        )]
+    );
+    dp.remove_peer(10, B_ID).unwrap();
+    dp.remove_peer(10, B_ID).unwrap();
+    assert!(dp.peers().unwrap().is_empty());
+    // Port sets: listed back, bounded, reserved ids refused.
+    assert_eq!(
+        dp.portsets().unwrap(),
+        [(
+            2,
+            vec![PortRange::new(TCP, 8000, 8080), PortRange::new(UDP, 53, 53)]
+        )]
+    );
+    let many = vec![PortRange::new(TCP, 1, 1); rcni_ebpf::MAX_PORT_RANGES + 1];
+    assert!(dp.put_portset(3, &many).is_err());
+    assert!(dp.put_portset(3, &many[1..]).is_ok());
+    assert!(dp.put_portset(PORTSET_NONE, &[]).is_err());
+    assert!(dp.put_portset(PORTSET_ALL, &[]).is_err());
+    dp.remove_portset(2).unwrap();
+    dp.remove_portset(2).unwrap();
+    assert_eq!(dp.portsets().unwrap().len(), 1);
+}
+
+#[test]
+fn cidrs_allow_by_longest_prefix_with_excepts() {
+    let mut dp = policy_datapath();
+    dp.put_portset(2, &[PortRange::new(TCP, 443, 443)]).unwrap();
+    // 192.0.2.0/24 except 192.0.2.128/25: the except is a longer prefix
+    // allowing nothing.
+    dp.put_cidrs(
+        11,
+        &[
+            (ip("192.0.2.0"), 24, PORTSET_ALL),
+            (ip("192.0.2.128"), 25, PORTSET_NONE),
+            (ip("2001:db8::"), 32, 2),
+        ],
+    )
+    .unwrap();
+    // Another rule set's entries do not count for A.
+    dp.put_cidr(12, ip("198.51.100.0"), 24, PORTSET_ALL)
+        .unwrap();
+    select_a(&mut dp, 0, 11);
+    assert_eq!(out(&mut dp, &udp("10.0.0.2", "192.0.2.5", 40000, 53)), PASS);
+    assert_eq!(out(&mut dp, &echo("10.0.0.2", "192.0.2.127", 8, 1)), PASS);
+    assert_eq!(
+        out(&mut dp, &udp("10.0.0.2", "192.0.2.200", 40000, 53)),
+        DROP
+    );
+    assert_eq!(
+        out(&mut dp, &udp("10.0.0.2", "198.51.100.1", 40000, 53)),
+        DROP
+    );
+    assert_eq!(
+        out(&mut dp, &tcp("fd00::2", "2001:db8::1", 40000, 443)),
+        PASS
+    );
+    assert_eq!(
+        out(&mut dp, &tcp("fd00::2", "2001:db8::1", 40001, 80)),
+        DROP
+    );
+    assert_eq!(
+        out(&mut dp, &tcp("fd00::2", "2001:db9::1", 40002, 443)),
+        DROP
+    );
+    // B is matched by address too, not only by identity.
+    assert_eq!(out(&mut dp, &udp("10.0.0.2", "10.0.0.3", 40000, 53)), DROP);
+    dp.put_cidr(11, ip("10.0.0.0"), 24, PORTSET_ALL).unwrap();
+    assert_eq!(out(&mut dp, &udp("10.0.0.2", "10.0.0.3", 40000, 53)), PASS);
+    // Listed back masked and sorted, per rule set.
+    let listed = dp.cidrs(Some(11)).unwrap();
+    assert_eq!(
+        listed,
+        [
+            (11, ip("10.0.0.0"), 24, PORTSET_ALL),
+            (11, ip("192.0.2.0"), 24, PORTSET_ALL),
+            (11, ip("192.0.2.128"), 25, PORTSET_NONE),
+            (11, ip("2001:db8::"), 32, 2),
+        ]
+    );
+    assert_eq!(dp.cidrs(None).unwrap().len(), 5);
+    // Host bits are ignored, removal is idempotent.
+    dp.remove_cidr(11, ip("192.0.2.255"), 25).unwrap();
+    dp.remove_cidr(11, ip("192.0.2.128"), 25).unwrap();
+    assert_eq!(
+        out(&mut dp, &udp("10.0.0.2", "192.0.2.200", 40001, 53)),
+        PASS
+    );
+    dp.remove_cidrs(11, &[(ip("192.0.2.0"), 24), (ip("10.0.0.0"), 24)])
+        .unwrap();
+    assert_eq!(out(&mut dp, &udp("10.0.0.2", "192.0.2.5", 40002, 53)), DROP);
+    assert!(dp.put_cidr(11, ip("10.0.0.0"), 33, PORTSET_ALL).is_err());
+}
+
+#[test]
+fn replies_to_what_the_ingress_accepted_pass_the_egress() {
+    let mut dp = policy_datapath();
+    dp.put_portset(2, &[PortRange::new(TCP, 5432, 5432)])
+        .unwrap();
+    dp.put_peer(20, B_ID, 2).unwrap();
+    // A: ingress from B on 5432 only, egress deny-all.
+    select_a(&mut dp, 20, 21);
+    assert_eq!(
+        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 5432)),
+        PASS
+    );
+    assert_eq!(
+        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 22)),
+        DROP
+    );
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 1);
+    let ct = dp.ct_entries().unwrap();
+    assert_eq!(ct.len(), 1);
+    let (k, when) = ct[0];
+    assert_eq!(
+        (k.point, k.proto, k.sport, k.dport),
+        (CT_INGRESS, TCP, 40000, 5432)
+    );
+    assert_eq!((k.src(), k.dst()), (key("10.0.0.3"), key("10.0.0.2")));
+    assert!(when > 0);
+    // The reply passes A's egress deny-all; nothing else from A does.
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 5432, 40000)),
+        PASS
+    );
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 5432, 40001)),
+        DROP
+    );
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40000, 5432)),
+        DROP
+    );
+    // Later packets of the flow pass on the record alone.
+    dp.remove_peer(20, B_ID).unwrap();
+    assert_eq!(
+        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 5432)),
+        PASS
+    );
+    // Flushed, the flow is decided afresh: now denied both ways.
+    assert_eq!(dp.flush_ct(|k| k.dst() == key("10.0.0.9")).unwrap(), 0);
+    assert_eq!(dp.flush_ct(|k| k.dst() == key("10.0.0.2")).unwrap(), 1);
+    assert_eq!(
+        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 5432)),
+        DROP
+    );
+    assert_eq!(
+        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 5432, 40000)),
+        DROP
+    );
+    // The node's own packets always reach A.
+    let (ret, _) = run_prog(
+        &mut dp,
+        Program::PolicyIn,
+        &tcp("10.0.0.1", "10.0.0.2", 40000, 8080),
+        0,
+    );
+    assert_eq!(ret, PASS);
+}
+
+#[test]
+fn a_pod_with_only_an_ingress_policy_gets_its_replies() {
+    let mut dp = policy_datapath();
+    // A: ingress deny-all, egress not selected.
+    select_a(&mut dp, 30, 0);
+    // A's own connections are recorded at its egress point...
+    assert_eq!(out(&mut dp, &udp("10.0.0.2", "10.0.0.3", 5353, 53)), PASS);
+    assert_eq!(out(&mut dp, &tcp("fd00::2", "fd00::3", 40000, 80)), PASS);
+    assert_eq!(
+        out(&mut dp, &echo("10.0.0.2", "192.0.2.1", 8, 0x1234)),
+        PASS
+    );
+    let points: Vec<u8> = dp
+        .ct_entries()
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.point)
+        .collect();
+    assert_eq!(points, [CT_EGRESS; 3]);
+    // ... so their replies come in.
+    assert_eq!(
+        into_a(&mut dp, &udp("10.0.0.3", "10.0.0.2", 53, 5353)),
+        PASS
+    );
+    assert_eq!(into_a(&mut dp, &tcp("fd00::3", "fd00::2", 80, 40000)), PASS);
+    assert_eq!(
+        into_a(&mut dp, &echo("192.0.2.1", "10.0.0.2", 0, 0x1234)),
+        PASS
+    );
+    // New connections to A do not.
+    assert_eq!(
+        into_a(&mut dp, &udp("10.0.0.3", "10.0.0.2", 53, 5354)),
+        DROP
+    );
+    assert_eq!(into_a(&mut dp, &tcp("fd00::3", "fd00::2", 40000, 80)), DROP);
+    assert_eq!(
+        into_a(&mut dp, &echo("192.0.2.1", "10.0.0.2", 8, 0x1234)),
+        PASS
+    );
+    assert_eq!(
+        into_a(&mut dp, &echo("192.0.2.1", "10.0.0.2", 0, 0x1235)),
+        DROP
+    );
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 3);
+}
+
+#[test]
+fn spoofed_sources_are_dropped_at_the_pods_egress() {
+    let mut dp = policy_datapath();
+    // B's address from A's veth, and an address that is no pod's: dropped
+    // whether or not A is selected.
+    assert_eq!(out(&mut dp, &udp("10.0.0.3", "10.0.0.2", 1, 2)), DROP);
+    assert_eq!(out(&mut dp, &udp("10.0.0.50", "192.0.2.1", 1, 2)), DROP);
+    assert_eq!(out(&mut dp, &tcp("fd00::3", "2001:db8::1", 1, 2)), DROP);
+    assert_eq!(verdict(&dp, Verdict::PolicySpoof), 3);
+    // Unspecified and link-local sources are not checked.
+    assert_eq!(out(&mut dp, &udp("0.0.0.0", "10.0.0.1", 68, 67)), PASS);
+    assert_eq!(out(&mut dp, &udp("169.254.3.4", "10.0.0.3", 1, 2)), PASS);
+    assert_eq!(out(&mut dp, &udp("fe80::1", "fd00::3", 1, 2)), PASS);
+    assert_eq!(out(&mut dp, &udp("::", "fd00::3", 1, 2)), PASS);
+    assert_eq!(verdict(&dp, Verdict::PolicySpoof), 3);
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 0);
+}
+
+#[test]
+fn the_fast_path_decides_both_ends_before_redirecting() {
+    let mut dp = policy_datapath();
+    dp.put_portset(2, &[PortRange::new(TCP, 80, 80)]).unwrap();
+    // B: ingress from A's identity on TCP 80.
+    dp.put_peer(40, A_ID, 2).unwrap();
+    dp.set_policy_endpoint(&[key("10.0.0.3")], B_IFINDEX, B_OWNER, B_ID, 40, 0)
+        .unwrap();
+    let to_b = |sport, dport| {
+        let mut p = tcp("10.0.0.2", "10.0.0.3", sport, dport);
+        p[0..6].copy_from_slice(&POD_B);
+        p
+    };
+    assert_eq!(run(&mut dp, &to_b(40000, 80)).0, TC_ACT_REDIRECT);
+    let (ret, after) = run(&mut dp, &to_b(40001, 81));
+    assert_eq!((ret, after), (TC_ACT_SHOT, to_b(40001, 81)));
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 1);
+    assert_eq!(verdict(&dp, Verdict::Redirect), 1);
+    // Recorded at B's ingress point (A, not selected, records nothing).
+    let points: Vec<u8> = dp
+        .ct_entries()
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.point)
+        .collect();
+    assert_eq!(points, [CT_INGRESS]);
+    // A's egress decides too. Deny-all: A's flows stop (it recorded none
+    // while no rule set selected it).
+    select_a(&mut dp, 0, 41);
+    assert_eq!(run(&mut dp, &to_b(40000, 80)).0, TC_ACT_SHOT);
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 1);
+    // Allowed at both ends: recorded at both points.
+    dp.put_peer(41, B_ID, 2).unwrap();
+    assert_eq!(run(&mut dp, &to_b(40002, 80)).0, TC_ACT_REDIRECT);
+    let points: Vec<u8> = dp
+        .ct_entries()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.sport == 40002)
+        .map(|(k, _)| k.point)
+        .collect();
+    assert_eq!(points, [CT_EGRESS, CT_INGRESS]);
+    // Routed through the gateway: dropped before anything is rewritten.
+    let routed = tcp("10.0.0.2", "10.0.0.3", 40003, 81);
+    assert_eq!(run(&mut dp, &routed), (TC_ACT_SHOT, routed.clone()));
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 2);
+    // Counters count only what was redirected.
+    let b = dp.stats(&key("10.0.0.3")).unwrap();
+    assert_eq!(b.rx_packets, 2);
+    // An address only the policy plugin knows has no MACs: no redirect.
+    dp.set_policy_endpoint(&[key("10.0.0.7")], B_IFINDEX, 7, 300, 0, 0)
+        .unwrap();
+    let mut to_7 = tcp("10.0.0.2", "10.0.0.7", 40000, 80);
+    to_7[0..6].copy_from_slice(&POD_B);
+    assert_eq!(run(&mut dp, &to_7).0, TC_ACT_UNSPEC);
+    assert_eq!(verdict(&dp, Verdict::UnknownDst), 1);
+}
+
+#[test]
+fn fastpath_and_policy_share_endpoint_entries() {
+    require_root();
+    let mut dp = Datapath::load().unwrap();
+    let k = key("10.0.0.5");
+    // Policy first, then the fast path: one entry with both parts.
+    dp.set_policy_endpoint(&[k], 9, 5, 123, 1, 2).unwrap();
+    let slot = dp.endpoint(&k).unwrap().unwrap().slot;
+    dp.insert_endpoint(k, Endpoint::new(9, POD_A, GW_A, 5))
+        .unwrap();
+    let both = dp.endpoint(&k).unwrap().unwrap();
+    assert_eq!(both.flags, EP_FASTPATH | EP_POLICY);
+    assert_eq!(
+        (both.slot, both.identity, both.ingress_rs, both.egress_rs),
+        (slot, 123, 1, 2)
+    );
+    assert_eq!(both.pod_mac, POD_A);
+    // The fast path leaves: the policy's part stays, its slot too.
+    dp.remove_endpoint(&k).unwrap();
+    let pol = dp.endpoint(&k).unwrap().unwrap();
+    assert_eq!(
+        (pol.flags, pol.slot, pol.identity, pol.pod_mac),
+        (EP_POLICY, slot, 123, [0; 6])
+    );
+    // Another owner's clear leaves it alone; the owner's removes it.
+    dp.clear_policy_endpoint(&[k], 6).unwrap();
+    assert!(dp.endpoint(&k).unwrap().is_some());
+    dp.clear_policy_endpoint(&[k], 5).unwrap();
+    dp.clear_policy_endpoint(&[k], 5).unwrap();
+    assert_eq!(dp.endpoint(&k).unwrap(), None);
+    // Its slot is free again.
+    dp.insert_endpoint(key("10.0.0.6"), Endpoint::new(9, POD_A, GW_A, 6))
+        .unwrap();
+    assert_eq!(dp.endpoint(&key("10.0.0.6")).unwrap().unwrap().slot, slot);
+}
+
+/// A bpffs of the test's own, mounted on a fresh temporary directory and
+/// unmounted (pins and all) on drop.
+struct Bpffs {
+    dir: tempfile::TempDir,
+}
+
+impl Bpffs {
+    fn new() -> Bpffs {
+        require_root();
+        let dir = tempfile::Builder::new()
+            .prefix("rcni-bpffs-")
+            .tempdir()
+            .unwrap();
+        rcni_ebpf::bpffs::ensure_root(dir.path()).unwrap();
+        assert!(rcni_ebpf::bpffs::is_bpffs(dir.path()).unwrap());
+        Bpffs { dir }
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        for _ in 0..4 {
+            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+#[test]
+fn pins_of_another_layout_are_refused_with_advice() {
+    use aya::maps::{Array, HashMap, IterableMap, MapData};
+    let fs = Bpffs::new();
+    let dir = fs.dir.path().join("net");
+    let mut dp = Datapath::open_or_load(&dir).unwrap();
+    dp.set_policy_endpoint(&[key("10.0.0.5")], 9, 5, 1, 0, 0)
+        .unwrap();
+    drop(dp);
+    for pin in [
+        "prog",
+        "prog-pol-in",
+        "prog-pol-out",
+        "rcni_pol_ct",
+        "rcni_version",
+    ] {
+        assert!(dir.join(pin).exists(), "{pin} pinned");
+    }
+    let dp = Datapath::open(&dir).unwrap().expect("pinned");
+    assert_eq!(dp.endpoints().unwrap().len(), 1);
+    drop(dp);
+
+    // Another layout version.
+    let mut version: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(
+        MapData::from_pin(dir.join("rcni_version")).unwrap(),
+    ))
+    .unwrap();
+    version.set(0, 1, 0).unwrap();
+    let e = Datapath::open(&dir).err().expect("refused");
+    assert!(e.to_string().contains("another version of rcni"), "{e}");
+    assert!(e.to_string().contains("layout version 1"), "{e}");
+    assert!(e.is_incompatible());
+    assert!(Datapath::open_or_load(&dir).is_err());
+    version.set(0, rcni_ebpf::DATAPATH_VERSION, 0).unwrap();
+    assert!(Datapath::open(&dir).unwrap().is_some());
+
+    // The fast path's endpoints of before policy: 32-byte values.
+    let old: HashMap<MapData, EndpointKey, [u8; 32]> = HashMap::create(16, 0).unwrap();
+    std::fs::remove_file(dir.join("rcni_endpoints")).unwrap();
+    old.map().pin(dir.join("rcni_endpoints")).unwrap();
+    let e = Datapath::open(&dir).err().expect("refused");
+    assert!(e.to_string().contains("map rcni_endpoints"), "{e}");
+    assert!(e.to_string().contains("32-byte values"), "{e}");
+    // A load that died before pinning the programs left such a map: not
+    // reused either.
+    std::fs::remove_file(dir.join("prog")).unwrap();
+    let e = Datapath::open_or_load(&dir).err().expect("refused");
+    assert!(e.to_string().contains("map rcni_endpoints"), "{e}");
+    rcni_ebpf::remove_network(&dir).unwrap();
+    assert!(!dir.exists());
+}
+
+/// Runs `f` on a thread of its own in a fresh network namespace, with
+/// veth pairs v0/v1 and w0/w1 (made by `ip`, which inherits the thread's
+/// namespace); the namespace goes with the thread.
+fn in_fresh_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    require_root();
+    std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        for pair in [["v0", "v1"], ["w0", "w1"]] {
+            let st = std::process::Command::new("ip")
+                .args([
+                    "link", "add", pair[0], "type", "veth", "peer", "name", pair[1],
+                ])
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        f()
+    })
+    .join()
+    .unwrap()
+}
+
+/// `tc filter show dev <dev> <hook>`: (priority, program name) per filter.
+fn tc_filters(dev: &str, hook: &str) -> Vec<(u16, String)> {
+    let out = std::process::Command::new("tc")
+        .args(["filter", "show", "dev", dev, hook])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut v = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let pref = words.iter().position(|w| *w == "pref");
+        let name = words.iter().find(|w| w.starts_with("rcni_"));
+        if let (Some(p), Some(n)) = (pref, name) {
+            v.push((
+                words[p + 1].parse().unwrap(),
+                n.split(':').next().unwrap().to_string(),
+            ));
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+#[test]
+fn policy_programs_attach_in_front_of_the_fast_path() {
+    in_fresh_netns(|| {
+        let mut dp = Datapath::load().unwrap();
+        let id = AttachmentId::new("c", "eth0");
+        let fp = dp.program_id().unwrap();
+        let pin = dp.program_id_of(Program::PolicyIn).unwrap();
+        let pout = dp.program_id_of(Program::PolicyOut).unwrap();
+        // tcx: the fast path first, policy after, and still in front.
+        dp.attach("v0", id, Hook::Tcx).unwrap();
+        assert!(!dp.policy_tcx_attached("v0").unwrap());
+        dp.attach_policy("v0", id, Hook::Tcx).unwrap();
+        assert_eq!(rcni_ebpf::tcx_programs("v0").unwrap(), [pout, fp]);
+        assert_eq!(rcni_ebpf::tcx_egress_programs("v0").unwrap(), [pin]);
+        assert!(dp.policy_tcx_attached("v0").unwrap());
+        assert!(dp.tcx_attached("v0").unwrap());
+        // Unpinned links (no directory): policy_attached wants the pins.
+        let nowhere = std::path::Path::new("/nonexistent");
+        assert!(!dp.policy_attached(nowhere, "v0", id, Hook::Tcx).unwrap());
+        assert!(!dp.policy_attached(nowhere, "w0", id, Hook::Tc).unwrap());
+        // tc: priorities put policy first whatever the order.
+        dp.attach("w0", id, Hook::Tc).unwrap();
+        dp.attach_policy("w0", id, Hook::Tc).unwrap();
+        assert_eq!(
+            tc_filters("w0", "ingress"),
+            [
+                (10, "rcni_pol_out".to_string()),
+                (20, "rcni_fastpath".to_string())
+            ]
+        );
+        assert_eq!(
+            tc_filters("w0", "egress"),
+            [(10, "rcni_pol_in".to_string())]
+        );
+        assert!(dp.policy_attached(nowhere, "w0", id, Hook::Tc).unwrap());
+        assert!(!dp.policy_attached(nowhere, "v0", id, Hook::Tc).unwrap());
+        assert!(!dp.policy_attached(nowhere, "gone", id, Hook::Tc).unwrap());
+        assert!(rcni_ebpf::detach_policy_tc("w0").unwrap());
+        assert!(!rcni_ebpf::detach_policy_tc("w0").unwrap());
+        assert!(!dp.policy_attached(nowhere, "w0", id, Hook::Tc).unwrap());
+        // Whatever the mode, on devices with and without filters, or gone.
+        rcni_ebpf::detach_policy(nowhere, id, "w0").unwrap();
+        rcni_ebpf::detach_policy(nowhere, id, "v0").unwrap();
+        rcni_ebpf::detach_policy(nowhere, id, "gone").unwrap();
+        assert_eq!(
+            tc_filters("w0", "ingress"),
+            [(20, "rcni_fastpath".to_string())]
+        );
+        assert!(tc_filters("w0", "egress").is_empty());
+    });
+}
+
+#[test]
+fn pinned_policy_links_detach_without_touching_the_fast_path() {
+    let fs = Bpffs::new();
+    let dir = fs.dir.path().join("net");
+    let d = dir.clone();
+    in_fresh_netns(move || {
+        let mut dp = Datapath::open_or_load(&d).unwrap();
+        let id = AttachmentId::new("c", "eth0");
+        dp.attach("v0", id, Hook::Tcx).unwrap();
+        dp.attach_policy("v0", id, Hook::Tcx).unwrap();
+        let fp = dp.program_id().unwrap();
+        assert_eq!(rcni_ebpf::pinned_links(&d).unwrap(), [id]);
+        assert_eq!(rcni_ebpf::pinned_policy_links(&d).unwrap(), [id]);
+        assert!(dp.policy_attached(&d, "v0", id, Hook::Tcx).unwrap());
+        let other = AttachmentId::new("c2", "eth0");
+        assert!(!dp.policy_attached(&d, "v0", other, Hook::Tcx).unwrap());
+        let kept = rcni_ebpf::detach_policy_links_except(&d, |i| i == id);
+        assert_eq!(kept.unwrap(), 0);
+        let swept = rcni_ebpf::detach_policy_links_except(&d, |i| i == other);
+        assert_eq!(swept.unwrap(), 1);
+        assert!(!rcni_ebpf::detach_policy_tcx(&d, id).unwrap());
+        assert!(!dp.policy_attached(&d, "v0", id, Hook::Tcx).unwrap());
+        assert!(rcni_ebpf::pinned_policy_links(&d).unwrap().is_empty());
+        assert_eq!(rcni_ebpf::tcx_programs("v0").unwrap(), [fp]);
+        assert!(rcni_ebpf::tcx_egress_programs("v0").unwrap().is_empty());
+        assert!(rcni_ebpf::detach_tcx(&d, id).unwrap());
+        assert!(rcni_ebpf::tcx_programs("v0").unwrap().is_empty());
+    });
+    rcni_ebpf::remove_network(&dir).unwrap();
+}
+
+/// The programs' own cost per packet (the kernel's average over a million
 /// runs): `cargo nextest run -p rcni-ebpf --run-ignored only program_cost`.
 #[test]
 #[ignore = "a measurement, not a check"]
 fn program_cost() {
-    let mut dp = datapath();
+    let mut dp = policy_datapath();
+    let cost = |dp: &mut Datapath, what: &str, prog: Program, pkt: &[u8]| {
+        let r = dp
+            .program_of(prog)
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                repeat: 1_000_000,
+                ..TestRunOptions::new()
+            })
+            .unwrap();
+        eprintln!("{what}: {} ns per run", r.duration.as_nanos());
+    };
     for (what, pkt) in [
         (
             "bridged v4",
@@ -388,14 +1158,102 @@ fn program_cost() {
             ipv4(GW_A, "10.0.0.2", "10.0.0.99", 64, ICMP_ECHO),
         ),
     ] {
-        let r = dp
-            .program()
-            .test_run(TestRunOptions {
-                data_in: Some(&pkt),
-                repeat: 1_000_000,
-                ..TestRunOptions::new()
-            })
-            .unwrap();
-        eprintln!("{what}: {} ns per run", r.duration.as_nanos());
+        cost(&mut dp, what, Program::Fastpath, &pkt);
     }
+    let flow = tcp("10.0.0.2", "10.0.0.3", 40000, 8080);
+    let mut bridged_flow = flow.clone();
+    bridged_flow[0..6].copy_from_slice(&POD_B);
+    cost(
+        &mut dp,
+        "pol_out, pod not selected",
+        Program::PolicyOut,
+        &flow,
+    );
+    // Selected both ways, the allowing range last of eight.
+    let mut ranges: Vec<PortRange> = (1..8)
+        .map(|p| PortRange::new(TCP, p * 100, p * 100))
+        .collect();
+    ranges.push(PortRange::new(TCP, 8000, 8080));
+    dp.put_portset(2, &ranges).unwrap();
+    dp.put_peer(10, B_ID, 2).unwrap();
+    dp.put_peer(11, A_ID, 2).unwrap();
+    select_a(&mut dp, 11, 10);
+    dp.set_policy_endpoint(&[key("10.0.0.3")], B_IFINDEX, B_OWNER, B_ID, 11, 10)
+        .unwrap();
+    cost(&mut dp, "pol_out, tracked flow", Program::PolicyOut, &flow);
+    let denied = tcp("10.0.0.2", "10.0.0.3", 40000, 9000);
+    cost(
+        &mut dp,
+        "pol_out, rules deny (all lookups)",
+        Program::PolicyOut,
+        &denied,
+    );
+    cost(
+        &mut dp,
+        "fastpath bridged v4, both selected, tracked",
+        Program::Fastpath,
+        &bridged_flow,
+    );
+}
+
+/// `ip -s link show <dev>`: the TX packets counter.
+fn tx_packets(dev: &str) -> u64 {
+    let out = std::process::Command::new("ip")
+        .args(["-s", "link", "show", "dev", dev])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("TX:"));
+    lines.next();
+    let counters = lines.next().expect("TX counters");
+    counters.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// With real packets: what the node itself sends reaches a pod whose
+/// ingress denies everything (rcni_pol_in sees ingress_ifindex 0 for it;
+/// forwarded packets are the integration tests' business).
+#[test]
+fn the_nodes_own_packets_reach_a_pod_whatever_its_ingress() {
+    in_fresh_netns(|| {
+        let ip_cmd = |args: &[&str]| {
+            let st = std::process::Command::new("ip")
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(st.success(), "ip {args:?}");
+        };
+        ip_cmd(&["addr", "add", "10.0.0.1/24", "dev", "v0"]);
+        ip_cmd(&["link", "set", "v0", "up"]);
+        ip_cmd(&["link", "set", "v1", "up"]);
+        ip_cmd(&[
+            "neigh",
+            "add",
+            "10.0.0.2",
+            "lladdr",
+            "0a:58:00:00:00:02",
+            "dev",
+            "v0",
+        ]);
+        // SAFETY: a NUL-terminated literal.
+        let v0 = unsafe { libc::if_nametoindex(c"v0".as_ptr()) };
+        assert_ne!(v0, 0);
+        let mut dp = Datapath::load().unwrap();
+        // Rule set 5 has no entries: nothing may come in.
+        dp.set_policy_endpoint(&[key("10.0.0.2")], v0, 1, A_ID, 5, 0)
+            .unwrap();
+        dp.attach_policy("v0", AttachmentId::new("c", "eth0"), Hook::Tcx)
+            .unwrap();
+        let pin = dp.program_id_of(Program::PolicyIn).unwrap();
+        assert_eq!(rcni_ebpf::tcx_egress_programs("v0").unwrap(), [pin]);
+        let before = tx_packets("v0");
+        let sock = std::net::UdpSocket::bind("10.0.0.1:0").unwrap();
+        for _ in 0..3 {
+            sock.send_to(b"rcni", "10.0.0.2:9").unwrap();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(tx_packets("v0") >= before + 3, "sent through the hook");
+        assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 0);
+    });
 }

@@ -13,6 +13,7 @@
 
 pub mod check;
 pub mod masq;
+pub mod podveth;
 
 use ipnetwork::IpNetwork;
 use rcni_cni::invoke::{PendingAdd, PendingCmd, delegate_cmd};

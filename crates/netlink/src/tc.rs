@@ -1,7 +1,8 @@
 //! Traffic control.
 //!
-//! Filters, read only: which cls_bpf programs sit on a link's ingress hook
-//! (the fast path's attachment on kernels without tcx).
+//! Filters, read only: which cls_bpf programs sit on a link's ingress or
+//! egress hook (the fast path's and policy's attachments on kernels without
+//! tcx).
 //!
 //! For the bandwidth plugin: token bucket (TBF) qdiscs, the ingress qdisc
 //! with a u32 match-all filter redirecting to an IFB device, and IFB
@@ -136,7 +137,8 @@ pub struct Qdisc {
     pub tbf: Option<Tbf>,
 }
 
-/// A cls_bpf filter under a clsact (or ingress) qdisc's ingress hook.
+/// A cls_bpf filter under a clsact (or ingress) qdisc's ingress or egress
+/// hook.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BpfFilter {
     pub priority: u16,
@@ -154,13 +156,20 @@ impl Netlink {
     /// The cls_bpf filters on link `index`'s ingress hook; none when the
     /// link has no clsact/ingress qdisc.
     pub async fn ingress_bpf_filters(&self, index: u32) -> Result<Vec<BpfFilter>> {
-        let op = || format!("list ingress filters of link {index}");
-        let mut stream = self
-            .handle
-            .traffic_filter(index as i32)
-            .get()
-            .ingress()
-            .execute();
+        self.bpf_filters(index, false).await
+    }
+
+    /// The cls_bpf filters on link `index`'s egress hook (policy's ingress
+    /// program); none when the link has no clsact qdisc.
+    pub async fn egress_bpf_filters(&self, index: u32) -> Result<Vec<BpfFilter>> {
+        self.bpf_filters(index, true).await
+    }
+
+    async fn bpf_filters(&self, index: u32, egress: bool) -> Result<Vec<BpfFilter>> {
+        let hook = if egress { "egress" } else { "ingress" };
+        let op = || format!("list {hook} filters of link {index}");
+        let get = self.handle.traffic_filter(index as i32).get();
+        let mut stream = if egress { get.egress() } else { get.ingress() }.execute();
         let mut out = Vec::new();
         while let Some(m) = stream.next().await {
             let m = match m {

@@ -4,7 +4,7 @@
 //! interface names are resolved in the caller's network namespace).
 
 use crate::conf::DEFAULT_PIN_ROOT;
-use rcni_ebpf::{Datapath, Endpoint, fmt_mac};
+use rcni_ebpf::{Datapath, EP_FASTPATH, Endpoint, fmt_mac};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
@@ -145,6 +145,10 @@ fn list(o: &Opts) -> Result<String, String> {
     for (name, dir) in networks(o)? {
         let dp = open(&name, &dir)?;
         for (key, ep) in dp.endpoints().map_err(|e| e.to_string())? {
+            // The policy plugin's alone: nothing the fast path delivers to.
+            if ep.flags & EP_FASTPATH == 0 {
+                continue;
+            }
             let s = dp.stats_of(&ep).map_err(|e| e.to_string())?;
             rows.push(json!({
                 "network": name,
@@ -199,7 +203,12 @@ fn stats(o: &Opts) -> Result<String, String> {
     for (name, dir) in networks(o)? {
         let mut dp = open(&name, &dir)?;
         let verdicts = dp.verdicts().map_err(|e| e.to_string())?;
-        let endpoints = dp.endpoints().map_err(|e| e.to_string())?.len();
+        let endpoints = dp
+            .endpoints()
+            .map_err(|e| e.to_string())?
+            .iter()
+            .filter(|(_, ep)| ep.flags & EP_FASTPATH != 0)
+            .count();
         let links = rcni_ebpf::pinned_links(&dir)
             .map_err(|e| e.to_string())?
             .len();

@@ -20,7 +20,7 @@ mod conf;
 use conf::Conf;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, version};
-use rcni_ebpf::{AttachmentId, Datapath, Endpoint, EndpointKey, Hook, bpffs};
+use rcni_ebpf::{AttachmentId, Datapath, EP_FASTPATH, Endpoint, EndpointKey, Hook, bpffs};
 use rcni_netlink::{Link, Netlink};
 use rcni_netns::NetNs;
 use std::collections::BTreeSet;
@@ -248,7 +248,8 @@ fn link_names(indexes: &BTreeSet<u32>) -> Result<Vec<String>, CniError> {
     })
 }
 
-/// Removes the endpoints `owned` selects; returns their host veth indexes.
+/// Takes the fast path's part out of the endpoints `owned` selects (the
+/// policy plugin's part, if any, stays); returns their host veth indexes.
 fn remove_endpoints(
     dp: &mut Datapath,
     owned: impl Fn(u64) -> bool,
@@ -256,7 +257,7 @@ fn remove_endpoints(
     let mut veths = BTreeSet::new();
     let mut keys = Vec::new();
     for (key, ep) in dp.endpoints().map_err(ebpf_err)? {
-        if owned(ep.owner) {
+        if ep.flags & EP_FASTPATH != 0 && owned(ep.owner) {
             keys.push(key);
             veths.insert(ep.ifindex);
         }
@@ -393,6 +394,9 @@ impl Plugin for Fastpath {
                 Err(e) => errors.push(e),
             },
             Ok(None) => {}
+            // Another version's maps: nothing this build can take out of
+            // them, and DEL must not fail for ever. The hook still goes.
+            Err(e) if e.is_incompatible() => eprintln!("fastpath: {e}"),
             Err(e) => errors.push(ebpf_err(e)),
         }
         let names = if conf.hook() == Hook::Tc {
@@ -491,8 +495,14 @@ impl Plugin for Fastpath {
                 errors.push(ebpf_err(e));
             }
         }
-        // GC runs alone (no ADD in flight): with nothing left the network's
-        // program and maps go too, and the next ADD loads them afresh.
+        // The policy plugin's links are its own to collect, but while there
+        // are any the network's programs are in use.
+        links_left += rcni_ebpf::pinned_policy_links(&conf.dir)
+            .map(|v| v.len())
+            .unwrap_or(1);
+        // GC runs alone (no ADD in flight): with nothing left (endpoints of
+        // either plugin, links) the network's programs and maps go too, and
+        // the next ADD loads them afresh.
         if errors.is_empty()
             && left == 0
             && links_left == 0

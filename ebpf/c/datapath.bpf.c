@@ -1,17 +1,28 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// rcni fast path: a tc program on the ingress hook of each pod's host-side
-// veth. A packet from a pod to another pod of the same network on this node
-// is rewritten as the normal path would (bridge: unchanged at L2, or routed
-// through the gateway; ptp: routed) and handed with bpf_redirect_peer straight
-// to the destination pod's interface: it skips the bridge, netfilter, the
-// routing lookup and the destination host veth's backlog queue. Everything
-// else (ARP, neighbour discovery, unknown addresses, other nodes) continues on
-// the normal path untouched.
+// rcni's datapath: one object per network, three tc programs on each pod's
+// host-side veth sharing every map (the endpoints above all: fast path and
+// policy know the same pods from one table).
+//
+// rcni_fastpath (ingress hook of the host veth): a packet from a pod to
+// another pod of the same network on this node is rewritten as the normal
+// path would (bridge: unchanged at L2, or routed through the gateway; ptp:
+// routed) and handed with bpf_redirect_peer straight to the destination
+// pod's interface: it skips the bridge, netfilter, the routing lookup and the
+// destination host veth's backlog queue. Everything else (ARP, neighbour
+// discovery, unknown addresses, other nodes) continues on the normal path
+// untouched.
+//
+// rcni_pol_out (ingress hook, in front of rcni_fastpath) and rcni_pol_in
+// (egress hook) enforce network policy, see policy.h. The redirect skips the
+// receiver's host veth and with it rcni_pol_in: so rcni_fastpath decides the
+// sender's egress and the receiver's ingress policy itself before it
+// redirects.
 //
 // The layouts of the map keys and values are mirrored by #[repr(C)] types in
-// ebpf/src/types.rs; change both together. The maps carry no pinning
-// attribute: the loader pins them per network (and tests load them unpinned).
+// ebpf/src/types.rs; change both together, and bump DATAPATH_VERSION there
+// when a layout or a meaning changes. The maps carry no pinning attribute:
+// the loader pins them per network (and tests load them unpinned).
 
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -43,10 +54,24 @@ struct endpoint {
 	// veth): the source MAC of routed packets delivered to this pod, and the
 	// destination MAC of routed packets this pod sends.
 	__u8 node_mac[6];
-	__u32 reserved; // zero; keeps the layout free of padding
+	// Which plugins wrote the entry (EP_*). Each keeps its own fields and
+	// leaves the other's alone; the entry goes when no flag is left.
+	__u32 flags;
 	// Which CNI attachment owns the entry; only userspace reads it.
 	__u64 owner;
+	// Policy (EP_POLICY): the pod's label-set identity (0: none) and the
+	// rule sets deciding traffic to it and from it (0: not selected, all
+	// allowed).
+	__u32 identity;
+	__u32 ingress_rs;
+	__u32 egress_rs;
+	__u32 pad;
 };
+
+// The fast path added the entry: the MACs are valid, it may redirect.
+#define EP_FASTPATH 1
+// The policy plugin added the entry: identity and rule sets are valid.
+#define EP_POLICY 2
 
 // Per address: rx = redirected to it, tx = redirected from it.
 struct ep_stats {
@@ -59,12 +84,15 @@ struct ep_stats {
 // Why a packet was passed on or redirected; one per-CPU counter each.
 enum verdict {
 	V_REDIRECT = 0,
-	V_NOT_IP = 1,      // ARP, VLAN tags, other ethertypes
-	V_SHORT = 2,       // headers cut short
-	V_UNKNOWN_DST = 3, // not a local endpoint: other nodes, the node itself
-	V_UNKNOWN_SRC = 4, // source address not an endpoint behind this veth
-	V_OTHER = 5,       // hairpin, neighbour discovery, TTL 1, multicast MAC
-	V_MAX = 8,
+	V_NOT_IP = 1,       // ARP, VLAN tags, other ethertypes
+	V_SHORT = 2,        // headers cut short
+	V_UNKNOWN_DST = 3,  // not a fast path endpoint: other nodes, the node
+	V_UNKNOWN_SRC = 4,  // source address not an endpoint behind this veth
+	V_OTHER = 5,        // hairpin, neighbour discovery, TTL 1, multicast MAC
+	V_POL_DENY_IN = 6,  // dropped: the receiver's ingress policy
+	V_POL_DENY_OUT = 7, // dropped: the sender's egress policy
+	V_POL_SPOOF = 8,    // dropped: a pod sent from an address not its own
+	V_MAX = 16,
 };
 
 // Addresses of one network on one node (both families count).
@@ -107,6 +135,16 @@ struct {
 	__type(value, __u64);
 } rcni_verdicts SEC(".maps");
 
+// The layout version the loader wrote (DATAPATH_VERSION in ebpf/src); the
+// programs never read it. Opening pins of another version fails instead of
+// reading garbage.
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} rcni_version SEC(".maps");
+
 static __always_inline void count(__u32 v)
 {
 	__u64 *c = bpf_map_lookup_elem(&rcni_verdicts, &v);
@@ -121,6 +159,12 @@ static __always_inline int pass(__u32 v)
 {
 	count(v);
 	return TC_ACT_UNSPEC;
+}
+
+static __always_inline int drop(__u32 v)
+{
+	count(v);
+	return TC_ACT_SHOT;
 }
 
 // Makes the first `need` bytes linear (direct packet access reaches only the
@@ -143,12 +187,15 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 #define ICMPV6_ND_FIRST 133 // router solicitation
 #define ICMPV6_ND_LAST 137  // redirect
 
+#include "policy.h"
+
 SEC("classifier")
 int rcni_fastpath(struct __sk_buff *skb)
 {
 	struct ep_key dst = {}, src = {};
-	__u32 l3_len;
-	int v6;
+	__u32 l3_len, l4_off;
+	__u8 proto;
+	int v6, has_l4 = 1;
 
 	if (ensure(skb, ETH_HLEN))
 		return pass(V_SHORT);
@@ -185,6 +232,10 @@ int rcni_fastpath(struct __sk_buff *skb)
 		src.family = FAMILY_V4;
 		__builtin_memcpy(dst.addr, &ip->daddr, 4);
 		__builtin_memcpy(src.addr, &ip->saddr, 4);
+		proto = ip->protocol;
+		l4_off = ETH_HLEN + ip->ihl * 4;
+		// Only a datagram's first fragment carries the ports.
+		has_l4 = !(ip->frag_off & bpf_htons(IP_OFFSET_MASK));
 	} else {
 		struct ipv6hdr *ip6 = data + ETH_HLEN;
 		if ((void *)(ip6 + 1) > data_end)
@@ -211,16 +262,20 @@ int rcni_fastpath(struct __sk_buff *skb)
 		src.family = FAMILY_V6;
 		__builtin_memcpy(dst.addr, &ip6->daddr, 16);
 		__builtin_memcpy(src.addr, &ip6->saddr, 16);
+		proto = ip6->nexthdr;
+		l4_off = ETH_HLEN + sizeof(struct ipv6hdr);
 	}
 
+	// Both ends must be the fast path's own endpoints (an entry the
+	// policy plugin alone wrote has no MACs to deliver with).
 	struct endpoint *to = bpf_map_lookup_elem(&rcni_endpoints, &dst);
-	if (!to)
+	if (!to || !(to->flags & EP_FASTPATH))
 		return pass(V_UNKNOWN_DST);
 	// The source must be an endpoint behind the veth the packet came in
 	// on: its gateway MAC tells a routed packet from a bridged one, and a
 	// pod cannot use the fast path with another pod's address.
 	struct endpoint *from = bpf_map_lookup_elem(&rcni_endpoints, &src);
-	if (!from || from->ifindex != skb->ifindex)
+	if (!from || from->ifindex != skb->ifindex || !(from->flags & EP_FASTPATH))
 		return pass(V_UNKNOWN_SRC);
 	if (to->ifindex == skb->ifindex)
 		return pass(V_OTHER);
@@ -238,15 +293,47 @@ int rcni_fastpath(struct __sk_buff *skb)
 		return pass(V_OTHER);
 	}
 
+	// TTL 1 expires here: the normal path answers with ICMP.
+	if (routed) {
+		if (!v6) {
+			struct iphdr *ip = data + ETH_HLEN;
+			if ((void *)(ip + 1) > data_end)
+				return pass(V_SHORT);
+			if (ip->ttl <= 1)
+				return pass(V_OTHER);
+		} else {
+			struct ipv6hdr *ip6 = data + ETH_HLEN;
+			if ((void *)(ip6 + 1) > data_end)
+				return pass(V_SHORT);
+			if (ip6->hop_limit <= 1)
+				return pass(V_OTHER);
+		}
+	}
+
+	// The redirect skips the receiver's host veth, where rcni_pol_in
+	// would decide: both ends' policies are decided here, before anything
+	// is rewritten. Pods no policy selects cost the four reads.
+	if (from->ingress_rs | from->egress_rs | to->ingress_rs | to->egress_rs) {
+		struct flow f = {};
+		f.family = src.family;
+		f.proto = proto;
+		__builtin_memcpy(f.saddr, src.addr, 16);
+		__builtin_memcpy(f.daddr, dst.addr, 16);
+		f.l4_off = has_l4 ? l4_off : 0;
+		flow_l4(skb, &f);
+		// The destination is a pod, never the node: no node exception.
+		if (!egress_point(from, &f, 1, to->identity, 0))
+			return drop(V_POL_DENY_OUT);
+		if (!ingress_point(to, &f, 1, from->identity))
+			return drop(V_POL_DENY_IN);
+	}
+
 	__u8 hop_limit = 0;
 	if (routed) {
 		if (!v6) {
 			struct iphdr *ip = data + ETH_HLEN;
 			if ((void *)(ip + 1) > data_end)
 				return pass(V_SHORT);
-			// TTL 1 expires here: the normal path answers with ICMP.
-			if (ip->ttl <= 1)
-				return pass(V_OTHER);
 			// ip_decrease_ttl: the header still sums to 0xffff, so a
 			// CHECKSUM_COMPLETE skb->csum stays right too.
 			__u32 check = ip->check;
@@ -257,8 +344,6 @@ int rcni_fastpath(struct __sk_buff *skb)
 			struct ipv6hdr *ip6 = data + ETH_HLEN;
 			if ((void *)(ip6 + 1) > data_end)
 				return pass(V_SHORT);
-			if (ip6->hop_limit <= 1)
-				return pass(V_OTHER);
 			hop_limit = ip6->hop_limit - 1;
 		}
 		__builtin_memcpy(eth->h_source, to->node_mac, 6);
@@ -289,6 +374,60 @@ int rcni_fastpath(struct __sk_buff *skb)
 	// interface, at its ingress: no second pass through the host veth (its
 	// TX counters stay still) nor through the node's stack.
 	return bpf_redirect_peer(ifindex, 0);
+}
+
+// The pod's egress: packets the pod sends, on its host veth's ingress hook,
+// in front of rcni_fastpath. TC_ACT_UNSPEC lets the packet on to the next
+// program (the fast path) and the normal path.
+SEC("classifier")
+int rcni_pol_out(struct __sk_buff *skb)
+{
+	struct flow f = {};
+
+	if (flow_parse(skb, &f) || is_nd(&f))
+		return TC_ACT_UNSPEC;
+	// DHCP, duplicate address detection and link-local talk to the node
+	// or the link, not through it: nothing to check them against.
+	if (unchecked_source(&f))
+		return TC_ACT_UNSPEC;
+	// The pod must send from its own addresses: with another it could
+	// slip out of its egress policy (and into another pod's replies).
+	struct endpoint *p = endpoint_of(f.family, f.saddr);
+	if (!p || p->ifindex != skb->ifindex)
+		return drop(V_POL_SPOOF);
+	if (!(p->ingress_rs | p->egress_rs))
+		return TC_ACT_UNSPEC;
+	flow_l4(skb, &f);
+	if (!egress_point(p, &f, 0, 0, 1))
+		return drop(V_POL_DENY_OUT);
+	return TC_ACT_UNSPEC;
+}
+
+// The pod's ingress: packets to the pod, on its host veth's egress hook
+// (the fast path's redirects never come here: rcni_fastpath decides those).
+SEC("classifier")
+int rcni_pol_in(struct __sk_buff *skb)
+{
+	struct flow f = {};
+
+	// Sent by the node itself (kubelet's probes, host-network processes):
+	// always allowed. A forwarded packet, bridged or routed, carries the
+	// device it came in on.
+	if (skb->ingress_ifindex == 0)
+		return TC_ACT_UNSPEC;
+	if (flow_parse(skb, &f) || is_nd(&f))
+		return TC_ACT_UNSPEC;
+	// Not to one of the pod's own addresses (multicast, a network the pod
+	// routes for): nothing this program decides.
+	struct endpoint *p = endpoint_of(f.family, f.daddr);
+	if (!p || p->ifindex != skb->ifindex)
+		return TC_ACT_UNSPEC;
+	if (!(p->ingress_rs | p->egress_rs))
+		return TC_ACT_UNSPEC;
+	flow_l4(skb, &f);
+	if (!ingress_point(p, &f, 0, 0))
+		return drop(V_POL_DENY_IN);
+	return TC_ACT_UNSPEC;
 }
 
 char _license[] SEC("license") = "Apache-2.0";

@@ -1,0 +1,657 @@
+//! The policy plugin chained after bridge (and after fastpath), with real
+//! traffic between pods of a throwaway node namespace, for both backends:
+//! allowed ingress passes and its replies return, pods outside a selector
+//! are blocked, ports and port ranges, ipBlock with except, egress default
+//! deny, a new pod matching a peer selector is reachable at once, a policy
+//! edit followed by `policy sync` changes what passes, and DEL leaves no
+//! rule, map entry or identity behind.
+//!
+//! eBPF tests pin under a bpffs of their own (mounted on a temporary
+//! directory by the plugin, unmounted on drop); nftables tests keep their
+//! table in the node namespace, which goes with it.
+
+mod common;
+
+use common::{Node, addr_of};
+use rcni_ebpf::Datapath;
+use rcni_netns::NetNs;
+use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping};
+use serde_json::{Value, json};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// A pin root of the test's own (see fastpath.rs).
+struct Bpffs {
+    dir: tempfile::TempDir,
+}
+
+impl Bpffs {
+    fn new() -> Bpffs {
+        Bpffs {
+            dir: tempfile::Builder::new()
+                .prefix("rcni-bpffs-")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    fn root(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        for _ in 0..4 {
+            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Backend {
+    Ebpf,
+    /// eBPF with fastpath before policy in the chain.
+    EbpfFastpath,
+    Nftables,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Ebpf | Backend::EbpfFastpath => "ebpf",
+            Backend::Nftables => "nftables",
+        }
+    }
+}
+
+const ALL: [Backend; 3] = [Backend::Ebpf, Backend::EbpfFastpath, Backend::Nftables];
+
+/// A node with the bridge network, a policy config and pods.
+struct Lab {
+    node: Node,
+    fs: Bpffs,
+    state: tempfile::TempDir,
+    policy_dir: tempfile::TempDir,
+    backend: Backend,
+    policies: Value,
+    pods: Vec<Pod>,
+}
+
+struct Pod {
+    ns: TestNs,
+    cid: String,
+    labels: Value,
+    namespace: String,
+    bridge: Value,
+    /// What the chain's last plugin returned.
+    result: Value,
+}
+
+impl Pod {
+    fn v4(&self) -> String {
+        addr_of(&self.bridge, true)
+    }
+
+    fn v6(&self) -> String {
+        addr_of(&self.bridge, false)
+    }
+
+    fn ip4(&self) -> IpAddr {
+        self.v4().parse().unwrap()
+    }
+}
+
+impl Lab {
+    fn new(backend: Backend, policies: Value) -> Lab {
+        Lab {
+            node: Node::new(),
+            fs: Bpffs::new(),
+            state: tempfile::tempdir().unwrap(),
+            policy_dir: tempfile::tempdir().unwrap(),
+            backend,
+            policies,
+            pods: vec![],
+        }
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.state.path().to_path_buf()
+    }
+
+    fn policy_conf(&self, labels: &Value, namespace: &str, prev: &Value) -> Value {
+        let mut c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "policy",
+            "backend": self.backend.name(), "pinRoot": self.fs.root(),
+            "dataDir": self.data_dir(), "policyDir": self.policy_dir.path(),
+            "policies": self.policies,
+            "args": {"cni": {"labels": labels, "namespace": namespace}}});
+        if !prev.is_null() {
+            c["prevResult"] = prev.clone();
+        }
+        c
+    }
+
+    fn fp_conf(&self, prev: &Value) -> Value {
+        json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
+               "pinRoot": self.fs.root(), "prevResult": prev})
+    }
+
+    fn policy(&self, cmd: &str, pod: &Pod, prev: &Value) -> Output {
+        let c = self.policy_conf(&pod.labels, &pod.namespace, prev);
+        self.node
+            .call(&bin("policy"), cmd, &pod.ns.path(), &pod.cid, &c)
+    }
+
+    /// bridge ADD, fastpath ADD where the backend says, policy ADD; checks
+    /// that policy passes prevResult through.
+    fn add_in(&mut self, labels: Value, namespace: &str) -> usize {
+        let ns = TestNs::new();
+        let cid = format!("ctr-{}", self.pods.len());
+        let bc = self.node.conf("1.1.0", json!({}));
+        let bridge = self.node.add(&ns, &cid, &bc);
+        let mut prev = bridge.clone();
+        if self.backend == Backend::EbpfFastpath {
+            let c = self.fp_conf(&prev);
+            prev = self
+                .node
+                .call(&bin("fastpath"), "ADD", &ns.path(), &cid, &c)
+                .ok();
+        }
+        let mut pod = Pod {
+            ns,
+            cid,
+            labels,
+            namespace: namespace.into(),
+            bridge,
+            result: Value::Null,
+        };
+        let out = self.policy("ADD", &pod, &prev).ok();
+        assert_eq!(
+            normalize_result(&out, "1.1.0"),
+            normalize_result(&prev, "1.1.0"),
+            "policy must pass prevResult through"
+        );
+        pod.result = out;
+        self.pods.push(pod);
+        self.pods.len() - 1
+    }
+
+    fn add(&mut self, app: &str) -> usize {
+        self.add_in(json!([{"key": "app", "value": app}]), "default")
+    }
+
+    fn prev_of(&self, i: usize) -> Value {
+        self.pods[i].result.clone()
+    }
+
+    /// DEL through the chain, in reverse.
+    fn del(&self, i: usize) {
+        let p = &self.pods[i];
+        self.policy("DEL", p, &p.result).ok();
+        if self.backend == Backend::EbpfFastpath {
+            let c = self.fp_conf(&p.result);
+            self.node
+                .call(&bin("fastpath"), "DEL", &p.ns.path(), &p.cid, &c)
+                .ok();
+        }
+        let bc = Node::with_prev(&self.node.conf("1.1.0", json!({})), &p.bridge);
+        self.node
+            .call(&bin("bridge"), "DEL", &p.ns.path(), &p.cid, &bc)
+            .ok();
+    }
+
+    fn check(&self, i: usize) -> Output {
+        let p = &self.pods[i];
+        self.policy("CHECK", p, &self.prev_of(i))
+    }
+
+    /// `policy sync` in the node namespace.
+    fn sync(&self) -> String {
+        let dd = self.data_dir().display().to_string();
+        let out = command_in(&self.node.ns.ns, bin("policy"))
+            .args(["sync", "--network", "podnet", "--data-dir", &dd])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "policy sync: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn show(&self) -> Value {
+        let dd = self.data_dir().display().to_string();
+        let out = command_in(&self.node.ns.ns, bin("policy"))
+            .args(["show", "--network", "podnet", "--data-dir", &dd, "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn write_policy(&self, file: &str, v: Value) {
+        let p = self.policy_dir.path().join(file);
+        std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
+    }
+
+    fn pin_dir(&self) -> PathBuf {
+        self.fs.dir.path().join("podnet")
+    }
+
+    /// Nothing of the policy left: state, map entries, links, table.
+    fn assert_clean(&self) {
+        let show = self.show();
+        assert_eq!(show["pods"], json!({}), "{show}");
+        let left: Vec<_> = std::fs::read_dir(self.data_dir().join("podnet"))
+            .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.iter().all(|f| f == "lock"), "state left: {left:?}");
+        match self.backend {
+            Backend::Nftables => {
+                let out = command_in(&self.node.ns.ns, "nft")
+                    .args(["list", "tables"])
+                    .output()
+                    .unwrap();
+                let t = String::from_utf8_lossy(&out.stdout);
+                assert!(!t.contains("policy"), "tables left: {t}");
+            }
+            _ => {
+                let dir = self.pin_dir();
+                let dp = self
+                    .node
+                    .ns
+                    .ns
+                    .run(move || Datapath::open(&dir))
+                    .unwrap()
+                    .unwrap();
+                if let Some(dp) = dp {
+                    let eps = dp.endpoints().unwrap();
+                    assert!(
+                        eps.iter().all(|(_, e)| e.flags & rcni_ebpf::EP_POLICY == 0),
+                        "policy endpoints left: {eps:?}"
+                    );
+                    assert!(dp.cidrs(None).unwrap().is_empty(), "cidr entries left");
+                    assert!(dp.peers().unwrap().is_empty(), "peer entries left");
+                    assert!(dp.portsets().unwrap().is_empty(), "port sets left");
+                    assert!(dp.ct_entries().unwrap().is_empty(), "ct entries left");
+                }
+                let links: Vec<String> = std::fs::read_dir(self.pin_dir())
+                    .map(|rd| {
+                        rd.flatten()
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .filter(|n| n.starts_with("link-pol"))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                assert!(links.is_empty(), "policy links left: {links:?}");
+            }
+        }
+    }
+}
+
+/// A TCP server in `ns` on `addr:port` that writes "ok" to each client.
+fn listen(ns: &NetNs, addr: IpAddr, port: u16) {
+    let l = ns
+        .run(move || TcpListener::bind((addr, port)))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("bind {addr}:{port}: {e}"));
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let _ = s.write_all(b"ok");
+        }
+    });
+}
+
+/// Whether a client in `ns` gets "ok" from `addr:port` (the SYN, the
+/// SYN-ACK and the data all passed) within a second.
+fn talks(ns: &NetNs, addr: IpAddr, port: u16) -> bool {
+    let to = SocketAddr::new(addr, port);
+    ns.run(move || {
+        let Ok(mut s) = TcpStream::connect_timeout(&to, Duration::from_secs(1)) else {
+            return false;
+        };
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut buf = [0u8; 2];
+        s.read_exact(&mut buf).is_ok() && &buf == b"ok"
+    })
+    .unwrap()
+}
+
+fn root() -> bool {
+    rcni_testkit::require_root();
+    true
+}
+
+/// Web (app=web) accepts TCP 8080 and 9000-9002 from app=client only.
+fn web_policy() -> Value {
+    json!([{"name": "web", "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+                         "ports": [{"port": 8080}, {"port": 9000, "endPort": 9002}]}]}])
+}
+
+#[test]
+fn ingress_peers_and_ports() {
+    root();
+    for b in ALL {
+        let mut lab = Lab::new(b, web_policy());
+        let web = lab.add("web");
+        let client = lab.add("client");
+        let other = lab.add("other");
+        let w = lab.pods[web].ip4();
+        for port in [8080, 8081, 9000, 9002, 9003] {
+            listen(&lab.pods[web].ns.ns, w, port);
+        }
+        let c = &lab.pods[client].ns.ns;
+        let o = &lab.pods[other].ns.ns;
+        assert!(talks(c, w, 8080), "{b:?}: client -> web:8080");
+        assert!(talks(c, w, 9000) && talks(c, w, 9002), "{b:?}: port range");
+        assert!(
+            !talks(c, w, 8081) && !talks(c, w, 9003),
+            "{b:?}: ports outside"
+        );
+        assert!(!talks(o, w, 8080), "{b:?}: a pod outside the selector");
+        assert!(
+            !ping(c, &lab.pods[web].v4()),
+            "{b:?}: ICMP is no allowed port"
+        );
+        // Web has no egress policy: its pings go out and the replies come
+        // back through its ingress policy as replies.
+        assert!(
+            ping(&lab.pods[web].ns.ns, &lab.pods[client].v4()),
+            "{b:?}: web -> client"
+        );
+        // The node always reaches its pods.
+        assert!(
+            ping(&lab.node.ns.ns, &lab.pods[web].v4()),
+            "{b:?}: node -> web"
+        );
+        // Unselected pods talk freely.
+        assert!(ping(c, &lab.pods[other].v4()), "{b:?}: client -> other");
+        // IPv6 alike (its addresses may still be tentative: a few tries).
+        let w6: IpAddr = lab.pods[web].v6().parse().unwrap();
+        listen(&lab.pods[web].ns.ns, w6, 8080);
+        let ok6 = (0..30).any(|_| {
+            talks(c, w6, 8080) || {
+                std::thread::sleep(Duration::from_millis(100));
+                false
+            }
+        });
+        assert!(ok6, "{b:?}: client -> web:8080 over IPv6");
+        assert!(!talks(o, w6, 8080), "{b:?}: other -> web over IPv6");
+        for i in 0..3 {
+            lab.check(i).ok();
+        }
+        for i in 0..3 {
+            lab.del(i);
+        }
+        lab.assert_clean();
+    }
+}
+
+#[test]
+fn ip_block_with_except() {
+    root();
+    for b in ALL {
+        let mut lab = Lab::new(b, json!([]));
+        let web = lab.add("web");
+        let client = lab.add("client");
+        let other = lab.add("other");
+        lab.write_policy(
+            "block.json",
+            json!({"kind": "NetworkPolicy", "metadata": {"name": "block"},
+                   "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                   "ingress": [{"from": [{"ipBlock": {"cidr": "10.88.0.0/24",
+                        "except": [format!("{}/32", lab.pods[client].v4())]}}]}]}}),
+        );
+        lab.sync();
+        let w = lab.pods[web].v4();
+        assert!(ping(&lab.pods[other].ns.ns, &w), "{b:?}: inside the block");
+        assert!(!ping(&lab.pods[client].ns.ns, &w), "{b:?}: the except");
+        for i in 0..3 {
+            lab.del(i);
+        }
+        lab.assert_clean();
+    }
+}
+
+#[test]
+fn egress_default_deny_keeps_replies() {
+    root();
+    for b in ALL {
+        let policies = json!([{"name": "lockdown", "podSelector": {"matchLabels": {"app": "client"}},
+                               "policyTypes": ["Egress"]}]);
+        let mut lab = Lab::new(b, policies);
+        let web = lab.add("web");
+        let client = lab.add("client");
+        let c = &lab.pods[client];
+        assert!(!ping(&c.ns.ns, &lab.pods[web].v4()), "{b:?}: egress denied");
+        // Connections to the client are replied to: replies are not new
+        // egress.
+        listen(&c.ns.ns, c.ip4(), 7000);
+        assert!(
+            talks(&lab.pods[web].ns.ns, c.ip4(), 7000),
+            "{b:?}: reply to web"
+        );
+        assert!(ping(&lab.pods[web].ns.ns, &c.v4()), "{b:?}: ping reply");
+        // The node is always reachable.
+        assert!(ping(&c.ns.ns, "10.88.0.1"), "{b:?}: client -> node");
+        lab.del(0);
+        lab.del(1);
+        lab.assert_clean();
+    }
+}
+
+#[test]
+fn a_new_pod_matching_a_peer_selector_is_reachable_at_once() {
+    root();
+    for b in ALL {
+        let mut lab = Lab::new(b, web_policy());
+        let web = lab.add("web");
+        let w = lab.pods[web].ip4();
+        listen(&lab.pods[web].ns.ns, w, 8080);
+        let c1 = lab.add("client");
+        assert!(talks(&lab.pods[c1].ns.ns, w, 8080), "{b:?}: first client");
+        let before = lab.show();
+        // Same labels: same identity, no rule set changes.
+        let c2 = lab.add("client");
+        assert!(
+            talks(&lab.pods[c2].ns.ns, w, 8080),
+            "{b:?}: second client at once"
+        );
+        let after = lab.show();
+        assert_eq!(before["rulesets"], after["rulesets"], "{b:?}");
+        let id = |v: &Value, cid: &str| v["pods"][format!("{cid}/eth0")]["identity"].clone();
+        assert_eq!(id(&after, "ctr-1"), id(&after, "ctr-2"));
+        // New labels in a namespace the selector matches: a new identity,
+        // added to the rule set as a peer.
+        let policies = json!([{"name": "web", "podSelector": {"matchLabels": {"app": "web"}},
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}},
+                                  {"namespaceSelector": {"matchLabels": {"team": "a"}}}]}]}]);
+        lab.policies = policies;
+        lab.write_policy(
+            "ns.json",
+            json!({"kind": "Namespace", "metadata": {"name": "team-a", "labels": {"team": "a"}}}),
+        );
+        lab.sync();
+        let c3 = lab.add_in(json!([{"key": "role", "value": "batch"}]), "team-a");
+        assert!(
+            talks(&lab.pods[c3].ns.ns, w, 8080),
+            "{b:?}: namespace peer at once"
+        );
+        let c4 = lab.add_in(json!([{"key": "role", "value": "batch"}]), "team-b");
+        assert!(
+            !talks(&lab.pods[c4].ns.ns, w, 8080),
+            "{b:?}: other namespace"
+        );
+        for i in 0..lab.pods.len() {
+            lab.del(i);
+        }
+        lab.assert_clean();
+    }
+}
+
+#[test]
+fn an_edit_and_a_sync_change_what_passes() {
+    root();
+    for b in ALL {
+        let mut lab = Lab::new(b, json!([]));
+        let web = lab.add("web");
+        let client = lab.add("client");
+        let other = lab.add("other");
+        let w = lab.pods[web].ip4();
+        listen(&lab.pods[web].ns.ns, w, 8080);
+        assert!(
+            talks(&lab.pods[other].ns.ns, w, 8080),
+            "{b:?}: no policy yet"
+        );
+        lab.write_policy("web.json", web_policy()[0].clone());
+        // A new file takes effect at the next ADD, DEL or sync.
+        let out = lab.sync();
+        assert!(out.contains("1 policies"), "{out}");
+        assert!(!talks(&lab.pods[other].ns.ns, w, 8080), "{b:?}: after sync");
+        assert!(
+            talks(&lab.pods[client].ns.ns, w, 8080),
+            "{b:?}: client still"
+        );
+        // Widen to app=other.
+        let mut p = web_policy()[0].clone();
+        p["ingress"][0]["from"][0]["podSelector"]["matchLabels"]["app"] = json!("other");
+        lab.write_policy("web.json", p);
+        lab.sync();
+        assert!(talks(&lab.pods[other].ns.ns, w, 8080), "{b:?}: widened");
+        assert!(
+            !talks(&lab.pods[client].ns.ns, w, 8080),
+            "{b:?}: client now out"
+        );
+        // CHECK agrees with what is applied, and notices an unsynced edit.
+        lab.check(web).ok();
+        std::fs::remove_file(lab.policy_dir.path().join("web.json")).unwrap();
+        let (code, msg) = lab.check(web).err();
+        assert_eq!(code, 106, "{msg}");
+        lab.sync();
+        assert!(
+            talks(&lab.pods[client].ns.ns, w, 8080),
+            "{b:?}: policy gone"
+        );
+        for i in 0..3 {
+            lab.del(i);
+        }
+        lab.assert_clean();
+    }
+}
+
+#[test]
+fn bad_input_fails_cleanly_and_del_gc_are_idempotent() {
+    root();
+    for b in ALL {
+        let mut lab = Lab::new(
+            b,
+            json!([{"name": "bad", "podSelector": {},
+            "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["11.0.0.0/16"]}}]}]}]),
+        );
+        let ns = TestNs::new();
+        let bc = lab.node.conf("1.1.0", json!({}));
+        let r = lab.node.add(&ns, "ctr-bad", &bc);
+        let pod = Pod {
+            ns,
+            cid: "ctr-bad".into(),
+            labels: json!([]),
+            namespace: "default".into(),
+            bridge: r.clone(),
+            result: r.clone(),
+        };
+        let (code, msg) = lab.policy("ADD", &pod, &r).err();
+        assert_eq!(code, 7, "{msg}");
+        assert!(
+            msg.contains("default/bad") && msg.contains("except"),
+            "{msg}"
+        );
+        lab.assert_clean();
+        // Without prevResult: code 7 too.
+        let (code, _) = lab.policy("ADD", &pod, &Value::Null).err();
+        assert_eq!(code, 7);
+        lab.policies = json!([]);
+        lab.pods.push(pod);
+        let out = lab.policy("ADD", &lab.pods[0], &r).ok();
+        assert_eq!(
+            normalize_result(&out, "1.1.0"),
+            normalize_result(&r, "1.1.0")
+        );
+        lab.pods[0].result = out;
+        // STATUS, GC keeping the pod, then GC dropping it; DEL twice.
+        let conf = lab.policy_conf(&json!([]), "default", &Value::Null);
+        lab.node.status(&bin("policy"), &conf).ok();
+        lab.node
+            .gc(
+                &bin("policy"),
+                &conf,
+                json!([{"containerID": "ctr-bad", "ifname": "eth0"}]),
+            )
+            .ok();
+        assert_eq!(lab.show()["pods"].as_object().unwrap().len(), 1);
+        lab.check(0).ok();
+        lab.node.gc(&bin("policy"), &conf, json!([])).ok();
+        lab.assert_clean();
+        lab.del(0);
+        lab.policy("DEL", &lab.pods[0], &Value::Null).ok();
+        lab.assert_clean();
+    }
+}
+
+/// With fastpath in the chain, allowed pod-to-pod traffic is redirected
+/// (the fast path's counter rises) and denied traffic is dropped before the
+/// redirect (the policy's deny counter rises).
+#[test]
+fn fastpath_redirects_only_what_policy_allows() {
+    root();
+    let mut lab = Lab::new(Backend::EbpfFastpath, web_policy());
+    let web = lab.add("web");
+    let client = lab.add("client");
+    let other = lab.add("other");
+    let w = lab.pods[web].ip4();
+    listen(&lab.pods[web].ns.ns, w, 8080);
+    let dir = lab.pin_dir();
+    let verdicts = |dir: PathBuf| {
+        lab.node
+            .ns
+            .ns
+            .run(move || {
+                let dp = Datapath::open(&dir).unwrap().unwrap();
+                dp.verdicts().unwrap()
+            })
+            .unwrap()
+    };
+    let count = |v: &[(rcni_ebpf::Verdict, u64)], which: rcni_ebpf::Verdict| {
+        v.iter()
+            .find(|(k, _)| *k == which)
+            .map(|(_, n)| *n)
+            .unwrap_or(0)
+    };
+    let v0 = verdicts(dir.clone());
+    assert!(talks(&lab.pods[client].ns.ns, w, 8080));
+    let v1 = verdicts(dir.clone());
+    assert!(
+        count(&v1, rcni_ebpf::Verdict::Redirect) > count(&v0, rcni_ebpf::Verdict::Redirect),
+        "allowed traffic takes the fast path: {v0:?} -> {v1:?}"
+    );
+    assert!(!talks(&lab.pods[other].ns.ns, w, 8080));
+    let v2 = verdicts(dir.clone());
+    assert!(
+        count(&v2, rcni_ebpf::Verdict::PolicyDenyIn) > count(&v1, rcni_ebpf::Verdict::PolicyDenyIn),
+        "denied before the redirect: {v1:?} -> {v2:?}"
+    );
+    for i in 0..3 {
+        lab.del(i);
+    }
+    lab.assert_clean();
+}

@@ -1,0 +1,227 @@
+//! The operator's tool, run in the node's namespaces:
+//!
+//! - `policy sync --network NET`: re-reads the policies (the config kept
+//!   from the network's last ADD, or `--config FILE`, and its policyDir)
+//!   and applies them to every pod of the network on this node, without
+//!   re-adding any; prints what changed.
+//! - `policy show --network NET`: pods with their identity and rule sets,
+//!   and the rule sets.
+
+use crate::conf::{Backend, Conf};
+use crate::state::{DEFAULT_DATA_DIR, Locked};
+use clap::{Parser, Subcommand};
+use rcni_cni::CniError;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "policy",
+    about = "rcni network policy: operator commands (run without arguments, with CNI_COMMAND set, it is the CNI plugin)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Re-apply the policies in force to every pod of a network.
+    Sync {
+        #[arg(long)]
+        network: String,
+        /// The state directory (the config's dataDir).
+        #[arg(long, default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        /// A .conflist or .conf whose policy plugin config replaces the
+        /// one kept from the network's last ADD.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Show the network's pods, identities and rule sets.
+    Show {
+        #[arg(long)]
+        network: String,
+        #[arg(long, default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs a subcommand; returns the exit status.
+pub fn run(args: &[String]) -> i32 {
+    let argv = std::iter::once("policy".to_string()).chain(args.iter().cloned());
+    let cli = match Cli::try_parse_from(argv) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let r = match cli.cmd {
+        Cmd::Sync {
+            network,
+            data_dir,
+            config,
+        } => sync(&network, &data_dir, config.as_deref()),
+        Cmd::Show {
+            network,
+            data_dir,
+            json,
+        } => show(&network, &data_dir, json),
+    };
+    match r {
+        Ok(out) => {
+            print!("{out}");
+            0
+        }
+        Err(e) => {
+            eprintln!("policy: {}", e.msg.trim_start_matches("policy: "));
+            1
+        }
+    }
+}
+
+/// The policy plugin's config in a .conflist (with the list's name and
+/// version) or a .conf.
+fn conf_from_file(path: &Path, network: &str) -> Result<Value, CniError> {
+    let bytes =
+        std::fs::read(path).map_err(|e| CniError::config(format!("{}: {e}", path.display())))?;
+    let v: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| CniError::config(format!("{}: {e}", path.display())))?;
+    let name = v.get("name").and_then(Value::as_str).unwrap_or(network);
+    if name != network {
+        return Err(CniError::config(format!(
+            "{} is network {name}, not {network}",
+            path.display()
+        )));
+    }
+    let mut conf = match v.get("plugins").and_then(Value::as_array) {
+        Some(plugins) => plugins
+            .iter()
+            .find(|p| p.get("type").and_then(Value::as_str) == Some("policy"))
+            .cloned()
+            .ok_or_else(|| {
+                CniError::config(format!("{} has no plugin of type policy", path.display()))
+            })?,
+        None => v.clone(),
+    };
+    if let Some(m) = conf.as_object_mut() {
+        m.insert("name".into(), json!(network));
+        if let Some(ver) = v.get("cniVersion") {
+            m.entry("cniVersion").or_insert(ver.clone());
+        }
+    }
+    Ok(conf)
+}
+
+fn sync(network: &str, data_dir: &Path, config: Option<&Path>) -> Result<String, CniError> {
+    let t = Instant::now();
+    let Some(mut locked) = Locked::existing(data_dir, network)? else {
+        return Ok(format!(
+            "network {network}: no pods on this node, nothing to sync\n"
+        ));
+    };
+    let conf_v = match config {
+        Some(p) => conf_from_file(p, network)?,
+        None => locked.state.conf.clone().ok_or_else(|| {
+            CniError::config(format!("network {network}: no config kept; pass --config"))
+        })?,
+    };
+    let conf = Conf::from_value(&conf_v, network)?;
+    // Invalid policies change nothing.
+    let set = conf.policies()?;
+    let backend = locked
+        .state
+        .backend
+        .as_deref()
+        .and_then(Backend::parse)
+        .unwrap_or(Backend::Ebpf);
+    let before = locked.state.desired.clone();
+    crate::reconcile(&conf, network, Some(&set), &mut locked.state, backend, None)?;
+    locked.state.conf = Some(crate::conf::stored(&conf_v));
+    let after = locked.state.desired.clone().unwrap_or_default();
+    locked.save()?;
+    let changed = after
+        .pods
+        .iter()
+        .filter(|(k, p)| before.as_ref().and_then(|b| b.pods.get(*k)) != Some(*p))
+        .count();
+    let rs_changed = after
+        .rulesets
+        .iter()
+        .filter(|(k, r)| before.as_ref().and_then(|b| b.rulesets.get(*k)) != Some(*r))
+        .count();
+    Ok(format!(
+        "network {network}: {} policies, {} pods ({changed} with new identity or rule sets), \
+         {} rule sets ({rs_changed} changed), backend {}, in {:.1} ms\n",
+        set.policies.len(),
+        after.pods.len(),
+        after.rulesets.len(),
+        backend.as_str(),
+        t.elapsed().as_secs_f64() * 1e3
+    ))
+}
+
+fn show(network: &str, data_dir: &Path, as_json: bool) -> Result<String, CniError> {
+    let Some(locked) = Locked::existing(data_dir, network)? else {
+        return Ok(if as_json {
+            "{\"pods\":{},\"rulesets\":{},\"identities\":{}}\n".into()
+        } else {
+            format!("network {network}: no pods on this node\n")
+        });
+    };
+    let st = &locked.state;
+    let d = st.desired.clone().unwrap_or_default();
+    if as_json {
+        let pods: serde_json::Map<String, Value> = st
+            .pods
+            .iter()
+            .map(|(k, p)| {
+                let pol = d.pods.get(k).copied().unwrap_or_default();
+                (
+                    k.clone(),
+                    json!({"namespace": p.namespace, "labels": p.labels, "addrs": p.addrs,
+                           "hostIfname": p.host_ifname, "identity": pol.identity,
+                           "ingress": pol.ingress, "egress": pol.egress}),
+                )
+            })
+            .collect();
+        let v = json!({"backend": st.backend, "pods": pods, "identities": d.identities,
+                       "rulesets": d.rulesets});
+        return Ok(format!(
+            "{}\n",
+            serde_json::to_string_pretty(&v).expect("json")
+        ));
+    }
+    let mut out = format!(
+        "network {network}: backend {}, {} pods\n",
+        st.backend.as_deref().unwrap_or("?"),
+        st.pods.len()
+    );
+    for (k, p) in &st.pods {
+        let pol = d.pods.get(k).copied().unwrap_or_default();
+        let addrs: Vec<String> = p.addrs.iter().map(|a| a.to_string()).collect();
+        out += &format!(
+            "  {k} {} [{}] on {}: identity {} ingress {} egress {}\n",
+            p.namespace,
+            addrs.join(" "),
+            p.host_ifname,
+            pol.identity,
+            pol.ingress,
+            pol.egress
+        );
+    }
+    for (id, rs) in &d.rulesets {
+        out += &format!(
+            "  rule set {id} ({}; {}): {} identity peers, {} prefixes\n",
+            rs.dir.as_str(),
+            rs.policies.join(", "),
+            rs.peers.len(),
+            rs.cidrs.len()
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,641 @@
+//! From policies and pods to what a backend enforces: identities, rule
+//! sets, and each pod's identity and rule sets.
+//!
+//! - An *identity* names a label set (namespace and labels): pods with the
+//!   same labels share one, so a selector is evaluated once per label set,
+//!   and a new pod with known labels needs no rule change anywhere.
+//! - A *rule set* is the union of the rules of the policies selecting a pod
+//!   in one direction. Pods selected by the same policies share one. It
+//!   holds peers by identity (from podSelector/namespaceSelector) and CIDRs
+//!   (ipBlock, and `0.0.0.0/0` + `::/0` for rules without peers), each with
+//!   the ports they may use.
+//!
+//! CIDRs are flattened for longest-prefix match: every `cidr` and `except`
+//! becomes one prefix whose value is the union of the ports of the rules
+//! that cover it and do not except it; one LPM lookup (or one interval
+//! lookup) then gives the answer of all rules at once.
+//!
+//! Numbers (identities, rule sets) are allocated in [`Ids`], which the
+//! caller persists, so they stay stable while their label set or policy
+//! selection lives, and are freed when it goes.
+
+use crate::model::{Dir, IpBlock, Labels, MAX_PORT_RANGES, Peer, PolicySet, PortRange, Rule};
+use ipnetwork::IpNetwork;
+use rcni_cni::CniError;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+/// What traffic a peer may send (ingress) or receive (egress).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Ports {
+    /// Every protocol and port.
+    All,
+    /// These ranges, sorted and merged; empty allows nothing.
+    Ranges(Vec<PortRange>),
+}
+
+impl Ports {
+    pub fn none() -> Ports {
+        Ports::Ranges(vec![])
+    }
+
+    pub fn is_none(&self) -> bool {
+        matches!(self, Ports::Ranges(r) if r.is_empty())
+    }
+
+    fn of_rule(r: &Rule) -> Ports {
+        match &r.ports {
+            None => Ports::All,
+            Some(p) => Ports::Ranges(merge(p.clone())),
+        }
+    }
+
+    pub fn union(&mut self, o: &Ports) {
+        match (&mut *self, o) {
+            (Ports::All, _) => {}
+            (_, Ports::All) => *self = Ports::All,
+            (Ports::Ranges(a), Ports::Ranges(b)) => {
+                a.extend_from_slice(b);
+                *a = merge(std::mem::take(a));
+            }
+        }
+    }
+
+    pub fn allows(&self, proto: u8, port: u16) -> bool {
+        match self {
+            Ports::All => true,
+            Ports::Ranges(r) => r
+                .iter()
+                .any(|p| p.proto == proto && p.lo <= port && port <= p.hi),
+        }
+    }
+}
+
+/// Sorted by protocol and start, overlapping and adjacent ranges merged.
+fn merge(mut v: Vec<PortRange>) -> Vec<PortRange> {
+    v.sort();
+    let mut out: Vec<PortRange> = Vec::with_capacity(v.len());
+    for r in v {
+        match out.last_mut() {
+            Some(l) if l.proto == r.proto && (r.lo as u32) <= l.hi as u32 + 1 => {
+                l.hi = l.hi.max(r.hi);
+            }
+            _ => out.push(r),
+        }
+    }
+    out
+}
+
+/// A pod as policies see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodView {
+    pub namespace: String,
+    pub labels: Labels,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuleSet {
+    pub dir: Dir,
+    /// The selecting policies (`namespace/name`), sorted.
+    pub policies: Vec<String>,
+    pub peers: BTreeMap<u32, Ports>,
+    /// Flattened for longest-prefix match, sorted; a prefix with no ports
+    /// punches a hole (an `except`) into a shorter one.
+    pub cidrs: Vec<(IpNetwork, Ports)>,
+}
+
+impl RuleSet {
+    /// Whether a peer (by identity, 0 for none, and address) may use
+    /// `proto`/`port`: the semantics every backend implements.
+    pub fn allows(&self, identity: u32, addr: IpAddr, proto: u8, port: u16) -> bool {
+        if identity != 0
+            && self
+                .peers
+                .get(&identity)
+                .is_some_and(|p| p.allows(proto, port))
+        {
+            return true;
+        }
+        self.cidrs
+            .iter()
+            .filter(|(n, _)| n.contains(addr))
+            .max_by_key(|(n, _)| n.prefix())
+            .is_some_and(|(_, p)| p.allows(proto, port))
+    }
+
+    /// The address space as disjoint intervals `[start, end]` of one family
+    /// with what they allow (nothing-allowed stretches left out): the
+    /// flattened prefixes resolved the way a longest-prefix lookup would,
+    /// for interval sets that cannot hold overlapping elements.
+    pub fn intervals(&self, v6: bool) -> Vec<(u128, u128, Ports)> {
+        let nets: Vec<(u128, u128, u8, &Ports)> = self
+            .cidrs
+            .iter()
+            .filter(|(n, _)| n.is_ipv6() == v6)
+            .map(|(n, p)| {
+                let (s, e) = bounds(n);
+                (s, e, n.prefix(), p)
+            })
+            .collect();
+        // Boundaries where the longest match may change.
+        let mut cuts: BTreeSet<u128> = BTreeSet::new();
+        for (s, e, _, _) in &nets {
+            cuts.insert(*s);
+            if *e != u128::MAX {
+                cuts.insert(e + 1);
+            }
+        }
+        let max = if v6 { u128::MAX } else { u32::MAX as u128 };
+        let cuts: Vec<u128> = cuts.into_iter().collect();
+        let mut out: Vec<(u128, u128, Ports)> = Vec::new();
+        for (i, s) in cuts.iter().enumerate() {
+            let e = cuts.get(i + 1).map(|n| n - 1).unwrap_or(max);
+            let best = nets
+                .iter()
+                .filter(|(ns, ne, _, _)| ns <= s && *s <= *ne)
+                .max_by_key(|(_, _, len, _)| *len);
+            let Some((_, _, _, p)) = best else { continue };
+            if p.is_none() {
+                continue;
+            }
+            match out.last_mut() {
+                Some((_, le, lp)) if *le + 1 == *s && lp == *p => *le = e,
+                _ => out.push((*s, e, (*p).clone())),
+            }
+        }
+        out
+    }
+}
+
+/// First and last address of a network, as integers.
+pub fn bounds(n: &IpNetwork) -> (u128, u128) {
+    match n {
+        IpNetwork::V4(n) => {
+            let s = u32::from(n.network()) as u128;
+            let size = 1u128 << (32 - n.prefix());
+            (s, s + size - 1)
+        }
+        IpNetwork::V6(n) => {
+            let s = u128::from(n.network());
+            let host = 128 - n.prefix() as u32;
+            let e = if host == 128 {
+                u128::MAX
+            } else {
+                s | ((1u128 << host) - 1)
+            };
+            (s, e)
+        }
+    }
+}
+
+/// A pod's identity and the rule sets deciding its traffic (0: none, all
+/// allowed that way).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodPolicy {
+    pub identity: u32,
+    pub ingress: u32,
+    pub egress: u32,
+}
+
+impl PodPolicy {
+    pub fn rule_set(&self, dir: Dir) -> u32 {
+        match dir {
+            Dir::Ingress => self.ingress,
+            Dir::Egress => self.egress,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Desired {
+    pub pods: BTreeMap<String, PodPolicy>,
+    pub rulesets: BTreeMap<u32, RuleSet>,
+    /// Identity -> the label set it names, for display.
+    pub identities: BTreeMap<u32, String>,
+}
+
+/// Persisted number allocations: label set -> identity, selection -> rule
+/// set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ids {
+    #[serde(default)]
+    pub identities: BTreeMap<String, u32>,
+    #[serde(default)]
+    pub rulesets: BTreeMap<String, u32>,
+}
+
+/// The lowest number from 1 not yet used in `map`.
+fn alloc(map: &mut BTreeMap<String, u32>, key: &str) -> u32 {
+    if let Some(v) = map.get(key) {
+        return *v;
+    }
+    let used: BTreeSet<u32> = map.values().copied().collect();
+    let n = (1..).find(|n| !used.contains(n)).expect("u32 space");
+    map.insert(key.to_string(), n);
+    n
+}
+
+/// `namespace` and labels, one per line: the identity's key.
+pub fn identity_key(p: &PodView) -> String {
+    let mut k = p.namespace.clone();
+    for (l, v) in &p.labels {
+        k.push('\n');
+        k.push_str(l);
+        k.push('=');
+        k.push_str(v);
+    }
+    k
+}
+
+fn ruleset_key(dir: Dir, policies: &[String]) -> String {
+    format!("{}:{}", dir.as_str(), policies.join(","))
+}
+
+fn split_identity_key(k: &str) -> PodView {
+    let mut it = k.split('\n');
+    let namespace = it.next().unwrap_or_default().to_string();
+    let labels = it
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    PodView { namespace, labels }
+}
+
+/// Computes what to enforce for `pods` (by attachment key); `ids` keeps
+/// its numbers for what still exists and drops the rest.
+pub fn compile(
+    set: &PolicySet,
+    pods: &BTreeMap<String, PodView>,
+    ids: &mut Ids,
+) -> Result<Desired, CniError> {
+    let mut d = Desired::default();
+    // Identities of the pods there are, and only those.
+    let live: BTreeSet<String> = pods.values().map(identity_key).collect();
+    ids.identities.retain(|k, _| live.contains(k));
+    let mut identities: BTreeMap<u32, PodView> = BTreeMap::new();
+    for k in &live {
+        let n = alloc(&mut ids.identities, k);
+        identities.insert(n, split_identity_key(k));
+        d.identities.insert(n, k.replace('\n', " "));
+    }
+    let ns_labels: HashMap<&str, Labels> = identities
+        .values()
+        .map(|p| (p.namespace.as_str(), set.namespace_labels(&p.namespace)))
+        .collect();
+
+    let mut wanted_rs: BTreeSet<String> = BTreeSet::new();
+    let mut rs_by_key: BTreeMap<String, (Dir, Vec<String>)> = BTreeMap::new();
+    let mut pod_sel: BTreeMap<&str, [Option<String>; 2]> = BTreeMap::new();
+    for (key, pod) in pods {
+        let mut sel: [Option<String>; 2] = [None, None];
+        for (i, dir) in [Dir::Ingress, Dir::Egress].into_iter().enumerate() {
+            let mut ps: Vec<String> = set
+                .policies
+                .iter()
+                .filter(|p| {
+                    p.rules(dir).is_some()
+                        && p.namespace == pod.namespace
+                        && p.pod_selector.matches(&pod.labels)
+                })
+                .map(|p| p.id())
+                .collect();
+            if ps.is_empty() {
+                continue;
+            }
+            ps.sort();
+            let k = ruleset_key(dir, &ps);
+            wanted_rs.insert(k.clone());
+            rs_by_key.insert(k.clone(), (dir, ps));
+            sel[i] = Some(k);
+        }
+        pod_sel.insert(key.as_str(), sel);
+    }
+    ids.rulesets.retain(|k, _| wanted_rs.contains(k));
+    for (k, (dir, ps)) in &rs_by_key {
+        let n = alloc(&mut ids.rulesets, k);
+        d.rulesets
+            .insert(n, build_ruleset(set, *dir, ps, &identities, &ns_labels)?);
+    }
+    for (key, pod) in pods {
+        let sel = &pod_sel[key.as_str()];
+        let rs = |s: &Option<String>| s.as_ref().map(|k| ids.rulesets[k]).unwrap_or(0);
+        d.pods.insert(
+            key.clone(),
+            PodPolicy {
+                identity: ids.identities[&identity_key(pod)],
+                ingress: rs(&sel[0]),
+                egress: rs(&sel[1]),
+            },
+        );
+    }
+    Ok(d)
+}
+
+fn build_ruleset(
+    set: &PolicySet,
+    dir: Dir,
+    policies: &[String],
+    identities: &BTreeMap<u32, PodView>,
+    ns_labels: &HashMap<&str, Labels>,
+) -> Result<RuleSet, CniError> {
+    let mut peers: BTreeMap<u32, Ports> = BTreeMap::new();
+    let mut blocks: Vec<(IpBlock, Ports)> = Vec::new();
+    for p in set.policies.iter().filter(|p| policies.contains(&p.id())) {
+        for r in p.rules(dir).unwrap_or_default() {
+            let ports = Ports::of_rule(r);
+            let Some(list) = &r.peers else {
+                // No peers: everyone, pods and the world.
+                for any in ["0.0.0.0/0", "::/0"] {
+                    blocks.push((
+                        IpBlock {
+                            cidr: any.parse().expect("valid"),
+                            except: vec![],
+                        },
+                        ports.clone(),
+                    ));
+                }
+                continue;
+            };
+            for peer in list {
+                match peer {
+                    Peer::Block(b) => blocks.push((b.clone(), ports.clone())),
+                    Peer::Pods { pods, namespaces } => {
+                        for (id, v) in identities {
+                            let ns_ok = match namespaces {
+                                None => v.namespace == p.namespace,
+                                Some(s) => s.matches(&ns_labels[v.namespace.as_str()]),
+                            };
+                            if ns_ok && pods.matches(&v.labels) {
+                                peers.entry(*id).or_insert_with(Ports::none).union(&ports);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let cidrs = flatten(&blocks);
+    let too_many = |p: &Ports| matches!(p, Ports::Ranges(r) if r.len() > MAX_PORT_RANGES);
+    if peers.values().any(too_many) || cidrs.iter().any(|(_, p)| too_many(p)) {
+        return Err(CniError::config(format!(
+            "policies {}: together they allow one peer more than {MAX_PORT_RANGES} port ranges",
+            policies.join(", ")
+        )));
+    }
+    Ok(RuleSet {
+        dir,
+        policies: policies.to_vec(),
+        peers,
+        cidrs,
+    })
+}
+
+fn net_of(addr: IpAddr, len: u8) -> IpNetwork {
+    let n = IpNetwork::new(addr, len).expect("length within the family");
+    IpNetwork::new(n.network(), len).expect("length within the family")
+}
+
+fn contains_net(outer: &IpNetwork, inner: &IpNetwork) -> bool {
+    outer.is_ipv4() == inner.is_ipv4()
+        && outer.prefix() <= inner.prefix()
+        && outer.contains(inner.network())
+}
+
+/// ipBlocks to longest-prefix-match entries (see the module doc).
+fn flatten(blocks: &[(IpBlock, Ports)]) -> Vec<(IpNetwork, Ports)> {
+    let mut by_cidr: HashMap<IpNetwork, Vec<usize>> = HashMap::new();
+    let mut prefixes: BTreeSet<(bool, IpNetwork)> = BTreeSet::new();
+    for (i, (b, _)) in blocks.iter().enumerate() {
+        by_cidr.entry(b.cidr).or_default().push(i);
+        prefixes.insert((b.cidr.is_ipv6(), b.cidr));
+        for e in &b.except {
+            prefixes.insert((e.is_ipv6(), *e));
+        }
+    }
+    let mut out = Vec::with_capacity(prefixes.len());
+    for (_, p) in prefixes {
+        let mut val = Ports::none();
+        // Only rules whose cidr is p or contains it cover the addresses
+        // whose longest match is p.
+        for len in 0..=p.prefix() {
+            let Some(rules) = by_cidr.get(&net_of(p.network(), len)) else {
+                continue;
+            };
+            for i in rules {
+                let (b, ports) = &blocks[*i];
+                if !b.except.iter().any(|e| contains_net(e, &p)) {
+                    val.union(ports);
+                }
+            }
+        }
+        out.push((p, val));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{SCTP, TCP, UDP};
+    use serde_json::json;
+
+    fn set(v: serde_json::Value) -> PolicySet {
+        let mut s = PolicySet::default();
+        s.add_document(&v, "t").unwrap();
+        s.sort();
+        s
+    }
+
+    fn pod(ns: &str, labels: &[(&str, &str)]) -> PodView {
+        PodView {
+            namespace: ns.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn selected_pods_get_rule_sets_and_peers_get_identities() {
+        let s = set(json!([
+            {"name":"web","podSelector":{"matchLabels":{"app":"web"}},
+             "ingress":[{"from":[{"podSelector":{"matchLabels":{"app":"client"}}}],"ports":[{"port":80},{"port":81}]}]},
+            {"name":"deny-egress","podSelector":{"matchLabels":{"app":"web"}},"policyTypes":["Egress"]}
+        ]));
+        let mut pods = BTreeMap::new();
+        pods.insert("a".to_string(), pod("default", &[("app", "web")]));
+        pods.insert("b".to_string(), pod("default", &[("app", "client")]));
+        pods.insert("c".to_string(), pod("default", &[("app", "client")]));
+        pods.insert("d".to_string(), pod("other", &[("app", "client")]));
+        let mut ids = Ids::default();
+        let d = compile(&s, &pods, &mut ids).unwrap();
+        // Same labels, same identity; namespaces keep them apart.
+        assert_eq!(d.pods["b"].identity, d.pods["c"].identity);
+        assert_ne!(d.pods["b"].identity, d.pods["d"].identity);
+        assert_eq!(d.identities.len(), 3);
+        let a = d.pods["a"];
+        assert!(a.ingress != 0 && a.egress != 0 && a.ingress != a.egress);
+        assert_eq!((d.pods["b"].ingress, d.pods["b"].egress), (0, 0));
+        let rs = &d.rulesets[&a.ingress];
+        let client = d.pods["b"].identity;
+        assert_eq!(
+            rs.peers[&client],
+            Ports::Ranges(vec![PortRange {
+                proto: TCP,
+                lo: 80,
+                hi: 81
+            }])
+        );
+        assert!(!rs.peers.contains_key(&d.pods["d"].identity));
+        assert!(rs.allows(client, ip("10.0.0.2"), TCP, 81));
+        assert!(!rs.allows(client, ip("10.0.0.2"), TCP, 82));
+        assert!(!rs.allows(client, ip("10.0.0.2"), UDP, 80));
+        let eg = &d.rulesets[&a.egress];
+        assert!(eg.peers.is_empty() && eg.cidrs.is_empty());
+        // Numbers are stable across compilations, and freed with their pods.
+        let again = compile(&s, &pods, &mut ids).unwrap();
+        assert_eq!(again, d);
+        pods.remove("a");
+        let d2 = compile(&s, &pods, &mut ids).unwrap();
+        assert!(d2.rulesets.is_empty() && ids.rulesets.is_empty());
+        assert_eq!(d2.pods["b"].identity, client);
+        pods.clear();
+        compile(&s, &pods, &mut ids).unwrap();
+        assert_eq!(ids, Ids::default());
+    }
+
+    #[test]
+    fn namespace_selectors_use_namespace_labels() {
+        let s = set(json!([
+            {"kind":"Namespace","metadata":{"name":"prod","labels":{"team":"a"}}},
+            {"name":"p","podSelector":{},"ingress":[{"from":[
+                {"namespaceSelector":{"matchLabels":{"team":"a"}}},
+                {"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"dev"}},"podSelector":{"matchLabels":{"x":"y"}}}]}]}
+        ]));
+        let mut pods = BTreeMap::new();
+        pods.insert("self".to_string(), pod("default", &[]));
+        pods.insert("prod".to_string(), pod("prod", &[("any", "thing")]));
+        pods.insert("dev-x".to_string(), pod("dev", &[("x", "y")]));
+        pods.insert("dev".to_string(), pod("dev", &[]));
+        let d = compile(&s, &pods, &mut Ids::default()).unwrap();
+        let rs = &d.rulesets[&d.pods["self"].ingress];
+        let has = |k: &str| rs.peers.contains_key(&d.pods[k].identity);
+        assert!(has("prod") && has("dev-x"));
+        assert!(!has("dev") && !has("self"));
+    }
+
+    #[test]
+    fn cidrs_flatten_to_the_union_of_covering_rules() {
+        let s = set(json!({"name":"p","podSelector":{},"egress":[
+            {"to":[{"ipBlock":{"cidr":"10.0.0.0/8","except":["10.1.0.0/16","10.2.0.0/16"]}}],"ports":[{"port":80}]},
+            {"to":[{"ipBlock":{"cidr":"10.1.0.0/16"}}],"ports":[{"protocol":"UDP","port":53}]},
+            {"to":[{"ipBlock":{"cidr":"10.1.2.0/24"}}]},
+            {"to":[{"ipBlock":{"cidr":"fd00::/8","except":["fd00:1::/32"]}}],"ports":[{"protocol":"SCTP"}]}
+        ]}));
+        let mut pods = BTreeMap::new();
+        pods.insert("a".to_string(), pod("default", &[]));
+        let d = compile(&s, &pods, &mut Ids::default()).unwrap();
+        let rs = &d.rulesets[&d.pods["a"].egress];
+        let cases = [
+            ("10.9.9.9", TCP, 80, true),
+            ("10.9.9.9", TCP, 81, false),
+            ("10.1.9.9", TCP, 80, false), // excepted from rule 1
+            ("10.1.9.9", UDP, 53, true),  // rule 2
+            ("10.2.0.1", TCP, 80, false), // excepted, nothing else
+            ("10.2.0.1", UDP, 53, false),
+            ("10.1.2.3", TCP, 9, true), // rule 3: all
+            ("11.0.0.1", TCP, 80, false),
+            ("fd00::1", SCTP, 9, true),
+            ("fd00:1::1", SCTP, 9, false),
+            ("fd00::1", TCP, 9, false),
+        ];
+        for (a, proto, port, want) in cases {
+            assert_eq!(rs.allows(0, ip(a), proto, port), want, "{a} {proto}/{port}");
+        }
+        // The intervals say the same, for every case.
+        for (a, proto, port, want) in cases {
+            let v6 = ip(a).is_ipv6();
+            let x = match ip(a) {
+                IpAddr::V4(v) => u32::from(v) as u128,
+                IpAddr::V6(v) => u128::from(v),
+            };
+            let got = rs
+                .intervals(v6)
+                .iter()
+                .any(|(s, e, p)| *s <= x && x <= *e && p.allows(proto, port));
+            assert_eq!(got, want, "interval {a} {proto}/{port}");
+        }
+        let iv = rs.intervals(false);
+        for w in iv.windows(2) {
+            assert!(w[0].1 < w[1].0, "disjoint and sorted: {iv:?}");
+        }
+    }
+
+    #[test]
+    fn rules_without_peers_or_ports_allow_everyone() {
+        let s = set(
+            json!({"name":"p","podSelector":{},"policyTypes":["Ingress","Egress"],
+            "ingress":[{}], "egress":[{"ports":[{"protocol":"UDP","port":53}]}]}),
+        );
+        let mut pods = BTreeMap::new();
+        pods.insert("a".to_string(), pod("default", &[]));
+        let d = compile(&s, &pods, &mut Ids::default()).unwrap();
+        let inr = &d.rulesets[&d.pods["a"].ingress];
+        assert!(inr.allows(0, ip("1.2.3.4"), TCP, 1) && inr.allows(0, ip("::1"), 58, 0));
+        let eg = &d.rulesets[&d.pods["a"].egress];
+        assert!(eg.allows(0, ip("8.8.8.8"), UDP, 53) && !eg.allows(0, ip("8.8.8.8"), TCP, 53));
+        assert_eq!(
+            eg.intervals(false),
+            vec![(0, u32::MAX as u128, eg.cidrs[0].1.clone())]
+        );
+    }
+
+    #[test]
+    fn port_unions_merge() {
+        let mut p = Ports::Ranges(vec![PortRange {
+            proto: TCP,
+            lo: 10,
+            hi: 20,
+        }]);
+        p.union(&Ports::Ranges(vec![
+            PortRange {
+                proto: TCP,
+                lo: 21,
+                hi: 30,
+            },
+            PortRange {
+                proto: UDP,
+                lo: 5,
+                hi: 5,
+            },
+            PortRange {
+                proto: TCP,
+                lo: 15,
+                hi: 16,
+            },
+        ]));
+        assert_eq!(
+            p,
+            Ports::Ranges(vec![
+                PortRange {
+                    proto: TCP,
+                    lo: 10,
+                    hi: 30
+                },
+                PortRange {
+                    proto: UDP,
+                    lo: 5,
+                    hi: 5
+                }
+            ])
+        );
+        p.union(&Ports::All);
+        assert_eq!(p, Ports::All);
+    }
+}

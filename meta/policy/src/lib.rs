@@ -1,0 +1,526 @@
+//! `policy`: Kubernetes-style network policy as a chained plugin, placed
+//! after the main plugin (and after `fastpath` where there is one).
+//!
+//! Every ADD, DEL and GC, and `policy sync`, recomputes the network's whole
+//! policy from the policies in force and the pods on the node (kept in
+//! [`state`]), and the backend writes the difference:
+//!
+//! - `ebpf` (the default where it loads): programs on each pod's host veth,
+//!   both directions, deciding with identities, rule-set maps and
+//!   connection tracking shared with fastpath's endpoint map (see
+//!   `ebpf/c/policy.h`); fastpath's redirect decides both pods' policies
+//!   before it skips the receiver's host veth.
+//! - `nftables`: one table in the node namespace with sets and verdict
+//!   maps, for kernels without eBPF; it cannot see what fastpath
+//!   redirects, so the two are refused together.
+//!
+//! prevResult passes through unchanged.
+//!
+//! Run with arguments, the binary is the operator's tool: `policy sync`
+//! and `policy show` (see [`cli`]).
+
+pub mod cli;
+pub mod compile;
+pub mod conf;
+pub mod ebpf;
+pub mod model;
+pub mod nft;
+pub mod state;
+
+use compile::{Desired, compile};
+use conf::{Backend, Conf};
+use model::PolicySet;
+use rcni_attach::podveth;
+use rcni_cni::skel::{About, CmdArgs, Plugin};
+use rcni_cni::{CniError, CniResult, ErrorCode};
+use rcni_ebpf::{AttachmentId, Datapath, EndpointKey, bpffs};
+use state::{Locked, PodRecord, State};
+use std::collections::BTreeSet;
+
+pub struct Policy;
+
+/// The binary's entry: an operator's subcommand when it has arguments (a
+/// runtime never passes any), else the CNI plugin.
+pub fn main() -> ! {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.is_empty() {
+        std::process::exit(cli::run(&args));
+    }
+    rcni_cni::skel::run(&Policy)
+}
+
+fn check_failed(msg: impl Into<String>) -> CniError {
+    CniError::new(ErrorCode::CheckFailed, msg)
+}
+
+fn required_prev(args: &CmdArgs) -> Result<CniResult, CniError> {
+    args.conf.prev_result()?.ok_or_else(|| {
+        CniError::config(
+            "policy must be chained after a plugin that creates the pod's veth \
+             (bridge, ptp): no prevResult",
+        )
+    })
+}
+
+/// The eBPF backend's datapath, loaded and pinned on first use.
+fn datapath(conf: &Conf) -> Result<Datapath, CniError> {
+    bpffs::ensure_root(&conf.pin_root).map_err(ebpf::err)?;
+    Datapath::open_or_load(&conf.pin_dir).map_err(ebpf::err)
+}
+
+/// The backend a network uses: the one its pods already use, else the
+/// config's, else (auto) eBPF where it loads and nftables otherwise.
+fn choose_backend(conf: &Conf, st: &State, network: &str) -> Result<Backend, CniError> {
+    let current = st
+        .backend
+        .as_deref()
+        .and_then(Backend::parse)
+        .filter(|_| !st.pods.is_empty());
+    match (current, conf.backend) {
+        (Some(cur), Some(want)) if cur != want => Err(CniError::config(format!(
+            "policy: network {network} enforces with backend {} for its {} pods; \
+             backend {} applies once they are gone",
+            cur.as_str(),
+            st.pods.len(),
+            want.as_str()
+        ))),
+        (Some(cur), _) => Ok(cur),
+        (None, Some(want)) => Ok(want),
+        (None, None) => match datapath(conf) {
+            Ok(_) => Ok(Backend::Ebpf),
+            Err(ebpf_err) => match nft::available() {
+                Ok(()) => {
+                    eprintln!("policy: eBPF unavailable ({ebpf_err}); using nftables");
+                    Ok(Backend::Nftables)
+                }
+                Err(nft_err) => Err(CniError::new(
+                    ErrorCode::Ebpf,
+                    format!(
+                        "policy: no backend works here: {}; {}",
+                        ebpf_err.msg, nft_err.msg
+                    ),
+                )),
+            },
+        },
+    }
+}
+
+/// Recomputes the network and applies it; `attach` is a pod whose veth gets
+/// the programs (eBPF). On success the state holds what is enforced.
+pub fn reconcile(
+    conf: &Conf,
+    network: &str,
+    set: Option<&PolicySet>,
+    st: &mut State,
+    backend: Backend,
+    attach: Option<&PodRecord>,
+) -> Result<(), CniError> {
+    let desired = match set {
+        Some(set) => compile(set, &st.views(), &mut st.ids)?,
+        // The policies cannot be read: keep enforcing what was, for the
+        // pods that are left.
+        None => {
+            let mut d = st.desired.clone().unwrap_or_default();
+            d.pods.retain(|k, _| st.pods.contains_key(k));
+            d
+        }
+    };
+    match backend {
+        Backend::Ebpf => {
+            let mut dp = datapath(conf)?;
+            dp.set_node_addrs(&node_addrs()?).map_err(ebpf::err)?;
+            ebpf::apply(&mut dp, &st.pods, &desired, &mut st.applied)?;
+            if let Some(p) = attach {
+                attach_programs(&mut dp, conf, p)?;
+            }
+        }
+        Backend::Nftables => nft::apply(network, &st.pods, &desired, &mut st.applied)?,
+    }
+    st.desired = Some(desired);
+    Ok(())
+}
+
+/// The node's own addresses (the namespace the plugin runs in): traffic
+/// between a pod and its node always passes. IPv6 link-local ones are left
+/// out: the programs never check link-local traffic, and there is one per
+/// host veth.
+fn node_addrs() -> Result<Vec<std::net::IpAddr>, CniError> {
+    let addrs = rcni_attach::rt()?.block_on(async {
+        rcni_netlink::Netlink::connect_current()
+            .await?
+            .addresses(None)
+            .await
+    })?;
+    let mut v: Vec<std::net::IpAddr> = addrs
+        .iter()
+        .map(|a| a.addr.ip())
+        .filter(|ip| !matches!(ip, std::net::IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+        .collect();
+    v.sort();
+    v.dedup();
+    Ok(v)
+}
+
+fn attachment(p: &PodRecord) -> AttachmentId {
+    AttachmentId::new(&p.container_id, &p.ifname)
+}
+
+fn attach_programs(dp: &mut Datapath, conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
+    let id = attachment(p);
+    if !dp
+        .policy_attached(&conf.pin_dir, &p.host_ifname, id, conf.hook())
+        .map_err(ebpf::err)?
+    {
+        dp.attach_policy(&p.host_ifname, id, conf.hook())
+            .map_err(ebpf::err)?;
+    }
+    Ok(())
+}
+
+/// Takes the programs off a pod's veth; a gone veth or link is fine.
+fn detach_programs(conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
+    rcni_ebpf::detach_policy(&conf.pin_dir, attachment(p), &p.host_ifname).map_err(ebpf::err)
+}
+
+/// The policies, or on DEL and GC (which must get through) `None` with a
+/// warning: the last enforced policy is kept for the remaining pods.
+fn policies_or_last(conf: &Conf) -> Option<PolicySet> {
+    match conf.policies() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            eprintln!("policy: {}; keeping the policy last applied", e.msg);
+            None
+        }
+    }
+}
+
+impl Policy {
+    fn add_inner(
+        &self,
+        args: &CmdArgs,
+        conf: &Conf,
+        set: &PolicySet,
+        prev: &CniResult,
+    ) -> Result<(), CniError> {
+        let (namespace, labels) = conf::pod_identity(args)?;
+        let veth = podveth::find(args, prev, "policy")?;
+        if veth.addrs.is_empty() {
+            eprintln!(
+                "policy: prevResult has no address for {}: nothing to enforce",
+                args.ifname
+            );
+            return Ok(());
+        }
+        let network = &args.conf.name;
+        let mut locked = Locked::open(&conf.data_dir, network)?;
+        let backend = choose_backend(conf, &locked.state, network)?;
+        if backend == Backend::Nftables {
+            refuse_fastpath(conf, &veth.addrs)?;
+        }
+        let rec = PodRecord {
+            container_id: args.container_id.clone(),
+            ifname: args.ifname.clone(),
+            namespace,
+            labels,
+            addrs: veth.addrs.clone(),
+            host_ifname: veth.host_veth.name.clone(),
+            host_ifindex: veth.host_veth.index,
+        };
+        let key = PodRecord::key(&args.container_id, &args.ifname);
+        let before = locked.state.clone();
+        let st = &mut locked.state;
+        st.pods.insert(key, rec.clone());
+        st.backend = Some(backend.as_str().into());
+        st.conf = Some(conf::stored(&args.conf.raw));
+        if let Err(e) = reconcile(conf, network, Some(set), st, backend, Some(&rec)) {
+            // Undo: the pod's programs and entries go, the others get back
+            // what they had.
+            let mut undo = before;
+            undo.applied = std::mem::take(&mut st.applied);
+            if backend == Backend::Ebpf
+                && let Err(u) = detach_programs(conf, &rec)
+            {
+                eprintln!("policy: undo attachment: {}", u.msg);
+            }
+            if let Err(u) = reconcile(conf, network, Some(set), &mut undo, backend, None) {
+                eprintln!("policy: undo: {}", u.msg);
+            }
+            if backend == Backend::Ebpf {
+                sweep_owner(conf, ebpf::owner(&rec));
+            }
+            locked.state = undo;
+            locked.save()?;
+            return Err(e);
+        }
+        locked.save()
+    }
+
+    /// Removes attachments from the network's state and enforcement.
+    fn remove(
+        &self,
+        conf: &Conf,
+        network: &str,
+        locked: &mut Locked,
+        keys: &[String],
+    ) -> Result<(), CniError> {
+        let backend = locked
+            .state
+            .backend
+            .as_deref()
+            .and_then(Backend::parse)
+            .unwrap_or(Backend::Ebpf);
+        let mut removed = Vec::new();
+        for k in keys {
+            if let Some(p) = locked.state.pods.remove(k) {
+                removed.push(p);
+            }
+        }
+        let mut errors = Vec::new();
+        if backend == Backend::Ebpf {
+            for p in &removed {
+                // Off the hook first: a veth without its endpoint entries
+                // would otherwise drop the pod's traffic as spoofed.
+                if let Err(e) = detach_programs(conf, p) {
+                    errors.push(e);
+                }
+            }
+        }
+        let set = policies_or_last(conf);
+        if let Err(e) = reconcile(
+            conf,
+            network,
+            set.as_ref(),
+            &mut locked.state,
+            backend,
+            None,
+        ) {
+            errors.push(e);
+        }
+        if locked.state.pods.is_empty() && backend == Backend::Nftables {
+            nft::remove_network(network)?;
+        }
+        locked.save()?;
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn check_inner(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        let prev = required_prev(args)?;
+        let set = conf.policies()?;
+        let veth = podveth::find(args, &prev, "policy")?;
+        if veth.addrs.is_empty() {
+            return Ok(());
+        }
+        let network = &args.conf.name;
+        let locked = Locked::existing(&conf.data_dir, network)?
+            .ok_or_else(|| check_failed(format!("policy: network {network} has no pods")))?;
+        let key = PodRecord::key(&args.container_id, &args.ifname);
+        let st = &locked.state;
+        let rec = st
+            .pods
+            .get(&key)
+            .ok_or_else(|| check_failed(format!("policy: {key} is not a pod of {network}")))?;
+        let (namespace, labels) = conf::pod_identity(args)?;
+        if rec.host_ifindex != veth.host_veth.index
+            || rec.addrs != veth.addrs
+            || rec.namespace != namespace
+            || rec.labels != labels
+        {
+            return Err(check_failed(format!(
+                "policy: {key} changed since ADD (veth, addresses or labels)"
+            )));
+        }
+        let mut ids = st.ids.clone();
+        let desired: Desired = compile(&set, &st.views(), &mut ids)?;
+        if st.desired.as_ref() != Some(&desired) {
+            return Err(check_failed(format!(
+                "policy: the policies in force differ from those applied to {network}: run `policy sync`"
+            )));
+        }
+        let want = desired.pods[&key];
+        match st.backend.as_deref().and_then(Backend::parse) {
+            Some(Backend::Nftables) => nft::check(network, rec, &want),
+            _ => {
+                let mut dp = Datapath::open(&conf.pin_dir)
+                    .map_err(ebpf::err)?
+                    .ok_or_else(|| check_failed("policy: the network's datapath is not loaded"))?;
+                if !dp
+                    .policy_attached(
+                        &conf.pin_dir,
+                        &rec.host_ifname,
+                        attachment(rec),
+                        conf.hook(),
+                    )
+                    .map_err(ebpf::err)?
+                {
+                    return Err(check_failed(format!(
+                        "policy: the programs are not attached to {}",
+                        rec.host_ifname
+                    )));
+                }
+                ebpf::check_pod(&dp, rec, &want)
+            }
+        }
+    }
+}
+
+/// nftables cannot see what fastpath redirects: refuse to pretend.
+fn refuse_fastpath(conf: &Conf, addrs: &[std::net::IpAddr]) -> Result<(), CniError> {
+    let Ok(Some(dp)) = Datapath::open(&conf.pin_dir) else {
+        return Ok(());
+    };
+    for a in addrs {
+        if let Ok(Some(ep)) = dp.endpoint(&EndpointKey::new(*a))
+            && ep.flags & rcni_ebpf::EP_FASTPATH != 0
+        {
+            return Err(CniError::config(format!(
+                "policy: backend nftables cannot see traffic that fastpath redirects past \
+                 netfilter ({a} is a fastpath endpoint); use backend ebpf"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Clears policy entries of endpoints whose owner `doomed` selects, left by
+/// an attachment the state no longer knows (a crash between writes).
+fn sweep_where(conf: &Conf, doomed: impl Fn(u64) -> bool) -> Result<usize, CniError> {
+    let Some(mut dp) = Datapath::open(&conf.pin_dir).map_err(ebpf::err)? else {
+        return Ok(0);
+    };
+    let mut by_owner: std::collections::BTreeMap<u64, Vec<EndpointKey>> = Default::default();
+    for (k, ep) in dp.endpoints().map_err(ebpf::err)? {
+        if ep.flags & rcni_ebpf::EP_POLICY != 0 && doomed(ep.owner) {
+            by_owner.entry(ep.owner).or_default().push(k);
+        }
+    }
+    let mut n = 0;
+    for (owner, keys) in by_owner {
+        n += keys.len();
+        dp.clear_policy_endpoint(&keys, owner).map_err(ebpf::err)?;
+        let addrs: BTreeSet<EndpointKey> = keys.into_iter().collect();
+        dp.flush_ct(|k| addrs.contains(&k.src()) || addrs.contains(&k.dst()))
+            .map_err(ebpf::err)?;
+    }
+    Ok(n)
+}
+
+fn sweep_owner(conf: &Conf, owner: u64) {
+    if let Err(e) = sweep_where(conf, |o| o == owner) {
+        eprintln!("policy: {}", e.msg);
+    }
+}
+
+impl Plugin for Policy {
+    fn about(&self) -> About {
+        About::all_versions("policy", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
+        let prev = required_prev(args)?;
+        let conf = Conf::load(args)?;
+        // Every policy is validated before anything is touched.
+        let set = conf.policies()?;
+        self.add_inner(args, &conf, &set, &prev)?;
+        let mut out = prev;
+        out.cni_version = args.version().to_string();
+        Ok(out)
+    }
+
+    fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        let network = &args.conf.name;
+        let key = PodRecord::key(&args.container_id, &args.ifname);
+        let owner = AttachmentId::new(&args.container_id, &args.ifname).owner();
+        if let Some(mut locked) = Locked::existing(&conf.data_dir, network)? {
+            if locked.state.pods.contains_key(&key) {
+                self.remove(&conf, network, &mut locked, &[key])?;
+            }
+            // Entries of this attachment that the state lost track of.
+            if locked.state.backend.as_deref() != Some("nftables") {
+                sweep_owner(&conf, owner);
+            }
+        } else {
+            sweep_owner(&conf, owner);
+        }
+        Ok(())
+    }
+
+    fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        self.check_inner(args, &conf)
+    }
+
+    fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        let unavailable = |msg: String| CniError::new(ErrorCode::PluginNotAvailable, msg);
+        conf.policies()
+            .map_err(|e| unavailable(format!("policy: ADD would fail: {}", e.msg)))?;
+        let ebpf = || {
+            // A private copy: loading proves the kernel takes the
+            // programs, without pinning anything.
+            Datapath::load()
+                .map(|_| ())
+                .map_err(|e| unavailable(format!("policy: eBPF: {e}")))
+        };
+        let nft = || nft::available().map_err(|e| unavailable(format!("policy: {}", e.msg)));
+        match conf.backend {
+            Some(Backend::Ebpf) => ebpf(),
+            Some(Backend::Nftables) => nft(),
+            None => {
+                ebpf().or_else(|e| nft().map_err(|n| unavailable(format!("{}; {}", e.msg, n.msg))))
+            }
+        }
+    }
+
+    fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
+        let conf = Conf::load(args)?;
+        let network = &args.conf.name;
+        let valid: BTreeSet<(String, String)> = args
+            .conf
+            .gc_required_valid_attachments("removes")?
+            .into_iter()
+            .map(|a| (a.container_id, a.ifname))
+            .collect();
+        let owners: BTreeSet<u64> = valid
+            .iter()
+            .map(|(c, i)| AttachmentId::new(c, i).owner())
+            .collect();
+        let mut errors = Vec::new();
+        let mut nft_network = false;
+        if let Some(mut locked) = Locked::existing(&conf.data_dir, network)? {
+            nft_network = locked.state.backend.as_deref() == Some("nftables");
+            let stale: Vec<String> = locked
+                .state
+                .pods
+                .iter()
+                .filter(|(_, p)| !valid.contains(&(p.container_id.clone(), p.ifname.clone())))
+                .map(|(k, _)| k.clone())
+                .collect();
+            if !stale.is_empty()
+                && let Err(e) = self.remove(&conf, network, &mut locked, &stale)
+            {
+                errors.push(e);
+            }
+        }
+        if nft_network {
+            // Nothing of the eBPF backend to sweep.
+        } else {
+            if let Err(e) = sweep_where(&conf, |o| !owners.contains(&o)) {
+                errors.push(e);
+            }
+            match rcni_ebpf::detach_policy_links_except(&conf.pin_dir, |id| {
+                valid.iter().any(|(c, i)| AttachmentId::new(c, i) == id)
+            }) {
+                Ok(_) => {}
+                Err(e) => errors.push(ebpf::err(e)),
+            }
+        }
+        match errors.into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
