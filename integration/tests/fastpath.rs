@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Node, addr_of, nl};
+use common::{Bpffs, Node, addr_of, nl};
 use rcni_netns::NetNs;
 use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping};
 use serde_json::{Value, json};
@@ -20,38 +20,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-/// A pin root of the test's own: an empty directory the plugin mounts a
-/// bpffs on; unmounted (its pins and links vanish) and removed on drop.
-struct Bpffs {
-    dir: tempfile::TempDir,
-}
-
-impl Bpffs {
-    fn new() -> Bpffs {
-        Bpffs {
-            dir: tempfile::Builder::new()
-                .prefix("rcni-bpffs-")
-                .tempdir()
-                .unwrap(),
-        }
-    }
-
-    fn root(&self) -> String {
-        self.dir.path().display().to_string()
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        // Detached unmounts until nothing is mounted there (EINVAL).
-        for _ in 0..4 {
-            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
-                break;
-            }
-        }
-    }
-}
 
 fn fp_conf(fs: &Bpffs, prev: &Value, extra: Value) -> Value {
     let mut c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
@@ -593,24 +561,6 @@ fn best_effort_add_passes_through_when_the_datapath_cannot_load() {
     fp(&node, "DEL", &a.path(), "ctr-a", &c).ok();
 }
 
-/// Our cnitool with NETCONFPATH, CNI_PATH and a cache dir, from the node.
-fn cnitool(node: &Node, confdir: &Path, cache: &Path, args: &[&str]) -> Output {
-    let mut cmd = command_in(&node.ns.ns, bin("cnitool"));
-    for (k, _) in std::env::vars() {
-        if k.starts_with("CNI_") || k == "NETCONFPATH" || k == "CAP_ARGS" {
-            cmd.env_remove(k);
-        }
-    }
-    cmd.arg("--cache-dir")
-        .arg(cache)
-        .args(args)
-        .env("NETCONFPATH", confdir)
-        .env("CNI_PATH", rcni_testkit::bin_dir())
-        .output()
-        .unwrap()
-        .into()
-}
-
 /// conf/11-bridge-fastpath.conflist and conf/31-ptp-fastpath.conflist as a
 /// runtime runs them (cnitool: ADD in order, CHECK, STATUS, GC, DEL in
 /// reverse), with host-local's state and the pins in the test's own
@@ -636,7 +586,7 @@ fn example_conflists_run_through_cnitool() {
             }
         }
         std::fs::write(confdir.path().join(file), v.to_string()).unwrap();
-        let run = |args: &[&str]| cnitool(&node, confdir.path(), cache.path(), args);
+        let run = |args: &[&str]| node.cnitool(confdir.path(), cache.path(), args, &[]);
         let (a, b) = (TestNs::new(), TestNs::new());
         let ra = run(&["add", net, &a.path(), "--container-id", "ctr-a"]).ok();
         let rb = run(&["add", net, &b.path(), "--container-id", "ctr-b"]).ok();

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{Node, addr_of};
+use common::{Bpffs, Node, addr_of};
 use rcni_ebpf::Datapath;
 use rcni_netns::NetNs;
 use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping};
@@ -21,36 +21,6 @@ use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// A pin root of the test's own (see fastpath.rs).
-struct Bpffs {
-    dir: tempfile::TempDir,
-}
-
-impl Bpffs {
-    fn new() -> Bpffs {
-        Bpffs {
-            dir: tempfile::Builder::new()
-                .prefix("rcni-bpffs-")
-                .tempdir()
-                .unwrap(),
-        }
-    }
-
-    fn root(&self) -> String {
-        self.dir.path().display().to_string()
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        for _ in 0..4 {
-            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
-                break;
-            }
-        }
-    }
-}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Backend {
@@ -654,4 +624,69 @@ fn fastpath_redirects_only_what_policy_allows() {
         lab.del(i);
     }
     lab.assert_clean();
+}
+
+/// conf/80-bridge-policy.conflist as a runtime runs it (cnitool: ADD in
+/// order, CHECK, STATUS, GC, DEL in reverse), namespaces from CNI_ARGS:
+/// prod pods accept prod only.
+#[test]
+fn example_conflist_runs_through_cnitool() {
+    root();
+    let file = "80-bridge-policy.conflist";
+    let net = "bridge-policy";
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (confdir, cache, state) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../conf")
+        .join(file);
+    let mut v: Value = serde_json::from_slice(&std::fs::read(src).unwrap()).unwrap();
+    for p in v["plugins"].as_array_mut().unwrap() {
+        match p["type"].as_str().unwrap() {
+            "bridge" => p["ipam"]["dataDir"] = json!(node.data.path()),
+            "fastpath" => p["pinRoot"] = json!(fs.root()),
+            _ => {
+                p["pinRoot"] = json!(fs.root());
+                p["dataDir"] = json!(state.path());
+                p["policyDir"] = json!(state.path().join("policies"));
+            }
+        }
+    }
+    std::fs::write(confdir.path().join(file), v.to_string()).unwrap();
+    let run = |ns: &str, args: &[&str]| {
+        let a = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns}");
+        node.cnitool(confdir.path(), cache.path(), args, &[("CNI_ARGS", a.as_str())])
+    };
+    let pods: Vec<(TestNs, &str, &str)> = vec![
+        (TestNs::new(), "prod", "ctr-a"),
+        (TestNs::new(), "prod", "ctr-b"),
+        (TestNs::new(), "dev", "ctr-c"),
+    ];
+    let results: Vec<Value> = pods
+        .iter()
+        .map(|(p, ns, cid)| run(ns, &["add", net, &p.path(), "--container-id", cid]).ok())
+        .collect();
+    run("prod", &["check", net, &pods[0].0.path(), "--container-id", "ctr-a"]).ok();
+    run("prod", &["status", net]).ok();
+    let a4 = addr_of(&results[0], true);
+    assert!(ping(&pods[1].0.ns, &a4), "prod -> prod");
+    assert!(!ping(&pods[2].0.ns, &a4), "dev -> prod");
+    assert!(ping(&pods[0].0.ns, &addr_of(&results[2], true)), "prod -> dev");
+    // GC with only A valid: B and C go from the policy's state.
+    run("prod", &["gc", net, "--valid", "ctr-a/eth0"]).ok();
+    let dd = state.path().display().to_string();
+    let out = command_in(&node.ns.ns, bin("policy"))
+        .args(["show", "--network", net, "--data-dir", &dd, "--json"])
+        .output()
+        .unwrap();
+    let show: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(show["pods"].as_object().unwrap().len(), 1, "{show}");
+    for _ in 0..2 {
+        run("prod", &["del", net, &pods[0].0.path(), "--container-id", "ctr-a"]).ok();
+    }
+    assert!(node.host_veths().is_empty(), "{:?}", node.host_veths());
 }

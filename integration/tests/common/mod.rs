@@ -52,6 +52,26 @@ impl Node {
             .run_in(&self.ns.ns)
     }
 
+    /// Our cnitool with NETCONFPATH, CNI_PATH, a cache dir and `env`, run
+    /// in the node namespace (none of the test's own CNI_* variables).
+    pub fn cnitool(&self, confdir: &Path, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = rcni_testkit::command_in(&self.ns.ns, bin("cnitool"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CNI_") || k == "NETCONFPATH" || k == "CAP_ARGS" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.arg("--cache-dir")
+            .arg(cache)
+            .args(args)
+            .env("NETCONFPATH", confdir)
+            .env("CNI_PATH", bin_dir())
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+            .into()
+    }
+
     pub fn add(&self, pod: &TestNs, cid: &str, conf: &Value) -> Value {
         self.call(&bin("bridge"), "ADD", &pod.path(), cid, conf)
             .ok()
@@ -394,4 +414,36 @@ pub fn masq_rules(ns: &NetNs) -> String {
         .filter(|l| l.contains("masq") || l.contains("MASQ") || l.contains("CNI-"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A pin root of the test's own: an empty directory the plugin mounts a
+/// bpffs on; unmounted (its pins and links vanish) and removed on drop.
+pub struct Bpffs {
+    pub dir: tempfile::TempDir,
+}
+
+impl Bpffs {
+    pub fn new() -> Bpffs {
+        Bpffs {
+            dir: tempfile::Builder::new()
+                .prefix("rcni-bpffs-")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    pub fn root(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        // Detached unmounts until nothing is mounted there (EINVAL).
+        for _ in 0..4 {
+            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
+                break;
+            }
+        }
+    }
 }

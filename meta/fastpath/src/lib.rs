@@ -18,11 +18,11 @@ pub mod cli;
 mod conf;
 
 use conf::Conf;
+use rcni_attach::podveth;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, version};
 use rcni_ebpf::{AttachmentId, Datapath, EP_FASTPATH, Endpoint, EndpointKey, Hook, bpffs};
 use rcni_netlink::{Link, Netlink};
-use rcni_netns::NetNs;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -62,104 +62,24 @@ struct Target {
     addrs: Vec<IpAddr>,
 }
 
-/// The index of the pod's interface in `prev` (named `ifname`, in a
-/// sandbox), if the result lists interfaces.
-fn container_iface(prev: &CniResult, ifname: &str) -> Option<usize> {
-    prev.interfaces
-        .iter()
-        .position(|i| i.name == ifname && !i.sandbox.is_empty())
-}
-
-/// The pod's addresses in `prev`: those of its interface, or all when the
-/// result does not say which interface an address belongs to.
-fn pod_addrs(prev: &CniResult, ifname: &str) -> Vec<IpAddr> {
-    let idx = container_iface(prev, ifname);
-    let mut v: Vec<IpAddr> = prev
-        .ips
-        .iter()
-        .filter(|ip| ip.interface.is_none() || ip.interface == idx)
-        .map(|ip| ip.address.ip())
-        .collect();
-    v.sort();
-    v.dedup();
-    v
-}
-
-/// Names of the node-side interfaces in `prev` (no sandbox).
-fn host_side_names(prev: &CniResult) -> Vec<&str> {
-    prev.interfaces
-        .iter()
-        .filter(|i| i.sandbox.is_empty())
-        .map(|i| i.name.as_str())
-        .collect()
-}
-
 fn mac_of(l: &Link) -> Result<[u8; 6], CniError> {
     l.mac
         .map(|m| m.0)
         .ok_or_else(|| CniError::internal(format!("link {} has no MAC address", l.name)))
 }
 
-/// Finds the pod's host veth through its interface's veth peer, checked
-/// against the node-side interfaces prevResult names.
+/// The pod's host veth (see [`podveth::find`]) and the MACs delivery needs.
 fn find_target(args: &CmdArgs, prev: &CniResult) -> Result<Target, CniError> {
-    let addrs = pod_addrs(prev, &args.ifname);
-    let netns = args.netns.as_ref().ok_or_else(|| {
-        CniError::new(ErrorCode::InvalidEnvironmentVariables, "CNI_NETNS missing")
-    })?;
-    let ct_ns = NetNs::open(netns)?;
-    let host_ns = NetNs::current()?;
-    let (ct_link, host_veth, master) = rt()?.block_on(async {
-        let ct = Netlink::connect(&ct_ns).await?;
-        let host = Netlink::connect(&host_ns).await?;
-        let ct_link = ct.link_by_name(&args.ifname).await?;
-        let not_veth = |what: &str| {
-            CniError::config(format!(
-                "fastpath: {what} is not a veth: chain fastpath after bridge or ptp"
-            ))
-        };
-        if ct_link.kind.as_deref() != Some("veth") {
-            return Err(not_veth(&format!("pod interface {}", args.ifname)));
-        }
-        let peer = ct_link
-            .link
-            .ok_or_else(|| not_veth(&format!("pod interface {}", args.ifname)))?;
-        let host_veth = host.link_by_index(peer).await.map_err(|_| {
-            CniError::config(format!(
-                "fastpath: the peer of {} (index {peer}) is not in this (the node's) namespace",
-                args.ifname
-            ))
-        })?;
-        if host_veth.kind.as_deref() != Some("veth") || host_veth.link != Some(ct_link.index) {
-            return Err(CniError::config(format!(
-                "fastpath: link {} of the node is not the peer of pod interface {}",
-                host_veth.name, args.ifname
-            )));
-        }
-        let master = match host_veth.master {
-            Some(m) => Some(host.link_by_index(m).await?),
-            None => None,
-        };
-        Ok::<_, CniError>((ct_link, host_veth, master))
-    })?;
-    let names = host_side_names(prev);
-    if !names.is_empty() && !names.contains(&host_veth.name.as_str()) {
-        return Err(CniError::config(format!(
-            "fastpath: the host veth of {} is {}, which prevResult does not list (it lists {})",
-            args.ifname,
-            host_veth.name,
-            names.join(", ")
-        )));
-    }
-    let node_mac = match &master {
+    let v = podveth::find(args, prev, "fastpath")?;
+    let node_mac = match &v.master {
         Some(bridge) => mac_of(bridge)?,
-        None => mac_of(&host_veth)?,
+        None => mac_of(&v.host_veth)?,
     };
     Ok(Target {
-        pod_mac: mac_of(&ct_link)?,
+        pod_mac: mac_of(&v.pod_link)?,
         node_mac,
-        host_veth,
-        addrs,
+        host_veth: v.host_veth,
+        addrs: v.addrs,
     })
 }
 
@@ -520,6 +440,7 @@ impl Plugin for Fastpath {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use rcni_attach::podveth::{container_iface, host_side_names, pod_addrs};
     use rcni_cni::{CniArgs, Command, NetConf};
     use serde_json::json;
 
