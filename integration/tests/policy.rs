@@ -150,6 +150,23 @@ impl Lab {
         self.pods.len() - 1
     }
 
+    /// A lab with pods app=web, app=client and app=other, in that order.
+    fn three(backend: Backend, policies: Value) -> (Lab, usize, usize, usize) {
+        let mut lab = Lab::new(backend, policies);
+        let web = lab.add("web");
+        let client = lab.add("client");
+        let other = lab.add("other");
+        (lab, web, client, other)
+    }
+
+    /// DEL of every pod, then nothing of the policy may be left.
+    fn del_all(&self) {
+        for i in 0..self.pods.len() {
+            self.del(i);
+        }
+        self.assert_clean();
+    }
+
     fn add(&mut self, app: &str) -> usize {
         self.add_in(json!([{"key": "app", "value": app}]), "default")
     }
@@ -313,10 +330,7 @@ fn web_policy() -> Value {
 fn ingress_peers_and_ports() {
     root();
     for b in ALL {
-        let mut lab = Lab::new(b, web_policy());
-        let web = lab.add("web");
-        let client = lab.add("client");
-        let other = lab.add("other");
+        let (lab, web, client, other) = Lab::three(b, web_policy());
         let w = lab.pods[web].ip4();
         for port in [8080, 8081, 9000, 9002, 9003] {
             listen(&lab.pods[web].ns.ns, w, port);
@@ -361,10 +375,7 @@ fn ingress_peers_and_ports() {
         for i in 0..3 {
             lab.check(i).ok();
         }
-        for i in 0..3 {
-            lab.del(i);
-        }
-        lab.assert_clean();
+        lab.del_all();
     }
 }
 
@@ -372,10 +383,7 @@ fn ingress_peers_and_ports() {
 fn ip_block_with_except() {
     root();
     for b in ALL {
-        let mut lab = Lab::new(b, json!([]));
-        let web = lab.add("web");
-        let client = lab.add("client");
-        let other = lab.add("other");
+        let (lab, web, client, other) = Lab::three(b, json!([]));
         lab.write_policy(
             "block.json",
             json!({"kind": "NetworkPolicy", "metadata": {"name": "block"},
@@ -387,10 +395,7 @@ fn ip_block_with_except() {
         let w = lab.pods[web].v4();
         assert!(ping(&lab.pods[other].ns.ns, &w), "{b:?}: inside the block");
         assert!(!ping(&lab.pods[client].ns.ns, &w), "{b:?}: the except");
-        for i in 0..3 {
-            lab.del(i);
-        }
-        lab.assert_clean();
+        lab.del_all();
     }
 }
 
@@ -463,10 +468,7 @@ fn a_new_pod_matching_a_peer_selector_is_reachable_at_once() {
             !talks(&lab.pods[c4].ns.ns, w, 8080),
             "{b:?}: other namespace"
         );
-        for i in 0..lab.pods.len() {
-            lab.del(i);
-        }
-        lab.assert_clean();
+        lab.del_all();
     }
 }
 
@@ -474,10 +476,7 @@ fn a_new_pod_matching_a_peer_selector_is_reachable_at_once() {
 fn an_edit_and_a_sync_change_what_passes() {
     root();
     for b in ALL {
-        let mut lab = Lab::new(b, json!([]));
-        let web = lab.add("web");
-        let client = lab.add("client");
-        let other = lab.add("other");
+        let (lab, web, client, other) = Lab::three(b, json!([]));
         let w = lab.pods[web].ip4();
         listen(&lab.pods[web].ns.ns, w, 8080);
         assert!(
@@ -513,10 +512,7 @@ fn an_edit_and_a_sync_change_what_passes() {
             talks(&lab.pods[client].ns.ns, w, 8080),
             "{b:?}: policy gone"
         );
-        for i in 0..3 {
-            lab.del(i);
-        }
-        lab.assert_clean();
+        lab.del_all();
     }
 }
 
@@ -620,10 +616,7 @@ fn fastpath_redirects_only_what_policy_allows() {
         count(&v2, rcni_ebpf::Verdict::PolicyDenyIn) > count(&v1, rcni_ebpf::Verdict::PolicyDenyIn),
         "denied before the redirect: {v1:?} -> {v2:?}"
     );
-    for i in 0..3 {
-        lab.del(i);
-    }
-    lab.assert_clean();
+    lab.del_all();
 }
 
 /// conf/80-bridge-policy.conflist as a runtime runs it (cnitool: ADD in

@@ -7,7 +7,7 @@
 //! - `policy show --network NET`: pods with their identity and rule sets,
 //!   and the rule sets.
 
-use crate::conf::{Backend, Conf};
+use crate::conf::Conf;
 use crate::state::{DEFAULT_DATA_DIR, Locked};
 use clap::{Parser, Subcommand};
 use rcni_cni::CniError;
@@ -133,12 +133,7 @@ fn sync(network: &str, data_dir: &Path, config: Option<&Path>) -> Result<String,
     let conf = Conf::from_value(&conf_v, network)?;
     // Invalid policies change nothing.
     let set = conf.policies()?;
-    let backend = locked
-        .state
-        .backend
-        .as_deref()
-        .and_then(Backend::parse)
-        .unwrap_or(Backend::Ebpf);
+    let backend = locked.state.backend();
     let before = locked.state.desired.clone();
     crate::reconcile(&conf, network, Some(&set), &mut locked.state, backend, None)?;
     locked.state.conf = Some(crate::conf::stored(&conf_v));

@@ -263,12 +263,7 @@ impl Policy {
         locked: &mut Locked,
         keys: &[String],
     ) -> Result<(), CniError> {
-        let backend = locked
-            .state
-            .backend
-            .as_deref()
-            .and_then(Backend::parse)
-            .unwrap_or(Backend::Ebpf);
+        let backend = locked.state.backend();
         let mut removed = Vec::new();
         for k in keys {
             if let Some(p) = locked.state.pods.remove(k) {
@@ -340,9 +335,9 @@ impl Policy {
             )));
         }
         let want = desired.pods[&key];
-        match st.backend.as_deref().and_then(Backend::parse) {
-            Some(Backend::Nftables) => nft::check(network, rec, &want),
-            _ => {
+        match st.backend() {
+            Backend::Nftables => nft::check(network, rec, &want),
+            Backend::Ebpf => {
                 let mut dp = Datapath::open(&conf.pin_dir)
                     .map_err(ebpf::err)?
                     .ok_or_else(|| check_failed("policy: the network's datapath is not loaded"))?;

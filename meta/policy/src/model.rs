@@ -574,14 +574,7 @@ fn parse_rules(v: &Value, who: &str, dir: Dir) -> Result<Vec<Rule>, CniError> {
     let mut rules = Vec::new();
     for (i, r) in list.iter().enumerate() {
         let f = format!("{d}[{i}]");
-        let m = r
-            .as_object()
-            .ok_or_else(|| invalid(who, &f, "must be an object"))?;
-        for k in m.keys() {
-            if k != peers_key && k != "ports" {
-                return Err(invalid(who, &format!("{f}.{k}"), "unknown field"));
-            }
-        }
+        let m = object_of(r, who, &f, &[peers_key, "ports"])?;
         let peers = match m.get(peers_key) {
             None | Some(Value::Null) => None,
             Some(Value::Array(a)) if a.is_empty() => None,
@@ -627,15 +620,25 @@ fn parse_rules(v: &Value, who: &str, dir: Dir) -> Result<Vec<Rule>, CniError> {
     Ok(rules)
 }
 
-fn parse_peer(v: &Value, who: &str, field: &str) -> Result<Peer, CniError> {
+/// `v` as an object whose keys are all in `allowed`.
+fn object_of<'a>(
+    v: &'a Value,
+    who: &str,
+    field: &str,
+    allowed: &[&str],
+) -> Result<&'a Map<String, Value>, CniError> {
     let m = v
         .as_object()
         .ok_or_else(|| invalid(who, field, "must be an object"))?;
-    for k in m.keys() {
-        if !["podSelector", "namespaceSelector", "ipBlock"].contains(&k.as_str()) {
-            return Err(invalid(who, &format!("{field}.{k}"), "unknown field"));
-        }
+    if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
+        let f = if field.is_empty() { k.clone() } else { format!("{field}.{k}") };
+        return Err(invalid(who, &f, "unknown field"));
     }
+    Ok(m)
+}
+
+fn parse_peer(v: &Value, who: &str, field: &str) -> Result<Peer, CniError> {
+    let m = object_of(v, who, field, &["podSelector", "namespaceSelector", "ipBlock"])?;
     let get = |k: &str| m.get(k).filter(|v| !v.is_null());
     match (get("podSelector"), get("namespaceSelector"), get("ipBlock")) {
         (None, None, Some(b)) => Ok(Peer::Block(parse_ip_block(
@@ -689,14 +692,7 @@ fn contains_net(outer: &IpNetwork, inner: &IpNetwork) -> bool {
 }
 
 fn parse_ip_block(v: &Value, who: &str, field: &str) -> Result<IpBlock, CniError> {
-    let m = v
-        .as_object()
-        .ok_or_else(|| invalid(who, field, "must be an object"))?;
-    for k in m.keys() {
-        if k != "cidr" && k != "except" {
-            return Err(invalid(who, &format!("{field}.{k}"), "unknown field"));
-        }
-    }
+    let m = object_of(v, who, field, &["cidr", "except"])?;
     let cidr = m
         .get("cidr")
         .and_then(Value::as_str)
@@ -725,14 +721,7 @@ fn parse_ip_block(v: &Value, who: &str, field: &str) -> Result<IpBlock, CniError
 }
 
 fn parse_port(v: &Value, who: &str, field: &str) -> Result<PortRange, CniError> {
-    let m = v
-        .as_object()
-        .ok_or_else(|| invalid(who, field, "must be an object"))?;
-    for k in m.keys() {
-        if !["protocol", "port", "endPort"].contains(&k.as_str()) {
-            return Err(invalid(who, &format!("{field}.{k}"), "unknown field"));
-        }
-    }
+    let m = object_of(v, who, field, &["protocol", "port", "endPort"])?;
     let proto = match m.get("protocol").filter(|v| !v.is_null()) {
         None => TCP,
         Some(p) => match p.as_str() {

@@ -8,6 +8,7 @@
 //! (so a change writes only the difference).
 
 use crate::compile::{Desired, Ids, PodView};
+use crate::conf::Backend;
 use crate::model::Labels;
 use nix::fcntl::{Flock, FlockArg};
 use rcni_cni::{CniError, ErrorCode};
@@ -75,6 +76,14 @@ pub struct State {
 }
 
 impl State {
+    /// The backend the network's pods use (eBPF when none is recorded).
+    pub fn backend(&self) -> Backend {
+        self.backend
+            .as_deref()
+            .and_then(Backend::parse)
+            .unwrap_or(Backend::Ebpf)
+    }
+
     pub fn views(&self) -> BTreeMap<String, PodView> {
         self.pods
             .iter()
