@@ -18,10 +18,6 @@ const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 /// The canonical mount point, the one place above a pin root we mount on.
 pub const DEFAULT_MOUNT: &str = "/sys/fs/bpf";
 
-/// Serializes the mount itself, so that two first ADDs racing on one node do
-/// not stack two bpffs instances (the second would hide the first's pins).
-const MOUNT_LOCK: &str = "/run/rcni/bpffs.lock";
-
 /// Whether `path` (which must exist) lies on a bpffs.
 pub fn is_bpffs(path: &Path) -> Result<bool> {
     let st = nix::sys::statfs::statfs(path)
@@ -71,19 +67,15 @@ fn mount_point_for(root: &Path) -> Result<Option<PathBuf>> {
 }
 
 fn mount(at: &Path) -> Result<()> {
-    let lock_path = PathBuf::from(MOUNT_LOCK);
-    if let Some(dir) = lock_path.parent() {
-        std::fs::create_dir_all(dir)
-            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
-    }
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| Error::io(format!("open {MOUNT_LOCK}"), e))?;
-    let _lock = Flock::lock(file, FlockArg::LockExclusive)
-        .map_err(|(_, e)| Error::errno(format!("lock {MOUNT_LOCK}"), e))?;
+    // The mount is serialized so that two first ADDs racing on one node do
+    // not stack two bpffs instances (the second would hide the first's
+    // pins). The lock is the mount point directory itself, so nothing is
+    // left behind: whoever opened it before the mount locks the directory
+    // underneath and then finds the bpffs; whoever opens it after gets the
+    // bpffs root and finds it at once.
+    let dir = File::open(at).map_err(|e| Error::io(format!("open {}", at.display()), e))?;
+    let _lock = Flock::lock(dir, FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::errno(format!("lock {}", at.display()), e))?;
     if is_bpffs(at)? {
         return Ok(());
     }

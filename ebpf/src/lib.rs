@@ -244,6 +244,17 @@ impl Hook {
         }
     }
 
+    /// A config's `attachMode`: `None` for auto (absent, empty or "auto");
+    /// the error describes a bad value.
+    pub fn from_config(mode: Option<&str>) -> Result<Option<Hook>, String> {
+        match mode {
+            None | Some("auto") | Some("") => Ok(None),
+            Some("tcx") => Ok(Some(Hook::Tcx)),
+            Some("tc") => Ok(Some(Hook::Tc)),
+            Some(other) => Err(format!("{other:?} (auto, tcx or tc)")),
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Hook::Tcx => "tcx",
@@ -385,10 +396,21 @@ impl Datapath {
             prog(Program::PolicyIn)?,
             prog(Program::PolicyOut)?,
         ];
-        let map = |name: &str| open_pinned_map(dir, name);
-        Ok(Some(Datapath {
-            dir: Some(dir.to_path_buf()),
-            prog: Prog::Pinned(Box::new(progs)),
+        Self::assemble(Some(dir), Prog::Pinned(Box::new(progs)), |name| {
+            open_pinned_map(dir, name)
+        })
+        .map(Some)
+    }
+
+    /// A datapath of `prog` and the maps `map` gives by name.
+    fn assemble(
+        dir: Option<&Path>,
+        prog: Prog,
+        mut map: impl FnMut(&str) -> Result<Map>,
+    ) -> Result<Datapath> {
+        Ok(Datapath {
+            dir: dir.map(Path::to_path_buf),
+            prog,
             endpoints: typed(map(MAP_ENDPOINTS)?, MAP_ENDPOINTS)?,
             stats: typed(map(MAP_STATS)?, MAP_STATS)?,
             verdicts: typed(map(MAP_VERDICTS)?, MAP_VERDICTS)?,
@@ -398,7 +420,7 @@ impl Datapath {
             portsets: typed(map(MAP_PORTS)?, MAP_PORTS)?,
             ct: typed(map(MAP_CT)?, MAP_CT)?,
             node_addrs: typed(map(MAP_NODE_ADDRS)?, MAP_NODE_ADDRS)?,
-        }))
+        })
     }
 
     /// The datapath pinned in `dir` (which must be on a bpffs, see
@@ -445,27 +467,21 @@ impl Datapath {
             prog.load()
                 .map_err(|e| Error::aya(format!("load program {}", p.name()), e))?;
         }
-        let mut take = |name: &str| {
-            ebpf.take_map(name)
-                .ok_or_else(|| Error::msg(format!("map {name} missing from the object")))
-        };
+        // The maps out of the object first: the object itself goes into
+        // the datapath.
+        let mut maps = std::collections::BTreeMap::new();
+        for (name, ..) in map_specs() {
+            let m = ebpf
+                .take_map(name)
+                .ok_or_else(|| Error::msg(format!("map {name} missing from the object")))?;
+            maps.insert(name, m);
+        }
+        let mut take = |name: &str| Ok(maps.remove(name).expect("one of map_specs"));
         let mut version: Array<MapData, u32> = typed(take(MAP_VERSION)?, MAP_VERSION)?;
         version
             .set(0, DATAPATH_VERSION, 0)
             .map_err(|e| Error::aya("write the layout version", e))?;
-        let mut dp = Datapath {
-            dir: dir.map(Path::to_path_buf),
-            endpoints: typed(take(MAP_ENDPOINTS)?, MAP_ENDPOINTS)?,
-            stats: typed(take(MAP_STATS)?, MAP_STATS)?,
-            verdicts: typed(take(MAP_VERDICTS)?, MAP_VERDICTS)?,
-            slots: typed(take(MAP_SLOTS)?, MAP_SLOTS)?,
-            cidrs: typed(take(MAP_CIDR)?, MAP_CIDR)?,
-            peers: typed(take(MAP_PEER)?, MAP_PEER)?,
-            portsets: typed(take(MAP_PORTS)?, MAP_PORTS)?,
-            ct: typed(take(MAP_CT)?, MAP_CT)?,
-            node_addrs: typed(take(MAP_NODE_ADDRS)?, MAP_NODE_ADDRS)?,
-            prog: Prog::Object(Box::new(ebpf)),
-        };
+        let mut dp = Self::assemble(dir, Prog::Object(Box::new(ebpf)), take)?;
         if let Some(dir) = dir {
             // The fast path's program last: its pin says all is there.
             for p in [Program::PolicyIn, Program::PolicyOut, Program::Fastpath] {
@@ -1298,8 +1314,9 @@ fn remove_pin(p: &Path) -> Result<()> {
     }
 }
 
-/// The attachment ids of the fast path's links pinned in `dir`.
-pub fn pinned_links(dir: &Path) -> Result<Vec<AttachmentId>> {
+/// The attachment ids `of_pin` reads from the names of the pins in `dir`,
+/// sorted; none when there is no such directory.
+fn pinned_ids(dir: &Path, of_pin: fn(&str) -> Option<AttachmentId>) -> Result<Vec<AttachmentId>> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
@@ -1307,24 +1324,21 @@ pub fn pinned_links(dir: &Path) -> Result<Vec<AttachmentId>> {
     };
     let mut v: Vec<AttachmentId> = rd
         .flatten()
-        .filter_map(|e| AttachmentId::from_link_pin(&e.file_name().to_string_lossy()))
+        .filter_map(|e| of_pin(&e.file_name().to_string_lossy()))
         .collect();
     v.sort();
     Ok(v)
 }
 
+/// The attachment ids of the fast path's links pinned in `dir`.
+pub fn pinned_links(dir: &Path) -> Result<Vec<AttachmentId>> {
+    pinned_ids(dir, AttachmentId::from_link_pin)
+}
+
 /// The attachment ids with policy links pinned in `dir`.
 pub fn pinned_policy_links(dir: &Path) -> Result<Vec<AttachmentId>> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
-    };
-    let mut v: Vec<AttachmentId> = rd
-        .flatten()
-        .filter_map(|e| AttachmentId::from_policy_link_pin(&e.file_name().to_string_lossy()))
-        .collect();
-    v.sort();
+    // Two pins per attachment.
+    let mut v = pinned_ids(dir, AttachmentId::from_policy_link_pin)?;
     v.dedup();
     Ok(v)
 }

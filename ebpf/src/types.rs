@@ -147,22 +147,31 @@ impl Endpoint {
             && self.flags & EP_POLICY == o.flags & EP_POLICY
     }
 
-    /// `old` (the entry in the map) with the fast path's fields of `fp`.
-    /// Another owner's entry is replaced whole: what the policy plugin
-    /// wrote there was about a pod that is gone.
-    pub(crate) fn merge_fastpath(old: Option<Endpoint>, fp: &Endpoint) -> Endpoint {
+    /// What a plugin writes its part for `owner` over: `old` (the entry in
+    /// the map) with `old`'s slot. Another owner's entry is replaced whole:
+    /// what the other plugin wrote there was about a pod that is gone.
+    fn base(old: Option<Endpoint>, owner: u64) -> Endpoint {
         let base = match old {
-            Some(o) if o.owner == fp.owner => o,
+            Some(o) if o.owner == owner => o,
             _ => Endpoint::default(),
         };
         Endpoint {
-            ifindex: fp.ifindex,
             slot: old.map_or(0, |o| o.slot),
+            owner,
+            pad: 0,
+            ..base
+        }
+    }
+
+    /// `old` (the entry in the map) with the fast path's fields of `fp`
+    /// (see [`Endpoint::base`]).
+    pub(crate) fn merge_fastpath(old: Option<Endpoint>, fp: &Endpoint) -> Endpoint {
+        let base = Endpoint::base(old, fp.owner);
+        Endpoint {
+            ifindex: fp.ifindex,
             pod_mac: fp.pod_mac,
             node_mac: fp.node_mac,
             flags: base.flags | EP_FASTPATH,
-            owner: fp.owner,
-            pad: 0,
             ..base
         }
     }
@@ -170,19 +179,13 @@ impl Endpoint {
     /// `old` with the policy plugin's fields of `pol` (see
     /// [`Endpoint::merge_fastpath`]).
     pub(crate) fn merge_policy(old: Option<Endpoint>, pol: &Endpoint) -> Endpoint {
-        let base = match old {
-            Some(o) if o.owner == pol.owner => o,
-            _ => Endpoint::default(),
-        };
+        let base = Endpoint::base(old, pol.owner);
         Endpoint {
             ifindex: pol.ifindex,
-            slot: old.map_or(0, |o| o.slot),
             flags: base.flags | EP_POLICY,
-            owner: pol.owner,
             identity: pol.identity,
             ingress_rs: pol.ingress_rs,
             egress_rs: pol.egress_rs,
-            pad: 0,
             ..base
         }
     }

@@ -10,8 +10,8 @@
 
 use aya::programs::{TestRun, TestRunOptions};
 use rcni_ebpf::{
-    AttachmentId, CT_EGRESS, CT_INGRESS, Datapath, EP_FASTPATH, EP_POLICY, Endpoint, EndpointKey,
-    Hook, PORTSET_ALL, PORTSET_NONE, PortRange, Program, TC_ACT_REDIRECT, TC_ACT_SHOT,
+    AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, Datapath, EP_FASTPATH, EP_POLICY, Endpoint,
+    EndpointKey, Hook, PORTSET_ALL, PORTSET_NONE, PortRange, Program, TC_ACT_REDIRECT, TC_ACT_SHOT,
     TC_ACT_UNSPEC, Verdict,
 };
 use std::net::IpAddr;
@@ -437,6 +437,13 @@ fn select_a(dp: &mut Datapath, ingress_rs: u32, egress_rs: u32) {
     .unwrap();
 }
 
+/// [`policy_datapath`] with A selected by these rule sets.
+fn a_selected(ingress_rs: u32, egress_rs: u32) -> Datapath {
+    let mut dp = policy_datapath();
+    select_a(&mut dp, ingress_rs, egress_rs);
+    dp
+}
+
 fn ports(sport: u16, dport: u16) -> Vec<u8> {
     let mut p = sport.to_be_bytes().to_vec();
     p.extend_from_slice(&dport.to_be_bytes());
@@ -489,22 +496,79 @@ fn into_a(dp: &mut Datapath, pkt: &[u8]) -> u32 {
 const PASS: u32 = TC_ACT_UNSPEC;
 const DROP: u32 = TC_ACT_SHOT;
 
+/// The packet of a flow, written much as tcpdump sums one up: "tcp
+/// 10.0.0.2:40000 > 10.0.0.3:80" (a SYN), "udp [fd00::2]:53 >
+/// [fd00::3]:5353", and ICMP echo requests and replies "echo 10.0.0.2 >
+/// 10.0.0.3 id 7", "reply 10.0.0.3 > 10.0.0.2 id 0x1234".
+fn flow(spec: &str) -> Vec<u8> {
+    let sock = |s: &str| {
+        let a: std::net::SocketAddr = s.parse().unwrap_or_else(|e| panic!("{s}: {e}"));
+        (a.ip().to_string(), a.port())
+    };
+    match spec.split_whitespace().collect::<Vec<_>>()[..] {
+        [proto @ ("tcp" | "udp"), src, ">", dst] => {
+            let ((s, sport), (d, dport)) = (sock(src), sock(dst));
+            let make = if proto == "tcp" { tcp } else { udp };
+            make(&s, &d, sport, dport)
+        }
+        [kind @ ("echo" | "reply"), src, ">", dst, "id", id] => {
+            let id = match id.strip_prefix("0x") {
+                Some(hex) => u16::from_str_radix(hex, 16),
+                None => id.parse(),
+            };
+            echo(src, dst, if kind == "echo" { 8 } else { 0 }, id.unwrap())
+        }
+        _ => panic!("not a flow: {spec:?}"),
+    }
+}
+
+/// Policy verdicts checked from a table.
+trait Check {
+    /// Runs each case's packet at its point, in turn (earlier packets
+    /// record the flows later ones meet), and asserts its verdict. A case
+    /// is "<point> <flow>" ([`flow`]); the points: `out`, A's egress
+    /// ([`out`]); `in`, A's ingress ([`into_a`]); `node-in`, A's ingress
+    /// for a packet the node itself sends.
+    fn check(&mut self, cases: &[(&str, u32)]);
+}
+
+impl Check for Datapath {
+    fn check(&mut self, cases: &[(&str, u32)]) {
+        for (case, want) in cases {
+            let (point, spec) = case.split_once(' ').expect("<point> <flow>");
+            let pkt = flow(spec);
+            let got = match point {
+                "out" => out(self, &pkt),
+                "in" => into_a(self, &pkt),
+                "node-in" => run_prog(self, Program::PolicyIn, &pkt, 0).0,
+                _ => panic!("no point {point:?} in {case:?}"),
+            };
+            assert_eq!(got, *want, "{case}");
+        }
+    }
+}
+
+/// The points of the tracked flows `pick` selects, in the map's order.
+fn ct_points(dp: &Datapath, pick: impl Fn(&CtKey) -> bool) -> Vec<u8> {
+    dp.ct_entries()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| pick(k))
+        .map(|(k, _)| k.point)
+        .collect()
+}
+
 #[test]
 fn unselected_pods_pass_both_points_untracked() {
     let mut dp = policy_datapath();
-    for pkt in [
-        tcp("10.0.0.2", "10.0.0.3", 40000, 80),
-        udp("fd00::2", "2001:db8::1", 40000, 53),
-    ] {
-        assert_eq!(out(&mut dp, &pkt), PASS);
-    }
-    assert_eq!(
-        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 80)),
-        PASS
-    );
-    assert_eq!(into_a(&mut dp, &udp("fd00::3", "fd00::2", 53, 40000)), PASS);
-    // Not for A at all: this program has nothing to say.
-    assert_eq!(into_a(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 1, 2)), PASS);
+    dp.check(&[
+        ("out tcp 10.0.0.2:40000 > 10.0.0.3:80", PASS),
+        ("out udp [fd00::2]:40000 > [2001:db8::1]:53", PASS),
+        ("in tcp 10.0.0.3:40000 > 10.0.0.2:80", PASS),
+        ("in udp [fd00::3]:53 > [fd00::2]:40000", PASS),
+        // Not for A at all: this program has nothing to say.
+        ("in tcp 10.0.0.2:1 > 10.0.0.3:2", PASS),
+    ]);
     assert!(dp.ct_entries().unwrap().is_empty());
     assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 0);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 0);
@@ -512,22 +576,25 @@ fn unselected_pods_pass_both_points_untracked() {
 
 #[test]
 fn egress_without_a_matching_rule_is_dropped_except_to_the_node() {
-    let mut dp = policy_datapath();
     // Rule set 10 has no entries: deny all.
-    select_a(&mut dp, 0, 10);
-    assert_eq!(out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40000, 80)), DROP);
-    assert_eq!(out(&mut dp, &udp("10.0.0.2", "192.0.2.1", 40000, 53)), DROP);
-    assert_eq!(out(&mut dp, &udp("fd00::2", "fd00::3", 40000, 53)), DROP);
-    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.1", 8, 7)), DROP);
+    let mut dp = a_selected(0, 10);
+    dp.check(&[
+        ("out tcp 10.0.0.2:40000 > 10.0.0.3:80", DROP),
+        ("out udp 10.0.0.2:40000 > 192.0.2.1:53", DROP),
+        ("out udp [fd00::2]:40000 > [fd00::3]:53", DROP),
+        ("out echo 10.0.0.2 > 10.0.0.1 id 7", DROP),
+    ]);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 4);
     // The node's own addresses stay reachable.
     dp.set_node_addrs(&[ip("10.0.0.1"), ip("fd00::1")]).unwrap();
     assert_eq!(dp.node_addrs().unwrap(), [ip("10.0.0.1"), ip("fd00::1")]);
-    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.1", 8, 7)), PASS);
-    assert_eq!(out(&mut dp, &udp("fd00::2", "fd00::1", 40000, 53)), PASS);
+    dp.check(&[
+        ("out echo 10.0.0.2 > 10.0.0.1 id 7", PASS),
+        ("out udp [fd00::2]:40000 > [fd00::1]:53", PASS),
+    ]);
     dp.set_node_addrs(&[ip("fd00::1")]).unwrap();
     assert_eq!(dp.node_addrs().unwrap(), [ip("fd00::1")]);
-    assert_eq!(out(&mut dp, &tcp("10.0.0.2", "10.0.0.1", 40001, 22)), DROP);
+    dp.check(&[("out tcp 10.0.0.2:40001 > 10.0.0.1:22", DROP)]);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 5);
     // ARP, neighbour discovery and group MACs are not policy's business.
     let mut arp = eth([0xff; 6], POD_A, 0x0806);
@@ -546,48 +613,31 @@ fn egress_without_a_matching_rule_is_dropped_except_to_the_node() {
 
 #[test]
 fn peers_are_allowed_by_identity_on_their_ports() {
-    let mut dp = policy_datapath();
+    let mut dp = a_selected(0, 10);
     dp.put_portset(
         2,
         &[PortRange::new(TCP, 8000, 8080), PortRange::new(UDP, 53, 53)],
     )
     .unwrap();
     dp.put_peer(10, B_ID, 2).unwrap();
-    select_a(&mut dp, 0, 10);
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40000, 8000)),
-        PASS
-    );
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40001, 8080)),
-        PASS
-    );
-    assert_eq!(out(&mut dp, &udp("fd00::2", "fd00::3", 40002, 53)), PASS);
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40003, 8081)),
-        DROP
-    );
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40004, 7999)),
-        DROP
-    );
-    assert_eq!(
-        out(&mut dp, &udp("10.0.0.2", "10.0.0.3", 40005, 8000)),
-        DROP
-    );
-    // Ping carries no port: port rules do not allow it.
-    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.3", 8, 9)), DROP);
-    // An address with no identity is no such peer.
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.99", 40006, 8000)),
-        DROP
-    );
+    dp.check(&[
+        ("out tcp 10.0.0.2:40000 > 10.0.0.3:8000", PASS),
+        ("out tcp 10.0.0.2:40001 > 10.0.0.3:8080", PASS),
+        ("out udp [fd00::2]:40002 > [fd00::3]:53", PASS),
+        ("out tcp 10.0.0.2:40003 > 10.0.0.3:8081", DROP),
+        ("out tcp 10.0.0.2:40004 > 10.0.0.3:7999", DROP),
+        ("out udp 10.0.0.2:40005 > 10.0.0.3:8000", DROP),
+        // Ping carries no port: port rules do not allow it.
+        ("out echo 10.0.0.2 > 10.0.0.3 id 9", DROP),
+        // An address with no identity is no such peer.
+        ("out tcp 10.0.0.2:40006 > 10.0.0.99:8000", DROP),
+    ]);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 5);
     // Every port of every protocol, and back to none.
     dp.put_peer(10, B_ID, PORTSET_ALL).unwrap();
-    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.3", 8, 10)), PASS);
+    dp.check(&[("out echo 10.0.0.2 > 10.0.0.3 id 10", PASS)]);
     dp.put_peer(10, B_ID, PORTSET_NONE).unwrap();
-    assert_eq!(out(&mut dp, &echo("10.0.0.2", "10.0.0.3", 8, 11)), DROP);
+    dp.check(&[("out echo 10.0.0.2 > 10.0.0.3 id 11", DROP)]);
     assert_eq!(
         dp.peers().unwrap(),
         [(
@@ -621,7 +671,7 @@ fn peers_are_allowed_by_identity_on_their_ports() {
 
 #[test]
 fn cidrs_allow_by_longest_prefix_with_excepts() {
-    let mut dp = policy_datapath();
+    let mut dp = a_selected(0, 11);
     dp.put_portset(2, &[PortRange::new(TCP, 443, 443)]).unwrap();
     // 192.0.2.0/24 except 192.0.2.128/25: the except is a longer prefix
     // allowing nothing.
@@ -637,33 +687,19 @@ fn cidrs_allow_by_longest_prefix_with_excepts() {
     // Another rule set's entries do not count for A.
     dp.put_cidr(12, ip("198.51.100.0"), 24, PORTSET_ALL)
         .unwrap();
-    select_a(&mut dp, 0, 11);
-    assert_eq!(out(&mut dp, &udp("10.0.0.2", "192.0.2.5", 40000, 53)), PASS);
-    assert_eq!(out(&mut dp, &echo("10.0.0.2", "192.0.2.127", 8, 1)), PASS);
-    assert_eq!(
-        out(&mut dp, &udp("10.0.0.2", "192.0.2.200", 40000, 53)),
-        DROP
-    );
-    assert_eq!(
-        out(&mut dp, &udp("10.0.0.2", "198.51.100.1", 40000, 53)),
-        DROP
-    );
-    assert_eq!(
-        out(&mut dp, &tcp("fd00::2", "2001:db8::1", 40000, 443)),
-        PASS
-    );
-    assert_eq!(
-        out(&mut dp, &tcp("fd00::2", "2001:db8::1", 40001, 80)),
-        DROP
-    );
-    assert_eq!(
-        out(&mut dp, &tcp("fd00::2", "2001:db9::1", 40002, 443)),
-        DROP
-    );
-    // B is matched by address too, not only by identity.
-    assert_eq!(out(&mut dp, &udp("10.0.0.2", "10.0.0.3", 40000, 53)), DROP);
+    dp.check(&[
+        ("out udp 10.0.0.2:40000 > 192.0.2.5:53", PASS),
+        ("out echo 10.0.0.2 > 192.0.2.127 id 1", PASS),
+        ("out udp 10.0.0.2:40000 > 192.0.2.200:53", DROP),
+        ("out udp 10.0.0.2:40000 > 198.51.100.1:53", DROP),
+        ("out tcp [fd00::2]:40000 > [2001:db8::1]:443", PASS),
+        ("out tcp [fd00::2]:40001 > [2001:db8::1]:80", DROP),
+        ("out tcp [fd00::2]:40002 > [2001:db9::1]:443", DROP),
+        // B is matched by address too, not only by identity.
+        ("out udp 10.0.0.2:40000 > 10.0.0.3:53", DROP),
+    ]);
     dp.put_cidr(11, ip("10.0.0.0"), 24, PORTSET_ALL).unwrap();
-    assert_eq!(out(&mut dp, &udp("10.0.0.2", "10.0.0.3", 40000, 53)), PASS);
+    dp.check(&[("out udp 10.0.0.2:40000 > 10.0.0.3:53", PASS)]);
     // Listed back masked and sorted, per rule set.
     let listed = dp.cidrs(Some(11)).unwrap();
     assert_eq!(
@@ -679,32 +715,24 @@ fn cidrs_allow_by_longest_prefix_with_excepts() {
     // Host bits are ignored, removal is idempotent.
     dp.remove_cidr(11, ip("192.0.2.255"), 25).unwrap();
     dp.remove_cidr(11, ip("192.0.2.128"), 25).unwrap();
-    assert_eq!(
-        out(&mut dp, &udp("10.0.0.2", "192.0.2.200", 40001, 53)),
-        PASS
-    );
+    dp.check(&[("out udp 10.0.0.2:40001 > 192.0.2.200:53", PASS)]);
     dp.remove_cidrs(11, &[(ip("192.0.2.0"), 24), (ip("10.0.0.0"), 24)])
         .unwrap();
-    assert_eq!(out(&mut dp, &udp("10.0.0.2", "192.0.2.5", 40002, 53)), DROP);
+    dp.check(&[("out udp 10.0.0.2:40002 > 192.0.2.5:53", DROP)]);
     assert!(dp.put_cidr(11, ip("10.0.0.0"), 33, PORTSET_ALL).is_err());
 }
 
 #[test]
 fn replies_to_what_the_ingress_accepted_pass_the_egress() {
-    let mut dp = policy_datapath();
+    // A: ingress from B on 5432 only, egress deny-all.
+    let mut dp = a_selected(20, 21);
     dp.put_portset(2, &[PortRange::new(TCP, 5432, 5432)])
         .unwrap();
     dp.put_peer(20, B_ID, 2).unwrap();
-    // A: ingress from B on 5432 only, egress deny-all.
-    select_a(&mut dp, 20, 21);
-    assert_eq!(
-        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 5432)),
-        PASS
-    );
-    assert_eq!(
-        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 22)),
-        DROP
-    );
+    dp.check(&[
+        ("in tcp 10.0.0.3:40000 > 10.0.0.2:5432", PASS),
+        ("in tcp 10.0.0.3:40000 > 10.0.0.2:22", DROP),
+    ]);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 1);
     let ct = dp.ct_entries().unwrap();
     assert_eq!(ct.len(), 1);
@@ -716,88 +744,47 @@ fn replies_to_what_the_ingress_accepted_pass_the_egress() {
     assert_eq!((k.src(), k.dst()), (key("10.0.0.3"), key("10.0.0.2")));
     assert!(when > 0);
     // The reply passes A's egress deny-all; nothing else from A does.
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 5432, 40000)),
-        PASS
-    );
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 5432, 40001)),
-        DROP
-    );
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 40000, 5432)),
-        DROP
-    );
+    dp.check(&[
+        ("out tcp 10.0.0.2:5432 > 10.0.0.3:40000", PASS),
+        ("out tcp 10.0.0.2:5432 > 10.0.0.3:40001", DROP),
+        ("out tcp 10.0.0.2:40000 > 10.0.0.3:5432", DROP),
+    ]);
     // Later packets of the flow pass on the record alone.
     dp.remove_peer(20, B_ID).unwrap();
-    assert_eq!(
-        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 5432)),
-        PASS
-    );
+    dp.check(&[("in tcp 10.0.0.3:40000 > 10.0.0.2:5432", PASS)]);
     // Flushed, the flow is decided afresh: now denied both ways.
     assert_eq!(dp.flush_ct(|k| k.dst() == key("10.0.0.9")).unwrap(), 0);
     assert_eq!(dp.flush_ct(|k| k.dst() == key("10.0.0.2")).unwrap(), 1);
-    assert_eq!(
-        into_a(&mut dp, &tcp("10.0.0.3", "10.0.0.2", 40000, 5432)),
-        DROP
-    );
-    assert_eq!(
-        out(&mut dp, &tcp("10.0.0.2", "10.0.0.3", 5432, 40000)),
-        DROP
-    );
-    // The node's own packets always reach A.
-    let (ret, _) = run_prog(
-        &mut dp,
-        Program::PolicyIn,
-        &tcp("10.0.0.1", "10.0.0.2", 40000, 8080),
-        0,
-    );
-    assert_eq!(ret, PASS);
+    dp.check(&[
+        ("in tcp 10.0.0.3:40000 > 10.0.0.2:5432", DROP),
+        ("out tcp 10.0.0.2:5432 > 10.0.0.3:40000", DROP),
+        // The node's own packets always reach A.
+        ("node-in tcp 10.0.0.1:40000 > 10.0.0.2:8080", PASS),
+    ]);
 }
 
 #[test]
 fn a_pod_with_only_an_ingress_policy_gets_its_replies() {
-    let mut dp = policy_datapath();
     // A: ingress deny-all, egress not selected.
-    select_a(&mut dp, 30, 0);
+    let mut dp = a_selected(30, 0);
     // A's own connections are recorded at its egress point...
-    assert_eq!(out(&mut dp, &udp("10.0.0.2", "10.0.0.3", 5353, 53)), PASS);
-    assert_eq!(out(&mut dp, &tcp("fd00::2", "fd00::3", 40000, 80)), PASS);
-    assert_eq!(
-        out(&mut dp, &echo("10.0.0.2", "192.0.2.1", 8, 0x1234)),
-        PASS
-    );
-    let points: Vec<u8> = dp
-        .ct_entries()
-        .unwrap()
-        .iter()
-        .map(|(k, _)| k.point)
-        .collect();
-    assert_eq!(points, [CT_EGRESS; 3]);
-    // ... so their replies come in.
-    assert_eq!(
-        into_a(&mut dp, &udp("10.0.0.3", "10.0.0.2", 53, 5353)),
-        PASS
-    );
-    assert_eq!(into_a(&mut dp, &tcp("fd00::3", "fd00::2", 80, 40000)), PASS);
-    assert_eq!(
-        into_a(&mut dp, &echo("192.0.2.1", "10.0.0.2", 0, 0x1234)),
-        PASS
-    );
-    // New connections to A do not.
-    assert_eq!(
-        into_a(&mut dp, &udp("10.0.0.3", "10.0.0.2", 53, 5354)),
-        DROP
-    );
-    assert_eq!(into_a(&mut dp, &tcp("fd00::3", "fd00::2", 40000, 80)), DROP);
-    assert_eq!(
-        into_a(&mut dp, &echo("192.0.2.1", "10.0.0.2", 8, 0x1234)),
-        PASS
-    );
-    assert_eq!(
-        into_a(&mut dp, &echo("192.0.2.1", "10.0.0.2", 0, 0x1235)),
-        DROP
-    );
+    dp.check(&[
+        ("out udp 10.0.0.2:5353 > 10.0.0.3:53", PASS),
+        ("out tcp [fd00::2]:40000 > [fd00::3]:80", PASS),
+        ("out echo 10.0.0.2 > 192.0.2.1 id 0x1234", PASS),
+    ]);
+    assert_eq!(ct_points(&dp, |_| true), [CT_EGRESS; 3]);
+    dp.check(&[
+        // ... so their replies come in.
+        ("in udp 10.0.0.3:53 > 10.0.0.2:5353", PASS),
+        ("in tcp [fd00::3]:80 > [fd00::2]:40000", PASS),
+        ("in reply 192.0.2.1 > 10.0.0.2 id 0x1234", PASS),
+        // New connections to A do not.
+        ("in udp 10.0.0.3:53 > 10.0.0.2:5354", DROP),
+        ("in tcp [fd00::3]:40000 > [fd00::2]:80", DROP),
+        ("in echo 192.0.2.1 > 10.0.0.2 id 0x1234", PASS),
+        ("in reply 192.0.2.1 > 10.0.0.2 id 0x1235", DROP),
+    ]);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 3);
 }
 
@@ -806,15 +793,19 @@ fn spoofed_sources_are_dropped_at_the_pods_egress() {
     let mut dp = policy_datapath();
     // B's address from A's veth, and an address that is no pod's: dropped
     // whether or not A is selected.
-    assert_eq!(out(&mut dp, &udp("10.0.0.3", "10.0.0.2", 1, 2)), DROP);
-    assert_eq!(out(&mut dp, &udp("10.0.0.50", "192.0.2.1", 1, 2)), DROP);
-    assert_eq!(out(&mut dp, &tcp("fd00::3", "2001:db8::1", 1, 2)), DROP);
+    dp.check(&[
+        ("out udp 10.0.0.3:1 > 10.0.0.2:2", DROP),
+        ("out udp 10.0.0.50:1 > 192.0.2.1:2", DROP),
+        ("out tcp [fd00::3]:1 > [2001:db8::1]:2", DROP),
+    ]);
     assert_eq!(verdict(&dp, Verdict::PolicySpoof), 3);
     // Unspecified and link-local sources are not checked.
-    assert_eq!(out(&mut dp, &udp("0.0.0.0", "10.0.0.1", 68, 67)), PASS);
-    assert_eq!(out(&mut dp, &udp("169.254.3.4", "10.0.0.3", 1, 2)), PASS);
-    assert_eq!(out(&mut dp, &udp("fe80::1", "fd00::3", 1, 2)), PASS);
-    assert_eq!(out(&mut dp, &udp("::", "fd00::3", 1, 2)), PASS);
+    dp.check(&[
+        ("out udp 0.0.0.0:68 > 10.0.0.1:67", PASS),
+        ("out udp 169.254.3.4:1 > 10.0.0.3:2", PASS),
+        ("out udp [fe80::1]:1 > [fd00::3]:2", PASS),
+        ("out udp [::]:1 > [fd00::3]:2", PASS),
+    ]);
     assert_eq!(verdict(&dp, Verdict::PolicySpoof), 3);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 0);
 }
@@ -838,13 +829,7 @@ fn the_fast_path_decides_both_ends_before_redirecting() {
     assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 1);
     assert_eq!(verdict(&dp, Verdict::Redirect), 1);
     // Recorded at B's ingress point (A, not selected, records nothing).
-    let points: Vec<u8> = dp
-        .ct_entries()
-        .unwrap()
-        .iter()
-        .map(|(k, _)| k.point)
-        .collect();
-    assert_eq!(points, [CT_INGRESS]);
+    assert_eq!(ct_points(&dp, |_| true), [CT_INGRESS]);
     // A's egress decides too. Deny-all: A's flows stop (it recorded none
     // while no rule set selected it).
     select_a(&mut dp, 0, 41);
@@ -853,14 +838,10 @@ fn the_fast_path_decides_both_ends_before_redirecting() {
     // Allowed at both ends: recorded at both points.
     dp.put_peer(41, B_ID, 2).unwrap();
     assert_eq!(run(&mut dp, &to_b(40002, 80)).0, TC_ACT_REDIRECT);
-    let points: Vec<u8> = dp
-        .ct_entries()
-        .unwrap()
-        .iter()
-        .filter(|(k, _)| k.sport == 40002)
-        .map(|(k, _)| k.point)
-        .collect();
-    assert_eq!(points, [CT_EGRESS, CT_INGRESS]);
+    assert_eq!(
+        ct_points(&dp, |k| k.sport == 40002),
+        [CT_EGRESS, CT_INGRESS]
+    );
     // Routed through the gateway: dropped before anything is rewritten.
     let routed = tcp("10.0.0.2", "10.0.0.3", 40003, 81);
     assert_eq!(run(&mut dp, &routed), (TC_ACT_SHOT, routed.clone()));

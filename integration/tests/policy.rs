@@ -652,7 +652,12 @@ fn example_conflist_runs_through_cnitool() {
     std::fs::write(confdir.path().join(file), v.to_string()).unwrap();
     let run = |ns: &str, args: &[&str]| {
         let a = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns}");
-        node.cnitool(confdir.path(), cache.path(), args, &[("CNI_ARGS", a.as_str())])
+        node.cnitool(
+            confdir.path(),
+            cache.path(),
+            args,
+            &[("CNI_ARGS", a.as_str())],
+        )
     };
     let pods: Vec<(TestNs, &str, &str)> = vec![
         (TestNs::new(), "prod", "ctr-a"),
@@ -663,12 +668,19 @@ fn example_conflist_runs_through_cnitool() {
         .iter()
         .map(|(p, ns, cid)| run(ns, &["add", net, &p.path(), "--container-id", cid]).ok())
         .collect();
-    run("prod", &["check", net, &pods[0].0.path(), "--container-id", "ctr-a"]).ok();
+    run(
+        "prod",
+        &["check", net, &pods[0].0.path(), "--container-id", "ctr-a"],
+    )
+    .ok();
     run("prod", &["status", net]).ok();
     let a4 = addr_of(&results[0], true);
     assert!(ping(&pods[1].0.ns, &a4), "prod -> prod");
     assert!(!ping(&pods[2].0.ns, &a4), "dev -> prod");
-    assert!(ping(&pods[0].0.ns, &addr_of(&results[2], true)), "prod -> dev");
+    assert!(
+        ping(&pods[0].0.ns, &addr_of(&results[2], true)),
+        "prod -> dev"
+    );
     // GC with only A valid: B and C go from the policy's state.
     run("prod", &["gc", net, "--valid", "ctr-a/eth0"]).ok();
     let dd = state.path().display().to_string();
@@ -679,7 +691,11 @@ fn example_conflist_runs_through_cnitool() {
     let show: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(show["pods"].as_object().unwrap().len(), 1, "{show}");
     for _ in 0..2 {
-        run("prod", &["del", net, &pods[0].0.path(), "--container-id", "ctr-a"]).ok();
+        run(
+            "prod",
+            &["del", net, &pods[0].0.path(), "--container-id", "ctr-a"],
+        )
+        .ok();
     }
     assert!(node.host_veths().is_empty(), "{:?}", node.host_veths());
 }

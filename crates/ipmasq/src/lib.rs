@@ -40,7 +40,7 @@ pub use names::{
     chain_name, chain_name_with_prefix, go_quote, hash_with_prefix, iptables_comment, nft_comment,
     nft_instance_hash, nft_network_hash, parse_iptables_comment,
 };
-pub use nftables::TABLE as NFT_TABLE;
+pub use nftables::{TABLE as NFT_TABLE, listing_items as nft_listing_items};
 
 use ipnetwork::IpNetwork;
 use iptables::Family;

@@ -80,15 +80,19 @@ impl Listing {
     }
 }
 
+/// The items of an `nft -j` listing: its "nftables" array.
+pub fn listing_items(json: &str) -> Result<Vec<Value>, String> {
+    let mut v: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    match v.get_mut("nftables").map(Value::take) {
+        Some(Value::Array(items)) => Ok(items),
+        _ => Err("no \"nftables\" array".to_string()),
+    }
+}
+
 /// Parses `nft -j list table inet cni_plugins_masquerade`.
 pub(crate) fn parse_listing(json: &str) -> Result<Listing, String> {
-    let v: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
-    let items = v
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or("no \"nftables\" array")?;
     let mut l = Listing::default();
-    for item in items {
+    for item in &listing_items(json)? {
         if let Some(c) = item.get("chain") {
             l.chains.push(Chain {
                 name: c["name"].as_str().unwrap_or_default().to_string(),

@@ -54,7 +54,13 @@ impl Node {
 
     /// Our cnitool with NETCONFPATH, CNI_PATH, a cache dir and `env`, run
     /// in the node namespace (none of the test's own CNI_* variables).
-    pub fn cnitool(&self, confdir: &Path, cache: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
+    pub fn cnitool(
+        &self,
+        confdir: &Path,
+        cache: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Output {
         let mut cmd = rcni_testkit::command_in(&self.ns.ns, bin("cnitool"));
         for (k, _) in std::env::vars() {
             if k.starts_with("CNI_") || k == "NETCONFPATH" || k == "CAP_ARGS" {

@@ -48,17 +48,8 @@ impl Conf {
                 format!("{:?} (must be an absolute path)", pin_root.display()),
             ));
         }
-        let attach_mode = match raw.attach_mode.as_deref() {
-            None | Some("auto") | Some("") => None,
-            Some("tcx") => Some(Hook::Tcx),
-            Some("tc") => Some(Hook::Tc),
-            Some(other) => {
-                return Err(CniError::unsupported(
-                    "attachMode",
-                    format!("{other:?} (auto, tcx or tc)"),
-                ));
-            }
-        };
+        let attach_mode = Hook::from_config(raw.attach_mode.as_deref())
+            .map_err(|e| CniError::unsupported("attachMode", e))?;
         // The network name is validated by the skel (no '/', no leading
         // dot), so it is a safe directory name.
         let dir = pin_root.join(&args.conf.name);

@@ -108,17 +108,8 @@ impl Conf {
                 CniError::unsupported("backend", format!("{b:?} (auto, ebpf or nftables)"))
             })?),
         };
-        let attach_mode = match raw.attach_mode.as_deref() {
-            None | Some("auto") | Some("") => None,
-            Some("tcx") => Some(Hook::Tcx),
-            Some("tc") => Some(Hook::Tc),
-            Some(other) => {
-                return Err(CniError::unsupported(
-                    "attachMode",
-                    format!("{other:?} (auto, tcx or tc)"),
-                ));
-            }
-        };
+        let attach_mode = Hook::from_config(raw.attach_mode.as_deref())
+            .map_err(|e| CniError::unsupported("attachMode", e))?;
         let inline = raw.policies.unwrap_or(Value::Array(vec![]));
         if !inline.is_array() {
             return Err(CniError::config("policies: must be an array of policies"));

@@ -631,14 +631,23 @@ fn object_of<'a>(
         .as_object()
         .ok_or_else(|| invalid(who, field, "must be an object"))?;
     if let Some(k) = m.keys().find(|k| !allowed.contains(&k.as_str())) {
-        let f = if field.is_empty() { k.clone() } else { format!("{field}.{k}") };
+        let f = if field.is_empty() {
+            k.clone()
+        } else {
+            format!("{field}.{k}")
+        };
         return Err(invalid(who, &f, "unknown field"));
     }
     Ok(m)
 }
 
 fn parse_peer(v: &Value, who: &str, field: &str) -> Result<Peer, CniError> {
-    let m = object_of(v, who, field, &["podSelector", "namespaceSelector", "ipBlock"])?;
+    let m = object_of(
+        v,
+        who,
+        field,
+        &["podSelector", "namespaceSelector", "ipBlock"],
+    )?;
     let get = |k: &str| m.get(k).filter(|v| !v.is_null());
     match (get("podSelector"), get("namespaceSelector"), get("ipBlock")) {
         (None, None, Some(b)) => Ok(Peer::Block(parse_ip_block(

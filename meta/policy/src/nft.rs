@@ -387,6 +387,22 @@ struct Applied {
 }
 
 impl Applied {
+    /// What applying `m` to `table` leaves behind.
+    fn of(table: String, m: Model, bridged: BTreeMap<String, bool>) -> Applied {
+        Applied {
+            format: FORMAT,
+            table,
+            base: base_hash(),
+            chains: m
+                .chains
+                .iter()
+                .map(|(n, r)| (n.clone(), chain_hash(r)))
+                .collect(),
+            sets: m.sets,
+            bridged,
+        }
+    }
+
     /// The previous state, if it describes this table in this layout.
     fn usable(v: &Value, table: &str) -> Option<Applied> {
         let a: Applied = serde_json::from_value(v.clone()).ok()?;
@@ -713,18 +729,7 @@ pub fn apply(
         // the node rebooted, someone edited it): start over.
         run_script(&full_script(&table, &model))?;
     }
-    let new = Applied {
-        format: FORMAT,
-        table,
-        base: base_hash(),
-        sets: model.sets,
-        chains: model
-            .chains
-            .iter()
-            .map(|(n, r)| (n.clone(), chain_hash(r)))
-            .collect(),
-        bridged,
-    };
+    let new = Applied::of(table, model, bridged);
     *applied = serde_json::to_value(new).map_err(|e| CniError::internal(e.to_string()))?;
     Ok(())
 }
@@ -748,13 +753,8 @@ struct Listing {
 }
 
 fn parse_listing(json: &str) -> Result<Listing, String> {
-    let v: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
-    let items = v
-        .get("nftables")
-        .and_then(Value::as_array)
-        .ok_or("no \"nftables\" array")?;
     let mut l = Listing::default();
-    for item in items {
+    for item in &rcni_ipmasq::nft_listing_items(json)? {
         if let Some(c) = item.get("chain") {
             l.chains.insert(
                 c["name"].as_str().unwrap_or_default().to_string(),
@@ -885,6 +885,11 @@ mod tests {
         )
     }
 
+    /// A pod of namespace "default" labelled app=`app`.
+    fn app_pod(key: &str, app: &str, addrs: &[&str], host: &str) -> (String, PodRecord) {
+        record(key, "default", &[("app", app)], addrs, host)
+    }
+
     fn policies() -> PolicySet {
         let mut s = PolicySet::default();
         s.add_document(
@@ -900,6 +905,11 @@ mod tests {
         .unwrap();
         s.sort();
         s
+    }
+
+    /// What applying `m` to table T leaves behind, no bridge ports.
+    fn applied(m: &Model) -> Applied {
+        Applied::of("T".into(), m.clone(), BTreeMap::new())
     }
 
     fn compiled(pods: &BTreeMap<String, PodRecord>, ids: &mut Ids) -> Desired {
@@ -919,20 +929,8 @@ mod tests {
     #[test]
     fn the_first_apply_writes_sets_chains_and_vmaps() {
         let pods: BTreeMap<_, _> = [
-            record(
-                "web/eth0",
-                "default",
-                &[("app", "web")],
-                &["10.0.0.2", "fd00::2"],
-                "vweb",
-            ),
-            record(
-                "cli/eth0",
-                "default",
-                &[("app", "client")],
-                &["10.0.0.3", "fd00::3"],
-                "vcli",
-            ),
+            app_pod("web/eth0", "web", &["10.0.0.2", "fd00::2"], "vweb"),
+            app_pod("cli/eth0", "client", &["10.0.0.3", "fd00::3"], "vcli"),
         ]
         .into();
         let d = compiled(&pods, &mut Ids::default());
@@ -987,44 +985,15 @@ mod tests {
     #[test]
     fn a_pod_with_known_labels_adds_elements_only() {
         let mut pods: BTreeMap<_, _> = [
-            record(
-                "web/eth0",
-                "default",
-                &[("app", "web")],
-                &["10.0.0.2"],
-                "vweb",
-            ),
-            record(
-                "cli/eth0",
-                "default",
-                &[("app", "client")],
-                &["10.0.0.3", "fd00::3"],
-                "vcli",
-            ),
-            record(
-                "adm/eth0",
-                "default",
-                &[("app", "admin")],
-                &["10.0.0.9"],
-                "vadm",
-            ),
+            app_pod("web/eth0", "web", &["10.0.0.2"], "vweb"),
+            app_pod("cli/eth0", "client", &["10.0.0.3", "fd00::3"], "vcli"),
+            app_pod("adm/eth0", "admin", &["10.0.0.9"], "vadm"),
         ]
         .into();
         let mut ids = Ids::default();
         let d1 = compiled(&pods, &mut ids);
         let m1 = Model::build(&pods, &d1);
-        let prev = Applied {
-            format: FORMAT,
-            table: "T".into(),
-            base: base_hash(),
-            sets: m1.sets.clone(),
-            chains: m1
-                .chains
-                .iter()
-                .map(|(n, r)| (n.clone(), chain_hash(r)))
-                .collect(),
-            bridged: BTreeMap::new(),
-        };
+        let prev = applied(&m1);
         assert_eq!(
             plan("T", Some(&prev), &m1).0,
             "",
@@ -1032,20 +1001,8 @@ mod tests {
         );
         // A second web pod and a second client: known identities.
         pods.extend([
-            record(
-                "web2/eth0",
-                "default",
-                &[("app", "web")],
-                &["10.0.0.4"],
-                "vweb2",
-            ),
-            record(
-                "cli2/eth0",
-                "default",
-                &[("app", "client")],
-                &["10.0.0.5"],
-                "vcli2",
-            ),
+            app_pod("web2/eth0", "web", &["10.0.0.4"], "vweb2"),
+            app_pod("cli2/eth0", "client", &["10.0.0.5"], "vcli2"),
         ]);
         let d2 = compiled(&pods, &mut ids);
         assert_eq!(d2.rulesets, {
@@ -1069,15 +1026,7 @@ mod tests {
         // A removed client takes its elements; an interval set is rewritten
         // rather than edited, a plain map loses the key.
         let m2 = Model::build(&pods, &d2);
-        let prev2 = Applied {
-            sets: m2.sets.clone(),
-            chains: m2
-                .chains
-                .iter()
-                .map(|(n, r)| (n.clone(), chain_hash(r)))
-                .collect(),
-            ..prev.clone()
-        };
+        let prev2 = applied(&m2);
         pods.remove("cli2/eth0");
         pods.remove("web2/eth0");
         let d3 = compiled(&pods, &mut ids);
@@ -1108,29 +1057,11 @@ mod tests {
 
     #[test]
     fn a_rule_set_that_goes_takes_its_chain_and_sets_after_the_jumps() {
-        let pods: BTreeMap<_, _> = [record(
-            "web/eth0",
-            "default",
-            &[("app", "web")],
-            &["10.0.0.2"],
-            "v",
-        )]
-        .into();
+        let pods: BTreeMap<_, _> = [app_pod("web/eth0", "web", &["10.0.0.2"], "v")].into();
         let mut ids = Ids::default();
         let d = compiled(&pods, &mut ids);
         let m = Model::build(&pods, &d);
-        let prev = Applied {
-            format: FORMAT,
-            table: "T".into(),
-            base: base_hash(),
-            sets: m.sets.clone(),
-            chains: m
-                .chains
-                .iter()
-                .map(|(n, r)| (n.clone(), chain_hash(r)))
-                .collect(),
-            bridged: BTreeMap::new(),
-        };
+        let prev = applied(&m);
         let empty = compile(
             &PolicySet::default(),
             &pods.iter().map(|(k, p)| (k.clone(), p.view())).collect(),
@@ -1166,37 +1097,23 @@ mod tests {
             {"chain":{"family":"inet","table":"T","name":"in_1"}}]}"#;
         let l = parse_listing(json).unwrap();
         let (_, pod) = record("web/eth0", "default", &[], &["10.0.0.2"], "v");
-        let ok = PodPolicy {
-            identity: 1,
-            ingress: 1,
-            egress: 0,
-        };
-        assert!(problems(&l, "T", &pod, &ok).is_empty());
-        let p = problems(
-            &l,
-            "T",
-            &pod,
-            &PodPolicy {
+        // Identity 1 with these rule sets.
+        let problems_with = |ingress, egress| {
+            let want = PodPolicy {
                 identity: 1,
-                ingress: 1,
-                egress: 2,
-            },
-        );
+                ingress,
+                egress,
+            };
+            problems(&l, "T", &pod, &want)
+        };
+        assert!(problems_with(1, 0).is_empty());
+        let p = problems_with(1, 2);
         assert_eq!(p.len(), 2, "{p:?}");
         assert!(
             p[0].contains("eg_2") && p[1].contains("from_pod4[10.0.0.2] is absent"),
             "{p:?}"
         );
-        let p = problems(
-            &l,
-            "T",
-            &pod,
-            &PodPolicy {
-                identity: 1,
-                ingress: 0,
-                egress: 0,
-            },
-        );
+        let p = problems_with(0, 0);
         assert!(
             p[0].contains("to_pod4[10.0.0.2] is jump in_1, expected absent"),
             "{p:?}"
