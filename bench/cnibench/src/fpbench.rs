@@ -15,14 +15,16 @@
 //! under a bpffs mounted on a temporary directory: nothing survives the run.
 
 use clap::Parser;
+use rcni_bench::{
+    Bpffs, IperfServer, addr, call, iperf, iperf_server, is_root, order, pct, pin_to, rr,
+    rr_server, rt, spread,
+};
 use rcni_netlink::Netlink;
 use rcni_netns::NetNs;
 use serde_json::{Value, json};
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Instant;
 
 #[derive(Parser)]
 #[command(about = "pod-to-pod latency and throughput: direct veth, bridge, ptp, with fastpath")]
@@ -58,110 +60,6 @@ struct Args {
     cpu: i32,
 }
 
-/// Pins the calling thread (or a child between fork and exec) to `cpu`.
-fn pin_to(cpu: i32) {
-    if cpu < 0 {
-        return;
-    }
-    // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) acts on the
-    // calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
-/// A bpffs on a temporary directory; unmounted on drop.
-struct Bpffs(tempfile::TempDir);
-
-impl Bpffs {
-    fn new() -> Bpffs {
-        let d = tempfile::Builder::new()
-            .prefix("rcni-fpbench-")
-            .tempdir()
-            .unwrap();
-        let c = std::ffi::CString::new(d.path().to_str().unwrap()).unwrap();
-        // SAFETY: plain mount(2) with NUL-terminated strings.
-        let r = unsafe {
-            libc::mount(
-                c"bpf".as_ptr(),
-                c.as_ptr(),
-                c"bpf".as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(r, 0, "mount bpffs: {}", std::io::Error::last_os_error());
-        Bpffs(d)
-    }
-    fn root(&self) -> String {
-        self.0.path().display().to_string()
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let c = std::ffi::CString::new(self.0.path().to_str().unwrap()).unwrap();
-        // SAFETY: umount2(2) on our own mount point.
-        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
-    }
-}
-
-/// Runs a plugin from inside `node`: (stdout, success, wall µs).
-fn call(
-    node: &NetNs,
-    plugin: &Path,
-    cni_path: &Path,
-    cmd: &str,
-    cid: &str,
-    pod: &str,
-    conf: &Value,
-) -> (Value, bool, f64) {
-    let mut c = node.command(plugin);
-    c.env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", pod)
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", cni_path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let t0 = Instant::now();
-    let mut child = c.spawn().expect("spawn plugin");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&serde_json::to_vec(conf).unwrap())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let wall = t0.elapsed().as_secs_f64() * 1e6;
-    let v = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-    if !out.status.success() {
-        eprintln!(
-            "{} {cmd} failed: {} {}",
-            plugin.display(),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    (v, out.status.success(), wall)
-}
-
-fn addr(result: &Value, v4: bool) -> IpAddr {
-    result["ips"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|i| i["address"].as_str())
-        .map(|a| a.split('/').next().unwrap().parse::<IpAddr>().unwrap())
-        .find(|a| a.is_ipv4() == v4)
-        .unwrap()
-}
-
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Bridge,
@@ -177,10 +75,6 @@ struct Setup {
     /// (node, pin root) of a fastpath setup, for its counters.
     fast: Option<(NetNs, String)>,
     _keep: Vec<Box<dyn std::any::Any>>,
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    rcni_netlink::runtime().unwrap()
 }
 
 fn direct() -> Setup {
@@ -252,7 +146,7 @@ fn plugin_setup(args: &Args, kind: Kind, fast: bool) -> Setup {
     let mut keep: Vec<Box<dyn std::any::Any>> = vec![Box::new(data)];
     let mut fast_info = None;
     if fast {
-        let fs = Bpffs::new();
+        let fs = Bpffs::mount();
         for (path, cid, prev) in &results {
             let c = json!({"cniVersion": "1.1.0", "name": net, "type": "fastpath",
                            "pinRoot": fs.root(), "prevResult": prev});
@@ -302,48 +196,6 @@ fn redirected(args: &Args, s: &Setup) -> u64 {
         .flatten()
         .map(|n| n["verdicts"]["redirected"].as_u64().unwrap_or(0))
         .sum()
-}
-
-/// A 1-byte TCP echo server in `ns` on `addr`, for the whole run.
-fn rr_server(ns: &NetNs, addr: IpAddr, cpu: i32) -> SocketAddr {
-    rcni_testkit::tcp_server(ns, addr, move |mut s| {
-        s.set_nodelay(true).unwrap();
-        pin_to(cpu);
-        let mut b = [0u8; 1];
-        while let Ok(1) = s.read(&mut b) {
-            if s.write_all(&b).is_err() {
-                return;
-            }
-        }
-    })
-}
-
-/// `n` request/response exchanges of 1 byte: sorted round-trip times (µs).
-fn rr(ns: &NetNs, to: SocketAddr, n: usize, cpu: i32) -> Vec<f64> {
-    std::thread::scope(|sc| sc.spawn(|| rr_pinned(ns, to, n, cpu)).join().unwrap())
-}
-
-fn rr_pinned(ns: &NetNs, to: SocketAddr, n: usize, cpu: i32) -> Vec<f64> {
-    pin_to(cpu);
-    let mut s = ns
-        .run(move || TcpStream::connect_timeout(&to, Duration::from_secs(3)))
-        .unwrap()
-        .unwrap();
-    s.set_nodelay(true).unwrap();
-    let mut b = [7u8; 1];
-    for _ in 0..200 {
-        s.write_all(&b).unwrap();
-        s.read_exact(&mut b).unwrap();
-    }
-    let mut v = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = Instant::now();
-        s.write_all(&b).unwrap();
-        s.read_exact(&mut b).unwrap();
-        v.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v
 }
 
 fn icmp_checksum(b: &[u8]) -> u16 {
@@ -457,84 +309,9 @@ fn icmp_pinned(ns: &NetNs, dst: std::net::Ipv4Addr, n: usize, cpu: i32) -> Vec<f
     v
 }
 
-fn pct(v: &[f64], p: f64) -> f64 {
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[((v.len() as f64 - 1.0) * p).round() as usize]
-}
-
-struct IperfServer(Child);
-
-impl Drop for IperfServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn iperf_server(ns: &NetNs) -> IperfServer {
-    let c = ns
-        .command("iperf3")
-        .args(["-s", "-p", "5201"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("iperf3 (apt-get install iperf3)");
-    std::thread::sleep(Duration::from_millis(200));
-    IperfServer(c)
-}
-
-/// Gbit/s received over `secs` with `streams` parallel streams.
-fn iperf(ns: &NetNs, dst: IpAddr, streams: usize, secs: u64) -> f64 {
-    for _ in 0..3 {
-        let out = ns
-            .command("iperf3")
-            .args([
-                "-c",
-                &dst.to_string(),
-                "-p",
-                "5201",
-                "-t",
-                &secs.to_string(),
-                "-P",
-                &streams.to_string(),
-                "-J",
-            ])
-            .output()
-            .unwrap();
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
-        if let Some(bps) = v["end"]["sum_received"]["bits_per_second"].as_f64() {
-            return bps / 1e9;
-        }
-        // The server takes one test at a time; retry if it was busy.
-        std::thread::sleep(Duration::from_millis(300));
-    }
-    f64::NAN
-}
-
-/// Round `r`'s order of `n` setups: rotated by r, reversed every other
-/// cycle, so each setup takes each position equally often.
-fn order(n: usize, r: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = (0..n).map(|i| (i + r) % n).collect();
-    if (r / n) % 2 == 1 {
-        v.reverse();
-    }
-    v
-}
-
-fn spread(v: &[f64]) -> String {
-    format!("{:.1}-{:.1}", pct(v, 0.0), pct(v, 1.0))
-}
-
 fn main() {
     let args = Args::parse();
-    assert!(
-        nix_is_root(),
-        "fpbench needs root (namespaces, bpffs, eBPF)"
-    );
+    assert!(is_root(), "fpbench needs root (namespaces, bpffs, eBPF)");
     for p in ["bridge", "ptp", "host-local", "fastpath"] {
         assert!(
             args.ours.join(p).is_file(),
@@ -707,17 +484,12 @@ fn main() {
     }
 }
 
-fn nix_is_root() -> bool {
-    // SAFETY: geteuid(2) has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 /// Per-pod ADD wall time: the reference bridge alone, ours alone, and our
 /// bridge + fastpath chain (the two calls a runtime makes in sequence), with
 /// fastpath on tcx (the default on this kernel: every tcx attach waits for
 /// an RCU grace period in the kernel) and on clsact.
 fn add_latency(args: &Args) {
-    let fs = Bpffs::new();
+    let fs = Bpffs::mount();
     let mut rows = vec![];
     for (name, dir, fast) in [
         ("reference bridge", args.reference.clone(), None),
