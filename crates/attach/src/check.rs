@@ -4,12 +4,8 @@
 
 use ipnetwork::IpNetwork;
 use rcni_cni::skel::CmdArgs;
-use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig, Route};
+use rcni_cni::{CniError, CniResult, Interface, IpConfig, Route};
 use rcni_netlink::{Family, Link, Netlink};
-
-pub fn check_failed(msg: impl Into<String>) -> CniError {
-    CniError::new(ErrorCode::CheckFailed, msg)
-}
 
 /// CHECK needs the result of ADD.
 pub fn prev_result(args: &CmdArgs) -> Result<CniResult, CniError> {
@@ -28,7 +24,7 @@ pub fn container_interface<'a>(
         .iter()
         .find(|i| i.name == ifname && i.sandbox == sandbox)
         .ok_or_else(|| {
-            check_failed(format!(
+            CniError::check_failed(format!(
                 "Sandbox in prevResult doesn't match configured netns: {sandbox}"
             ))
         })
@@ -42,7 +38,7 @@ pub async fn validate_link(
     kind: Option<&str>,
 ) -> Result<Link, CniError> {
     let link = ct.find_link(&iface.name).await?.ok_or_else(|| {
-        check_failed(format!(
+        CniError::check_failed(format!(
             "Container Interface name in prevResult: {} not found",
             iface.name
         ))
@@ -56,14 +52,14 @@ pub fn link_matches(link: &Link, iface: &Interface, kind: Option<&str>) -> Resul
     if let Some(kind) = kind
         && link.kind.as_deref() != Some(kind)
     {
-        return Err(check_failed(format!(
+        return Err(CniError::check_failed(format!(
             "Error: Container interface {} not of type {kind}",
             link.name
         )));
     }
     let mac = link.mac.map(|m| m.to_string()).unwrap_or_default();
     if !iface.mac.is_empty() && mac != iface.mac {
-        return Err(check_failed(format!(
+        return Err(CniError::check_failed(format!(
             "Interface {} Mac {} doesn't match container Mac: {mac}",
             link.name, iface.mac
         )));
@@ -76,10 +72,10 @@ pub fn link_matches(link: &Link, iface: &Interface, kind: Option<&str>) -> Resul
 pub async fn veth_peer(host: &Netlink, link: &Link, missing: &str) -> Result<Link, CniError> {
     let peer = link
         .link
-        .ok_or_else(|| check_failed("container veth has no peer"))?;
+        .ok_or_else(|| CniError::check_failed("container veth has no peer"))?;
     host.link_by_index(peer)
         .await
-        .map_err(|_| check_failed(missing))
+        .map_err(|_| CniError::check_failed(missing))
 }
 
 /// Every address of `ips` that belongs to interface `index` of the result
@@ -101,7 +97,7 @@ pub async fn validate_ips(
         .filter(|i| i.interface.is_none_or(|i| i == index))
     {
         if !have.contains(&ip.address) {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "Failed to match addr {} on interface {}",
                 ip.address, link.name
             )));
@@ -121,7 +117,7 @@ pub async fn validate_routes(ct: &Netlink, routes: &[Route]) -> Result<(), CniEr
             .iter()
             .any(|k| k.dst == dst && (r.gw.is_none() || k.gateway == r.gw))
         {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "Failed to find a route to {} in the container",
                 r.dst
             )));

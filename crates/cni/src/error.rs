@@ -183,6 +183,23 @@ impl CniError {
         )
     }
 
+    /// Code 106: CHECK found the attachment differs from what ADD made.
+    pub fn check_failed(msg: impl Into<String>) -> Self {
+        Self::new(ErrorCode::CheckFailed, msg)
+    }
+
+    /// Success when `problems` is empty, else code 106 listing them:
+    /// "`what` missing: a; b".
+    pub fn check_problems(what: &str, problems: &[String]) -> Result<(), Self> {
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(Self::check_failed(format!(
+            "{what} missing: {}",
+            problems.join("; ")
+        )))
+    }
+
     /// Prefixes the message with context, keeping code and details.
     pub fn context(mut self, ctx: impl fmt::Display) -> Self {
         self.msg = format!("{ctx}: {}", self.msg);

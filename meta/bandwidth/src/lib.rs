@@ -137,10 +137,6 @@ fn open_container(args: &CmdArgs) -> Result<NetNs, CniError> {
     Ok(NetNs::open(p)?)
 }
 
-fn check_failed(msg: String) -> CniError {
-    CniError::new(ErrorCode::CheckFailed, msg)
-}
-
 fn tbf_of(qdiscs: &[rcni_netlink::tc::Qdisc]) -> Option<Tbf> {
     qdiscs
         .iter()
@@ -259,7 +255,7 @@ impl Plugin for Bandwidth {
             if bw.ingress_rate > 0 {
                 let want = Tbf::from_bits(bw.ingress_rate, bw.ingress_burst);
                 if tbf_of(&qdiscs) != Some(want) {
-                    return Err(check_failed(format!(
+                    return Err(CniError::check_failed(format!(
                         "ingress TBF of {} is {:?}, want {want:?}",
                         veth.name,
                         tbf_of(&qdiscs)
@@ -268,17 +264,20 @@ impl Plugin for Bandwidth {
             }
             if bw.egress_rate > 0 {
                 if !qdiscs.iter().any(|q| q.kind == "ingress") {
-                    return Err(check_failed(format!("no ingress qdisc on {}", veth.name)));
+                    return Err(CniError::check_failed(format!(
+                        "no ingress qdisc on {}",
+                        veth.name
+                    )));
                 }
                 let name = ifb_name(&args.conf.name, &args.container_id);
                 let ifb = host
                     .find_link(&name)
                     .await?
-                    .ok_or_else(|| check_failed(format!("ifb {name} does not exist")))?;
+                    .ok_or_else(|| CniError::check_failed(format!("ifb {name} does not exist")))?;
                 let want = Tbf::from_bits(bw.egress_rate, bw.egress_burst);
                 let have = tbf_of(&host.qdiscs(ifb.index).await?);
                 if have != Some(want) {
-                    return Err(check_failed(format!(
+                    return Err(CniError::check_failed(format!(
                         "egress TBF of {name} is {have:?}, want {want:?}"
                     )));
                 }

@@ -22,7 +22,7 @@ use conf::{Backend, Conf, IngressPolicy, addresses, bridge};
 use ipnetwork::IpNetwork;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode};
+use rcni_cni::{CniError, CniResult};
 use rcni_ipmasq::ipt::Family;
 use rcni_netlink::nfnl::Nfnl;
 use rcni_netns::NetNs;
@@ -177,14 +177,7 @@ impl Plugin for Firewall {
                 out
             }
         };
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(CniError::new(
-                ErrorCode::CheckFailed,
-                format!("firewall rules missing: {}", problems.join("; ")),
-            ))
-        }
+        CniError::check_problems("firewall rules", &problems)
     }
 
     /// Removes the nftables rules of this network's attachments that are

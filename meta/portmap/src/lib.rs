@@ -22,7 +22,7 @@ use conf::{Backend, Conf, Proto, container_ips};
 use ipnetwork::IpNetwork;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, version};
+use rcni_cni::{CniError, CniResult, version};
 use rcni_ipmasq::ipt::Family;
 use rcni_netlink::nfnl::{IPPROTO_UDP, Nfnl};
 use rcni_netlink::{Netlink, TABLE_MAIN};
@@ -243,14 +243,7 @@ impl Plugin for Portmap {
                 out
             }
         };
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(CniError::new(
-                ErrorCode::CheckFailed,
-                format!("portmap rules missing: {}", problems.join("; ")),
-            ))
-        }
+        CniError::check_problems("portmap rules", &problems)
     }
 
     /// Removes the rules of this network's attachments that are not in the

@@ -322,10 +322,6 @@ fn gratuitous_arp(ns: &NetNs, index: u32, mac: MacAddr, ips: &[IpAddr]) {
     });
 }
 
-fn check_failed(msg: String) -> CniError {
-    CniError::new(ErrorCode::CheckFailed, msg)
-}
-
 impl Tuning {
     fn add_inner(
         &self,
@@ -468,7 +464,7 @@ impl Plugin for Tuning {
         for (key, real, want) in conf.sysctls(&args.ifname, None)? {
             let have = rcni_netlink::sysctl::get(&ns, &real)?;
             if have != want {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "Tuning configured value of {key} is {want}, current value is {have}"
                 )));
             }
@@ -481,18 +477,20 @@ impl Plugin for Tuning {
                     .link_by_name(&args.ifname)
                     .await
             })
-            .map_err(|_| check_failed(format!("Cannot find container link {}", args.ifname)))?;
+            .map_err(|_| {
+                CniError::check_failed(format!("Cannot find container link {}", args.ifname))
+            })?;
         let name = &args.ifname;
         if let Some((s, mac)) = &conf.mac
             && link.mac != Some(*mac)
         {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "Tuning configured Ethernet of {name} is {s}, current value is {}",
                 link.mac.map(|m| m.to_string()).unwrap_or_default()
             )));
         }
         if link.promisc != conf.promisc {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "Tuning link {name} configured promisc is {}, current value is {}",
                 conf.promisc, link.promisc
             )));
@@ -500,7 +498,7 @@ impl Plugin for Tuning {
         if let Some(mtu) = conf.mtu
             && link.mtu != mtu
         {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "Tuning configured MTU of {name} is {mtu}, current value is {}",
                 link.mtu
             )));
@@ -508,7 +506,7 @@ impl Plugin for Tuning {
         if let Some(a) = conf.allmulti
             && link.allmulti != a
         {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "Tuning configured all-multicast mode of {name} is {a}, current value is {}",
                 link.allmulti
             )));
@@ -516,7 +514,7 @@ impl Plugin for Tuning {
         if let Some(q) = conf.txqlen
             && link.txqlen != q
         {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "Tuning configured transmit queue length of {name} is {q}, current value is {}",
                 link.txqlen
             )));

@@ -6,7 +6,7 @@ mod spoofchk;
 
 use conf::Conf;
 use ipnetwork::IpNetwork;
-use rcni_attach::check::{self, check_failed};
+use rcni_attach::check;
 use rcni_attach::masq::Masq;
 use rcni_attach::{
     Attachment, Dad, Namespaces, configure_iface, delete_veth, enable_forwarding, finish_add,
@@ -386,13 +386,13 @@ impl Attachment for Bridge {
         ns.rt.block_on(async {
             let br_if = prev.interfaces.iter().find(|i| i.name == conf.bridge);
             let br = ns.host.find_link(&conf.bridge).await?.ok_or_else(|| {
-                check_failed(format!(
+                CniError::check_failed(format!(
                     "CNI created bridge {} in host namespace was not found",
                     conf.bridge
                 ))
             })?;
             if br.kind.as_deref() != Some("bridge") {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "Interface {} does not have link type of bridge",
                     br.name
                 )));
@@ -401,20 +401,20 @@ impl Attachment for Bridge {
                 && !bi.mac.is_empty()
                 && br.mac.map(|m| m.to_string()) != Some(bi.mac.clone())
             {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "Bridge interface {} Mac doesn't match: {}",
                     br.name, bi.mac
                 )));
             }
             if br.promisc != conf.promisc {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "Bridge interface {} configured Promisc Mode {} doesn't match current state: {}",
                     br.name, conf.promisc, br.promisc
                 )));
             }
             let ct_if = check::container_interface(&prev, &args.ifname, &sandbox)?;
             let ct_link = ns.ct.find_link(&args.ifname).await?.ok_or_else(|| {
-                check_failed(format!(
+                CniError::check_failed(format!(
                     "CNI created interface in container {} not found",
                     args.ifname
                 ))
@@ -424,7 +424,7 @@ impl Attachment for Bridge {
             let missing = format!("CNI veth created for bridge {} was not found", conf.bridge);
             let host_veth = check::veth_peer(&ns.host, &ct_link, &missing).await?;
             if host_veth.master != Some(br.index) || host_veth.link != Some(ct_link.index) {
-                return Err(check_failed(missing));
+                return Err(CniError::check_failed(missing));
             }
             check::validate_ips(&ns.ct, &ct_link, &prev.ips, IDX_CONTAINER).await?;
             check::validate_routes(&ns.ct, &prev.routes).await

@@ -17,7 +17,7 @@ mod conf;
 mod sysfs;
 
 use conf::{Conf, Selector};
-use rcni_attach::check::{self, check_failed};
+use rcni_attach::check;
 use rcni_attach::{
     Attachment, Dad, Namespaces, configure_iface, ensure_ifname_free, finish_add, first_error,
     in_container_for_del, interface, ipam_config, open_container, rt, sandbox, start_ipam_add,
@@ -277,7 +277,7 @@ impl Attachment for HostDevice {
             let ct = Netlink::connect(&ct_ns).await?;
             let link = check::validate_link(&ct, ct_if, None).await?;
             if link.alias.is_none() {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "host-device: {} has lost the alias naming its node device",
                     link.name
                 )));

@@ -12,7 +12,7 @@ mod conf;
 
 use conf::Conf;
 use ipnetwork::IpNetwork;
-use rcni_attach::check::{self, check_failed};
+use rcni_attach::check;
 use rcni_attach::masq::Masq;
 use rcni_attach::{
     Attachment, Dad, Namespaces, configure_iface, delete_veth, enable_forwarding,
@@ -226,7 +226,7 @@ impl Attachment for Ptp {
         let prev = check::prev_result(args)?;
         let ns = Namespaces::open(args)?;
         let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
-        let ips = addresses_with_gateways(&prev).map_err(|e| check_failed(e.msg))?;
+        let ips = addresses_with_gateways(&prev).map_err(|e| CniError::check_failed(e.msg))?;
         ns.rt.block_on(async {
             let link = check::validate_link(&ns.ct, ct_if, Some("veth")).await?;
             check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
@@ -237,7 +237,7 @@ impl Attachment for Ptp {
                     if !routes.iter().any(|r| {
                         r.dst == want.dst && r.gateway == want.gateway && r.oif == want.oif
                     }) {
-                        return Err(check_failed(format!(
+                        return Err(CniError::check_failed(format!(
                             "ptp: route {want} missing in the container"
                         )));
                     }
@@ -252,7 +252,7 @@ impl Attachment for Ptp {
                 && hi.sandbox.is_empty()
                 && hi.name != host_veth.name
             {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "ptp: host veth is {}, prevResult names {}",
                     host_veth.name, hi.name
                 )));
@@ -267,7 +267,7 @@ impl Attachment for Ptp {
             let host_routes = ns.host.routes(Family::All).await?;
             for (addr, gw) in &ips {
                 if !host_addrs.contains(&host_prefix(*gw)) {
-                    return Err(check_failed(format!(
+                    return Err(CniError::check_failed(format!(
                         "ptp: gateway {gw} missing on host veth {}",
                         host_veth.name
                     )));
@@ -277,7 +277,9 @@ impl Attachment for Ptp {
                     .iter()
                     .any(|r| r.dst == want.dst && r.oif == want.oif)
                 {
-                    return Err(check_failed(format!("ptp: host route {want} missing")));
+                    return Err(CniError::check_failed(format!(
+                        "ptp: host route {want} missing"
+                    )));
                 }
             }
             Ok::<_, CniError>(())

@@ -10,7 +10,7 @@
 mod conf;
 
 use conf::Conf;
-use rcni_attach::check::{self, check_failed};
+use rcni_attach::check;
 use rcni_attach::{
     Attachment, Dad, Namespaces, configure_iface, delete_container_link, ensure_ifname_free,
     finish_add, first_error, in_container_for_del, interface, ipam_config, random_temp_name,
@@ -122,17 +122,17 @@ impl Attachment for Vlan {
         ns.rt.block_on(async {
             let master = find_master(&ns.host, &ns.ct, conf)
                 .await
-                .map_err(|e| check_failed(e.msg))?;
+                .map_err(|e| CniError::check_failed(e.msg))?;
             let link = check::validate_link(&ns.ct, ct_if, Some("vlan")).await?;
             if link.link != Some(master.index) {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "vlan: {} is not on master {}",
                     link.name, conf.master
                 )));
             }
             let id = ns.ct.vlan_id(link.index).await?;
             if id != Some(conf.vlan_id) {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "vlan: {} has VLAN ID {}, configured {}",
                     link.name,
                     id.map_or("none".into(), |i| i.to_string()),
@@ -142,7 +142,7 @@ impl Attachment for Vlan {
             if let Some(mtu) = conf.mtu
                 && mtu != link.mtu
             {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "vlan: configured MTU of {} is {mtu}, current value is {}",
                     link.name, link.mtu
                 )));
