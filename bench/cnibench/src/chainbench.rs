@@ -78,17 +78,8 @@ impl Suite {
     /// Runs one plugin inside the node namespace; (stdout, wall µs).
     fn call(&self, cmd: &str, plugin: &Value, pod: &str, stdin: &Value) -> (Value, f64) {
         let bin = self.dir.join(plugin["type"].as_str().unwrap());
-        let mut c = self.node.command(&bin);
-        c.env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("CNI_COMMAND", cmd)
-            .env("CNI_CONTAINERID", "bench")
-            .env("CNI_NETNS", pod)
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", &self.dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = rcni_bench::plugin_command(&self.node, &bin, &self.dir, cmd, "bench", pod);
+        c.stderr(Stdio::piped());
         let start = Instant::now();
         let mut child = c
             .spawn()

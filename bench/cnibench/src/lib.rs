@@ -67,6 +67,29 @@ impl Drop for Bpffs {
     }
 }
 
+/// A plugin call from inside `node` as a runtime makes it: only the CNI_*
+/// variables (eth0) and a plain PATH, stdin and stdout piped.
+pub fn plugin_command(
+    node: &NetNs,
+    plugin: &Path,
+    cni_path: &Path,
+    cmd: &str,
+    cid: &str,
+    pod: &str,
+) -> std::process::Command {
+    let mut c = node.command(plugin);
+    c.env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("CNI_COMMAND", cmd)
+        .env("CNI_CONTAINERID", cid)
+        .env("CNI_NETNS", pod)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", cni_path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    c
+}
+
 /// Runs a plugin from inside `node`: (stdout, success, wall µs).
 pub fn call(
     node: &NetNs,
@@ -77,17 +100,8 @@ pub fn call(
     pod: &str,
     conf: &Value,
 ) -> (Value, bool, f64) {
-    let mut c = node.command(plugin);
-    c.env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", pod)
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", cni_path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    let mut c = plugin_command(node, plugin, cni_path, cmd, cid, pod);
+    c.stderr(Stdio::piped());
     let t0 = Instant::now();
     let mut child = c.spawn().expect("spawn plugin");
     child

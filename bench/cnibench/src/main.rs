@@ -62,17 +62,8 @@ fn conf(data: &Path) -> Value {
 /// Runs one plugin call from inside the node namespace; returns stdout,
 /// success, and the sample (the plugin and the IPAM child it waited for).
 fn run(im: &Impl, cmd: &str, cid: &str, pod: &str, stdin: &[u8]) -> (Vec<u8>, bool, Sample) {
-    let mut c = im.node.command(&im.bridge);
-    c.env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", cmd)
-        .env("CNI_CONTAINERID", cid)
-        .env("CNI_NETNS", pod)
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", &im.path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null());
+    let mut c = rcni_bench::plugin_command(&im.node, &im.bridge, &im.path, cmd, cid, pod);
+    c.stderr(Stdio::null());
     let t0 = Instant::now();
     // Reaped below with wait4(2), which also returns its rusage.
     #[allow(clippy::zombie_processes)]
