@@ -260,6 +260,13 @@ impl Lab {
                     .run(move || Datapath::open(&dir))
                     .unwrap()
                     .unwrap();
+                // Every pod added went through the datapath: it must be
+                // there to be checked, not skipped.
+                assert!(
+                    dp.is_some() || self.pods.is_empty(),
+                    "no datapath pinned in {}",
+                    self.pin_dir().display()
+                );
                 if let Some(dp) = dp {
                     let eps = dp.endpoints().unwrap();
                     assert!(

@@ -42,10 +42,6 @@ fn ebpf_err(e: rcni_ebpf::Error) -> CniError {
     CniError::new(ErrorCode::Ebpf, format!("fastpath: {e}"))
 }
 
-fn check_failed(msg: impl Into<String>) -> CniError {
-    CniError::new(ErrorCode::CheckFailed, msg)
-}
-
 fn rt() -> Result<tokio::runtime::Runtime, CniError> {
     Ok(rcni_netlink::runtime()?)
 }
@@ -92,12 +88,16 @@ fn required_prev(args: &CmdArgs) -> Result<CniResult, CniError> {
     })
 }
 
-/// Whether the program already sits on the target's veth.
+/// Whether the program already sits on the target's veth. With `clear`
+/// (ADD, tc mode) cls_bpf filters of an earlier copy of the program (the
+/// network unloaded by GC and loaded afresh since) are removed first: their
+/// maps are no longer the network's, so they must not keep redirecting.
 fn attached(
     dp: &mut Datapath,
     conf: &Conf,
     id: AttachmentId,
     veth: &Link,
+    clear: bool,
 ) -> Result<bool, CniError> {
     match conf.hook() {
         Hook::Tcx => {
@@ -112,30 +112,17 @@ fn attached(
                     .ingress_bpf_filters(veth.index)
                     .await
             })?;
+            let stale = filters
+                .iter()
+                .any(|f| f.name.as_deref() == Some(rcni_ebpf::PROGRAM) && f.prog_id != Some(prog));
+            if clear && stale {
+                // By name: ours too, if it is there; ADD attaches afresh.
+                rcni_ebpf::detach_tc(&veth.name).map_err(ebpf_err)?;
+                return Ok(false);
+            }
             Ok(filters.iter().any(|f| f.prog_id == Some(prog)))
         }
     }
-}
-
-/// Removes cls_bpf filters of an earlier copy of the program from `veth`
-/// (the network unloaded by GC and loaded afresh since): its maps are no
-/// longer the network's, so it must not keep redirecting.
-fn clear_stale_tc(dp: &mut Datapath, veth: &Link) -> Result<(), CniError> {
-    let prog = dp.program_id().map_err(ebpf_err)?;
-    let filters = rt()?.block_on(async {
-        Netlink::connect_current()
-            .await?
-            .ingress_bpf_filters(veth.index)
-            .await
-    })?;
-    let stale = filters
-        .iter()
-        .any(|f| f.name.as_deref() == Some(rcni_ebpf::PROGRAM) && f.prog_id != Some(prog));
-    if stale {
-        // By name: ours too, if it is there; ADD attaches afresh.
-        rcni_ebpf::detach_tc(&veth.name).map_err(ebpf_err)?;
-    }
-    Ok(())
 }
 
 fn detach(conf: &Conf, id: AttachmentId, ifnames: &[String]) -> Result<(), CniError> {
@@ -211,10 +198,7 @@ impl Fastpath {
         let eps: Vec<(EndpointKey, Endpoint)> = keys.iter().map(|k| (*k, ep)).collect();
         let r = (|| -> Result<(), CniError> {
             dp.insert_endpoints(&eps).map_err(ebpf_err)?;
-            if conf.hook() == Hook::Tc {
-                clear_stale_tc(&mut dp, &target.host_veth)?;
-            }
-            if !attached(&mut dp, conf, id, &target.host_veth)? {
+            if !attached(&mut dp, conf, id, &target.host_veth, true)? {
                 dp.attach(&target.host_veth.name, id, conf.hook())
                     .map_err(ebpf_err)?;
             }
@@ -243,7 +227,7 @@ impl Fastpath {
         let mut dp = Datapath::open(&conf.dir)
             .map_err(ebpf_err)?
             .ok_or_else(|| {
-                check_failed(format!(
+                CniError::check_failed(format!(
                     "fastpath: no program pinned in {}",
                     conf.dir.display()
                 ))
@@ -251,7 +235,9 @@ impl Fastpath {
         let id = AttachmentId::new(&args.container_id, &args.ifname);
         for a in &target.addrs {
             let Some(ep) = dp.endpoint(&EndpointKey::new(*a)).map_err(ebpf_err)? else {
-                return Err(check_failed(format!("fastpath: endpoint {a} missing")));
+                return Err(CniError::check_failed(format!(
+                    "fastpath: endpoint {a} missing"
+                )));
             };
             let want = Endpoint::new(
                 target.host_veth.index,
@@ -260,15 +246,15 @@ impl Fastpath {
                 id.owner(),
             );
             if !ep.same_as(&want) {
-                return Err(check_failed(format!(
+                return Err(CniError::check_failed(format!(
                     "fastpath: endpoint {a} is {}, expected {}",
                     cli::describe(&ep),
                     cli::describe(&want)
                 )));
             }
         }
-        if !attached(&mut dp, conf, id, &target.host_veth)? {
-            return Err(check_failed(format!(
+        if !attached(&mut dp, conf, id, &target.host_veth, false)? {
+            return Err(CniError::check_failed(format!(
                 "fastpath: program not attached ({}) to {}",
                 conf.hook().name(),
                 target.host_veth.name

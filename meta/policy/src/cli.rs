@@ -135,7 +135,15 @@ fn sync(network: &str, data_dir: &Path, config: Option<&Path>) -> Result<String,
     let set = conf.policies()?;
     let backend = locked.state.backend();
     let before = locked.state.desired.clone();
-    crate::reconcile(&conf, network, Some(&set), &mut locked.state, backend, None)?;
+    crate::reconcile(
+        &conf,
+        network,
+        Some(&set),
+        &mut locked.state,
+        backend,
+        None,
+        None,
+    )?;
     locked.state.conf = Some(crate::conf::stored(&conf_v));
     let after = locked.state.desired.clone().unwrap_or_default();
     locked.save()?;

@@ -313,21 +313,13 @@ pub fn check_pod(dp: &Datapath, pod: &PodRecord, want: &PodPolicy) -> Result<(),
         let ep = dp
             .endpoint(&EndpointKey::new(*a))
             .map_err(err)?
-            .ok_or_else(|| {
-                CniError::new(
-                    ErrorCode::CheckFailed,
-                    format!("policy: no endpoint entry for {a}"),
-                )
-            })?;
+            .ok_or_else(|| CniError::check_failed(format!("policy: no endpoint entry for {a}")))?;
         let got = (ep.identity, ep.ingress_rs, ep.egress_rs, ep.ifindex);
         let exp = (want.identity, want.ingress, want.egress, pod.host_ifindex);
         if got != exp || ep.flags & rcni_ebpf::EP_POLICY == 0 {
-            return Err(CniError::new(
-                ErrorCode::CheckFailed,
-                format!(
-                    "policy: endpoint {a} has identity/ingress/egress/ifindex {got:?}, expected {exp:?}"
-                ),
-            ));
+            return Err(CniError::check_failed(format!(
+                "policy: endpoint {a} has identity/ingress/egress/ifindex {got:?}, expected {exp:?}"
+            )));
         }
     }
     Ok(())

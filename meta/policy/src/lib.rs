@@ -49,10 +49,6 @@ pub fn main() -> ! {
     rcni_cni::skel::run(&Policy)
 }
 
-fn check_failed(msg: impl Into<String>) -> CniError {
-    CniError::new(ErrorCode::CheckFailed, msg)
-}
-
 fn required_prev(args: &CmdArgs) -> Result<CniResult, CniError> {
     args.conf.prev_result()?.ok_or_else(|| {
         CniError::config(
@@ -69,8 +65,13 @@ fn datapath(conf: &Conf) -> Result<Datapath, CniError> {
 }
 
 /// The backend a network uses: the one its pods already use, else the
-/// config's, else (auto) eBPF where it loads and nftables otherwise.
-fn choose_backend(conf: &Conf, st: &State, network: &str) -> Result<Backend, CniError> {
+/// config's, else (auto) eBPF where it loads and nftables otherwise. The
+/// datapath auto loaded comes along, so ADD does not open it twice.
+fn choose_backend(
+    conf: &Conf,
+    st: &State,
+    network: &str,
+) -> Result<(Backend, Option<Datapath>), CniError> {
     let current = st
         .backend
         .as_deref()
@@ -84,14 +85,14 @@ fn choose_backend(conf: &Conf, st: &State, network: &str) -> Result<Backend, Cni
             st.pods.len(),
             want.as_str()
         ))),
-        (Some(cur), _) => Ok(cur),
-        (None, Some(want)) => Ok(want),
+        (Some(cur), _) => Ok((cur, None)),
+        (None, Some(want)) => Ok((want, None)),
         (None, None) => match datapath(conf) {
-            Ok(_) => Ok(Backend::Ebpf),
+            Ok(dp) => Ok((Backend::Ebpf, Some(dp))),
             Err(ebpf_err) => match nft::available() {
                 Ok(()) => {
                     eprintln!("policy: eBPF unavailable ({ebpf_err}); using nftables");
-                    Ok(Backend::Nftables)
+                    Ok((Backend::Nftables, None))
                 }
                 Err(nft_err) => Err(CniError::new(
                     ErrorCode::Ebpf,
@@ -106,7 +107,8 @@ fn choose_backend(conf: &Conf, st: &State, network: &str) -> Result<Backend, Cni
 }
 
 /// Recomputes the network and applies it; `attach` is a pod whose veth gets
-/// the programs (eBPF). On success the state holds what is enforced.
+/// the programs (eBPF); `dp` the network's datapath if the caller has it
+/// open already. On success the state holds what is enforced.
 pub fn reconcile(
     conf: &Conf,
     network: &str,
@@ -114,6 +116,7 @@ pub fn reconcile(
     st: &mut State,
     backend: Backend,
     attach: Option<&PodRecord>,
+    dp: Option<Datapath>,
 ) -> Result<(), CniError> {
     let desired = match set {
         Some(set) => compile(set, &st.views(), &mut st.ids)?,
@@ -127,7 +130,10 @@ pub fn reconcile(
     };
     match backend {
         Backend::Ebpf => {
-            let mut dp = datapath(conf)?;
+            let mut dp = match dp {
+                Some(dp) => dp,
+                None => datapath(conf)?,
+            };
             dp.set_node_addrs(&node_addrs()?).map_err(ebpf::err)?;
             ebpf::apply(&mut dp, &st.pods, &desired, &mut st.applied)?;
             if let Some(p) = attach {
@@ -213,7 +219,7 @@ impl Policy {
         }
         let network = &args.conf.name;
         let mut locked = Locked::open(&conf.data_dir, network)?;
-        let backend = choose_backend(conf, &locked.state, network)?;
+        let (backend, dp) = choose_backend(conf, &locked.state, network)?;
         if backend == Backend::Nftables {
             refuse_fastpath(conf, &veth.addrs)?;
         }
@@ -232,7 +238,7 @@ impl Policy {
         st.pods.insert(key, rec.clone());
         st.backend = Some(backend.as_str().into());
         st.conf = Some(conf::stored(&args.conf.raw));
-        if let Err(e) = reconcile(conf, network, Some(set), st, backend, Some(&rec)) {
+        if let Err(e) = reconcile(conf, network, Some(set), st, backend, Some(&rec), dp) {
             // Undo: the pod's programs and entries go, the others get back
             // what they had.
             let mut undo = before;
@@ -242,7 +248,7 @@ impl Policy {
             {
                 eprintln!("policy: undo attachment: {}", u.msg);
             }
-            if let Err(u) = reconcile(conf, network, Some(set), &mut undo, backend, None) {
+            if let Err(u) = reconcile(conf, network, Some(set), &mut undo, backend, None, None) {
                 eprintln!("policy: undo: {}", u.msg);
             }
             if backend == Backend::Ebpf {
@@ -288,11 +294,9 @@ impl Policy {
             &mut locked.state,
             backend,
             None,
+            None,
         ) {
             errors.push(e);
-        }
-        if locked.state.pods.is_empty() && backend == Backend::Nftables {
-            nft::remove_network(network)?;
         }
         locked.save()?;
         match errors.into_iter().next() {
@@ -309,28 +313,28 @@ impl Policy {
             return Ok(());
         }
         let network = &args.conf.name;
-        let locked = Locked::existing(&conf.data_dir, network)?
-            .ok_or_else(|| check_failed(format!("policy: network {network} has no pods")))?;
+        let locked = Locked::existing(&conf.data_dir, network)?.ok_or_else(|| {
+            CniError::check_failed(format!("policy: network {network} has no pods"))
+        })?;
         let key = PodRecord::key(&args.container_id, &args.ifname);
         let st = &locked.state;
-        let rec = st
-            .pods
-            .get(&key)
-            .ok_or_else(|| check_failed(format!("policy: {key} is not a pod of {network}")))?;
+        let rec = st.pods.get(&key).ok_or_else(|| {
+            CniError::check_failed(format!("policy: {key} is not a pod of {network}"))
+        })?;
         let (namespace, labels) = conf::pod_identity(args)?;
         if rec.host_ifindex != veth.host_veth.index
             || rec.addrs != veth.addrs
             || rec.namespace != namespace
             || rec.labels != labels
         {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "policy: {key} changed since ADD (veth, addresses or labels)"
             )));
         }
         let mut ids = st.ids.clone();
         let desired: Desired = compile(&set, &st.views(), &mut ids)?;
         if st.desired.as_ref() != Some(&desired) {
-            return Err(check_failed(format!(
+            return Err(CniError::check_failed(format!(
                 "policy: the policies in force differ from those applied to {network}: run `policy sync`"
             )));
         }
@@ -340,7 +344,9 @@ impl Policy {
             Backend::Ebpf => {
                 let mut dp = Datapath::open(&conf.pin_dir)
                     .map_err(ebpf::err)?
-                    .ok_or_else(|| check_failed("policy: the network's datapath is not loaded"))?;
+                    .ok_or_else(|| {
+                        CniError::check_failed("policy: the network's datapath is not loaded")
+                    })?;
                 if !dp
                     .policy_attached(
                         &conf.pin_dir,
@@ -350,7 +356,7 @@ impl Policy {
                     )
                     .map_err(ebpf::err)?
                 {
-                    return Err(check_failed(format!(
+                    return Err(CniError::check_failed(format!(
                         "policy: the programs are not attached to {}",
                         rec.host_ifname
                     )));
@@ -432,9 +438,9 @@ impl Plugin for Policy {
         if let Some(mut locked) = Locked::existing(&conf.data_dir, network)? {
             if locked.state.pods.contains_key(&key) {
                 self.remove(&conf, network, &mut locked, &[key])?;
-            }
-            // Entries of this attachment that the state lost track of.
-            if locked.state.backend.as_deref() != Some("nftables") {
+            } else if locked.state.backend() == Backend::Ebpf {
+                // Entries of an attachment the state lost track of (a
+                // crash between writes); a known pod's went with it above.
                 sweep_owner(&conf, owner);
             }
         } else {

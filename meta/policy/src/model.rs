@@ -729,6 +729,13 @@ fn parse_ip_block(v: &Value, who: &str, field: &str) -> Result<IpBlock, CniError
     Ok(IpBlock { cidr, except })
 }
 
+fn port_number(p: &Value, who: &str, field: &str) -> Result<u16, CniError> {
+    p.as_u64()
+        .filter(|n| (1..=65535).contains(n))
+        .map(|n| n as u16)
+        .ok_or_else(|| invalid(who, field, &format!("{p} is not a port (1-65535)")))
+}
+
 fn parse_port(v: &Value, who: &str, field: &str) -> Result<PortRange, CniError> {
     let m = object_of(v, who, field, &["protocol", "port", "endPort"])?;
     let proto = match m.get("protocol").filter(|v| !v.is_null()) {
@@ -757,31 +764,11 @@ fn parse_port(v: &Value, who: &str, field: &str) -> Result<PortRange, CniError> 
                 ),
             ));
         }
-        Some(p) => Some(
-            p.as_u64()
-                .filter(|n| (1..=65535).contains(n))
-                .ok_or_else(|| {
-                    invalid(
-                        who,
-                        &format!("{field}.port"),
-                        &format!("{p} is not a port (1-65535)"),
-                    )
-                })? as u16,
-        ),
+        Some(p) => Some(port_number(p, who, &format!("{field}.port"))?),
     };
     let end = match m.get("endPort").filter(|v| !v.is_null()) {
         None => None,
-        Some(p) => Some(
-            p.as_u64()
-                .filter(|n| (1..=65535).contains(n))
-                .ok_or_else(|| {
-                    invalid(
-                        who,
-                        &format!("{field}.endPort"),
-                        &format!("{p} is not a port (1-65535)"),
-                    )
-                })? as u16,
-        ),
+        Some(p) => Some(port_number(p, who, &format!("{field}.endPort"))?),
     };
     match (port, end) {
         (None, None) => Ok(PortRange {

@@ -822,10 +822,9 @@ pub fn check(network: &str, pod: &PodRecord, policy: &PodPolicy) -> Result<(), C
     let json = match nft(&["-j", "list", "table", "inet", &table], None)? {
         Ok(out) => out,
         Err((stderr, _)) if stderr.contains("No such file or directory") => {
-            return Err(CniError::new(
-                ErrorCode::CheckFailed,
-                format!("policy: nftables table inet {table} does not exist"),
-            ));
+            return Err(CniError::check_failed(format!(
+                "policy: nftables table inet {table} does not exist"
+            )));
         }
         Err((_, e)) => return Err(e),
     };
@@ -835,14 +834,11 @@ pub fn check(network: &str, pod: &PodRecord, policy: &PodPolicy) -> Result<(), C
     if p.is_empty() {
         Ok(())
     } else {
-        Err(CniError::new(
-            ErrorCode::CheckFailed,
-            format!(
-                "policy: {} (table inet {table}): {}",
-                pod.host_ifname,
-                p.join("; ")
-            ),
-        ))
+        Err(CniError::check_failed(format!(
+            "policy: {} (table inet {table}): {}",
+            pod.host_ifname,
+            p.join("; ")
+        )))
     }
 }
 
