@@ -496,7 +496,7 @@ pub async fn delete_container_link(ct: &Netlink, ifname: &str) -> Result<bool, C
     let Some(l) = ct.find_link(ifname).await? else {
         return Ok(false);
     };
-    delete_link(ct, l.index).await?;
+    unlist_link(ct, l.index).await?;
     Ok(true)
 }
 
@@ -525,10 +525,20 @@ pub async fn delete_veth(
             && l.kind.as_deref() == Some("veth")
             && ours(&host, &l, prev).await?
         {
-            delete_link(&host, l.index).await?;
+            unlist_link(&host, l.index).await?;
         }
     }
     Ok(())
+}
+
+/// DEL's deletion of a link: returns once the link is unlisted, leaving the
+/// kernel's wait for RCU to a child ([`Netlink::delete_link_unlisted`]);
+/// one already gone is success.
+pub async fn unlist_link(nl: &Netlink, index: u32) -> Result<(), CniError> {
+    match nl.delete_link_unlisted(index).await {
+        Err(e) if !e.is_not_found() => Err(e.into()),
+        _ => Ok(()),
+    }
 }
 
 /// Deletes a link; one already gone is success.

@@ -6,12 +6,14 @@
 //! caller's tokio runtime; no async code ever calls `setns`.
 
 mod dad;
+mod detach;
 mod error;
 pub mod nfnl;
 pub mod nftexpr;
 pub mod sysctl;
 pub mod tc;
 mod types;
+mod unlink;
 mod vlan;
 
 use std::net::IpAddr;

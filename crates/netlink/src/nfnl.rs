@@ -293,43 +293,20 @@ fn placeholder() -> OwnedFd {
 /// then, and nothing depends on the release. Without a child (fork
 /// failed), the plugin closes the socket itself, waiting as before.
 fn spawn_releaser(sock: i32) -> Option<OwnedFd> {
-    let mut p = [0i32; 2];
-    // SAFETY: pipe2 fills two fds; the child makes only async-signal-safe
-    // calls (close_range, read, close, _exit) before exiting.
-    unsafe {
-        if libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return None;
-        }
-        let (r, w) = (p[0], p[1]);
-        match libc::fork() {
-            0 => {
-                let (lo, hi) = (sock.min(r), sock.max(r));
-                let close_range = |a: i32, b: i64| {
-                    if a >= 0 && b >= i64::from(a) {
-                        libc::syscall(libc::SYS_close_range, a as u32, b as u32, 0);
-                    }
-                };
-                close_range(0, i64::from(lo) - 1);
-                close_range(lo + 1, i64::from(hi) - 1);
-                close_range(hi + 1, i64::from(u32::MAX));
-                let mut b = [0u8; 1];
-                while libc::read(r, b.as_mut_ptr().cast(), 1) < 0
-                    && *libc::__errno_location() == libc::EINTR
-                {}
-                libc::close(sock);
-                libc::_exit(0);
-            }
-            pid if pid > 0 => {
-                libc::close(r);
-                Some(OwnedFd::from_raw_fd(w))
-            }
-            _ => {
-                libc::close(r);
-                libc::close(w);
-                None
-            }
-        }
-    }
+    let (r, w) = crate::detach::pipe().ok()?;
+    let rfd = r.as_raw_fd();
+    // SAFETY: the child makes only async-signal-safe calls (read, close,
+    // _exit) on descriptors it kept.
+    let pid = unsafe {
+        crate::detach::fork_child(&[sock, rfd], || {
+            let mut b = [0u8; 1];
+            while libc::read(rfd, b.as_mut_ptr().cast(), 1) < 0
+                && *libc::__errno_location() == libc::EINTR
+            {}
+            libc::close(sock);
+        })
+    };
+    pid.map(|_| w)
 }
 
 fn io_err(op: impl Into<String>, e: std::io::Error) -> Error {

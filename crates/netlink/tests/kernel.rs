@@ -647,3 +647,32 @@ fn sync_runtime_and_connect_current() {
     assert!(err.to_string().contains("no tokio runtime"), "{err}");
     assert_eq!(err.cni_code(), 100);
 }
+
+#[tokio::test]
+async fn delete_link_unlisted_frees_both_ends_and_reports_refusals() {
+    let (ns_b, b) = fresh().await;
+    let (_ns_a, a) = fresh().await;
+    let v = a
+        .create_veth("eth0", "h0", Some(&ns_b), None)
+        .await
+        .unwrap();
+    let p = b.link_by_name("h0").await.unwrap();
+    a.set_up(v.index).await.unwrap();
+    b.set_up(p.index).await.unwrap();
+
+    a.delete_link_unlisted(v.index).await.unwrap();
+    // Gone from view in both namespaces on return: the names are free.
+    assert!(a.find_link("eth0").await.unwrap().is_none());
+    assert!(b.find_link("h0").await.unwrap().is_none());
+    a.create_veth("eth0", "h0", Some(&ns_b), None)
+        .await
+        .expect("the names are free again at once");
+
+    // One already gone is gone.
+    a.delete_link_unlisted(v.index).await.unwrap();
+    // The kernel refuses to delete lo: its answer reaches the caller.
+    let lo = a.link_by_name("lo").await.unwrap();
+    let err = a.delete_link_unlisted(lo.index).await.unwrap_err();
+    assert_eq!(err.errno(), Some(libc::EOPNOTSUPP), "{err}");
+    assert!(a.find_link("lo").await.unwrap().is_some());
+}
