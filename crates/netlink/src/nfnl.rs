@@ -278,6 +278,10 @@ fn placeholder() -> OwnedFd {
         .expect("/dev/null")
 }
 
+/// How long the releaser child keeps the socket after the plugin closed
+/// it (see [`spawn_releaser`]).
+const RELEASE_DELAY_NS: libc::c_long = 300_000_000;
+
 /// Makes a child that holds a reference to the socket `sock` and releases
 /// it only after this process has closed its own (when the pipe whose
 /// write end is returned reaches EOF), so that the plugin never waits for
@@ -290,8 +294,10 @@ fn placeholder() -> OwnedFd {
 /// and `iptables-restore` process pays it at exit). The child closes every
 /// other descriptor at once, long before the plugin exits, so the
 /// runtime's pipes reach EOF with the plugin; the rules are committed by
-/// then, and nothing depends on the release. Without a child (fork
-/// failed), the plugin closes the socket itself, waiting as before.
+/// then, and nothing depends on the release. The child releases 300 ms
+/// after the plugin is done, when the grace periods of the chain's commits
+/// are long over. Without a child (fork failed), the plugin closes the
+/// socket itself, waiting as before.
 fn spawn_releaser(sock: i32) -> Option<OwnedFd> {
     let (r, w) = crate::detach::pipe().ok()?;
     let rfd = r.as_raw_fd();
@@ -303,6 +309,15 @@ fn spawn_releaser(sock: i32) -> Option<OwnedFd> {
             while libc::read(rfd, b.as_mut_ptr().cast(), 1) < 0
                 && *libc::__errno_location() == libc::EINTR
             {}
+            // Later than a grace period after the chain's commits, the
+            // flush has nothing to wait for; right away, it would hold the
+            // namespace's nf_tables commit lock for a grace period and so
+            // stall the next plugin of the chain instead.
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: RELEASE_DELAY_NS,
+            };
+            libc::nanosleep(&pause, std::ptr::null_mut());
             libc::close(sock);
         })
     };
