@@ -23,13 +23,13 @@ use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rcni_netns::NetNs;
 use rtnetlink::packet_core::{
-    NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
+    DefaultNla, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NLM_F_REQUEST, NetlinkMessage,
     NetlinkPayload,
 };
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
 use rtnetlink::packet_route::link::{
-    InfoData, InfoKind, InfoMacVlan, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
-    MacVlanMode, State,
+    AfSpecInet, AfSpecInet6, AfSpecUnspec, InfoData, InfoKind, InfoMacVlan, InfoVeth,
+    LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode, State,
 };
 use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute};
 use rtnetlink::packet_route::route::{
@@ -45,6 +45,11 @@ pub use types::{
     NUD_PERMANENT, NUD_PROBE, NUD_REACHABLE, NUD_STALE, Neighbour, ParseMacError, Route,
     SCOPE_HOST, SCOPE_LINK, SCOPE_UNIVERSE, TABLE_MAIN,
 };
+
+/// `IFLA_INET_CONF` inside `IFLA_AF_SPEC`/`AF_INET`.
+const IFLA_INET_CONF: u16 = 1;
+/// `IPV4_DEVCONF_ARP_NOTIFY`: `net/ipv4/conf/<link>/arp_notify`.
+pub const IPV4_DEVCONF_ARP_NOTIFY: u16 = 22;
 
 /// Longest interface name the kernel accepts (`IFNAMSIZ - 1`).
 const IFNAMSIZ_MAX: usize = 15;
@@ -165,6 +170,26 @@ impl Netlink {
             .execute()
             .await
             .map_err(|e| Error::netlink(op, e))
+    }
+
+    /// Sets per-link IPv4 sysctls (`net/ipv4/conf/<link>/...`, by their
+    /// `IPV4_DEVCONF_*` ids) over netlink, as writing the files does: no
+    /// /proc/sys path walk, whose cost grows with the node's namespaces.
+    pub async fn set_ipv4_devconf(&self, index: u32, values: &[(u16, u32)]) -> Result<()> {
+        // IFLA_INET_CONF nests one u32 attribute per value, typed by id.
+        let mut nested = Vec::with_capacity(values.len() * 8);
+        for (id, v) in values {
+            nested.extend(8u16.to_ne_bytes());
+            nested.extend(id.to_ne_bytes());
+            nested.extend(v.to_ne_bytes());
+        }
+        let mut msg = LinkUnspec::new_with_index(index).build();
+        msg.attributes
+            .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![
+                AfSpecInet::Other(DefaultNla::new(IFLA_INET_CONF, nested)),
+            ])]));
+        self.set_link(format!("set IPv4 devconf {values:?} of link {index}"), msg)
+            .await
     }
 
     pub async fn set_up(&self, index: u32) -> Result<()> {
@@ -700,6 +725,8 @@ fn parse_link(m: &LinkMessage) -> Link {
         allmulti: flags.contains(LinkFlags::Allmulti),
         txqlen: 0,
         is_loopback: flags.contains(LinkFlags::Loopback),
+        ipv6_accept_ra: None,
+        ipv6_accept_dad: None,
     };
     for attr in &m.attributes {
         match attr {
@@ -716,6 +743,19 @@ fn parse_link(m: &LinkMessage) -> Link {
                     LinkInfo::Kind(k) => Some(k.to_string()),
                     _ => None,
                 })
+            }
+            LinkAttribute::AfSpecUnspec(specs) => {
+                let conf = specs.iter().find_map(|s| match s {
+                    AfSpecUnspec::Inet6(v6) => v6.iter().find_map(|a| match a {
+                        AfSpecInet6::DevConf(c) => Some(c),
+                        _ => None,
+                    }),
+                    _ => None,
+                });
+                if let Some(c) = conf {
+                    link.ipv6_accept_ra = Some(c.accept_ra);
+                    link.ipv6_accept_dad = Some(c.accept_dad);
+                }
             }
             _ => {}
         }

@@ -69,18 +69,29 @@ pub fn set(ns: &NetNs, key: &str, value: &str) -> Result<()> {
 /// Write several sysctls in `ns` from one thread (one namespace switch for
 /// the lot: plugins set a handful per attachment). Every key is attempted;
 /// the results are in the order of `pairs`.
+///
+/// The files are opened relative to one `/proc/sys/net` descriptor: the
+/// lookup of `net` itself walks a dentry chain with an entry per network
+/// namespace on the node (each has its own), which at a thousand pods costs
+/// more than the rest of the write.
 pub fn set_each(ns: &NetNs, pairs: &[(&str, &str)]) -> Vec<Result<()>> {
+    if pairs.is_empty() {
+        return Vec::new();
+    }
     let write_all = || {
+        let net = std::fs::File::open("/proc/sys/net");
         pairs
             .iter()
             .map(|(key, value)| {
+                let op = || format!("set sysctl {key} to {value:?}");
                 let path = key_path(key)?;
-                let mut f = std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .map_err(|e| Error::io(format!("set sysctl {key} to {value:?}"), e))?;
+                let net = net
+                    .as_ref()
+                    .map_err(|e| Error::io(op(), std::io::Error::new(e.kind(), e.to_string())))?;
+                let rel = path.strip_prefix("/proc/sys/net").unwrap_or(&path);
+                let mut f = open_write_at(net, rel).map_err(|e| Error::io(op(), e))?;
                 f.write_all(value.as_bytes())
-                    .map_err(|e| Error::io(format!("set sysctl {key} to {value:?}"), e))
+                    .map_err(|e| Error::io(op(), e))
             })
             .collect::<Vec<_>>()
     };
@@ -93,6 +104,26 @@ pub fn set_each(ns: &NetNs, pairs: &[(&str, &str)]) -> Vec<Result<()>> {
                 .map(|(k, _)| Err(Error::other(format!("set sysctl {k}"), msg.clone())))
                 .collect()
         }
+    }
+}
+
+fn open_write_at(dir: &std::fs::File, rel: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: a valid directory fd and NUL-terminated relative path; the
+    // returned fd is owned once.
+    match unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        )
+    } {
+        -1 => Err(std::io::Error::last_os_error()),
+        // SAFETY: a fresh descriptor from openat, owned once.
+        fd => Ok(unsafe { std::fs::File::from_raw_fd(fd) }),
     }
 }
 

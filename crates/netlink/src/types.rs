@@ -123,6 +123,12 @@ pub struct Link {
     /// `IFLA_TXQLEN`: transmit queue length.
     pub txqlen: u32,
     pub is_loopback: bool,
+    /// The link's IPv6 `accept_ra` and `accept_dad` (`IFLA_INET6_CONF`);
+    /// `None` where IPv6 is off. Read here, a plugin needs no /proc/sys open
+    /// to find a value already right: every such open walks a dentry chain
+    /// as long as the node's namespace count.
+    pub ipv6_accept_ra: Option<i32>,
+    pub ipv6_accept_dad: Option<i32>,
 }
 
 /// An interface address; `addr` keeps host bits (`10.0.0.2/24`).

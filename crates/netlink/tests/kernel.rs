@@ -676,3 +676,34 @@ async fn delete_link_unlisted_frees_both_ends_and_reports_refusals() {
     assert_eq!(err.errno(), Some(libc::EOPNOTSUPP), "{err}");
     assert!(a.find_link("lo").await.unwrap().is_some());
 }
+
+#[tokio::test]
+async fn devconf_over_netlink_matches_the_sysctl_files() {
+    let (ns, nl) = fresh().await;
+    let v = nl.create_veth("v0", "v1", None, None).await.unwrap();
+    let key = |k: &str| format!("net/ipv4/conf/v0/{k}");
+    assert_eq!(sysctl::get(&ns, &key("arp_notify")).unwrap(), "0");
+    nl.set_ipv4_devconf(v.index, &[(rcni_netlink::IPV4_DEVCONF_ARP_NOTIFY, 1)])
+        .await
+        .unwrap();
+    assert_eq!(sysctl::get(&ns, &key("arp_notify")).unwrap(), "1");
+    // Only the value named changes.
+    assert_eq!(sysctl::get(&ns, &key("forwarding")).unwrap(), "0");
+
+    // The link reports the IPv6 values the files hold.
+    let dad = sysctl::get(&ns, "net/ipv6/conf/v0/accept_dad").unwrap();
+    let l = nl.link_by_index(v.index).await.unwrap();
+    assert_eq!(l.ipv6_accept_dad, Some(dad.parse().unwrap()));
+    let res = sysctl::set_each(
+        &ns,
+        &[
+            ("net/ipv6/conf/v0/accept_dad", "0"),
+            ("net/ipv6/conf/v0/accept_ra", "0"),
+            ("net/ipv6/conf/nosuch/accept_ra", "0"),
+        ],
+    );
+    assert!(res[0].is_ok() && res[1].is_ok(), "{res:?}");
+    assert!(res[2].as_ref().unwrap_err().is_not_found(), "{res:?}");
+    let l = nl.link_by_index(v.index).await.unwrap();
+    assert_eq!((l.ipv6_accept_dad, l.ipv6_accept_ra), (Some(0), Some(0)));
+}

@@ -242,17 +242,21 @@ impl Attachment for Bridge {
         if conf.promisc && !br.promisc {
             ns.rt.block_on(ns.host.set_promisc(br.index, true))?;
         }
+        // Written only where the link says otherwise (IPv6 on and not 0
+        // yet): after the bridge's first pod, no /proc/sys open at all.
         let br_conf = format!("net/ipv6/conf/{}", br.name);
-        sysctl_best_effort(
-            &ns.host_ns,
-            &[
-                // We own the bridge's routes: router advertisements must not add any.
-                (format!("{br_conf}/accept_ra"), "0"),
-                // The gateway address is ours by construction; DAD would only
-                // leave it unusable ("tentative") for the first pod's first second.
-                (format!("{br_conf}/accept_dad"), "0"),
-            ],
-        );
+        let wrong = |v: Option<i32>| v.is_some_and(|v| v != 0);
+        let br_sysctls: Vec<(String, &str)> = [
+            // We own the bridge's routes: router advertisements must not add any.
+            (wrong(br.ipv6_accept_ra), format!("{br_conf}/accept_ra")),
+            // The gateway address is ours by construction; DAD would only
+            // leave it unusable ("tentative") for the first pod's first second.
+            (wrong(br.ipv6_accept_dad), format!("{br_conf}/accept_dad")),
+        ]
+        .into_iter()
+        .filter_map(|(w, k)| w.then_some((k, "0")))
+        .collect();
+        sysctl_best_effort(&ns.host_ns, &br_sysctls);
 
         let (host_veth, ct_veth) = ns.setup_veth(&mut undo, &args.ifname, conf.mtu)?;
         if let Some(mac) = conf.mac {
@@ -291,13 +295,16 @@ impl Attachment for Bridge {
                     ],
                 )
             } else {
-                (
-                    Dad::NoWait,
-                    vec![(format!("net/ipv6/conf/{ifn}/accept_dad"), "0")],
-                )
+                let off = ct_veth.ipv6_accept_dad.is_some_and(|v| v != 0);
+                let key = format!("net/ipv6/conf/{ifn}/accept_dad");
+                (Dad::NoWait, off.then_some((key, "0")).into_iter().collect())
             };
-            let arp = (format!("net/ipv4/conf/{ifn}/arp_notify"), "1");
-            sysctl_best_effort(&ns.ct_ns, &[dad_sysctls, vec![arp]].concat());
+            sysctl_best_effort(&ns.ct_ns, &dad_sysctls);
+            // Best effort as the reference's write of arp_notify.
+            let _ = ns.rt.block_on(
+                ns.ct
+                    .set_ipv4_devconf(ct_veth.index, &[(rcni_netlink::IPV4_DEVCONF_ARP_NOTIFY, 1)]),
+            );
             let ct_link = ns.rt.block_on(ns.ct.link_by_index(ct_veth.index))?;
             ns.rt
                 .block_on(configure_iface(&ns.ct, &ns.ct_ns, &ct_link, &result, dad))?;
