@@ -520,7 +520,22 @@ impl Netlink {
 
     /// Addresses of one link, or of all links.
     pub async fn addresses(&self, index: Option<u32>) -> Result<Vec<Address>> {
+        // One dump per family: the kernel dumps a single family without
+        // rtnl (6.9 and later), while AF_UNSPEC goes through rtnl_dump_all,
+        // which waits for the lock behind every link change on the node.
+        // In turn: a socket runs one dump at a time (EBUSY).
+        let mut v = self.addresses_of(index, AddressFamily::Inet).await?;
+        v.extend(self.addresses_of(index, AddressFamily::Inet6).await?);
+        Ok(v)
+    }
+
+    async fn addresses_of(
+        &self,
+        index: Option<u32>,
+        family: AddressFamily,
+    ) -> Result<Vec<Address>> {
         let mut req = self.handle.address().get();
+        req.message_mut().header.family = family;
         if let Some(index) = index {
             req.message_mut().header.index = index;
             req = req.set_link_index_filter(index);
@@ -530,7 +545,12 @@ impl Netlink {
             .try_collect()
             .await
             .map_err(|e| Error::netlink("list addresses", e))?;
-        Ok(msgs.iter().filter_map(parse_address).collect())
+        // A kernel without IPv6 answers an AF_INET6 dump with every family.
+        Ok(msgs
+            .iter()
+            .filter(|m| m.header.family == family)
+            .filter_map(parse_address)
+            .collect())
     }
 
     /// Add an address, keeping its host bits (`10.0.0.2/24`). The kernel
@@ -578,12 +598,20 @@ impl Netlink {
 
     /// Unicast routes of one table, or of all tables with `None`.
     pub async fn routes_in_table(&self, family: Family, table: Option<u32>) -> Result<Vec<Route>> {
+        // Per family and in turn, for the reasons given in `addresses`.
+        let mut v = Vec::new();
+        if family != Family::V6 {
+            v = self.routes_of(AddressFamily::Inet, table).await?;
+        }
+        if family != Family::V4 {
+            v.extend(self.routes_of(AddressFamily::Inet6, table).await?);
+        }
+        Ok(v)
+    }
+
+    async fn routes_of(&self, family: AddressFamily, table: Option<u32>) -> Result<Vec<Route>> {
         let mut msg = RouteMessage::default();
-        msg.header.address_family = match family {
-            Family::V4 => AddressFamily::Inet,
-            Family::V6 => AddressFamily::Inet6,
-            Family::All => AddressFamily::Unspec,
-        };
+        msg.header.address_family = family;
         // Without NETLINK_GET_STRICT_CHK the kernel ignores every header
         // field but the family, so filtering happens here.
         let msgs: Vec<RouteMessage> = self
@@ -596,7 +624,7 @@ impl Netlink {
             .map_err(|e| Error::netlink("list routes", e))?;
         Ok(msgs
             .iter()
-            .filter(|m| m.header.kind == RouteType::Unicast)
+            .filter(|m| m.header.address_family == family && m.header.kind == RouteType::Unicast)
             .filter_map(parse_route)
             .filter(|r| table.is_none_or(|t| r.table == t))
             .collect())
