@@ -51,6 +51,8 @@ fn pods_reach_each_other_and_the_gateway_dual_stack() {
         let v = n.link_by_name(&host_veth).await.unwrap();
         assert_eq!(v.master, Some(br.index));
         assert!(v.oper_up);
+        // A port has no address of its own, not even IPv6 link-local.
+        assert_eq!(n.addresses(Some(v.index)).await.unwrap(), vec![]);
         assert_eq!(ifs[0]["mac"], br.mac.unwrap().to_string());
     });
     let addrs = addrs_of(&node.ns.ns, "cni0");

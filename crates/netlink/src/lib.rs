@@ -28,8 +28,8 @@ use rtnetlink::packet_core::{
 };
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
 use rtnetlink::packet_route::link::{
-    AfSpecInet, AfSpecInet6, AfSpecUnspec, InfoData, InfoKind, InfoMacVlan, InfoVeth,
-    LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode, State,
+    AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoMacVlan,
+    InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, MacVlanMode, State,
 };
 use rtnetlink::packet_route::neighbour::{NeighbourAddress, NeighbourAttribute};
 use rtnetlink::packet_route::route::{
@@ -189,6 +189,19 @@ impl Netlink {
                 AfSpecInet::Other(DefaultNla::new(IFLA_INET_CONF, nested)),
             ])]));
         self.set_link(format!("set IPv4 devconf {values:?} of link {index}"), msg)
+            .await
+    }
+
+    /// Sets the link's IPv6 address generation to none: once up it gets no
+    /// link-local address, so no DAD, router solicitations or MLD reports
+    /// of its own and no per-link fe80::/64 route. Before the link is up.
+    pub async fn set_ipv6_addr_gen_none(&self, index: u32) -> Result<()> {
+        let mut msg = LinkUnspec::new_with_index(index).build();
+        msg.attributes
+            .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
+                vec![AfSpecInet6::AddrGenMode(In6AddrGenMode::None)],
+            )]));
+        self.set_link(format!("set IPv6 addr_gen_mode none on link {index}"), msg)
             .await
     }
 

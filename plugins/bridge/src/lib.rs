@@ -154,6 +154,13 @@ async fn setup_port(
     for v in o.trunk {
         host.bridge_vlan_add(port.index, *v, false).await?;
     }
+    // A bridge port's own IPv6 stack never receives (the bridge takes its
+    // frames), yet with a link-local address it sends DAD, router
+    // solicitations and MLD reports into the pod, and each port's fe80::/64
+    // route is one more sibling that every IPv6 route insertion on the node
+    // walks under rtnl: at a thousand pods, most of an ADD. Best effort: a
+    // node without IPv6 refuses it.
+    let _ = host.set_ipv6_addr_gen_none(port.index).await;
     host.set_up(port.index).await?;
     Ok(())
 }
