@@ -535,15 +535,16 @@ pub async fn delete_veth(
 /// kernel's wait for RCU to a child ([`Netlink::delete_link_unlisted`]);
 /// one already gone is success.
 pub async fn unlist_link(nl: &Netlink, index: u32) -> Result<(), CniError> {
-    match nl.delete_link_unlisted(index).await {
-        Err(e) if !e.is_not_found() => Err(e.into()),
-        _ => Ok(()),
-    }
+    gone_is_ok(nl.delete_link_unlisted(index).await)
 }
 
 /// Deletes a link; one already gone is success.
 pub async fn delete_link(nl: &Netlink, index: u32) -> Result<(), CniError> {
-    match nl.delete_link(index).await {
+    gone_is_ok(nl.delete_link(index).await)
+}
+
+fn gone_is_ok(r: rcni_netlink::Result<()>) -> Result<(), CniError> {
+    match r {
         Err(e) if !e.is_not_found() => Err(e.into()),
         _ => Ok(()),
     }

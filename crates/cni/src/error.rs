@@ -200,6 +200,15 @@ impl CniError {
         )))
     }
 
+    /// Code 5 (I/O failure) joining `errors`, where a command (GC) kept
+    /// going past each of them; `Ok` without any.
+    pub fn io_failures(errors: &[String]) -> Result<(), Self> {
+        if errors.is_empty() {
+            return Ok(());
+        }
+        Err(Self::new(ErrorCode::IoFailure, errors.join("; ")))
+    }
+
     /// Prefixes the message with context, keeping code and details.
     pub fn context(mut self, ctx: impl fmt::Display) -> Self {
         self.msg = format!("{ctx}: {}", self.msg);

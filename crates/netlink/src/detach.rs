@@ -7,6 +7,8 @@
 //! for: when the plugin exits first it is re-parented (to init or the
 //! nearest subreaper), which reaps it.
 
+use crate::{Error, Result};
+use rcni_netns::NetNs;
 use std::os::fd::{FromRawFd, OwnedFd};
 
 /// Forks. In the child, closes every descriptor but `keep` and runs `child`,
@@ -18,18 +20,21 @@ use std::os::fd::{FromRawFd, OwnedFd};
 /// allocation, no locks, only raw syscalls on memory prepared before the
 /// call.
 pub(crate) unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<libc::pid_t> {
+    // Sorted before the fork: the child may not allocate.
+    let mut ks = [-1i32; 4];
+    assert!(
+        keep.len() <= ks.len(),
+        "fork_child keeps at most 4 descriptors"
+    );
+    ks[..keep.len()].copy_from_slice(keep);
+    ks.sort_unstable();
     // SAFETY: the caller promises `child` is async-signal-safe; before it
     // the child only calls close_range.
     unsafe {
         match libc::fork() {
             0 => {
                 let mut next = 0u32;
-                let mut ks = [i32::MAX; 4];
-                for (k, &fd) in ks.iter_mut().zip(keep) {
-                    *k = fd;
-                }
-                ks.sort_unstable();
-                for &fd in ks.iter().filter(|&&fd| fd >= 0 && fd != i32::MAX) {
+                for &fd in ks.iter().filter(|&&fd| fd >= 0) {
                     if fd as u32 > next {
                         libc::syscall(libc::SYS_close_range, next, fd as u32 - 1, 0);
                     }
@@ -43,6 +48,24 @@ pub(crate) unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<li
             _ => None,
         }
     }
+}
+
+/// A raw netlink socket of protocol `proto` (`NETLINK_ROUTE`,
+/// `NETLINK_NETFILTER`) bound to `ns`: a socket talks to the namespace it was
+/// created in.
+pub(crate) fn netlink_socket(ns: &NetNs, proto: i32, op: &str) -> Result<OwnedFd> {
+    ns.run(|| {
+        // SAFETY: plain socket(2); the fd is owned right away.
+        let fd =
+            unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    })
+    .map_err(|e| Error::netns(op, e))?
+    .map_err(|e| Error::io(op, e))
 }
 
 /// A close-on-exec pipe: (read end, write end).

@@ -17,7 +17,7 @@ use crate::nftexpr::{Expr, push_attr};
 use crate::{Error, Result};
 use rcni_netns::NetNs;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 
 // <linux/netlink.h>
 const NLMSG_ERROR: u16 = 2;
@@ -402,25 +402,7 @@ impl Nfnl {
     /// Opens a socket inside `ns`.
     pub fn open(ns: &NetNs) -> Result<Nfnl> {
         let op = "open NETLINK_NETFILTER socket";
-        let fd = ns
-            .run(|| {
-                // SAFETY: plain socket(2); the fd is owned right away.
-                let fd = unsafe {
-                    libc::socket(
-                        libc::AF_NETLINK,
-                        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                        libc::NETLINK_NETFILTER,
-                    )
-                };
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // SAFETY: fd was just returned by socket(2) and is not owned
-                // elsewhere.
-                Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-            })
-            .map_err(|e| Error::netns(op, e))?
-            .map_err(|e| io_err(op, e))?;
+        let fd = crate::detach::netlink_socket(ns, libc::NETLINK_NETFILTER, op)?;
         // A reply that never comes (a kernel without the subsystem) must not
         // hang a plugin forever.
         let tv = libc::timeval {

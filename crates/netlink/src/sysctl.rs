@@ -85,9 +85,14 @@ pub fn set_each(ns: &NetNs, pairs: &[(&str, &str)]) -> Vec<Result<()>> {
             .map(|(key, value)| {
                 let op = || format!("set sysctl {key} to {value:?}");
                 let path = key_path(key)?;
-                let net = net
-                    .as_ref()
-                    .map_err(|e| Error::io(op(), std::io::Error::new(e.kind(), e.to_string())))?;
+                // The one open's error, for every key (an io::Error is not Clone).
+                let net = net.as_ref().map_err(|e| {
+                    let e = e.raw_os_error().map_or_else(
+                        || std::io::Error::new(e.kind(), e.to_string()),
+                        std::io::Error::from_raw_os_error,
+                    );
+                    Error::io(op(), e)
+                })?;
                 let rel = path.strip_prefix("/proc/sys/net").unwrap_or(&path);
                 let mut f = open_write_at(net, rel).map_err(|e| Error::io(op(), e))?;
                 f.write_all(value.as_bytes())
@@ -108,23 +113,15 @@ pub fn set_each(ns: &NetNs, pairs: &[(&str, &str)]) -> Vec<Result<()>> {
 }
 
 fn open_write_at(dir: &std::fs::File, rel: &std::path::Path) -> std::io::Result<std::fs::File> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(rel.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: a valid directory fd and NUL-terminated relative path; the
-    // returned fd is owned once.
-    match unsafe {
-        libc::openat(
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            libc::O_WRONLY | libc::O_CLOEXEC,
-        )
-    } {
-        -1 => Err(std::io::Error::last_os_error()),
-        // SAFETY: a fresh descriptor from openat, owned once.
-        fd => Ok(unsafe { std::fs::File::from_raw_fd(fd) }),
-    }
+    use nix::fcntl::{OFlag, openat};
+    openat(
+        dir,
+        rel,
+        OFlag::O_WRONLY | OFlag::O_CLOEXEC,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map(std::fs::File::from)
+    .map_err(std::io::Error::from)
 }
 
 #[cfg(test)]

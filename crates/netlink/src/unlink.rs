@@ -5,7 +5,7 @@ use crate::{Error, Netlink, Result, detach};
 use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage};
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::link::LinkMessage;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// How long to wait for the kernel to unlist a link before waiting for the
@@ -28,7 +28,7 @@ impl Netlink {
     /// is still the caller's error. Without fork, a plain delete.
     pub async fn delete_link_unlisted(&self, index: u32) -> Result<()> {
         let op = || format!("delete link {index}");
-        let Some((answer, pid)) = self.spawn_delete(index).map_err(|e| Error::io(op(), e))? else {
+        let Some((answer, pid)) = self.spawn_delete(index)? else {
             return self.delete_link(index).await;
         };
         let t0 = Instant::now();
@@ -60,7 +60,7 @@ impl Netlink {
     /// Forks the child that deletes `index`: its socket is created in this
     /// connection's namespace, and it writes the kernel's errno (0 for
     /// success) to the returned pipe.
-    fn spawn_delete(&self, index: u32) -> std::io::Result<Option<(OwnedFd, libc::pid_t)>> {
+    fn spawn_delete(&self, index: u32) -> Result<Option<(OwnedFd, libc::pid_t)>> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         let mut req = NetlinkMessage::from(RouteNetlinkMessage::DelLink(msg));
@@ -69,25 +69,9 @@ impl Netlink {
         req.finalize();
         let mut buf = vec![0u8; req.buffer_len()];
         req.serialize(&mut buf);
-        let sock = self
-            .netns()
-            .run(|| {
-                // SAFETY: socket(2) returns a new fd or -1.
-                let fd = unsafe {
-                    libc::socket(
-                        libc::AF_NETLINK,
-                        libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                        libc::NETLINK_ROUTE,
-                    )
-                };
-                match fd {
-                    -1 => Err(std::io::Error::last_os_error()),
-                    // SAFETY: a fresh descriptor, owned once.
-                    fd => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
-                }
-            })
-            .map_err(std::io::Error::other)??;
-        let (r, w) = detach::pipe()?;
+        let sock =
+            detach::netlink_socket(self.netns(), libc::NETLINK_ROUTE, "open rtnetlink socket")?;
+        let (r, w) = detach::pipe().map_err(|e| Error::io("make a pipe", e))?;
         let (s, wfd) = (sock.as_raw_fd(), w.as_raw_fd());
         let mut ack = [0u8; 512];
         // SAFETY: the child only sends, receives into and writes from

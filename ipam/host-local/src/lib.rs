@@ -184,11 +184,7 @@ impl Plugin for HostLocal {
                 errors.push(format!("release {}: {e}", r.ip));
             }
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(CniError::new(ErrorCode::IoFailure, errors.join("; ")))
-        }
+        CniError::io_failures(&errors)
     }
 }
 

@@ -214,9 +214,6 @@ fn run_nft(ns: &NetNs, script: &str) -> Result<(), CniError> {
         .map_err(|e| CniError::from(e).context("unable to set up nftables rules for port mappings"))
 }
 
-/// Writes the attachment's rules (replacing any it had). A rule deleted by
-/// someone else between the listing and the write fails the transaction
-/// atomically; listing again and retrying once settles that.
 /// The ADD transaction as netlink operations: the same rules as
 /// [`setup_script`], without an `nft` process. (Conditions are nft rule
 /// text, which only nft can parse: with them [`setup_script`] is used.)

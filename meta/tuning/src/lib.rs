@@ -553,11 +553,7 @@ impl Plugin for Tuning {
                 _ => {}
             }
         }
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(CniError::new(ErrorCode::IoFailure, errors.join("; ")))
-        }
+        CniError::io_failures(&errors)
     }
 }
 

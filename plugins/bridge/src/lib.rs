@@ -132,6 +132,12 @@ impl<'a> PortOptions<'a> {
 }
 
 /// Enslaves the host veth and applies port flags and VLANs.
+/// An IPv6 devconf value the link reports as set (not 0); `None`, IPv6 off,
+/// needs no write either.
+fn on(v: Option<i32>) -> bool {
+    v.is_some_and(|v| v != 0)
+}
+
 async fn setup_port(
     host: &Netlink,
     port: &Link,
@@ -252,13 +258,12 @@ impl Attachment for Bridge {
         // Written only where the link says otherwise (IPv6 on and not 0
         // yet): after the bridge's first pod, no /proc/sys open at all.
         let br_conf = format!("net/ipv6/conf/{}", br.name);
-        let wrong = |v: Option<i32>| v.is_some_and(|v| v != 0);
         let br_sysctls: Vec<(String, &str)> = [
             // We own the bridge's routes: router advertisements must not add any.
-            (wrong(br.ipv6_accept_ra), format!("{br_conf}/accept_ra")),
+            (on(br.ipv6_accept_ra), format!("{br_conf}/accept_ra")),
             // The gateway address is ours by construction; DAD would only
             // leave it unusable ("tentative") for the first pod's first second.
-            (wrong(br.ipv6_accept_dad), format!("{br_conf}/accept_dad")),
+            (on(br.ipv6_accept_dad), format!("{br_conf}/accept_dad")),
         ]
         .into_iter()
         .filter_map(|(w, k)| w.then_some((k, "0")))
@@ -302,9 +307,12 @@ impl Attachment for Bridge {
                     ],
                 )
             } else {
-                let off = ct_veth.ipv6_accept_dad.is_some_and(|v| v != 0);
                 let key = format!("net/ipv6/conf/{ifn}/accept_dad");
-                (Dad::NoWait, off.then_some((key, "0")).into_iter().collect())
+                let dad_on = on(ct_veth.ipv6_accept_dad);
+                (
+                    Dad::NoWait,
+                    dad_on.then_some((key, "0")).into_iter().collect(),
+                )
             };
             sysctl_best_effort(&ns.ct_ns, &dad_sysctls);
             // Best effort as the reference's write of arp_notify.
