@@ -311,17 +311,17 @@ impl DiskStore {
         let Some(owners) = owners.as_ref() else {
             return Ok(());
         };
-        let mut f = OpenOptions::new()
+        let f = OpenOptions::new()
             .write(true)
             .create(true)
-            .truncate(true)
+            .truncate(false)
             .mode(0o644)
             .open(self.dir.join(INDEX_FILE))?;
         let index = Index {
             dir_mtime: self.dir_mtime()?,
             owners: owners.clone(),
         };
-        f.write_all(&serde_json::to_vec(&index).map_err(io::Error::other)?)
+        overwrite(f, &serde_json::to_vec(&index).map_err(io::Error::other)?)
     }
 }
 
@@ -436,15 +436,24 @@ impl Store for DiskStore {
     }
 }
 
-/// `ioutil.WriteFile(path, data, 0644)`.
+/// `ioutil.WriteFile(path, data, 0644)`, but see [`overwrite`].
 fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
-    OpenOptions::new()
+    let f = OpenOptions::new()
         .write(true)
         .create(true)
-        .truncate(true)
+        .truncate(false)
         .mode(0o644)
-        .open(path)?
-        .write_all(data)
+        .open(path)?;
+    overwrite(f, data)
+}
+
+/// Replaces a file's content by writing over it and then cutting it to
+/// length, where O_TRUNC would first free its blocks: on a filesystem
+/// mounted with `discard` (and no journal to defer it to) ext4 discards
+/// freed blocks synchronously, a device round trip per write.
+fn overwrite(mut f: File, data: &[u8]) -> io::Result<()> {
+    f.write_all(data)?;
+    f.set_len(data.len() as u64)
 }
 
 /// An in-memory store with the disk store's semantics, for pure tests.
@@ -578,6 +587,34 @@ mod tests {
         s.release(ip("10.0.0.2")).unwrap();
         s.release(ip("10.0.0.2")).unwrap();
         assert!(!dir.join("10.0.0.2").exists());
+
+        // Files written over in place still end where their content does
+        // when it gets shorter: the reference parses last_reserved_ip whole.
+        assert!(s.reserve(&who, ip("10.0.0.100"), 0).unwrap());
+        assert!(s.reserve(&who, ip("10.0.0.9"), 0).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
+            "10.0.0.9"
+        );
+        drop(s);
+        let index_len = || std::fs::metadata(dir.join(INDEX_FILE)).unwrap().len();
+        let before = index_len();
+        let mut s = DiskStore::open(tmp.path(), "net", true, t)
+            .unwrap()
+            .unwrap();
+        s.release(ip("10.0.0.100")).unwrap();
+        drop(s);
+        assert!(index_len() < before);
+        let s = DiskStore::open(tmp.path(), "net", true, t)
+            .unwrap()
+            .unwrap();
+        let data = std::fs::read(dir.join(INDEX_FILE)).unwrap();
+        let index: Index = serde_json::from_slice(&data).unwrap();
+        assert_eq!(
+            index.owners.keys().copied().collect::<Vec<_>>(),
+            [ip("10.0.0.9"), ip("2001:db8::2")]
+        );
+        assert_eq!(s.reservations().unwrap().len(), 2);
     }
 
     /// The owner index is a cache: whatever the reference (which does not
