@@ -100,6 +100,115 @@ fn pods_reach_each_other_and_the_gateway_dual_stack() {
     node.assert_nothing_left();
 }
 
+/// Frames the bridge `cni0` of `node` receives, from a packet socket opened
+/// now; `take` drains what arrived so far.
+struct Sniffer(std::os::fd::OwnedFd);
+
+impl Sniffer {
+    fn on_cni0(node: &rcni_netns::NetNs) -> Sniffer {
+        node.run(|| {
+            let name = std::ffi::CString::new("cni0").unwrap();
+            // SAFETY: if_nametoindex(3) on a C string; plain socket(2) and
+            // bind(2) on a zeroed sockaddr_ll.
+            unsafe {
+                let idx = libc::if_nametoindex(name.as_ptr());
+                assert_ne!(idx, 0, "no cni0");
+                let proto = (libc::ETH_P_ALL as u16).to_be();
+                let fd = libc::socket(
+                    libc::AF_PACKET,
+                    libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                    i32::from(proto),
+                );
+                assert!(
+                    fd >= 0,
+                    "packet socket: {}",
+                    std::io::Error::last_os_error()
+                );
+                let fd = <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd);
+                let mut sa: libc::sockaddr_ll = std::mem::zeroed();
+                sa.sll_family = libc::AF_PACKET as u16;
+                sa.sll_protocol = proto;
+                sa.sll_ifindex = idx as i32;
+                let r = libc::bind(
+                    std::os::fd::AsRawFd::as_raw_fd(&fd),
+                    (&sa as *const libc::sockaddr_ll).cast(),
+                    std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                );
+                assert_eq!(r, 0, "bind: {}", std::io::Error::last_os_error());
+                Sniffer(fd)
+            }
+        })
+        .unwrap()
+    }
+
+    fn take(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 2048];
+        loop {
+            // SAFETY: recv(2) into a local buffer of that size.
+            let n = unsafe {
+                libc::recv(
+                    std::os::fd::AsRawFd::as_raw_fd(&self.0),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    0,
+                )
+            };
+            if n <= 0 {
+                return out;
+            }
+            out.push(buf[..n as usize].to_vec());
+        }
+    }
+}
+
+#[test]
+fn pod_ipv6_start_up_is_not_flooded_while_the_port_joins() {
+    // When the pod's link-local address comes out of (skipped) DAD, the
+    // kernel sends its first router solicitation from a work item holding
+    // rtnl; were the host veth a bridge port by then, that and the pod's
+    // first MLD reports would be flooded to every port under the lock. The
+    // bridge plugin joins the port after that: no solicitation of the new
+    // pod reaches the bridge, and with the interval this long the kernel
+    // sends no second one during the test.
+    let node = Node::new();
+    let (first, pod) = (TestNs::new(), TestNs::new());
+    let conf = node.conf("1.0.0", json!({}));
+    let r0 = node.add(&first, "ctr-first", &conf);
+    rcni_netlink::sysctl::set(
+        &pod.ns,
+        "net/ipv6/conf/default/router_solicitation_interval",
+        "3600",
+    )
+    .unwrap();
+    let sniffer = Sniffer::on_cni0(&node.ns.ns);
+    let r = node.add(&pod, "ctr-pod", &conf);
+    let mac: Vec<u8> = r["interfaces"][2]["mac"]
+        .as_str()
+        .unwrap()
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap())
+        .collect();
+    // The host veth is a port by now; the solicitation (sent right after
+    // the address settled) had its chance to show up.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let solicitations = sniffer
+        .take()
+        .into_iter()
+        // Ethernet source, IPv6, next header ICMPv6, type 133.
+        .filter(|f| f.len() > 54 && f[6..12] == mac[..] && f[12..14] == [0x86, 0xdd])
+        .filter(|f| f[20] == 58 && f[54] == 133)
+        .count();
+    assert_eq!(solicitations, 0);
+    // Yet the pod is a port like any other.
+    assert!(ping(&pod.ns, &addr_of(&r0, true)));
+    assert!(ping(&pod.ns, &addr_of(&r0, false)));
+    for (p, cid, res) in [(&first, "ctr-first", &r0), (&pod, "ctr-pod", &r)] {
+        node.check_and_del(&bin("bridge"), p, cid, &conf, res);
+    }
+    node.assert_nothing_left();
+}
+
 #[test]
 fn every_spec_version_gets_its_result_shape() {
     let node = Node::new();
