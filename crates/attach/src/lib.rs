@@ -20,7 +20,7 @@ use rcni_cni::invoke::{PendingAdd, PendingCmd, delegate_cmd};
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig};
-use rcni_netlink::{Link, MacAddr, Netlink, SCOPE_LINK, sysctl};
+use rcni_netlink::{Family, Link, MacAddr, Netlink, SCOPE_LINK, sysctl};
 use rcni_netns::NetNs;
 use std::net::IpAddr;
 use tokio::runtime::Runtime;
@@ -382,15 +382,22 @@ pub fn sysctl_best_effort(ns: &NetNs, pairs: &[(String, &str)]) {
 /// `EnableIP6Forward`.
 pub fn enable_forwarding(ns: &NetNs, ips: &[IpNetwork]) -> Result<(), CniError> {
     let keys = [
-        (true, "net/ipv4/ip_forward"),
-        (false, "net/ipv6/conf/all/forwarding"),
+        (Family::V4, "net/ipv4/ip_forward"),
+        (Family::V6, "net/ipv6/conf/all/forwarding"),
     ];
-    for (v4, key) in keys {
-        if ips.iter().any(|ip| ip.is_ipv4() == v4)
-            && sysctl::get(ns, key)
-                .map(|v| v.trim() != "1")
-                .unwrap_or(true)
-        {
+    for (family, key) in keys {
+        let v4 = family == Family::V4;
+        if !ips.iter().any(|ip| ip.is_ipv4() == v4) {
+            continue;
+        }
+        // Read over netlink: this runs on every ADD, and a /proc/sys
+        // lookup grows with the namespaces on the node.
+        let on = rcni_netlink::netconf::forwarding(ns, family).or_else(|_| {
+            sysctl::get(ns, key)
+                .map(|v| v.trim() == "1")
+                .map_err(CniError::from)
+        });
+        if !on.unwrap_or(false) {
             sysctl::set(ns, key, "1")?;
         }
     }

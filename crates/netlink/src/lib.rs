@@ -8,6 +8,7 @@
 mod dad;
 mod detach;
 mod error;
+pub mod netconf;
 pub mod nfnl;
 pub mod nftexpr;
 pub mod sysctl;

@@ -748,3 +748,16 @@ async fn wait_untentative_sees_dad_through() {
         .collect();
     assert_eq!(lls.len(), 1, "{lls:?}");
 }
+
+#[tokio::test]
+async fn forwarding_over_netconf_matches_the_sysctl_files() {
+    let (ns, _nl) = fresh().await;
+    use rcni_netlink::netconf::forwarding;
+    assert!(!forwarding(&ns, Family::V4).unwrap());
+    assert!(!forwarding(&ns, Family::V6).unwrap());
+    sysctl::set(&ns, "net/ipv4/ip_forward", "1").unwrap();
+    assert!(forwarding(&ns, Family::V4).unwrap());
+    assert!(!forwarding(&ns, Family::V6).unwrap());
+    sysctl::set(&ns, "net/ipv6/conf/all/forwarding", "1").unwrap();
+    assert!(forwarding(&ns, Family::V6).unwrap());
+}
