@@ -11,7 +11,6 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{
@@ -70,7 +69,9 @@ impl Netlink {
     pub async fn wait_dad(&self, index: u32, addrs: &[IpAddr], timeout: Duration) -> Result<()> {
         let deadline = Instant::now() + timeout;
         loop {
-            let msgs = self.ipv6_addresses(index).await?;
+            let msgs = self
+                .address_messages(Some(index), AddressFamily::Inet6)
+                .await?;
             let mut tentative = false;
             for m in msgs
                 .iter()
@@ -107,7 +108,9 @@ impl Netlink {
     pub async fn wait_untentative(&self, index: u32, timeout: Duration) -> Result<bool> {
         let deadline = Instant::now() + timeout;
         loop {
-            let msgs = self.ipv6_addresses(index).await?;
+            let msgs = self
+                .address_messages(Some(index), AddressFamily::Inet6)
+                .await?;
             if !msgs
                 .iter()
                 .any(|m| flags_of(m).contains(AddressFlags::Tentative))
@@ -121,23 +124,5 @@ impl Netlink {
             // millisecond; tokio's timer would round any sleep up to 1 ms.
             std::thread::sleep(Duration::from_micros(100));
         }
-    }
-
-    /// IPv6 addresses of link `index`: a dump of one family, which the
-    /// kernel serves without rtnl (6.9 and later), unlike AF_UNSPEC.
-    async fn ipv6_addresses(&self, index: u32) -> Result<Vec<AddressMessage>> {
-        let mut req = self.handle.address().get().set_link_index_filter(index);
-        req.message_mut().header.family = AddressFamily::Inet6;
-        req.message_mut().header.index = index;
-        let msgs: Vec<AddressMessage> = req
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| Error::netlink("list addresses", e))?;
-        // A kernel without IPv6 answers with every family.
-        Ok(msgs
-            .into_iter()
-            .filter(|m| m.header.family == AddressFamily::Inet6)
-            .collect())
     }
 }

@@ -548,6 +548,17 @@ impl Netlink {
         index: Option<u32>,
         family: AddressFamily,
     ) -> Result<Vec<Address>> {
+        let msgs = self.address_messages(index, family).await?;
+        Ok(msgs.iter().filter_map(parse_address).collect())
+    }
+
+    /// A dump of one family's addresses (of link `index` only, if given),
+    /// as the kernel sends them.
+    pub(crate) async fn address_messages(
+        &self,
+        index: Option<u32>,
+        family: AddressFamily,
+    ) -> Result<Vec<AddressMessage>> {
         let mut req = self.handle.address().get();
         req.message_mut().header.family = family;
         if let Some(index) = index {
@@ -561,9 +572,8 @@ impl Netlink {
             .map_err(|e| Error::netlink("list addresses", e))?;
         // A kernel without IPv6 answers an AF_INET6 dump with every family.
         Ok(msgs
-            .iter()
+            .into_iter()
             .filter(|m| m.header.family == family)
-            .filter_map(parse_address)
             .collect())
     }
 
