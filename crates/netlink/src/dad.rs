@@ -99,30 +99,4 @@ impl Netlink {
             tokio::time::sleep(SETTLE_INTERVAL).await;
         }
     }
-
-    /// Waits, at most `timeout`, until link `index` holds no tentative IPv6
-    /// address; `false` if one still is by then. With DAD off the kernel
-    /// still finishes each address in a work item that holds rtnl, and the
-    /// one for the link-local address also sends the link's first MLD
-    /// reports and router solicitation from inside it.
-    pub async fn wait_untentative(&self, index: u32, timeout: Duration) -> Result<bool> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let msgs = self
-                .address_messages(Some(index), AddressFamily::Inet6)
-                .await?;
-            if !msgs
-                .iter()
-                .any(|m| flags_of(m).contains(AddressFlags::Tentative))
-            {
-                return Ok(true);
-            }
-            if Instant::now() >= deadline {
-                return Ok(false);
-            }
-            // The work item is already queued and needs well under a
-            // millisecond; tokio's timer would round any sleep up to 1 ms.
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
 }

@@ -709,47 +709,6 @@ async fn devconf_over_netlink_matches_the_sysctl_files() {
 }
 
 #[tokio::test]
-async fn wait_untentative_sees_dad_through() {
-    let (ns, nl) = fresh().await;
-    let v = nl.create_veth("v0", "v1", None, None).await.unwrap();
-    let p = nl.link_by_name("v1").await.unwrap();
-    // No IPv6 address at all: nothing to wait for.
-    assert!(nl.wait_untentative(v.index, Duration::ZERO).await.unwrap());
-
-    // With DAD on, a new address stays tentative for about a second.
-    sysctl::set(&ns, "net/ipv6/conf/v0/accept_dad", "1").unwrap();
-    nl.add_address(v.index, net("fd00:7::1/64")).await.unwrap();
-    nl.set_up(p.index).await.unwrap();
-    nl.set_up(v.index).await.unwrap();
-    let t0 = Instant::now();
-    let settled = nl
-        .wait_untentative(v.index, Duration::from_millis(20))
-        .await
-        .unwrap();
-    assert!(!settled, "DAD cannot have finished");
-    assert!(t0.elapsed() >= Duration::from_millis(20));
-
-    // With DAD off on the peer, its link-local address is done as soon as
-    // the kernel's DAD work item has run.
-    sysctl::set(&ns, "net/ipv6/conf/v1/accept_dad", "0").unwrap();
-    nl.set_down(p.index).await.unwrap();
-    nl.set_up(p.index).await.unwrap();
-    assert!(
-        nl.wait_untentative(p.index, Duration::from_secs(5))
-            .await
-            .unwrap()
-    );
-    let lls: Vec<_> = nl
-        .addresses(Some(p.index))
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|a| a.addr.ip().is_ipv6())
-        .collect();
-    assert_eq!(lls.len(), 1, "{lls:?}");
-}
-
-#[tokio::test]
 async fn forwarding_over_netconf_matches_the_sysctl_files() {
     let (ns, _nl) = fresh().await;
     use rcni_netlink::netconf::forwarding;

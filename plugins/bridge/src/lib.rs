@@ -137,21 +137,8 @@ fn on(v: Option<i32>) -> bool {
     v.is_some_and(|v| v != 0)
 }
 
-/// Brings the host veth up, not yet a port.
-async fn prepare_port(host: &Netlink, port: &Link) -> Result<(), CniError> {
-    // A bridge port's own IPv6 stack never receives (the bridge takes its
-    // frames), yet with a link-local address it sends DAD, router
-    // solicitations and MLD reports into the pod, and each port's fe80::/64
-    // route is one more sibling that every IPv6 route insertion on the node
-    // walks under rtnl: at a thousand pods, most of an ADD. Best effort: a
-    // node without IPv6 refuses it.
-    let _ = host.set_ipv6_addr_gen_none(port.index).await;
-    host.set_up(port.index).await?;
-    Ok(())
-}
-
-/// Enslaves the host veth and applies port flags and VLANs.
-async fn join_bridge(
+/// Enslaves the host veth, applies port flags and VLANs, and brings it up.
+async fn setup_port(
     host: &Netlink,
     port: &Link,
     br: &Link,
@@ -173,33 +160,16 @@ async fn join_bridge(
     for v in o.trunk {
         host.bridge_vlan_add(port.index, *v, false).await?;
     }
+    // A bridge port's own IPv6 stack never receives (the bridge takes its
+    // frames), yet with a link-local address it sends DAD, router
+    // solicitations and MLD reports into the pod, and each port's fe80::/64
+    // route is one more sibling that every IPv6 route insertion on the node
+    // walks under rtnl: at a thousand pods, most of an ADD. Best effort: a
+    // node without IPv6 refuses it.
+    let _ = host.set_ipv6_addr_gen_none(port.index).await;
+    host.set_up(port.index).await?;
     Ok(())
 }
-
-/// Whether the host veth joins the bridge only once the pod's interface is
-/// up and its IPv6 start-up is done. When the pod's link-local address
-/// comes out of its (skipped) DAD, the kernel sends the pod's first MLD
-/// reports and router solicitation from a work item that holds rtnl, and
-/// on a bridge port each of those is flooded to every other port before
-/// the lock is let go: with a thousand pods, milliseconds in which no link
-/// on the node can change, this ADD's remaining requests included. Sent
-/// before the port joins, they reach only the host veth; the kernel repeats
-/// both (MLD within a second, solicitations from 4 s on), so the bridge
-/// still learns the pod's groups. Not with DAD on (its probes must reach
-/// the other pods), nor where the join is more than the master (VLANs and
-/// isolation take effect a request after it, and the port would forward
-/// in between).
-fn joins_late(conf: &Conf) -> bool {
-    !conf.enable_dad
-        && !conf.disable_container_interface
-        && conf.vlan == 0
-        && conf.trunk.is_empty()
-        && !conf.port_isolation
-}
-
-/// How long a late join waits for the pod's addresses to leave the
-/// tentative state; past it, the port joins anyway.
-const SETTLE_BEFORE_JOIN: Duration = Duration::from_millis(100);
 
 /// `<bridge>.<vlan>`: a veth in the host namespace whose peer is an access
 /// port of the VLAN, carrying the gateway address for that VLAN.
@@ -225,8 +195,7 @@ async fn ensure_vlan_interface(host: &Netlink, br: &Link, conf: &Conf) -> Result
         trunk: &[],
         ..PortOptions::of(conf)
     };
-    prepare_port(host, &port).await?;
-    join_bridge(host, &port, br, &opts).await?;
+    setup_port(host, &port, br, &opts).await?;
     host.set_up(gw.index).await?;
     Ok(host.link_by_index(gw.index).await?)
 }
@@ -305,13 +274,12 @@ impl Attachment for Bridge {
         if let Some(mac) = conf.mac {
             ns.rt.block_on(ns.ct.set_mac(ct_veth.index, mac))?;
         }
-        let port = PortOptions::of(conf);
-        let late = joins_late(conf);
-        ns.rt.block_on(prepare_port(&ns.host, &host_veth))?;
-        if !late {
-            ns.rt
-                .block_on(join_bridge(&ns.host, &host_veth, &br, &port))?;
-        }
+        ns.rt.block_on(setup_port(
+            &ns.host,
+            &host_veth,
+            &br,
+            &PortOptions::of(conf),
+        ))?;
 
         if conf.mac_spoof_chk {
             let mac = ct_veth.mac.map(|m| m.to_string()).unwrap_or_default();
@@ -381,15 +349,6 @@ impl Attachment for Bridge {
             }
         } else if !conf.disable_container_interface {
             ns.rt.block_on(ns.ct.set_up(ct_veth.index))?;
-        }
-        if late {
-            // Best effort: an address still tentative by the deadline only
-            // brings back the flood under rtnl this avoids.
-            let _ = ns
-                .rt
-                .block_on(ns.ct.wait_untentative(ct_veth.index, SETTLE_BEFORE_JOIN));
-            ns.rt
-                .block_on(join_bridge(&ns.host, &host_veth, &br, &port))?;
         }
 
         let host_veth = if conf.disable_container_interface {
