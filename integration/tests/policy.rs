@@ -15,7 +15,7 @@ mod common;
 use common::{Bpffs, Node, addr_of};
 use rcni_ebpf::Datapath;
 use rcni_netns::NetNs;
-use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping};
+use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping, stdout_of};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -196,33 +196,23 @@ impl Lab {
         self.policy("CHECK", p, &self.prev_of(i))
     }
 
+    /// `policy <args> --network podnet --data-dir ...` in the node namespace.
+    fn operator(&self, args: &[&str]) -> String {
+        let dd = self.data_dir().display().to_string();
+        stdout_of(
+            command_in(&self.node.ns.ns, bin("policy"))
+                .args(args)
+                .args(["--network", "podnet", "--data-dir", &dd]),
+        )
+    }
+
     /// `policy sync` in the node namespace.
     fn sync(&self) -> String {
-        let dd = self.data_dir().display().to_string();
-        let out = command_in(&self.node.ns.ns, bin("policy"))
-            .args(["sync", "--network", "podnet", "--data-dir", &dd])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "policy sync: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.operator(&["sync"])
     }
 
     fn show(&self) -> Value {
-        let dd = self.data_dir().display().to_string();
-        let out = command_in(&self.node.ns.ns, bin("policy"))
-            .args(["show", "--network", "podnet", "--data-dir", &dd, "--json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).unwrap()
+        serde_json::from_str(&self.operator(&["show", "--json"])).unwrap()
     }
 
     fn write_policy(&self, file: &str, v: Value) {

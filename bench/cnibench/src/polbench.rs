@@ -259,19 +259,12 @@ impl Node {
 
     fn policy_cmd(&self, args: &[&str]) -> String {
         let dd = self.state.path().display().to_string();
-        let out = self
-            .ns
-            .command(self.ours.join("policy"))
-            .args(args)
-            .args(["--network", NET, "--data-dir", &dd])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "policy {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        rcni_testkit::stdout_of(self.ns.command(self.ours.join("policy")).args(args).args([
+            "--network",
+            NET,
+            "--data-dir",
+            &dd,
+        ]))
     }
 
     /// `policy sync`: (wall ms, the time it reports itself in ms, its line).

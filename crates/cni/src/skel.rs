@@ -148,6 +148,17 @@ pub fn run<P: Plugin>(plugin: &P) -> ! {
     std::process::exit(code)
 }
 
+/// The entry of a binary that is a plugin and an operator's tool in one:
+/// with arguments (a runtime never passes any) `cli` runs on them and its
+/// result is the exit code, else [`run`].
+pub fn run_or_cli<P: Plugin>(plugin: &P, cli: fn(&[String]) -> i32) -> ! {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if !args.is_empty() {
+        std::process::exit(cli(&args));
+    }
+    run(plugin)
+}
+
 /// The testable core of [`run`]: returns the exit code.
 pub fn dispatch<P: Plugin>(
     plugin: &P,

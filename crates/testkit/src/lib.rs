@@ -100,6 +100,18 @@ pub fn command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
     ns.command(program)
 }
 
+/// Runs `cmd`, which must succeed (its stderr is the failure message), and
+/// returns its stdout.
+pub fn stdout_of(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A named namespace at a path of its own (for tests that delete the
 /// namespace under a plugin); removed on drop.
 pub struct PersistentNs {

@@ -10,6 +10,7 @@
 use crate::range::parse_ip;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
+use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
@@ -189,9 +190,10 @@ pub struct DiskStore {
 /// was written. Every create or unlink of a reservation, by us or by the
 /// reference (which does not know the index), moves it.
 #[derive(serde::Serialize, serde::Deserialize)]
-struct Index {
+struct Index<'a> {
     dir_mtime: (i64, i64),
-    owners: BTreeMap<IpAddr, String>,
+    /// Borrowed when written: no copy of every owner per ADD.
+    owners: Cow<'a, BTreeMap<IpAddr, String>>,
 }
 
 impl DiskStore {
@@ -277,7 +279,7 @@ impl DiskStore {
         let fresh = index.dir_mtime == self.dir_mtime().ok()?
             && index.owners.len() == names.len()
             && index.owners.keys().eq(names.iter());
-        fresh.then_some(index.owners)
+        fresh.then(|| index.owners.into_owned())
     }
 
     fn with_owners<T>(&self, f: impl FnOnce(&mut BTreeMap<IpAddr, String>) -> T) -> io::Result<T> {
@@ -311,15 +313,10 @@ impl DiskStore {
         let Some(owners) = owners.as_ref() else {
             return Ok(());
         };
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(self.dir.join(INDEX_FILE))?;
+        let f = open_for_overwrite(&self.dir.join(INDEX_FILE))?;
         let index = Index {
             dir_mtime: self.dir_mtime()?,
-            owners: owners.clone(),
+            owners: Cow::Borrowed(owners),
         };
         overwrite(f, &serde_json::to_vec(&index).map_err(io::Error::other)?)
     }
@@ -438,13 +435,17 @@ impl Store for DiskStore {
 
 /// `ioutil.WriteFile(path, data, 0644)`, but see [`overwrite`].
 fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
-    let f = OpenOptions::new()
+    overwrite(open_for_overwrite(path)?, data)
+}
+
+/// Opens (creating, 0644) a file whose content [`overwrite`] replaces.
+fn open_for_overwrite(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o644)
-        .open(path)?;
-    overwrite(f, data)
+        .open(path)
 }
 
 /// Replaces a file's content by writing over it and then cutting it to

@@ -28,14 +28,9 @@ use std::net::IpAddr;
 
 pub struct Fastpath;
 
-/// The binary's entry: an operator's subcommand when it has arguments (a
-/// runtime never passes any), else the CNI plugin.
+/// The binary's entry: an operator's subcommand or the CNI plugin.
 pub fn main() -> ! {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if !args.is_empty() {
-        std::process::exit(cli::run(&args));
-    }
-    rcni_cni::skel::run(&Fastpath)
+    rcni_cni::skel::run_or_cli(&Fastpath, cli::run)
 }
 
 fn ebpf_err(e: rcni_ebpf::Error) -> CniError {

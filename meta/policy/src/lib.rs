@@ -39,14 +39,9 @@ use std::collections::BTreeSet;
 
 pub struct Policy;
 
-/// The binary's entry: an operator's subcommand when it has arguments (a
-/// runtime never passes any), else the CNI plugin.
+/// The binary's entry: an operator's subcommand or the CNI plugin.
 pub fn main() -> ! {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if !args.is_empty() {
-        std::process::exit(cli::run(&args));
-    }
-    rcni_cni::skel::run(&Policy)
+    rcni_cni::skel::run_or_cli(&Policy, cli::run)
 }
 
 fn required_prev(args: &CmdArgs) -> Result<CniResult, CniError> {

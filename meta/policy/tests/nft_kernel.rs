@@ -162,18 +162,7 @@ impl Lab {
     }
 
     fn nft(&self, args: &str) -> String {
-        let out = self
-            .node
-            .command("nft")
-            .args(args.split_whitespace())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "nft {args}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        rcni_testkit::stdout_of(self.node.command("nft").args(args.split_whitespace()))
     }
 
     fn tables(&self) -> String {
