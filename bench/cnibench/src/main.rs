@@ -150,7 +150,7 @@ fn reservations(im: &Impl) -> usize {
             rd.flatten()
                 .filter(|e| {
                     let n = e.file_name().to_string_lossy().into_owned();
-                    n != "lock" && !n.starts_with("last_reserved_ip") && n != ".rcni-owners"
+                    n != "lock" && !n.starts_with("last_reserved_ip") && !n.starts_with(".rcni-")
                 })
                 .count()
         })

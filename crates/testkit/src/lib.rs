@@ -446,15 +446,16 @@ pub fn result_ips(result: &Value) -> Vec<String> {
 
 /// host-local's reservations (address files) in a network's data directory:
 /// what a DEL must have released. Its lock, the round-robin cursors
-/// (`last_reserved_ip.N`) and our dot-files (the `.rcni-owners` index) are
-/// state, not reservations.
+/// (`last_reserved_ip.N`) and our `.rcni-*` files (the owner index, the
+/// cursors' spares) are state, not reservations. A killed writer's
+/// temporary file counts: the next command must have swept it.
 pub fn reservations(net_dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(net_dir)
         .map(|rd| {
             rd.flatten()
                 .map(|e| e.file_name().to_string_lossy().into_owned())
                 .filter(|n| {
-                    n != "lock" && !n.starts_with("last_reserved_ip.") && !n.starts_with('.')
+                    n != "lock" && !n.starts_with("last_reserved_ip.") && !n.starts_with(".rcni-")
                 })
                 .collect()
         })
@@ -491,12 +492,17 @@ mod tests {
             "lock",
             "last_reserved_ip.0",
             ".rcni-owners",
+            ".rcni-spare.last_reserved_ip.0",
             "10.1.0.2",
             "10.1.0.3",
+            ".10.1.0.4.77.0.rcni-tmp",
         ] {
             std::fs::write(d.path().join(f), "").unwrap();
         }
-        assert_eq!(reservations(d.path()), ["10.1.0.2", "10.1.0.3"]);
+        assert_eq!(
+            reservations(d.path()),
+            [".10.1.0.4.77.0.rcni-tmp", "10.1.0.2", "10.1.0.3"]
+        );
         assert!(reservations(&d.path().join("none")).is_empty());
     }
 }

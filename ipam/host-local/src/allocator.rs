@@ -4,7 +4,7 @@
 //! locks each set separately).
 
 use crate::range::RangeSet;
-use crate::store::{Attachment, Store, held_by};
+use crate::store::{Attachment, Owner, Store, held_by};
 use ipnetwork::IpNetwork;
 use rcni_cni::IpConfig;
 use std::collections::HashSet;
@@ -111,7 +111,7 @@ pub fn get(
         }
         // As in the reference, a requested address skips the duplicate
         // check: a runtime may ask for a second, specific address.
-        if !store.reserve(who, ip, range_id)? {
+        if !store.reserve(who, ip, range_id)? && !reclaim(store, who, ip, range_id)? {
             return Err(AllocError::Unavailable {
                 ip,
                 set: set.to_string(),
@@ -131,20 +131,43 @@ pub fn get(
             id: who.container_id.clone(),
         });
     }
-    // Known-taken addresses are skipped without a syscall; the O_EXCL
-    // create stays the authority.
-    let taken: HashSet<IpAddr> = reservations.iter().map(|r| r.ip).collect();
+    // Known-taken addresses are skipped without a syscall; the exclusive
+    // create stays the authority. Abandoned files are free.
+    let taken: HashSet<IpAddr> = reservations
+        .iter()
+        .filter(|r| r.owner != Owner::Abandoned)
+        .map(|r| r.ip)
+        .collect();
     for (ip, r) in set.iter_from(store.last_reserved(range_id)?) {
         if taken.contains(&ip) {
             continue;
         }
-        if store.reserve(who, ip, range_id)? {
+        if store.reserve(who, ip, range_id)? || reclaim(store, who, ip, range_id)? {
             return Ok(ip_config(ip, r.subnet.prefix, r.gateway));
         }
     }
     Err(AllocError::Exhausted {
         set: set.to_string(),
     })
+}
+
+/// Takes `ip` for `who` when its existing file is abandoned (a killed
+/// writer's empty file): removed, then reserved as usual.
+fn reclaim(
+    store: &mut dyn Store,
+    who: &Attachment,
+    ip: IpAddr,
+    range_id: usize,
+) -> io::Result<bool> {
+    let abandoned = store
+        .reservations()?
+        .iter()
+        .any(|r| r.ip == ip && r.owner == Owner::Abandoned);
+    if !abandoned {
+        return Ok(false);
+    }
+    store.release(ip)?;
+    store.reserve(who, ip, range_id)
 }
 
 /// An ADD: one address per range set, each requested address used in the
@@ -398,5 +421,36 @@ mod tests {
         assert_eq!(got, ["10.0.0.10/24", "10.0.0.11/24", "10.9.0.2/30"]);
         let r = &s.files;
         assert_eq!(r.len(), 3);
+    }
+
+    #[test]
+    fn abandoned_files_are_free_for_the_scan_and_for_requests() {
+        let set = set("10.0.0.0/29", None, None);
+        let mut s = MemStore::default();
+        for last in 2..=6 {
+            let ip: IpAddr = format!("10.0.0.{last}").parse().unwrap();
+            s.files.insert(ip, String::new());
+        }
+        // Young empty files are taken: the set is full.
+        let who = Attachment::new("a", "eth0");
+        assert!(matches!(
+            get(&mut s, &set, 0, &who, None),
+            Err(AllocError::Exhausted { .. })
+        ));
+        s.abandoned.insert("10.0.0.4".parse().unwrap());
+        s.abandoned.insert("10.0.0.5".parse().unwrap());
+        let got = get(&mut s, &set, 0, &who, None).unwrap();
+        assert_eq!(got.address.ip().to_string(), "10.0.0.4");
+        assert_eq!(s.files[&got.address.ip()], who.content());
+        let b = Attachment::new("b", "eth0");
+        let req: IpAddr = "10.0.0.5".parse().unwrap();
+        get(&mut s, &set, 0, &b, Some(req)).unwrap();
+        assert_eq!(s.files[&req], b.content());
+        let c = Attachment::new("c", "eth0");
+        let young: IpAddr = "10.0.0.6".parse().unwrap();
+        assert!(matches!(
+            get(&mut s, &set, 0, &c, Some(young)),
+            Err(AllocError::Unavailable { .. })
+        ));
     }
 }

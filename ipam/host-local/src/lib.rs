@@ -140,7 +140,12 @@ impl Plugin for HostLocal {
                 .map_err(|e| io_err("read", store.dir(), e))?,
             None => Vec::new(),
         };
-        let reserved: HashSet<IpAddr> = reservations.iter().map(|r| r.ip).collect();
+        // Abandoned files are free for the next ADD.
+        let reserved: HashSet<IpAddr> = reservations
+            .iter()
+            .filter(|r| r.owner != Owner::Abandoned)
+            .map(|r| r.ip)
+            .collect();
         for (idx, set) in conf.ranges.iter().enumerate() {
             let used = reserved
                 .iter()
@@ -178,6 +183,8 @@ impl Plugin for HostLocal {
                 // Old files name no ifname: stale only when no valid
                 // attachment of the container is left.
                 Owner::Legacy(id) => !valid_ids.contains(id.as_str()),
+                // A killed writer's empty file names nobody: free it.
+                Owner::Abandoned => true,
                 Owner::Unknown(_) => false,
             };
             if stale && let Err(e) = store.release(r.ip) {
@@ -221,6 +228,51 @@ mod tests {
         assert_eq!(run("DEL", "a", &conf), (0, Value::Null));
         assert_eq!(run("DEL", "a", &conf), (0, Value::Null));
         assert_eq!(run("STATUS", "", &conf), (0, Value::Null));
+    }
+
+    /// The leftover of a writer killed between creating a reservation and
+    /// filling it (the reference's window): once old enough, STATUS counts
+    /// it free, ADD takes it and GC removes it; a young one stays.
+    #[test]
+    fn abandoned_empty_reservations_are_free() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = json!({"cniVersion": "1.1.0", "name": "unit", "type": "bridge",
+            "ipam": {"type": "host-local", "dataDir": tmp.path(), "subnet": "10.9.0.0/29"}});
+        let dir = tmp.path().join("unit");
+        std::fs::create_dir_all(&dir).unwrap();
+        let aged = |name: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, "").unwrap();
+            let f = std::fs::File::options().write(true).open(&p).unwrap();
+            f.set_modified(
+                std::time::SystemTime::now() - store::ABANDONED_AFTER - Duration::from_secs(1),
+            )
+            .unwrap();
+        };
+        for last in 2..=5 {
+            aged(&format!("10.9.0.{last}"));
+        }
+        std::fs::write(dir.join("10.9.0.6"), "").unwrap();
+        assert_eq!(run("STATUS", "", &conf), (0, Value::Null));
+        let (code, out) = run("ADD", "a", &conf);
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(out["ips"][0]["address"], json!("10.9.0.2/29"));
+        let gc = |valid: Value| {
+            let mut c = conf.clone();
+            c["cni.dev/valid-attachments"] = valid;
+            run("GC", "", &c)
+        };
+        assert_eq!(
+            gc(json!([{"containerID": "a", "ifname": "eth0"}])),
+            (0, Value::Null)
+        );
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("10."))
+            .collect();
+        left.sort();
+        assert_eq!(left, ["10.9.0.2", "10.9.0.6"], "young empty file kept");
     }
 
     #[test]

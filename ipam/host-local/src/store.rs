@@ -6,6 +6,14 @@
 //! <dataDir>/<network>/<ip>                 "<containerID>\r\n<ifname>" (older: "<containerID>")
 //! <dataDir>/<network>/last_reserved_ip.<n> the last address reserved in range set n
 //! ```
+//!
+//! Every file appears only complete (see `rcni_statefile`): a reservation is
+//! written under a temporary name and published with
+//! renameat2(RENAME_NOREPLACE), so an ADD killed at any moment leaves either
+//! no reservation or one naming its owner, which DEL and GC can free. The
+//! reference creates the file first and writes the owner after, so a kill
+//! in between (ours before this layout, or the reference's) leaves an empty
+//! file; such files are freed once [`ABANDONED_AFTER`] has passed.
 
 use crate::range::parse_ip;
 use nix::errno::Errno;
@@ -14,17 +22,23 @@ use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 pub const LOCK_FILE: &str = "lock";
 pub const LAST_RESERVED_PREFIX: &str = "last_reserved_ip.";
 /// Between container ID and ifname in a reservation file (`disk.LineBreak`).
 pub const LINE_BREAK: &str = "\r\n";
+/// How old an empty or unreadable reservation file must be before ADD and GC
+/// take it as free. Every writer (ours and the reference's) fills the file
+/// under the lock we hold while looking, so an empty one is a killed
+/// writer's; the wait only keeps a file whose writer somehow still runs
+/// (a data directory shared without working flock) from being taken.
+pub const ABANDONED_AFTER: Duration = Duration::from_secs(60);
 
 /// One attachment: what a reservation belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -57,6 +71,10 @@ pub enum Owner {
     Legacy(String),
     /// Anything else: never matched, never garbage-collected.
     Unknown(String),
+    /// An empty or unreadable file older than [`ABANDONED_AFTER`]: a writer
+    /// killed between creating and filling it. Matched by nobody, free for
+    /// ADD, removed by GC.
+    Abandoned,
 }
 
 impl Owner {
@@ -78,7 +96,7 @@ impl Owner {
         match self {
             Owner::Attachment(a) => Some(&a.container_id),
             Owner::Legacy(id) => Some(id),
-            Owner::Unknown(_) => None,
+            Owner::Unknown(_) | Owner::Abandoned => None,
         }
     }
 }
@@ -108,7 +126,7 @@ pub fn held_by(res: &[Reservation], who: &Attachment) -> Vec<IpAddr> {
         .filter(|r| match &r.owner {
             Owner::Attachment(a) => a == who,
             Owner::Legacy(id) => *id == who.container_id,
-            Owner::Unknown(_) => false,
+            Owner::Unknown(_) | Owner::Abandoned => false,
         })
         .map(|r| r.ip)
         .collect()
@@ -175,6 +193,42 @@ impl StoreError {
 /// instead of all of them. The reference never reads it as a reservation (its
 /// name is no address) and never matches its content to an attachment.
 pub const INDEX_FILE: &str = ".rcni-owners";
+
+/// The first line of the index: `rcni-owners <body length> <crc32 of the
+/// body>`. The index is written over in place (see [`DiskStore::write_index`]),
+/// so a writer killed part way leaves a mix of old and new bytes that may
+/// still parse; the length and checksum make such an index never believed.
+const INDEX_MAGIC: &str = "rcni-owners";
+
+fn index_encode(body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "{INDEX_MAGIC} {} {:08x}\n",
+        body.len(),
+        crc32fast::hash(body)
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+/// The body of an index file that is whole, else `None`.
+fn index_decode(data: &[u8]) -> Option<&[u8]> {
+    let nl = data.iter().position(|b| *b == b'\n')?;
+    let header = std::str::from_utf8(&data[..nl]).ok()?;
+    let mut words = header.split(' ');
+    (words.next()? == INDEX_MAGIC).then_some(())?;
+    let len: usize = words.next()?.parse().ok()?;
+    let crc = u32::from_str_radix(words.next()?, 16).ok()?;
+    let body = &data[nl + 1..];
+    (words.next().is_none() && body.len() == len && crc32fast::hash(body) == crc).then_some(body)
+}
+
+/// The spare beside `last_reserved_ip.<n>` that [`rcni_statefile::write_exchange`]
+/// swaps with it. A dot name that is no address: the reference's walks read
+/// it and never match it to an attachment.
+fn last_reserved_spare(range_id: usize) -> String {
+    format!(".rcni-spare.{LAST_RESERVED_PREFIX}{range_id}")
+}
 
 /// The on-disk store of one network, locked from open to drop.
 pub struct DiskStore {
@@ -252,13 +306,19 @@ impl DiskStore {
     }
 
     /// Addresses with a reservation file: a directory listing, a few
-    /// syscalls however many pods there are.
+    /// syscalls however many pods there are. Temporary files a killed
+    /// writer left are removed on the way: we hold the lock every writer
+    /// takes, so none is in use.
     fn reserved_names(&self) -> io::Result<BTreeSet<IpAddr>> {
         let mut out = BTreeSet::new();
         for entry in std::fs::read_dir(&self.dir)? {
             let entry = entry?;
             let name = entry.file_name();
             let Some(name) = name.to_str() else { continue };
+            if rcni_statefile::is_tmp_name(name) {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
             if name == LOCK_FILE || name.starts_with(LAST_RESERVED_PREFIX) {
                 continue;
             }
@@ -275,7 +335,7 @@ impl DiskStore {
     /// reference plugin having run since) means reading every file.
     fn load_index(&self, names: &BTreeSet<IpAddr>) -> Option<BTreeMap<IpAddr, String>> {
         let data = std::fs::read(self.dir.join(INDEX_FILE)).ok()?;
-        let index: Index = serde_json::from_slice(&data).ok()?;
+        let index: Index = serde_json::from_slice(index_decode(&data)?).ok()?;
         let fresh = index.dir_mtime == self.dir_mtime().ok()?
             && index.owners.len() == names.len()
             && index.owners.keys().eq(names.iter());
@@ -292,11 +352,11 @@ impl DiskStore {
                     self.stale.set(true);
                     let mut o = BTreeMap::new();
                     for ip in names {
-                        // Unreadable files are skipped, as the reference
-                        // skips them.
-                        if let Ok(data) = std::fs::read(self.path_of(ip)) {
-                            o.insert(ip, String::from_utf8_lossy(&data).into_owned());
-                        }
+                        // An unreadable file counts as empty: it matches
+                        // nobody (the reference skips it too) and is freed
+                        // as abandoned once old enough.
+                        let data = std::fs::read(self.path_of(ip)).unwrap_or_default();
+                        o.insert(ip, String::from_utf8_lossy(&data).into_owned());
                     }
                     o
                 }
@@ -318,7 +378,25 @@ impl DiskStore {
             dir_mtime: self.dir_mtime()?,
             owners: Cow::Borrowed(owners),
         };
-        overwrite(f, &serde_json::to_vec(&index).map_err(io::Error::other)?)
+        let body = serde_json::to_vec(&index).map_err(io::Error::other)?;
+        rcni_statefile::overwrite(f, &index_encode(&body))
+    }
+
+    /// An empty (or unreadable) reservation file is abandoned once it has
+    /// not changed for [`ABANDONED_AFTER`]; a young one is left alone.
+    fn owner_of_empty(&self, ip: IpAddr) -> Owner {
+        let old = std::fs::metadata(self.path_of(ip))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| {
+                SystemTime::now()
+                    .duration_since(t)
+                    .is_ok_and(|age| age >= ABANDONED_AFTER)
+            });
+        if old {
+            Owner::Abandoned
+        } else {
+            Owner::Unknown(String::new())
+        }
     }
 }
 
@@ -373,7 +451,11 @@ impl Store for DiskStore {
             o.iter()
                 .map(|(ip, c)| Reservation {
                     ip: *ip,
-                    owner: Owner::parse(c),
+                    owner: if c.trim().is_empty() {
+                        self.owner_of_empty(*ip)
+                    } else {
+                        Owner::parse(c)
+                    },
                 })
                 .collect()
         })
@@ -383,23 +465,15 @@ impl Store for DiskStore {
         // Loaded before the change, so the index still matches the listing.
         self.with_owners(|_| ())?;
         let path = self.path_of(ip);
-        let mut f = match OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&path)
-        {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        let written = f.write_all(who.content().as_bytes()).and_then(|()| {
-            write_file(
-                &self.dir.join(format!("{LAST_RESERVED_PREFIX}{range_id}")),
-                ip.to_string().as_bytes(),
-            )
-        });
+        if !rcni_statefile::create_new(&path, who.content().as_bytes(), 0o644)? {
+            return Ok(false);
+        }
+        let written = rcni_statefile::write_exchange(
+            &self.dir.join(format!("{LAST_RESERVED_PREFIX}{range_id}")),
+            &self.dir.join(last_reserved_spare(range_id)),
+            ip.to_string().as_bytes(),
+            0o644,
+        );
         if let Err(e) = written {
             // The reference keeps the address file when only the
             // last_reserved_ip write fails, leaking it; we undo both.
@@ -433,12 +507,8 @@ impl Store for DiskStore {
     }
 }
 
-/// `ioutil.WriteFile(path, data, 0644)`, but see [`overwrite`].
-fn write_file(path: &Path, data: &[u8]) -> io::Result<()> {
-    overwrite(open_for_overwrite(path)?, data)
-}
-
-/// Opens (creating, 0644) a file whose content [`overwrite`] replaces.
+/// Opens (creating, 0644) a file whose content
+/// [`rcni_statefile::overwrite`] replaces.
 fn open_for_overwrite(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .write(true)
@@ -448,20 +518,13 @@ fn open_for_overwrite(path: &Path) -> io::Result<File> {
         .open(path)
 }
 
-/// Replaces a file's content by writing over it and then cutting it to
-/// length, where O_TRUNC would first free its blocks: on a filesystem
-/// mounted with `discard` (and no journal to defer it to) ext4 discards
-/// freed blocks synchronously, a device round trip per write.
-fn overwrite(mut f: File, data: &[u8]) -> io::Result<()> {
-    f.write_all(data)?;
-    f.set_len(data.len() as u64)
-}
-
 /// An in-memory store with the disk store's semantics, for pure tests.
 #[derive(Debug, Default, Clone)]
 pub struct MemStore {
     pub files: BTreeMap<IpAddr, String>,
     pub last: BTreeMap<usize, IpAddr>,
+    /// Empty files old enough to be [`Owner::Abandoned`].
+    pub abandoned: BTreeSet<IpAddr>,
 }
 
 impl Store for MemStore {
@@ -471,7 +534,11 @@ impl Store for MemStore {
             .iter()
             .map(|(ip, c)| Reservation {
                 ip: *ip,
-                owner: Owner::parse(c),
+                owner: if self.abandoned.contains(ip) {
+                    Owner::Abandoned
+                } else {
+                    Owner::parse(c)
+                },
             })
             .collect())
     }
@@ -491,6 +558,7 @@ impl Store for MemStore {
 
     fn release(&mut self, ip: IpAddr) -> io::Result<()> {
         self.files.remove(&ip);
+        self.abandoned.remove(&ip);
         Ok(())
     }
 }
@@ -610,7 +678,7 @@ mod tests {
             .unwrap()
             .unwrap();
         let data = std::fs::read(dir.join(INDEX_FILE)).unwrap();
-        let index: Index = serde_json::from_slice(&data).unwrap();
+        let index: Index = serde_json::from_slice(index_decode(&data).unwrap()).unwrap();
         assert_eq!(
             index.owners.keys().copied().collect::<Vec<_>>(),
             [ip("10.0.0.9"), ip("2001:db8::2")]
@@ -672,8 +740,8 @@ mod tests {
         // A torn index is ignored and rewritten.
         std::fs::write(dir.join(INDEX_FILE), "{\"dir_mtime\":").unwrap();
         assert_eq!(owners(&open()).len(), 2);
-        let index: Index =
-            serde_json::from_slice(&std::fs::read(dir.join(INDEX_FILE)).unwrap()).unwrap();
+        let data = std::fs::read(dir.join(INDEX_FILE)).unwrap();
+        let index: Index = serde_json::from_slice(index_decode(&data).unwrap()).unwrap();
         assert_eq!(index.owners.len(), 2);
         // Releases through the store keep it exact.
         {
@@ -681,6 +749,116 @@ mod tests {
             s.release(ip("10.0.0.9")).unwrap();
         }
         assert_eq!(owners(&open()), [(ip("10.0.0.2"), Some("z".into()))]);
+    }
+
+    fn age(path: &Path, by: Duration) {
+        let f = File::options().write(true).open(path).unwrap();
+        f.set_modified(SystemTime::now() - by).unwrap();
+    }
+
+    /// What a writer killed at any point leaves: never an empty or partial
+    /// file under an address's name, and its temporaries go with the next
+    /// command that takes the lock.
+    #[test]
+    fn reservations_appear_whole_and_killed_writers_temporaries_go() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = Duration::from_secs(5);
+        let dir = tmp.path().join("net");
+        let who = Attachment::new("cid", "eth0");
+        {
+            let mut s = DiskStore::open(tmp.path(), "net", true, t)
+                .unwrap()
+                .unwrap();
+            assert!(s.reserve(&who, ip("10.0.0.2"), 0).unwrap());
+            assert!(s.reserve(&who, ip("10.0.0.3"), 0).unwrap());
+        }
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        // The spare swapped with last_reserved_ip.0 holds the previous value.
+        assert_eq!(
+            names,
+            [
+                INDEX_FILE,
+                ".rcni-spare.last_reserved_ip.0",
+                "10.0.0.2",
+                "10.0.0.3",
+                "last_reserved_ip.0",
+                "lock"
+            ]
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("last_reserved_ip.0")).unwrap(),
+            "10.0.0.3"
+        );
+        // A kill after the temporary was written and before it was published.
+        let left = rcni_statefile::tmp_path(&dir.join("10.0.0.4"));
+        std::fs::write(&left, who.content()).unwrap();
+        let s = DiskStore::open(tmp.path(), "net", true, t)
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            s.reservations().unwrap().len(),
+            2,
+            "a temporary is no reservation"
+        );
+        assert!(!left.exists(), "swept under the lock");
+    }
+
+    #[test]
+    fn empty_reservation_files_are_abandoned_after_the_grace_period() {
+        let tmp = tempfile::tempdir().unwrap();
+        let t = Duration::from_secs(5);
+        let dir = tmp.path().join("net");
+        drop(DiskStore::open(tmp.path(), "net", true, t).unwrap());
+        // The reference's (and our older versions') crash leftover.
+        std::fs::write(dir.join("10.0.0.5"), "").unwrap();
+        std::fs::write(dir.join("10.0.0.6"), " \n").unwrap();
+        let owners = || {
+            let s = DiskStore::open(tmp.path(), "net", true, t)
+                .unwrap()
+                .unwrap();
+            let mut r = s.reservations().unwrap();
+            r.sort_by_key(|r| r.ip);
+            r.into_iter().map(|r| r.owner).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            owners(),
+            [Owner::Unknown(String::new()), Owner::Unknown(String::new())],
+            "young: maybe still being written"
+        );
+        age(
+            &dir.join("10.0.0.5"),
+            ABANDONED_AFTER + Duration::from_secs(1),
+        );
+        age(
+            &dir.join("10.0.0.6"),
+            ABANDONED_AFTER + Duration::from_secs(1),
+        );
+        // Served from the index now: ages are read from the files each time.
+        assert_eq!(owners(), [Owner::Abandoned, Owner::Abandoned]);
+    }
+
+    /// An index written over in place and cut short by a kill can hold old
+    /// and new bytes that still parse; it must not be believed.
+    #[test]
+    fn torn_index_is_never_believed() {
+        let body = br#"{"dir_mtime":[1,2],"owners":{}}"#;
+        let whole = index_encode(body);
+        assert_eq!(index_decode(&whole), Some(&body[..]));
+        // Not cut to length after a shorter rewrite.
+        let mut longer = whole.clone();
+        longer.extend_from_slice(b"}}");
+        assert_eq!(index_decode(&longer), None);
+        // Same length, one byte of the old content left.
+        let mut mixed = whole.clone();
+        let n = mixed.len();
+        mixed[n - 3] = b'1';
+        assert_eq!(index_decode(&mixed), None);
+        assert_eq!(index_decode(&whole[..n - 1]), None);
+        assert_eq!(index_decode(body), None, "the old format has no header");
     }
 
     #[test]
