@@ -134,7 +134,24 @@ impl Harness {
 
     /// The libcni client: `add|check|del` for (netns, containerID, ifname).
     pub fn libcni(&self, cmd: &str, net: &str, netns: &str, cid: &str, ifname: &str) -> Output {
-        let mut c = Command::new(libcni_client());
+        self.libcni_env(cmd, net, netns, cid, ifname, &[])
+    }
+
+    /// [`Harness::libcni`] with `env` set (`CAP_ARGS`, or a `CNI_PATH` of
+    /// its own), run in the node namespace when there is one.
+    pub fn libcni_env(
+        &self,
+        cmd: &str,
+        net: &str,
+        netns: &str,
+        cid: &str,
+        ifname: &str,
+        env: &[(&str, &str)],
+    ) -> Output {
+        let mut c = match &self.node {
+            Some(n) => n.command(libcni_client()),
+            None => Command::new(libcni_client()),
+        };
         c.args([
             cmd,
             &self.confdir.path().display().to_string(),
@@ -145,6 +162,9 @@ impl Harness {
         ])
         .arg(self.cache.path())
         .env("CNI_PATH", self.plugins.dir());
+        for (k, v) in env {
+            c.env(k, v);
+        }
         run(c)
     }
 

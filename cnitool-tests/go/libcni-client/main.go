@@ -3,11 +3,14 @@
 // plugins and our cnitool's cache behave as libcni expects.
 //
 // Usage: libcni-client add|check|del <confdir> <network> <netns> <containerID> <ifname> <cachedir>
-// CNI_PATH gives the plugin directories. ADD prints the result JSON.
+// CNI_PATH gives the plugin directories; CAP_ARGS, if set, is a JSON object of
+// capability arguments (as a runtime passes portMappings or pod annotations).
+// ADD prints the result JSON.
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -28,6 +31,12 @@ func main() {
 	}
 	cninet := libcni.NewCNIConfigWithCacheDir(filepath.SplitList(os.Getenv("CNI_PATH")), cachedir, nil)
 	rt := &libcni.RuntimeConf{ContainerID: cid, NetNS: netns, IfName: ifname}
+	if s := os.Getenv("CAP_ARGS"); s != "" {
+		if err := json.Unmarshal([]byte(s), &rt.CapabilityArgs); err != nil {
+			fmt.Fprintln(os.Stderr, "CAP_ARGS:", err)
+			os.Exit(2)
+		}
+	}
 	ctx := context.Background()
 	switch cmd {
 	case "add":
