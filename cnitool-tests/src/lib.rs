@@ -7,6 +7,11 @@ use rcni_testkit::{Output, REFERENCE_DIR, bin, bin_dir, blank_veth, is_mac};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// The system bus address the plugins get: none there, so firewall (ours
+/// and the reference's) never reaches the machine's firewalld and picks
+/// iptables, as on a node without firewalld.
+pub const NO_SYSTEM_BUS: &str = "unix:path=/nonexistent/rcni-test-no-system-bus";
+
 /// Whose plugins CNI_PATH points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plugins {
@@ -125,7 +130,8 @@ impl Harness {
         };
         cmd.arg("--cache-dir").arg(self.cache.path()).args(args);
         cmd.env("NETCONFPATH", self.confdir.path())
-            .env("CNI_PATH", self.plugins.dir());
+            .env("CNI_PATH", self.plugins.dir())
+            .env("DBUS_SYSTEM_BUS_ADDRESS", NO_SYSTEM_BUS);
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -161,7 +167,8 @@ impl Harness {
             ifname,
         ])
         .arg(self.cache.path())
-        .env("CNI_PATH", self.plugins.dir());
+        .env("CNI_PATH", self.plugins.dir())
+        .env("DBUS_SYSTEM_BUS_ADDRESS", NO_SYSTEM_BUS);
         for (k, v) in env {
             c.env(k, v);
         }

@@ -1,7 +1,9 @@
 //! firewall: ingress policies with real traffic between bridges, pods and
 //! the outside (open, same-bridge, isolated), the admin chain, a
-//! default-deny forward chain, CHECK, DEL, GC, and interop with the
-//! reference's iptables rules.
+//! default-deny forward chain, CHECK, DEL, GC, interop with the
+//! reference's iptables rules, and the default backend (iptables here: no
+//! firewalld) getting pods through iptables' `FORWARD` policy DROP.
+//! firewalld itself: `firewalld.rs`.
 
 mod chain;
 
@@ -143,8 +145,16 @@ fn open_policy_lets_bridges_talk() {
         80,
         "bridge B to bridge A over IPv6",
     );
-    // The default backend here is nftables.
-    assert!(nft_has(&lan, "table inet cni_firewall"));
+    // The default backend without firewalld is iptables, as the reference's.
+    assert!(!nft_has(&lan, "cni_firewall"));
+    let t = lan.on_node("iptables-save", &["-t", "filter"]);
+    assert!(
+        t.contains(&format!(
+            "-A CNI-FORWARD -s {}/32 -j ACCEPT",
+            ip_of(&ra1, true)
+        )),
+        "{t}"
+    );
     na.del_pod(&lan, &a1, "a1", &ra1);
     nb.del_pod(&lan, &b1, "b1", &rb1);
 }
@@ -153,8 +163,13 @@ fn open_policy_lets_bridges_talk() {
 fn isolated_pod_is_cut_off_from_its_bridge_neighbours_only() {
     let lan = lan_with_client_server();
     let data = tempfile::tempdir().unwrap();
-    let iso = net_a(json!({"ingressPolicy": "isolated"}), data.path());
-    let open = net_a(json!({}), data.path());
+    // Bridged traffic meets iptables only with br_netfilter; the nftables
+    // backend isolates in a bridge table.
+    let iso = net_a(
+        json!({"backend": "nftables", "ingressPolicy": "isolated"}),
+        data.path(),
+    );
+    let open = net_a(json!({"backend": "nftables"}), data.path());
     let (a1, a2) = (pod("A1"), pod("A2"));
     let ra1 = iso.add(&lan, &a1.path(), "a1", "eth0");
     let ra2 = open.add(&lan, &a2.path(), "a2", "eth0");
@@ -182,7 +197,7 @@ fn isolated_pod_is_cut_off_from_its_bridge_neighbours_only() {
 fn admin_chain_and_default_deny() {
     let lan = lan_with_client_server();
     let data = tempfile::tempdir().unwrap();
-    let na = net_a(json!({}), data.path());
+    let na = net_a(json!({"backend": "nftables"}), data.path());
     let a1 = pod("A1");
     let ra1 = na.add(&lan, &a1.path(), "a1", "eth0");
     let a1_ip = ip_of(&ra1, true);
@@ -263,7 +278,10 @@ fn iptables_rules_interoperate_with_the_reference() {
 fn check_del_gc() {
     let lan = Lan::new();
     let data = tempfile::tempdir().unwrap();
-    let mut na = net_a(json!({"ingressPolicy": "same-bridge"}), data.path());
+    let mut na = net_a(
+        json!({"backend": "nftables", "ingressPolicy": "same-bridge"}),
+        data.path(),
+    );
     na.version = "1.1.0".into();
     let (a1, a2) = (pod("A1"), pod("A2"));
     let ra1 = na.add(&lan, &a1.path(), "a1", "eth0");
@@ -316,7 +334,10 @@ fn versions_and_chained_only() {
 fn rules_written_over_netlink_read_back_as_nft_would_write_them() {
     let lan = Lan::new();
     let data = tempfile::tempdir().unwrap();
-    let na = net_a(json!({"ingressPolicy": "isolated"}), data.path());
+    let na = net_a(
+        json!({"backend": "nftables", "ingressPolicy": "isolated"}),
+        data.path(),
+    );
     let a1 = pod("A1");
     let r = na.add(&lan, &a1.path(), "a1", "eth0");
     let (ip, ip6) = (ip_of(&r, true), ip_of(&r, false));
@@ -335,4 +356,43 @@ fn rules_written_over_netlink_read_back_as_nft_would_write_them() {
         assert!(rules.contains(&want), "missing {want:?} in {rules}");
     }
     na.del_pod(&lan, &a1, "a1", &r);
+}
+
+/// podman's firewall config (`"backend": ""`) and none at all on a node
+/// whose iptables `filter FORWARD` policy is DROP, as Docker leaves it: the
+/// default backend is iptables, whose CNI-FORWARD accept is what lets the
+/// pod out (an accept in any other table cannot undo iptables' drop).
+#[test]
+fn default_backend_gets_pods_through_an_iptables_forward_drop() {
+    for fw in [json!({"backend": ""}), json!({})] {
+        let lan = lan_with_client_server();
+        for tool in ["iptables", "ip6tables"] {
+            lan.on_node_ok(tool, &["-P", "FORWARD", "DROP"]);
+        }
+        let data = tempfile::tempdir().unwrap();
+        let na = net_a(fw.clone(), data.path());
+        let a1 = pod("A1");
+        let r = na.add(&lan, &a1.path(), "a1", "eth0");
+        // The first IPv6 packet towards a neighbour not yet resolved can be
+        // lost while the node resolves it: resolve both sides' neighbours
+        // with node-local traffic (input and output, not forward) first.
+        for (from, to) in [(&lan.node, CLIENT_V6), (&a1, "fd88:0:0:a::1")] {
+            assert!((0..3).any(|_| ping(&from.ns, to)), "{to} never answered");
+        }
+        for dst in [CLIENT_V4, CLIENT_V6] {
+            assert!(ping(&a1.ns, dst), "{fw}: pod to {dst} dropped");
+        }
+        assert_reaches(&a1, CLIENT_V4, 80, &format!("{fw}: pod's TCP out"));
+        let t = lan.on_node("iptables-save", &["-t", "filter"]);
+        for want in [
+            ":CNI-FORWARD - ",
+            "-A FORWARD -m comment --comment \"CNI firewall plugin rules\" -j CNI-FORWARD",
+        ] {
+            assert!(t.contains(want), "{fw}: missing {want:?} in {t}");
+        }
+        na.check_ok(&lan, &a1, "a1", &r);
+        na.del_pod(&lan, &a1, "a1", &r);
+        let t = lan.on_node("iptables-save", &["-t", "filter"]);
+        assert!(!t.contains(&ip_of(&r, true)), "{fw}: {t}");
+    }
 }

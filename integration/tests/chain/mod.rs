@@ -76,12 +76,21 @@ pub fn assert_success(out: &Output) {
     assert_eq!(out.code, 0, "{}", out.stdout);
 }
 
+/// The system bus address plugins get unless a test gives its own: none
+/// there, so a plugin that talks D-Bus (firewall's firewalld backend) never
+/// reaches the machine's system bus and the firewalld on it.
+pub const NO_SYSTEM_BUS: &str = "unix:path=/nonexistent/rcni-test-no-system-bus";
+
 /// A node namespace (the "host") with an uplink to a client namespace.
 pub struct Lan {
     pub node: TestNs,
     pub client: TestNs,
     pub data: tempfile::TempDir,
     pub cni_path: String,
+    /// Environment of every plugin run from the node (after the `CNI_*`
+    /// variables): `DBUS_SYSTEM_BUS_ADDRESS` is [`NO_SYSTEM_BUS`] unless
+    /// a test sets its own.
+    pub env: Vec<(String, String)>,
 }
 
 impl Lan {
@@ -118,7 +127,14 @@ impl Lan {
             client,
             data: tempfile::tempdir().unwrap(),
             cni_path,
+            env: vec![("DBUS_SYSTEM_BUS_ADDRESS".into(), NO_SYSTEM_BUS.into())],
         }
+    }
+
+    /// Sets `k` in the environment of the plugins run from the node.
+    pub fn set_env(&mut self, k: &str, v: &str) {
+        self.env.retain(|(key, _)| key != k);
+        self.env.push((k.into(), v.into()));
     }
 
     /// The bridge plugin config every chain here starts with.
@@ -165,7 +181,8 @@ impl Lan {
         ifname: &str,
         conf: &Value,
     ) -> Output {
-        let mut c = Call::new(plugin, cmd)
+        let mut c = self
+            .with_env(Call::new(plugin, cmd))
             .env("CNI_PATH", &self.cni_path)
             .env("CNI_CONTAINERID", cid)
             .env("CNI_IFNAME", ifname)
@@ -174,6 +191,14 @@ impl Lan {
             c = c.netns(p);
         }
         c.run_in(&self.node.ns)
+    }
+
+    /// `call` with [`Lan::env`].
+    pub fn with_env(&self, mut call: Call) -> Call {
+        for (k, v) in &self.env {
+            call = call.env(k, v);
+        }
+        call
     }
 }
 
@@ -398,7 +423,8 @@ impl Chain {
             conf.as_object_mut().unwrap().remove("runtimeConfig");
             conf["cni.dev/valid-attachments"] = json!(list);
             conf["cni.dev/attachments"] = json!(list);
-            let out = Call::new(self.bin(i), "GC")
+            let out = lan
+                .with_env(Call::new(self.bin(i), "GC"))
                 .env("CNI_PATH", &lan.cni_path)
                 .without("CNI_CONTAINERID")
                 .without("CNI_IFNAME")

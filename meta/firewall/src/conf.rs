@@ -1,5 +1,5 @@
 //! The firewall config: `backend`, `iptablesAdminChainName`,
-//! `ingressPolicy`, and the attachment's addresses and bridge from
+//! `firewalldZone`, `ingressPolicy`, and the attachment's addresses and bridge from
 //! prevResult.
 
 use ipnetwork::IpNetwork;
@@ -8,6 +8,7 @@ use rcni_cni::{CniError, CniResult};
 use serde::Deserialize;
 
 pub const DEFAULT_ADMIN_CHAIN: &str = "CNI-ADMIN";
+pub const DEFAULT_FIREWALLD_ZONE: &str = "trusted";
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -17,6 +18,8 @@ struct Raw {
     #[serde(default)]
     iptables_admin_chain_name: String,
     #[serde(default)]
+    firewalld_zone: String,
+    #[serde(default)]
     ingress_policy: String,
 }
 
@@ -24,6 +27,7 @@ struct Raw {
 pub enum Backend {
     Nftables,
     Iptables,
+    Firewalld,
 }
 
 /// Who may reach the attachment's bridge from other bridges.
@@ -60,22 +64,24 @@ impl IngressPolicy {
 #[derive(Debug, Clone)]
 pub struct Conf {
     pub network: String,
-    /// `None`: pick by [`Conf::backend`].
+    /// `None`: firewalld if it runs, else iptables (`backend::select`).
     pub backend: Option<Backend>,
     pub admin_chain: String,
+    pub firewalld_zone: String,
     pub policy: IngressPolicy,
 }
 
 impl Conf {
     pub fn load(args: &CmdArgs) -> Result<Conf, CniError> {
         let raw: Raw = args.conf.plugin_conf()?;
+        // Any other value means the default, as in the reference (which
+        // knows only "iptables" and "firewalld"): a config the reference
+        // runs must not fail here.
         let backend = match raw.backend.as_str() {
-            "" => None,
             "iptables" => Some(Backend::Iptables),
             "nftables" => Some(Backend::Nftables),
-            // firewalld's D-Bus API is not implemented; saying so beats
-            // silently writing rules firewalld will not know about.
-            other => return Err(CniError::unsupported("backend", format!("{other:?}"))),
+            "firewalld" => Some(Backend::Firewalld),
+            _ => None,
         };
         let policy = IngressPolicy::parse(&raw.ingress_policy).ok_or_else(|| {
             CniError::unsupported("ingressPolicy", format!("{:?}", raw.ingress_policy))
@@ -97,21 +103,18 @@ impl Conf {
                 format!("{admin_chain:?}"),
             ));
         }
+        let firewalld_zone = if raw.firewalld_zone.is_empty() {
+            DEFAULT_FIREWALLD_ZONE.to_string()
+        } else {
+            raw.firewalld_zone
+        };
         Ok(Conf {
             network: args.conf.name.clone(),
             backend,
             admin_chain,
+            firewalld_zone,
             policy,
         })
-    }
-
-    /// The configured backend, else nftables where `nft` is installed.
-    pub fn backend(&self) -> Backend {
-        match self.backend {
-            Some(b) => b,
-            None if rcni_ipmasq::exec::find_tool("nft").is_some() => Backend::Nftables,
-            None => Backend::Iptables,
-        }
     }
 }
 
@@ -149,21 +152,48 @@ mod tests {
         let base = json!({"cniVersion": "1.0.0", "name": "n", "type": "firewall"});
         let c = load(base.clone()).unwrap();
         assert_eq!(
-            (c.admin_chain.as_str(), c.policy, c.backend),
-            ("CNI-ADMIN", IngressPolicy::Open, None)
+            (
+                c.admin_chain.as_str(),
+                c.policy,
+                c.backend,
+                c.firewalld_zone.as_str()
+            ),
+            ("CNI-ADMIN", IngressPolicy::Open, None, "trusted")
         );
         let mut v = base.clone();
         v["ingressPolicy"] = json!("isolated");
         v["backend"] = json!("iptables");
         v["iptablesAdminChainName"] = json!("MY-ADMIN");
+        v["firewalldZone"] = json!("pods");
         let c = load(v).unwrap();
         assert_eq!(
-            (c.admin_chain.as_str(), c.policy, c.backend()),
-            ("MY-ADMIN", IngressPolicy::Isolated, Backend::Iptables)
+            (
+                c.admin_chain.as_str(),
+                c.policy,
+                c.backend,
+                c.firewalld_zone.as_str()
+            ),
+            (
+                "MY-ADMIN",
+                IngressPolicy::Isolated,
+                Some(Backend::Iptables),
+                "pods"
+            )
         );
+        // podman writes "backend": ""; the reference takes any value it
+        // does not know for the default.
+        for (val, want) in [
+            ("", None),
+            ("firewalld", Some(Backend::Firewalld)),
+            ("nftables", Some(Backend::Nftables)),
+            ("bpf", None),
+        ] {
+            let mut v = base.clone();
+            v["backend"] = json!(val);
+            assert_eq!(load(v).unwrap().backend, want, "{val:?}");
+        }
         for (k, val) in [
             ("ingressPolicy", "closed"),
-            ("backend", "firewalld"),
             ("iptablesAdminChainName", "x y"),
         ] {
             let mut v = base.clone();

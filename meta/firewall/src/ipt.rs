@@ -109,13 +109,45 @@ fn prepended(rule: &str) -> String {
     format!("-I {chain} 1 {tail}")
 }
 
-/// The restore input that adds what is missing for `ips` (all of one
-/// family) in table `t`.
-pub fn setup_script(t: &SaveTable, conf: &Conf, ips: &[IpNetwork], bridge: Option<&str>) -> String {
+/// The rules the plugin wants in table filter: with `forward`, the
+/// CNI-FORWARD layout and the per-address rules of `ips` (the iptables
+/// backend); the isolation rules of `bridge` (any backend: the reference
+/// writes them to iptables whatever its backend). `(rule, prepend?)`.
+fn wanted(
+    conf: &Conf,
+    forward: bool,
+    ips: &[IpNetwork],
+    bridge: Option<&str>,
+) -> Vec<(String, bool)> {
+    let mut want = Vec::new();
+    if forward {
+        want.push((forward_jump(), true));
+        want.push((admin_jump(&conf.admin_chain), true));
+        for ip in ips {
+            want.extend(ip_rules(ip).into_iter().map(|r| (r, false)));
+        }
+    }
+    if let Some(b) = bridge {
+        want.extend(isolation_rules(b, conf.policy));
+    }
+    want
+}
+
+/// The restore input that adds what is missing of [`wanted`] in table `t`.
+fn script(
+    t: &SaveTable,
+    conf: &Conf,
+    forward: bool,
+    ips: &[IpNetwork],
+    bridge: Option<&str>,
+) -> String {
     let has = |raw: &str| t.rules.iter().any(|r| r.raw == raw);
     let mut decl = String::new();
     let mut body = String::new();
-    let mut chains = vec![FORWARD_CHAIN, conf.admin_chain.as_str()];
+    let mut chains = Vec::new();
+    if forward {
+        chains.extend([FORWARD_CHAIN, conf.admin_chain.as_str()]);
+    }
     if bridge.is_some() {
         chains.extend([STAGE1, STAGE2]);
     }
@@ -124,17 +156,7 @@ pub fn setup_script(t: &SaveTable, conf: &Conf, ips: &[IpNetwork], bridge: Optio
             let _ = writeln!(decl, ":{c} - [0:0]");
         }
     }
-    let mut want = vec![
-        (forward_jump(), true),
-        (admin_jump(&conf.admin_chain), true),
-    ];
-    for ip in ips {
-        want.extend(ip_rules(ip).into_iter().map(|r| (r, false)));
-    }
-    if let Some(b) = bridge {
-        want.extend(isolation_rules(b, conf.policy));
-    }
-    for (rule, prepend) in want {
+    for (rule, prepend) in wanted(conf, forward, ips, bridge) {
         if !has(&rule) {
             let line = if prepend { prepended(&rule) } else { rule };
             let _ = writeln!(body, "{line}");
@@ -144,6 +166,40 @@ pub fn setup_script(t: &SaveTable, conf: &Conf, ips: &[IpNetwork], bridge: Optio
         return String::new();
     }
     format!("*filter\n{decl}{body}COMMIT\n")
+}
+
+/// The restore input that adds what is missing for `ips` (all of one
+/// family) in table `t`.
+pub fn setup_script(t: &SaveTable, conf: &Conf, ips: &[IpNetwork], bridge: Option<&str>) -> String {
+    script(t, conf, true, ips, bridge)
+}
+
+/// Only the isolation rules of `bridge` (the firewalld backend's ingress
+/// policy, as the reference's).
+pub fn setup_isolation(ns: &NetNs, conf: &Conf, fam: Family, bridge: &str) -> Result<(), CniError> {
+    rcni_ipmasq::ipt::edit(ns, fam, "filter", |t| {
+        Some(script(t, conf, false, &[], Some(bridge)))
+    })
+    .map_err(|e| CniError::from(e).context("unable to set up iptables ingress policy rules"))
+}
+
+/// What CHECK finds missing of the isolation rules of `bridge`.
+pub fn check_isolation(
+    ns: &NetNs,
+    conf: &Conf,
+    fam: Family,
+    bridge: &str,
+) -> Result<Vec<String>, CniError> {
+    let t = rcni_ipmasq::ipt::read_table(ns, fam, "filter")?;
+    Ok(missing(&t, wanted(conf, false, &[], Some(bridge))))
+}
+
+fn missing(t: &SaveTable, want: Vec<(String, bool)>) -> Vec<String> {
+    want.into_iter()
+        .map(|(w, _)| w)
+        .filter(|w| !t.rules.iter().any(|r| &r.raw == w))
+        .map(|w| format!("missing rule: {w}"))
+        .collect()
 }
 
 pub fn setup(
@@ -166,17 +222,7 @@ pub fn problems(
     ips: &[IpNetwork],
     bridge: Option<&str>,
 ) -> Vec<String> {
-    let mut want = vec![forward_jump(), admin_jump(&conf.admin_chain)];
-    for ip in ips {
-        want.extend(ip_rules(ip));
-    }
-    if let Some(b) = bridge {
-        want.extend(isolation_rules(b, conf.policy).into_iter().map(|(r, _)| r));
-    }
-    want.into_iter()
-        .filter(|w| !t.rules.iter().any(|r| &r.raw == w))
-        .map(|w| format!("missing rule: {w}"))
-        .collect()
+    missing(t, wanted(conf, true, ips, bridge))
 }
 
 pub fn check(

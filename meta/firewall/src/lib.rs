@@ -2,28 +2,31 @@
 //! filtering, with an admin chain for the operator's overrides and an
 //! ingress policy between bridges, as a chained plugin.
 //!
-//! Backends: a native nftables one over nfnetlink, without a process (the
-//! default where `nft` is installed; the reference has none), and
-//! iptables in the reference's exact layout.
-//! firewalld is not implemented (the key is refused with code 2).
+//! Backends ([`backend::FirewallBackend`]): firewalld over D-Bus and
+//! iptables in the reference's exact layout, chosen as the reference
+//! chooses (firewalld when it runs, else iptables), and a native nftables
+//! one over nfnetlink without a process (the reference has none) when the
+//! config says `"backend": "nftables"` or iptables does not work.
 //!
 //! Better than the reference: the nftables backend; DEL and GC remove the
 //! nftables rules without prevResult; the shared same-bridge isolation
-//! rules go with the bridge's last attachment that needed them (the
-//! reference never removes them); `isolated` works without
+//! rules go with the bridge's last attachment that needed them in nftables
+//! (the reference never removes them); `isolated` works without
 //! `br_netfilter` in the nftables backend; CHECK fails with a code of its
-//! own; one restore per family instead of about 25 `iptables` processes.
+//! own, and on firewalld it looks at the zone's answer (the reference's
+//! passes whenever firewalld answers); one restore per family instead of
+//! about 25 `iptables` processes.
 
+pub mod backend;
 pub mod conf;
+pub mod firewalld;
 pub mod ipt;
 pub mod nft;
 
-use conf::{Backend, Conf, IngressPolicy, addresses, bridge};
-use ipnetwork::IpNetwork;
-use rcni_cni::rollback::Rollback;
+use backend::Ctx;
+use conf::{Conf, IngressPolicy, addresses, bridge};
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult};
-use rcni_ipmasq::ipt::Family;
 use rcni_netlink::nfnl::Nfnl;
 use rcni_netns::NetNs;
 
@@ -66,22 +69,6 @@ fn attachment<'a>(
     })
 }
 
-fn by_family(ips: &[IpNetwork]) -> Vec<(Family, Vec<IpNetwork>)> {
-    Family::BOTH
-        .into_iter()
-        .map(|f| {
-            (
-                f,
-                ips.iter()
-                    .filter(|ip| ipt::family(ip) == f)
-                    .copied()
-                    .collect::<Vec<_>>(),
-            )
-        })
-        .filter(|(_, v)| !v.is_empty())
-        .collect()
-}
-
 fn prev_required(args: &CmdArgs) -> Result<CniResult, CniError> {
     args.conf
         .prev_result()?
@@ -100,35 +87,23 @@ impl Plugin for Firewall {
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let conf = Conf::load(args)?;
         let prev = prev_required(args)?;
-        let ips = addresses(&prev);
         let a = attachment(args, &conf, Some(&prev))?;
         let ns = NetNs::current()?;
-        match conf.backend() {
-            Backend::Nftables => nft::setup(&ns, &conf, &a, &ips)?,
-            Backend::Iptables => {
-                let mut undo = Rollback::new();
-                for (fam, fips) in by_family(&ips) {
-                    ipt::setup(&ns, &conf, fam, &fips, a.bridge.as_deref())?;
-                    let ns = &ns;
-                    undo.push("iptables firewall rules", move || {
-                        ipt::teardown(ns, fam, &fips)
-                    });
-                }
-                undo.commit();
-            }
-        }
+        let ctx = Ctx::new(&ns, &conf, a, addresses(&prev));
+        backend::select(&conf, &ns)?.add(&ctx)?;
         Ok(prev)
     }
 
     /// Removes the attachment's nftables rules (found by comment, no
     /// prevResult needed) and its iptables rules (found by the addresses
     /// of prevResult, as the reference), whatever backend the config names
-    /// now.
+    /// now, and prevResult's addresses from the firewalld zone where
+    /// firewalld runs and the config lets it be chosen. Keeps going past a
+    /// failure.
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
         let prev = args.conf.prev_result().ok().flatten();
         let ns = NetNs::current()?;
-        let mut errors = Vec::new();
         let a = nft::Attachment {
             network: &args.conf.name,
             ifname: &args.ifname,
@@ -137,46 +112,24 @@ impl Plugin for Firewall {
             policy: conf.policy,
             host_port: None,
         };
-        let mut nl = Nfnl::open(&ns)?;
-        if let Err(e) = nft::teardown(&mut nl, &a) {
-            errors.push(e);
-        }
-        if let Some(prev) = &prev {
-            for (fam, fips) in by_family(&addresses(prev)) {
-                // No process on a node that never had iptables firewall rules.
-                let v6 = fam == Family::V6;
-                if !nl.iptables_may_hold(&ns, v6, "filter", &[ipt::FORWARD_CHAIN]) {
-                    continue;
-                }
-                if let Err(e) = ipt::teardown(&ns, fam, &fips)
-                    && rcni_ipmasq::ipt::supported(&ns, fam)
-                {
-                    errors.push(e);
-                }
+        let ips = prev.as_ref().map(addresses).unwrap_or_default();
+        let ctx = Ctx::new(&ns, &conf, a, ips);
+        let mut first = None;
+        for b in backend::for_del(&conf)? {
+            if let Err(e) = b.del(&ctx) {
+                first.get_or_insert(e);
             }
         }
-        match errors.len() {
-            0 => Ok(()),
-            _ => Err(errors.remove(0)),
-        }
+        first.map_or(Ok(()), Err)
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
         let prev = prev_required(args)?;
-        let ips = addresses(&prev);
         let a = attachment(args, &conf, Some(&prev))?;
         let ns = NetNs::current()?;
-        let problems = match conf.backend() {
-            Backend::Nftables => nft::problems(&mut Nfnl::open(&ns)?, &conf, &a, &ips)?,
-            Backend::Iptables => {
-                let mut out = Vec::new();
-                for (fam, fips) in by_family(&ips) {
-                    out.extend(ipt::check(&ns, &conf, fam, &fips, a.bridge.as_deref())?);
-                }
-                out
-            }
-        };
+        let ctx = Ctx::new(&ns, &conf, a, addresses(&prev));
+        let problems = backend::select(&conf, &ns)?.check(&ctx)?;
         CniError::check_problems("firewall rules", &problems)
     }
 
