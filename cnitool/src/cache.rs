@@ -56,8 +56,13 @@ pub fn path(cache_dir: &Path, net: &str, container_id: &str, ifname: &str) -> Pa
     results_dir(cache_dir).join(format!("{net}-{container_id}-{ifname}"))
 }
 
+/// Writes the attachment's cache file as libcni does (0600 in a 0700
+/// directory), visible under its name only once complete: a kill leaves
+/// the old file or the new one, plus at most a temporary that DEL and GC
+/// sweep. libcni reads every file in `results/` (GetCachedAttachments), so
+/// a temporary must not outlive the next command of its attachment.
 pub fn write(cache_dir: &Path, info: &CachedInfo) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     let p = path(
         cache_dir,
         &info.network_name,
@@ -68,19 +73,8 @@ pub fn write(cache_dir: &Path, info: &CachedInfo) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(results_dir(cache_dir))?;
-    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&serde_json::to_vec(info).map_err(std::io::Error::other)?)?;
-    }
-    // rename: a reader never sees a half-written file.
-    std::fs::rename(&tmp, &p)
+    let data = serde_json::to_vec(info).map_err(std::io::Error::other)?;
+    rcni_statefile::write_replace(&p, &data, 0o600)
 }
 
 /// The cached attachment, `None` if absent or unreadable (libcni ignores a
@@ -98,10 +92,21 @@ pub fn remove(
     container_id: &str,
     ifname: &str,
 ) -> std::io::Result<()> {
-    match std::fs::remove_file(path(cache_dir, net, container_id, ifname)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+    let p = path(cache_dir, net, container_id, ifname);
+    match std::fs::remove_file(&p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
     }
+    // What a killed ADD of this attachment left (the runtime runs no other
+    // command of the attachment beside this one).
+    rcni_statefile::sweep_of(&p).map(|_| ())
+}
+
+/// Removes the temporaries that killed writers left in `results/` long
+/// enough ago that no live writer can own them (other attachments' ADDs may
+/// be writing now).
+pub fn sweep(cache_dir: &Path) -> std::io::Result<usize> {
+    rcni_statefile::sweep(&results_dir(cache_dir), Some(rcni_statefile::ORPHAN_AGE))
 }
 
 /// Every cached attachment of network `net`.
@@ -112,7 +117,11 @@ pub fn list(cache_dir: &Path, net: &str) -> Vec<CachedInfo> {
     let prefix = format!("{net}-");
     let mut out: Vec<CachedInfo> = rd
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(&prefix) && !rcni_statefile::is_tmp_name(&name)
+        })
         .filter_map(|e| std::fs::read(e.path()).ok())
         .filter_map(|d| serde_json::from_slice::<CachedInfo>(&d).ok())
         // "a-b" also starts with "a-": the recorded name decides.
