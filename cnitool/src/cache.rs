@@ -182,6 +182,53 @@ mod tests {
         assert!(read(d.path(), "n", "bad", "eth0").is_none());
     }
 
+    /// Sets `p`'s modification time `ago` in the past.
+    fn age(p: &Path, ago: std::time::Duration) {
+        let f = std::fs::File::options().write(true).open(p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - ago).unwrap();
+    }
+
+    #[test]
+    fn a_killed_writers_temporary_is_no_attachment_and_goes() {
+        let d = tempfile::tempdir().unwrap();
+        let info = |cid: &str| CachedInfo {
+            kind: KIND.into(),
+            container_id: cid.into(),
+            config: b"{}".to_vec(),
+            ifname: "eth0".into(),
+            network_name: "n".into(),
+            netns: String::new(),
+            cni_args: vec![],
+            capability_args: Map::new(),
+            result: None,
+        };
+        // A container ID with a dot: a temporary named by replacing the
+        // "extension" would start with "n-" like a real entry.
+        write(d.path(), &info("c.1")).unwrap();
+        let complete = serde_json::to_vec(&info("c.2")).unwrap();
+        // Killed between writing and renaming: complete, never published.
+        let killed = rcni_statefile::tmp_path(&path(d.path(), "n", "c.2", "eth0"));
+        std::fs::write(&killed, &complete).unwrap();
+        let young = rcni_statefile::tmp_path(&path(d.path(), "n", "c.3", "eth0"));
+        let old = rcni_statefile::tmp_path(&path(d.path(), "n", "c.4", "eth0"));
+        for t in [&young, &old] {
+            std::fs::write(t, &complete[..10]).unwrap();
+        }
+        age(&old, rcni_statefile::ORPHAN_AGE * 2);
+        let ids: Vec<String> = list(d.path(), "n")
+            .into_iter()
+            .map(|c| c.container_id)
+            .collect();
+        assert_eq!(ids, ["c.1"]);
+        assert!(read(d.path(), "n", "c.2", "eth0").is_none());
+        // DEL of c.2 takes its temporary; GC's sweep only the old one.
+        remove(d.path(), "n", "c.2", "eth0").unwrap();
+        assert!(!killed.exists());
+        assert_eq!(sweep(d.path()).unwrap(), 1);
+        assert!(young.exists() && !old.exists());
+        assert_eq!(list(d.path(), "n").len(), 1);
+    }
+
     #[test]
     fn reads_a_libcni_written_file() {
         // As libcni 1.1 writes it (no netns key).

@@ -41,6 +41,8 @@ pub fn run_killed_at(mut cmd: Command, stdin: &[u8], k: u32) -> Ending {
     unsafe {
         cmd.pre_exec(|| ptrace::traceme().map_err(std::io::Error::from));
     }
+    // Reaped below by the tracer's waitpid(-1), which std cannot know.
+    #[allow(clippy::zombie_processes)]
     let mut child = cmd.spawn().expect("spawn a traced command");
     if let Some(mut s) = child.stdin.take() {
         let _ = s.write_all(stdin);

@@ -291,6 +291,37 @@ mod tests {
     }
 
     #[test]
+    fn unfinished_saves_are_ignored_then_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let rec = LeaseRecord::new(
+            att("c1"),
+            "/run/netns/x".into(),
+            42,
+            ClientOptions::default(),
+            &ack(),
+            1000,
+        )
+        .unwrap();
+        store.save(&rec).unwrap();
+        let whole = serde_json::to_vec_pretty(&rec).unwrap();
+        // A daemon killed while saving c2 (whole, not yet renamed) and one
+        // of an earlier version killed mid-write of c3.
+        let killed = rcni_statefile::tmp_path(&store.path_for(&att("c2")));
+        std::fs::write(&killed, &whole).unwrap();
+        let legacy = dir.path().join("net-c3-eth0.json.tmp");
+        std::fs::write(&legacy, &whole[..20]).unwrap();
+        let (all, bad) = store.load_all();
+        assert_eq!((all, bad), (vec![rec.clone()], vec![]));
+        assert_eq!(store.sweep().unwrap(), 2);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["net-c1-eth0.json"]);
+    }
+
+    #[test]
     fn long_names_use_a_digest() {
         let store = Store::new("/x");
         let p = store.path_for(&att(&"a".repeat(250)));

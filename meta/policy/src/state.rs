@@ -197,8 +197,14 @@ mod tests {
             );
             l.save().unwrap();
         }
+        // A writer killed before its rename left a temporary: never read,
+        // swept by the next save (every writer holds the lock).
+        let killed = rcni_statefile::tmp_path(&d.path().join("net/state.json"));
+        std::fs::write(&killed, b"{\"pods\":").unwrap();
         let mut l = Locked::existing(d.path(), "net").unwrap().unwrap();
         assert_eq!(l.state.pods.len(), 1);
+        l.save().unwrap();
+        assert!(!killed.exists());
         assert_eq!(l.state.backend.as_deref(), Some("ebpf"));
         l.state.pods.clear();
         l.save().unwrap();

@@ -622,6 +622,67 @@ mod tests {
     }
 
     #[test]
+    fn del_takes_a_killed_adds_temporary_and_gc_the_old_ones() {
+        let d = tempfile::tempdir().unwrap();
+        let conf = serde_json::json!({
+            "cniVersion": "1.1.0", "name": "net", "type": "tuning",
+            "dataDir": d.path(), "mtu": 1400,
+        });
+        // An ADD of ctr/eth0 killed before publishing its backup, and the
+        // temporaries of two other attachments' ADDs: one may be running.
+        let mine = rcni_statefile::tmp_path(&backup_path(d.path(), "ctr", "eth0"));
+        std::fs::write(&mine, r#"{"mtu": 1500, "network": "net"}"#).unwrap();
+        let young = rcni_statefile::tmp_path(&backup_path(d.path(), "busy", "eth0"));
+        let old = rcni_statefile::tmp_path(&backup_path(d.path(), "gone", "eth0"));
+        for t in [&young, &old] {
+            std::fs::write(t, "{").unwrap();
+        }
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - rcni_statefile::ORPHAN_AGE * 2)
+            .unwrap();
+        let (code, out) = rcni_testkit::dispatch(&Tuning, "DEL", "ctr", &conf);
+        assert_eq!(code, 0, "{out}");
+        assert!(!mine.exists());
+        assert!(young.exists() && old.exists());
+        let mut gc = conf.clone();
+        gc["cni.dev/valid-attachments"] = serde_json::json!([]);
+        let (code, out) = rcni_testkit::dispatch(&Tuning, "GC", "", &gc);
+        assert_eq!(code, 0, "{out}");
+        assert!(young.exists() && !old.exists());
+    }
+
+    /// What `persist` (the backup) records is read before any sysctl is
+    /// written, and a failed persist writes none.
+    #[test]
+    fn sysctls_change_only_after_their_originals_are_saved() {
+        let ns = rcni_testkit::TestNs::new();
+        let key = "net.ipv4.conf.lo.arp_filter";
+        let sysctls = vec![(key.to_string(), key.to_string(), "1".to_string())];
+        let in_kernel = || {
+            std::fs::read_to_string("/proc/sys/net/ipv4/conf/lo/arp_filter")
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        let (written, persisted, err) = swap_sysctls(&ns.ns, &sysctls, |orig| {
+            assert_eq!(orig[key], "0");
+            Err::<(), _>(CniError::internal("disk full"))
+        });
+        assert!(written.is_empty() && persisted.is_none() && err.is_some());
+        assert_eq!(rcni_netlink::sysctl::get(&ns.ns, key).unwrap(), "0");
+        let (written, persisted, err) =
+            swap_sysctls(&ns.ns, &sysctls, |orig| Ok((orig.clone(), in_kernel())));
+        assert!(err.is_none());
+        let (saved, seen) = persisted.unwrap();
+        assert_eq!((saved[key].as_str(), seen.as_str()), ("0", "0"));
+        assert_eq!(written, saved);
+        assert_eq!(rcni_netlink::sysctl::get(&ns.ns, key).unwrap(), "1");
+    }
+
+    #[test]
     fn repeated_add_keeps_the_first_originals() {
         let first = Backup {
             mtu: 1500,
