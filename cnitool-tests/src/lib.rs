@@ -50,12 +50,21 @@ pub struct Harness {
     pub node: Option<rcni_testkit::TestNs>,
 }
 
-fn run(mut cmd: Command) -> Output {
+/// Removes the runtime variables the test process itself may carry (those
+/// the command sets stay).
+fn clean_env(cmd: &mut Command) {
+    let set: Vec<std::ffi::OsString> = cmd.get_envs().map(|(k, _)| k.to_owned()).collect();
     for (k, _) in std::env::vars() {
-        if k.starts_with("CNI_") || k == "NETCONFPATH" || k == "CAP_ARGS" {
+        if (k.starts_with("CNI_") || k == "NETCONFPATH" || k == "CAP_ARGS")
+            && !set.iter().any(|s| *s == *k)
+        {
             cmd.env_remove(k);
         }
     }
+}
+
+fn run(mut cmd: Command) -> Output {
+    clean_env(&mut cmd);
     let out = cmd.stdin(Stdio::null()).output().expect("spawn");
     Output {
         code: out.status.code().unwrap_or(-1),
@@ -124,6 +133,15 @@ impl Harness {
     }
 
     pub fn cnitool_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let mut cmd = self.cnitool_command(args);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(cmd)
+    }
+
+    /// Our cnitool as [`Harness::cnitool`] runs it, not started.
+    pub fn cnitool_command(&self, args: &[&str]) -> Command {
         let mut cmd = match &self.node {
             Some(n) => n.command(bin("cnitool")),
             None => Command::new(bin("cnitool")),
@@ -132,10 +150,8 @@ impl Harness {
         cmd.env("NETCONFPATH", self.confdir.path())
             .env("CNI_PATH", self.plugins.dir())
             .env("DBUS_SYSTEM_BUS_ADDRESS", NO_SYSTEM_BUS);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        run(cmd)
+        clean_env(&mut cmd);
+        cmd
     }
 
     /// The libcni client: `add|check|del` for (netns, containerID, ifname).

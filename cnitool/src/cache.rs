@@ -56,8 +56,13 @@ pub fn path(cache_dir: &Path, net: &str, container_id: &str, ifname: &str) -> Pa
     results_dir(cache_dir).join(format!("{net}-{container_id}-{ifname}"))
 }
 
+/// Writes the attachment's cache file as libcni does (0600 in a 0700
+/// directory), visible under its name only once complete: a kill leaves
+/// the old file or the new one, plus at most a temporary that DEL and GC
+/// sweep. libcni reads every file in `results/` (GetCachedAttachments), so
+/// a temporary must not outlive the next command of its attachment.
 pub fn write(cache_dir: &Path, info: &CachedInfo) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     let p = path(
         cache_dir,
         &info.network_name,
@@ -68,19 +73,8 @@ pub fn write(cache_dir: &Path, info: &CachedInfo) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(results_dir(cache_dir))?;
-    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&serde_json::to_vec(info).map_err(std::io::Error::other)?)?;
-    }
-    // rename: a reader never sees a half-written file.
-    std::fs::rename(&tmp, &p)
+    let data = serde_json::to_vec(info).map_err(std::io::Error::other)?;
+    rcni_statefile::write_replace(&p, &data, 0o600)
 }
 
 /// The cached attachment, `None` if absent or unreadable (libcni ignores a
@@ -98,10 +92,21 @@ pub fn remove(
     container_id: &str,
     ifname: &str,
 ) -> std::io::Result<()> {
-    match std::fs::remove_file(path(cache_dir, net, container_id, ifname)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+    let p = path(cache_dir, net, container_id, ifname);
+    match std::fs::remove_file(&p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
     }
+    // What a killed ADD of this attachment left (the runtime runs no other
+    // command of the attachment beside this one).
+    rcni_statefile::sweep_of(&p).map(|_| ())
+}
+
+/// Removes the temporaries that killed writers left in `results/` long
+/// enough ago that no live writer can own them (other attachments' ADDs may
+/// be writing now).
+pub fn sweep(cache_dir: &Path) -> std::io::Result<usize> {
+    rcni_statefile::sweep(&results_dir(cache_dir), Some(rcni_statefile::ORPHAN_AGE))
 }
 
 /// Every cached attachment of network `net`.
@@ -112,7 +117,11 @@ pub fn list(cache_dir: &Path, net: &str) -> Vec<CachedInfo> {
     let prefix = format!("{net}-");
     let mut out: Vec<CachedInfo> = rd
         .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .filter(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            name.starts_with(&prefix) && !rcni_statefile::is_tmp_name(&name)
+        })
         .filter_map(|e| std::fs::read(e.path()).ok())
         .filter_map(|d| serde_json::from_slice::<CachedInfo>(&d).ok())
         // "a-b" also starts with "a-": the recorded name decides.
@@ -171,6 +180,53 @@ mod tests {
         assert!(read(d.path(), "n", "c1", "eth0").is_none());
         std::fs::write(path(d.path(), "n", "bad", "eth0"), "{not json").unwrap();
         assert!(read(d.path(), "n", "bad", "eth0").is_none());
+    }
+
+    /// Sets `p`'s modification time `ago` in the past.
+    fn age(p: &Path, ago: std::time::Duration) {
+        let f = std::fs::File::options().write(true).open(p).unwrap();
+        f.set_modified(std::time::SystemTime::now() - ago).unwrap();
+    }
+
+    #[test]
+    fn a_killed_writers_temporary_is_no_attachment_and_goes() {
+        let d = tempfile::tempdir().unwrap();
+        let info = |cid: &str| CachedInfo {
+            kind: KIND.into(),
+            container_id: cid.into(),
+            config: b"{}".to_vec(),
+            ifname: "eth0".into(),
+            network_name: "n".into(),
+            netns: String::new(),
+            cni_args: vec![],
+            capability_args: Map::new(),
+            result: None,
+        };
+        // A container ID with a dot: a temporary named by replacing the
+        // "extension" would start with "n-" like a real entry.
+        write(d.path(), &info("c.1")).unwrap();
+        let complete = serde_json::to_vec(&info("c.2")).unwrap();
+        // Killed between writing and renaming: complete, never published.
+        let killed = rcni_statefile::tmp_path(&path(d.path(), "n", "c.2", "eth0"));
+        std::fs::write(&killed, &complete).unwrap();
+        let young = rcni_statefile::tmp_path(&path(d.path(), "n", "c.3", "eth0"));
+        let old = rcni_statefile::tmp_path(&path(d.path(), "n", "c.4", "eth0"));
+        for t in [&young, &old] {
+            std::fs::write(t, &complete[..10]).unwrap();
+        }
+        age(&old, rcni_statefile::ORPHAN_AGE * 2);
+        let ids: Vec<String> = list(d.path(), "n")
+            .into_iter()
+            .map(|c| c.container_id)
+            .collect();
+        assert_eq!(ids, ["c.1"]);
+        assert!(read(d.path(), "n", "c.2", "eth0").is_none());
+        // DEL of c.2 takes its temporary; GC's sweep only the old one.
+        remove(d.path(), "n", "c.2", "eth0").unwrap();
+        assert!(!killed.exists());
+        assert_eq!(sweep(d.path()).unwrap(), 1);
+        assert!(young.exists() && !old.exists());
+        assert_eq!(list(d.path(), "n").len(), 1);
     }
 
     #[test]

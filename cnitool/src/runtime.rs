@@ -273,6 +273,11 @@ impl Runtime {
             return Ok(());
         }
         let mut errs = Vec::new();
+        if let Err(e) = cache::sweep(&self.cache_dir) {
+            errs.push(RuntimeError::Other(format!(
+                "failed to sweep the result cache: {e}"
+            )));
+        }
         for c in cache::list(&self.cache_dir, &list.name) {
             let key = GcAttachment {
                 container_id: c.container_id.clone(),

@@ -305,3 +305,66 @@ fn every_version_and_chained_only() {
     let v = version_of("tuning");
     assert!(v["supportedVersions"].as_array().unwrap().len() >= 6);
 }
+
+/// Issue 21: a tuning ADD SIGKILLed at any moment leaves DEL all it needs:
+/// DEL succeeds, every value changed is back (the backup is on disk before
+/// the first change, sysctls included) and nothing is left in the data
+/// directory, not even the temporary of a backup never published. The
+/// kills land on entry to each of ADD's lasting system calls in turn
+/// (`killpoints`), which covers every moment.
+#[test]
+fn a_killed_add_leaves_del_everything_to_undo() {
+    use rcni_testkit::killpoints::{Ending, at_every_point};
+    let lan = Lan::new();
+    let data = tempfile::tempdir().unwrap();
+    let c = chain(&lan, "1.0.0", full(), data.path());
+    let pod = TestNs::new();
+    let br_only = c.only(0);
+    let br = br_only.add(&lan, &pod.path(), "pod-k", "eth0");
+    let values = || {
+        let l = link(&pod, "eth0");
+        (
+            (l.mac, l.mtu, l.promisc, l.allmulti, l.txqlen),
+            sysctl(&pod, "net.ipv4.conf.eth0.arp_filter"),
+            sysctl(&pod, "net.core.somaxconn"),
+        )
+    };
+    let before = values();
+    let call = |cmd: &str| {
+        rcni_testkit::Call::new(bin("tuning"), cmd)
+            .env("CNI_CONTAINERID", "pod-k")
+            .netns(&pod.path())
+            .stdin(&c.stdin(1, Some(&br)))
+    };
+    let mut changed = false;
+    let points = at_every_point(
+        || call("ADD").command_in(&lan.node.ns),
+        500,
+        |k, ending| {
+            if let Ending::Finished { code, .. } = ending {
+                assert_eq!(*code, 0, "the unkilled ADD failed");
+                changed = values() != before;
+            }
+            let out = call("DEL").run_in(&lan.node.ns);
+            assert_eq!(
+                out.code, 0,
+                "killed at {k} ({ending:?}): DEL failed: {} {}",
+                out.stdout, out.stderr
+            );
+            assert_eq!(
+                values(),
+                before,
+                "killed at {k} ({ending:?}): DEL left a changed value"
+            );
+            assert_eq!(
+                backups(data.path()),
+                Vec::<String>::new(),
+                "killed at {k} ({ending:?}): DEL left files"
+            );
+        },
+    );
+    eprintln!("tuning ADD: {points} kill points");
+    assert!(changed, "the whole ADD changed the values");
+    assert!(points > 5, "{points} kill points");
+    br_only.del_pod(&lan, &pod, "pod-k", &br);
+}

@@ -67,6 +67,27 @@ pub fn write_replace(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
     })
 }
 
+/// [`write_replace`] that also survives a power loss: the data reaches the
+/// disk before the rename, and the directory after it (without the first
+/// sync, ext4 and xfs may commit the rename before the data, which a crash
+/// shows as an empty file under the new name).
+pub fn write_replace_durable(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
+    let tmp = write_tmp(path, data, mode)?;
+    let published = File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = published {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = File::open(dir)
+    {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
 /// Creates `path` with `data` unless it exists: `Ok(false)` then, and the
 /// existing file is untouched. The name appears with its whole content
 /// (`O_EXCL` followed by a write would show an empty file in between).
@@ -164,9 +185,56 @@ pub fn sweep(dir: &Path, older_than: Option<Duration>) -> io::Result<usize> {
     Ok(removed)
 }
 
+/// Removes the temporary files a killed writer of `path` left, and only
+/// those: for a caller no other writer of that one name runs beside, such
+/// as a command of the attachment the file belongs to (the runtime never
+/// runs two commands of one attachment at once, spec: "Concurrency"),
+/// where [`sweep`] of the whole directory would need a lock or an age.
+/// Returns how many went.
+pub fn sweep_of(path: &Path) -> io::Result<usize> {
+    let Some(name) = path.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+        return Ok(0);
+    };
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let mut removed = 0;
+    for entry in entries {
+        let entry = entry?;
+        if tmp_target(&entry.file_name().to_string_lossy()) == Some(name.as_str()) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// How old a temporary must be before [`sweep`] of a directory whose
+/// writers share no lock may take it for a killed writer's: a live one
+/// holds its temporary for the time of one write and one rename.
+pub const ORPHAN_AGE: Duration = Duration::from_secs(600);
+
 /// A name [`tmp_path`] makes.
 pub fn is_tmp_name(name: &str) -> bool {
     name.starts_with('.') && name.ends_with(TMP_SUFFIX)
+}
+
+/// The final name a temporary name of [`tmp_path`] stands for.
+pub fn tmp_target(name: &str) -> Option<&str> {
+    let inner = name.strip_prefix('.')?.strip_suffix(TMP_SUFFIX)?;
+    let mut parts = inner.rsplitn(3, '.');
+    let (n, pid, target) = (parts.next()?, parts.next()?, parts.next()?);
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(n) && digits(pid) && !target.is_empty()).then_some(target)
 }
 
 fn old_enough(entry: &std::fs::DirEntry, older_than: Option<Duration>) -> bool {
@@ -236,6 +304,37 @@ mod tests {
             names(d.path()),
             [".last_reserved_ip.0.spare", "f", "last_reserved_ip.0"]
         );
+    }
+
+    #[test]
+    fn durable_replace_and_sweep_of_one_name() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("net-c.1-eth0.json");
+        write_replace_durable(&p, b"{}", 0o600).unwrap();
+        assert_eq!(std::fs::read(&p).unwrap(), b"{}");
+        // What killed writers of this name and of others left.
+        let mine = [tmp_path(&p), tmp_path(&p)];
+        let other = tmp_path(&d.path().join("net-c.1-eth0.json.x"));
+        let prefix = tmp_path(&d.path().join("net-c"));
+        for t in mine.iter().chain([&other, &prefix]) {
+            std::fs::write(t, b"{").unwrap();
+        }
+        assert_eq!(
+            tmp_target(&mine[0].file_name().unwrap().to_string_lossy()),
+            Some("net-c.1-eth0.json")
+        );
+        assert_eq!(tmp_target(".x.rcni-tmp"), None);
+        assert_eq!(tmp_target(".x.1.rcni-tmp"), None);
+        assert_eq!(tmp_target("..1.2.rcni-tmp"), None);
+        assert_eq!(sweep_of(&p).unwrap(), 2);
+        let mut want = vec![
+            "net-c.1-eth0.json".to_string(),
+            other.file_name().unwrap().to_string_lossy().into_owned(),
+            prefix.file_name().unwrap().to_string_lossy().into_owned(),
+        ];
+        want.sort();
+        assert_eq!(names(d.path()), want);
+        assert_eq!(sweep_of(&d.path().join("missing/x")).unwrap(), 0);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Test support: throwaway namespaces, running built plugin binaries the way
 //! a runtime does, real packets, and leak checks. Dev-only.
 
+pub mod killpoints;
+
 use rcni_netns::NetNs;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -296,18 +298,38 @@ impl Call {
         self.run_cmd(command_in(host, &self.bin))
     }
 
-    fn run_cmd(&self, mut cmd: Command) -> Output {
-        // Only the protocol variables we set: a CNI_* leaking in from the
-        // caller's environment must not change what the test means.
+    /// Starts the plugin from inside `host` with its stdin written and
+    /// closed, and returns at once: for tests that kill it midway. Its
+    /// output is discarded.
+    pub fn spawn_in(&self, host: &NetNs) -> std::process::Child {
+        let mut cmd = command_in(host, &self.bin);
+        self.prepare(&mut cmd);
+        cmd.stdout(Stdio::null()).stderr(Stdio::null());
+        self.start(cmd)
+    }
+
+    /// The plugin as a command to run from inside `host`, with the
+    /// protocol variables set and its stdin: for
+    /// [`killpoints::run_killed_at`].
+    pub fn command_in(&self, host: &NetNs) -> (Command, Vec<u8>) {
+        let mut cmd = command_in(host, &self.bin);
+        self.prepare(&mut cmd);
+        (cmd, self.stdin.clone())
+    }
+
+    /// The protocol variables we set and only those: a CNI_* leaking in
+    /// from the caller's environment must not change what the test means.
+    fn prepare(&self, cmd: &mut Command) {
         for (k, _) in std::env::vars() {
             if k.starts_with("CNI_") {
                 cmd.env_remove(k);
             }
         }
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+    }
+
+    fn start(&self, mut cmd: Command) -> std::process::Child {
+        cmd.stdin(Stdio::piped());
         let mut child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("spawn {}: {e}", self.bin.display()));
@@ -316,7 +338,16 @@ impl Call {
             let mut stdin = child.stdin.take().expect("piped");
             let _ = stdin.write_all(&self.stdin);
         }
-        child.wait_with_output().expect("wait for plugin").into()
+        child
+    }
+
+    fn run_cmd(&self, mut cmd: Command) -> Output {
+        self.prepare(&mut cmd);
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        self.start(cmd)
+            .wait_with_output()
+            .expect("wait for plugin")
+            .into()
     }
 }
 

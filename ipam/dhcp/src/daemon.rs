@@ -393,6 +393,13 @@ impl Daemon {
     /// exists), the others are maintained again from where their timers
     /// stand.
     pub fn resume(self: &Arc<Self>) {
+        // Temporaries of saves a kill interrupted (the previous daemon's):
+        // this daemon, the directory's one writer, has not saved yet.
+        match self.store.sweep() {
+            Ok(0) => {}
+            Ok(n) => log!("removed {n} unfinished lease file(s)"),
+            Err(e) => log!("sweep {}: {e}", self.store.dir().display()),
+        }
         let (records, bad) = self.store.load_all();
         for b in bad {
             log!("ignoring unreadable lease file {b}");
@@ -904,7 +911,9 @@ pub fn run(cfg: Config) -> Result<(), String> {
         .set_nonblocking(true)
         .map_err(|e| format!("listener: {e}"))?;
     if let Some(p) = &cfg.pidfile {
-        std::fs::write(p, std::process::id().to_string())
+        // Whole or absent: a supervisor reading it while we are killed
+        // never gets an empty or partial pid.
+        rcni_statefile::write_replace(p, std::process::id().to_string().as_bytes(), 0o644)
             .map_err(|e| format!("Error writing pidfile {:?}: {e}", p.display()))?;
     }
     let pidfile = cfg.pidfile.clone();

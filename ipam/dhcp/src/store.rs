@@ -1,10 +1,9 @@
 //! Leases on disk: one JSON file per attachment in the state directory
 //! (default `/var/lib/cni/dhcp`), written atomically (temporary file,
-//! fsync, rename), so that a restarted daemon resumes renewing the leases
+//! fsync, rename: `rcni_statefile::write_replace_durable`), so that a restarted daemon resumes renewing the leases
 //! it held instead of forgetting them (the reference keeps them only in
 //! memory).
 
-use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
@@ -147,30 +146,38 @@ impl Store {
         self.dir.join(format!("lease-{hex}.json"))
     }
 
-    /// Writes `rec` atomically, creating the directory (0700) if needed.
+    /// Writes `rec` atomically and durably, creating the directory (0700)
+    /// if needed: a kill or a crash leaves the old record or the new one,
+    /// plus at most a temporary that [`Store::sweep`] removes.
     pub fn save(&self, rec: &LeaseRecord) -> std::io::Result<()> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&self.dir)?;
-        let path = self.path_for(&rec.attachment);
-        let tmp = path.with_extension("json.tmp");
         let data = serde_json::to_vec_pretty(rec).map_err(std::io::Error::other)?;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(&data)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        // The rename is durable once the directory is synced.
-        if let Ok(d) = std::fs::File::open(&self.dir) {
-            let _ = d.sync_all();
+        rcni_statefile::write_replace_durable(&self.path_for(&rec.attachment), &data, 0o600)
+    }
+
+    /// Removes the temporaries of writes a kill interrupted. Only for the
+    /// daemon's start, before it writes: the daemon is the directory's one
+    /// writer. Also takes `<name>.json.tmp`, the temporary of earlier
+    /// versions.
+    pub fn sweep(&self) -> std::io::Result<usize> {
+        let mut n = rcni_statefile::sweep(&self.dir, None)?;
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return Ok(n);
+        };
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().ends_with(".json.tmp") {
+                match std::fs::remove_file(e.path()) {
+                    Ok(()) => n += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
         }
-        Ok(())
+        Ok(n)
     }
 
     /// Removes the file of `a`; a missing one is success.
@@ -281,6 +288,37 @@ mod tests {
         store.remove(&rec.attachment).unwrap();
         store.remove(&rec.attachment).unwrap();
         assert!(store.load_all().0.is_empty());
+    }
+
+    #[test]
+    fn unfinished_saves_are_ignored_then_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let rec = LeaseRecord::new(
+            att("c1"),
+            "/run/netns/x".into(),
+            42,
+            ClientOptions::default(),
+            &ack(),
+            1000,
+        )
+        .unwrap();
+        store.save(&rec).unwrap();
+        let whole = serde_json::to_vec_pretty(&rec).unwrap();
+        // A daemon killed while saving c2 (whole, not yet renamed) and one
+        // of an earlier version killed mid-write of c3.
+        let killed = rcni_statefile::tmp_path(&store.path_for(&att("c2")));
+        std::fs::write(&killed, &whole).unwrap();
+        let legacy = dir.path().join("net-c3-eth0.json.tmp");
+        std::fs::write(&legacy, &whole[..20]).unwrap();
+        let (all, bad) = store.load_all();
+        assert_eq!((all, bad), (vec![rec.clone()], vec![]));
+        assert_eq!(store.sweep().unwrap(), 2);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["net-c1-eth0.json"]);
     }
 
     #[test]

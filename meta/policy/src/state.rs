@@ -15,7 +15,6 @@ use rcni_cni::{CniError, ErrorCode};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
@@ -147,11 +146,14 @@ impl Locked {
         &self.dir
     }
 
-    /// Writes the state (atomically: a crash leaves the old or the new);
-    /// a network left without pods loses its directory.
+    /// Writes the state (atomically: a kill leaves the old or the new);
+    /// a network left without pods loses its state file. Temporaries a
+    /// killed writer left are swept here: every writer holds the lock.
     pub fn save(&mut self) -> Result<(), CniError> {
         let path = self.dir.join("state.json");
+        rcni_statefile::sweep(&self.dir, None).map_err(|e| io_err(self.dir.display(), e))?;
         if self.state.pods.is_empty() {
+            // `state.json.tmp`: the temporary of earlier versions.
             for f in [path, self.dir.join("state.json.tmp")] {
                 match std::fs::remove_file(&f) {
                     Ok(()) => {}
@@ -164,13 +166,9 @@ impl Locked {
             // that a third process no longer sees.
             return Ok(());
         }
-        let tmp = self.dir.join("state.json.tmp");
         let bytes =
             serde_json::to_vec(&self.state).map_err(|e| CniError::internal(e.to_string()))?;
-        let mut f = File::create(&tmp).map_err(|e| io_err(tmp.display(), e))?;
-        f.write_all(&bytes).map_err(|e| io_err(tmp.display(), e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| io_err(path.display(), e))?;
-        Ok(())
+        rcni_statefile::write_replace(&path, &bytes, 0o644).map_err(|e| io_err(path.display(), e))
     }
 }
 
@@ -199,8 +197,14 @@ mod tests {
             );
             l.save().unwrap();
         }
+        // A writer killed before its rename left a temporary: never read,
+        // swept by the next save (every writer holds the lock).
+        let killed = rcni_statefile::tmp_path(&d.path().join("net/state.json"));
+        std::fs::write(&killed, b"{\"pods\":").unwrap();
         let mut l = Locked::existing(d.path(), "net").unwrap().unwrap();
         assert_eq!(l.state.pods.len(), 1);
+        l.save().unwrap();
+        assert!(!killed.exists());
         assert_eq!(l.state.backend.as_deref(), Some("ebpf"));
         l.state.pods.clear();
         l.save().unwrap();

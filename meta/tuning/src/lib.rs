@@ -127,10 +127,11 @@ fn read_backup(path: &Path) -> Result<Option<Backup>, CniError> {
     }
 }
 
-/// Writes the backup atomically (a crash never leaves half a file), with
-/// the reference's one-space indentation.
+/// Writes the backup under its name only once complete (a kill leaves the
+/// old file or the new one, plus at most a temporary that DEL and GC
+/// sweep), with the reference's one-space indentation and mode.
 fn write_backup(path: &Path, b: &Backup) -> Result<(), CniError> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     let dir = path.parent().expect("backup path has a directory");
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -147,16 +148,7 @@ fn write_backup(path: &Path, b: &Backup) -> Result<(), CniError> {
     let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
     b.serialize(&mut ser)
         .map_err(|e| CniError::internal(format!("encode backup: {e}")))?;
-    let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| io_err(format!("write {}", tmp.display()), e))?;
-    f.write_all(&buf)
-        .and_then(|_| std::fs::rename(&tmp, path))
+    rcni_statefile::write_replace(path, &buf, 0o600)
         .map_err(|e| io_err(format!("write {}", path.display()), e))
 }
 
@@ -170,39 +162,57 @@ fn remove_backup(path: &Path) -> Result<(), CniError> {
     }
 }
 
-/// Reads the current values of the sysctls and writes the new ones in one
-/// visit to the namespace. Returns the originals of what was written; on
-/// a failure also the error, with the originals of what was written before
-/// it (to put back).
-fn swap_sysctls(
+/// Reads the current values of the sysctls, hands them to `persist` (which
+/// records them in the backup), and only then writes the new ones, all in
+/// one visit to the namespace: a kill at any point leaves no changed value
+/// that the backup does not hold. Returns the originals of what was
+/// written, what `persist` returned, and the error that stopped it, with
+/// the originals of what was written before it (to put back).
+fn swap_sysctls<T: Send>(
     ns: &NetNs,
     sysctls: &[(String, String, String)],
-) -> (BTreeMap<String, String>, Option<CniError>) {
+    persist: impl FnOnce(&BTreeMap<String, String>) -> Result<T, CniError> + Send,
+) -> (BTreeMap<String, String>, Option<T>, Option<CniError>) {
     let r = ns.run(|| {
         let mut orig = BTreeMap::new();
-        for (key, real, value) in sysctls {
-            let step = || -> Result<String, CniError> {
+        let mut paths = Vec::with_capacity(sysctls.len());
+        for (key, real, _) in sysctls {
+            let read = || -> Result<(PathBuf, String), CniError> {
                 let path = rcni_netlink::sysctl::key_path(real)
                     .map_err(|_| CniError::config(format!("invalid net sysctl key: {key:?}")))?;
                 let old = std::fs::read_to_string(&path)
                     .map_err(|e| io_err(format!("read sysctl {real}"), e))?;
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .and_then(|mut f| f.write_all(value.as_bytes()))
-                    .map_err(|e| io_err(format!("set sysctl {real} to {value:?}"), e))?;
-                Ok(old.trim_end_matches('\n').to_string())
+                Ok((path, old.trim_end_matches('\n').to_string()))
             };
-            match step() {
-                Ok(old) => {
+            match read() {
+                Ok((path, old)) => {
                     orig.insert(real.clone(), old);
+                    paths.push(path);
                 }
-                Err(e) => return (orig, Some(e)),
+                Err(e) => return (BTreeMap::new(), None, Some(e)),
             }
         }
-        (orig, None)
+        let persisted = match persist(&orig) {
+            Ok(t) => t,
+            Err(e) => return (BTreeMap::new(), None, Some(e)),
+        };
+        let mut written = BTreeMap::new();
+        for ((_, real, value), path) in sysctls.iter().zip(&paths) {
+            let w = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .and_then(|mut f| f.write_all(value.as_bytes()))
+                .map_err(|e| io_err(format!("set sysctl {real} to {value:?}"), e));
+            if let Err(e) = w {
+                return (written, Some(persisted), Some(e));
+            }
+            if let Some(old) = orig.get(real) {
+                written.insert(real.clone(), old.clone());
+            }
+        }
+        (written, Some(persisted), None)
     });
-    r.unwrap_or_else(|e| (BTreeMap::new(), Some(e.into())))
+    r.unwrap_or_else(|e| (BTreeMap::new(), None, Some(e.into())))
 }
 
 /// Writes saved sysctl values back; every key is attempted.
@@ -360,25 +370,36 @@ impl Tuning {
                 eprintln!("tuning: rollback: {e}");
             }
         };
-        let (orig_sysctls, failed) = swap_sysctls(&ns, &sysctls);
-        if let Some(e) = failed {
-            restore_partial(&orig_sysctls);
-            return Err(e);
-        }
-        backup.sysctl = orig_sysctls;
-        if backup.is_empty() {
-            return Ok(prev);
-        }
-        let existing = read_backup(&path)?;
-        let had_backup = existing.is_some();
-        let to_save = match existing {
-            Some(old) => old.merged_over(backup.clone()),
-            None => backup.clone(),
+        // The backup (the link's originals and the sysctls') is on disk
+        // before the first change: a kill after any change leaves DEL what
+        // to put back.
+        let persist = |orig: &BTreeMap<String, String>| -> Result<Option<bool>, CniError> {
+            let mut backup = backup.clone();
+            backup.sysctl = orig.clone();
+            if backup.is_empty() {
+                return Ok(None);
+            }
+            let existing = read_backup(&path)?;
+            let had_backup = existing.is_some();
+            let to_save = match existing {
+                Some(old) => old.merged_over(backup),
+                None => backup,
+            };
+            write_backup(&path, &to_save)?;
+            Ok(Some(had_backup))
         };
-        if let Err(e) = write_backup(&path, &to_save) {
-            restore_partial(&backup.sysctl);
+        let (written, persisted, failed) = swap_sysctls(&ns, &sysctls, persist);
+        if let Some(e) = failed {
+            restore_partial(&written);
+            if persisted == Some(Some(false)) {
+                let _ = remove_backup(&path);
+            }
             return Err(e);
         }
+        let Some(Some(had_backup)) = persisted else {
+            return Ok(prev);
+        };
+        backup.sysctl = written;
         if let Some(link) = &link
             && let Err(e) = rt.block_on(apply_link(&nl, link, conf))
         {
@@ -427,11 +448,15 @@ impl Plugin for Tuning {
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
         let path = backup_path(&conf.data_dir, &args.container_id, &args.ifname);
+        // A temporary of this backup is an ADD's that was killed before
+        // publishing it (no command of this attachment runs beside DEL).
+        let swept = rcni_statefile::sweep_of(&path)
+            .map_err(|e| io_err(format!("sweep {}", conf.data_dir.display()), e));
         let Some(b) = read_backup(&path).unwrap_or_else(|e| {
             eprintln!("tuning: unreadable backup dropped: {e}");
             Some(Backup::default())
         }) else {
-            return Ok(());
+            return swept.map(|_| ());
         };
         if let Some(ns) = args.netns.as_ref().and_then(|p| NetNs::open(p).ok()) {
             let rt = rcni_netlink::runtime()?;
@@ -448,7 +473,7 @@ impl Plugin for Tuning {
                 eprintln!("tuning: {e}");
             }
         }
-        remove_backup(&path)
+        remove_backup(&path).and(swept.map(|_| ()))
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
@@ -539,6 +564,11 @@ impl Plugin for Tuning {
             Err(e) => return Err(io_err(format!("read {}", conf.data_dir.display()), e)),
         };
         let mut errors = Vec::new();
+        // Other attachments' ADDs may be writing: only old temporaries are
+        // surely a killed writer's.
+        if let Err(e) = rcni_statefile::sweep(&conf.data_dir, Some(rcni_statefile::ORPHAN_AGE)) {
+            errors.push(format!("sweep {}: {e}", conf.data_dir.display()));
+        }
         for e in entries.flatten() {
             let path = e.path();
             if path.extension().is_none_or(|x| x != "json") || valid.contains(&path) {
@@ -589,6 +619,67 @@ mod tests {
         remove_backup(&p).unwrap();
         remove_backup(&p).unwrap();
         assert_eq!(read_backup(&p).unwrap(), None);
+    }
+
+    #[test]
+    fn del_takes_a_killed_adds_temporary_and_gc_the_old_ones() {
+        let d = tempfile::tempdir().unwrap();
+        let conf = serde_json::json!({
+            "cniVersion": "1.1.0", "name": "net", "type": "tuning",
+            "dataDir": d.path(), "mtu": 1400,
+        });
+        // An ADD of ctr/eth0 killed before publishing its backup, and the
+        // temporaries of two other attachments' ADDs: one may be running.
+        let mine = rcni_statefile::tmp_path(&backup_path(d.path(), "ctr", "eth0"));
+        std::fs::write(&mine, r#"{"mtu": 1500, "network": "net"}"#).unwrap();
+        let young = rcni_statefile::tmp_path(&backup_path(d.path(), "busy", "eth0"));
+        let old = rcni_statefile::tmp_path(&backup_path(d.path(), "gone", "eth0"));
+        for t in [&young, &old] {
+            std::fs::write(t, "{").unwrap();
+        }
+        std::fs::File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() - rcni_statefile::ORPHAN_AGE * 2)
+            .unwrap();
+        let (code, out) = rcni_testkit::dispatch(&Tuning, "DEL", "ctr", &conf);
+        assert_eq!(code, 0, "{out}");
+        assert!(!mine.exists());
+        assert!(young.exists() && old.exists());
+        let mut gc = conf.clone();
+        gc["cni.dev/valid-attachments"] = serde_json::json!([]);
+        let (code, out) = rcni_testkit::dispatch(&Tuning, "GC", "", &gc);
+        assert_eq!(code, 0, "{out}");
+        assert!(young.exists() && !old.exists());
+    }
+
+    /// What `persist` (the backup) records is read before any sysctl is
+    /// written, and a failed persist writes none.
+    #[test]
+    fn sysctls_change_only_after_their_originals_are_saved() {
+        let ns = rcni_testkit::TestNs::new();
+        let key = "net.ipv4.conf.lo.arp_filter";
+        let sysctls = vec![(key.to_string(), key.to_string(), "1".to_string())];
+        let in_kernel = || {
+            std::fs::read_to_string("/proc/sys/net/ipv4/conf/lo/arp_filter")
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        let (written, persisted, err) = swap_sysctls(&ns.ns, &sysctls, |orig| {
+            assert_eq!(orig[key], "0");
+            Err::<(), _>(CniError::internal("disk full"))
+        });
+        assert!(written.is_empty() && persisted.is_none() && err.is_some());
+        assert_eq!(rcni_netlink::sysctl::get(&ns.ns, key).unwrap(), "0");
+        let (written, persisted, err) =
+            swap_sysctls(&ns.ns, &sysctls, |orig| Ok((orig.clone(), in_kernel())));
+        assert!(err.is_none());
+        let (saved, seen) = persisted.unwrap();
+        assert_eq!((saved[key].as_str(), seen.as_str()), ("0", "0"));
+        assert_eq!(written, saved);
+        assert_eq!(rcni_netlink::sysctl::get(&ns.ns, key).unwrap(), "1");
     }
 
     #[test]
