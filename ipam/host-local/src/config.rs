@@ -372,11 +372,7 @@ mod tests {
     }
 
     fn load_env(v: Value, env: &str) -> Result<IpamConfig, CniError> {
-        IpamConfig::load(
-            &conf(v),
-            Some(&CniArgs::parse(env)),
-            Purpose::Allocate,
-        )
+        IpamConfig::load(&conf(v), Some(&CniArgs::parse(env)), Purpose::Allocate)
     }
 
     fn err(v: Value) -> (u32, String) {
@@ -565,7 +561,10 @@ mod tests {
         // LoadArgs, IgnoreUnknown or not (DEL never reads CNI_ARGS).
         for bad in ["none", "IgnoreUnknown=1;IP=10.0.0.5;none"] {
             let e = load_env(base.clone(), bad).unwrap_err();
-            assert_eq!((e.code, e.msg.as_str()), (4, r#"ARGS: invalid pair "none""#));
+            assert_eq!(
+                (e.code, e.msg.as_str()),
+                (4, r#"ARGS: invalid pair "none""#)
+            );
         }
         let e = load_env(base.clone(), "IP=10.0.0.500").unwrap_err();
         assert_eq!(e.code, 4);

@@ -409,7 +409,10 @@ mod tests {
         // A pair without `=` is LoadArgs' error (ADD and CHECK; DEL reads
         // nothing), even alone.
         let e = load_str(base(ipam.clone()), "none").unwrap_err();
-        assert_eq!((e.code, e.msg.as_str()), (4, r#"ARGS: invalid pair "none""#));
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (4, r#"ARGS: invalid pair "none""#)
+        );
         let c = load_str(base(ipam), "IgnoreUnknown=1;K8S_POD_NAME=x;IP=").unwrap();
         assert_eq!(addrs(&c), [pair("10.1.0.2/24", None)]);
     }
