@@ -239,8 +239,12 @@ fn podman_runs_the_chain_from_our_bin_directory() {
         "published port from outside"
     );
     let rules = ruleset(&lan.node.ns);
-    assert!(rules.contains(&format!("dnat to {ip}:80")), "{rules}");
-    // firewall's default without firewalld: iptables, as the reference's.
+    // portmap's and firewall's defaults without firewalld: iptables, as the
+    // reference's.
+    assert!(
+        rules.contains(&format!("--to-destination {ip}:80")),
+        "{rules}"
+    );
     assert!(
         rules.contains(&format!("-A CNI-FORWARD -s {ip}/32 -j ACCEPT")),
         "{rules}"
@@ -257,7 +261,8 @@ fn podman_runs_the_chain_from_our_bin_directory() {
     );
     let rules = ruleset(&lan.node.ns);
     assert!(
-        !rules.contains(&format!("dnat to {ip}")),
+        !rules.contains(&format!("dnat to {ip}"))
+            && !rules.contains(&format!("--to-destination {ip}")),
         "portmap rules left: {rules}"
     );
     assert!(

@@ -1,8 +1,8 @@
 //! portmap: real TCP and UDP through mapped host ports, from outside the
 //! node, from another pod (hairpin), from the pod itself and from the node
-//! (its own address and 127.0.0.1); both backends; CHECK, DEL (also without
-//! portMappings), GC, conntrack flushing; and interop with the reference
-//! plugin's iptables rules.
+//! (its own address and 127.0.0.1); both backends, iptables the default as
+//! upstream's; CHECK, DEL (also without portMappings), GC, conntrack
+//! flushing; and interop with the reference plugin's iptables rules.
 
 mod chain;
 
@@ -197,19 +197,66 @@ fn iptables_backend_traffic_and_layout_of_the_reference() {
     assert_eq!(tcp_get(&lan.client.ns, "10.99.0.1:8080"), None);
 }
 
+/// No `backend` key: upstream's default, iptables where it works, with
+/// the per-attachment `CNI-DN-<hash>` chain upstream's suite looks for in
+/// nat (hash of network + container ID), its DNAT rule, and the mappings
+/// working from everywhere; nothing in nftables.
+#[test]
+fn default_backend_is_iptables_as_upstream() {
+    let lan = Lan::new();
+    let c = chain(&lan, "1.0.0", json!({}));
+    let pods = two_pods(&lan, &c);
+    let ip = ip_of(&pods.ra, true);
+    let dn = "CNI-DN-b0dc9f1ea27aede9301c8";
+    let nat = lan.on_node("iptables", &["-w", "-t", "nat", "-S", dn]);
+    assert!(nat.contains(&format!("-N {dn}")), "{nat}");
+    assert!(
+        nat.contains(&format!(
+            "-A {dn} -p tcp -m tcp --dport 8080 -j DNAT --to-destination {ip}:80"
+        )),
+        "{nat}"
+    );
+    let ip6 = ip_of(&pods.ra, false);
+    let nat6 = lan.on_node("ip6tables", &["-w", "-t", "nat", "-S", dn]);
+    assert!(
+        nat6.contains(&format!("--to-destination [{ip6}]:80")),
+        "{nat6}"
+    );
+    assert!(
+        !lan.on_node("nft", &["list", "tables"])
+            .contains("cni_hostport")
+    );
+    traffic_works(&lan);
+    hairpin_and_node(&lan, &pods.a, &pods.b);
+    c.check_ok(&lan, &pods.a, "pod-a", &pods.ra);
+    c.del_pod(&lan, &pods.a, "pod-a", &pods.ra);
+    assert!(portmap_rules(&lan).is_empty(), "{:?}", portmap_rules(&lan));
+    assert_eq!(tcp_get(&lan.client.ns, "10.99.0.1:8080"), None);
+    pods.b_only
+        .del(&lan, Some(&pods.b.path()), "pod-b", "eth0", None);
+}
+
 #[test]
 fn del_without_port_mappings_or_netns_removes_the_rules() {
     let lan = Lan::new();
-    let c = chain(&lan, "1.0.0", json!({}));
-    let pod = pod_with_servers("A");
-    let r = c.add(&lan, &pod.path(), "pod-a", "eth0");
-    assert!(!portmap_rules(&lan).is_empty());
-    let mut conf = c.stdin(1, Some(&r));
-    conf.as_object_mut().unwrap().remove("runtimeConfig");
-    conf.as_object_mut().unwrap().remove("prevResult");
-    assert_success(&lan.call(&bin("portmap"), "DEL", None, "pod-a", "eth0", &conf));
-    assert!(portmap_rules(&lan).is_empty(), "{:?}", portmap_rules(&lan));
-    c.del_pod(&lan, &pod, "pod-a", &r);
+    // The default backend (iptables here), then nftables: DEL's config
+    // names no backend either way.
+    for backend in [json!({}), json!({"backend": "nftables"})] {
+        let c = chain(&lan, "1.0.0", backend.clone());
+        let pod = pod_with_servers("A");
+        let r = c.add(&lan, &pod.path(), "pod-a", "eth0");
+        assert!(!portmap_rules(&lan).is_empty(), "{backend}");
+        let mut conf = chain(&lan, "1.0.0", json!({})).stdin(1, Some(&r));
+        conf.as_object_mut().unwrap().remove("runtimeConfig");
+        conf.as_object_mut().unwrap().remove("prevResult");
+        assert_success(&lan.call(&bin("portmap"), "DEL", None, "pod-a", "eth0", &conf));
+        assert!(
+            portmap_rules(&lan).is_empty(),
+            "{backend}: {:?}",
+            portmap_rules(&lan)
+        );
+        c.del_pod(&lan, &pod, "pod-a", &r);
+    }
 }
 
 #[test]
@@ -369,7 +416,7 @@ fn conditions_go_through_nft_and_limit_who_is_mapped() {
 #[test]
 fn rules_written_over_netlink_read_back_as_nft_would_write_them() {
     let lan = Lan::new();
-    let c = chain(&lan, "1.0.0", json!({}));
+    let c = chain(&lan, "1.0.0", json!({"backend": "nftables"}));
     let pod = TestNs::new();
     let r = c.add(&lan, &pod.path(), "pod-a", "eth0");
     let ip = ip_of(&r, true);

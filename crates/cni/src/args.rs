@@ -1,29 +1,54 @@
 //! `CNI_ARGS`: `K=V;K=V`, with Go's `IgnoreUnknown` rule.
+//!
+//! The reference plugins parse CNI_ARGS only where they read it (Go's
+//! `types.LoadArgs` in bridge, host-local, static and tuning; dhcp splits
+//! it itself and skips what does not split), so a malformed value such as
+//! `CNI_ARGS=none` (upstream's loopback suite) fails only those. Parsing
+//! here never fails: the pairs that split are kept with the ones that did
+//! not, and a plugin that reads CNI_ARGS asks for [`CniArgs::strict`] where
+//! the reference would fail.
 
 use crate::error::{CniError, ErrorCode};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CniArgs {
     pairs: Vec<(String, String)>,
+    /// The pairs without `=`, in order.
+    invalid: Vec<String>,
 }
 
 impl CniArgs {
-    /// Splits `CNI_ARGS`. A pair without `=` is an error (code 4, it is an
-    /// environment variable); empty pairs (a trailing `;`) are skipped and a
-    /// value may itself contain `=`, both of which Go rejects: accepting more
-    /// breaks nothing that works with the reference.
-    pub fn parse(s: &str) -> Result<CniArgs, CniError> {
-        let mut pairs = Vec::new();
+    /// Splits `CNI_ARGS`, keeping pairs without `=` aside for
+    /// [`CniArgs::strict`]. Empty pairs (a trailing `;`) are skipped and a
+    /// value may itself contain `=`, both of which Go rejects: accepting
+    /// more breaks nothing that works with the reference.
+    pub fn parse(s: &str) -> CniArgs {
+        let mut args = CniArgs::default();
         for pair in s.split(';').filter(|p| !p.trim().is_empty()) {
-            let Some((k, v)) = pair.split_once('=') else {
-                return Err(CniError::new(
-                    ErrorCode::InvalidEnvironmentVariables,
-                    format!("ARGS: invalid pair {pair:?}"),
-                ));
-            };
-            pairs.push((k.to_string(), v.to_string()));
+            match pair.split_once('=') {
+                Some((k, v)) => args.pairs.push((k.to_string(), v.to_string())),
+                None => args.invalid.push(pair.to_string()),
+            }
         }
-        Ok(CniArgs { pairs })
+        args
+    }
+
+    /// The args, or Go's `LoadArgs` error (code 4, it is an environment
+    /// variable) for the first pair without `=`: what a plugin that reads
+    /// CNI_ARGS answers on ADD and CHECK, as the reference does.
+    pub fn strict(&self) -> Result<&CniArgs, CniError> {
+        match self.invalid.first() {
+            None => Ok(self),
+            Some(pair) => Err(CniError::new(
+                ErrorCode::InvalidEnvironmentVariables,
+                format!("ARGS: invalid pair {pair:?}"),
+            )),
+        }
+    }
+
+    /// The pairs without `=`.
+    pub fn invalid(&self) -> &[String] {
+        &self.invalid
     }
 
     /// The last value given for `key` (case-sensitive, as Go's field lookup).
@@ -39,8 +64,10 @@ impl CniArgs {
         &self.pairs
     }
 
+    /// Nothing given, not even a malformed pair (Go's `LoadArgs` runs
+    /// only for a non-empty CNI_ARGS).
     pub fn is_empty(&self) -> bool {
-        self.pairs.is_empty()
+        self.pairs.is_empty() && self.invalid.is_empty()
     }
 
     /// `IgnoreUnknown` parsed as Go's strconv.ParseBool.
@@ -51,9 +78,11 @@ impl CniArgs {
         )
     }
 
-    /// Errors (code 4) on keys the plugin does not know, unless
-    /// `IgnoreUnknown` is true, like Go's `types.LoadArgs`.
+    /// Errors (code 4) on a malformed pair ([`CniArgs::strict`]) and on
+    /// keys the plugin does not know, unless `IgnoreUnknown` is true, like
+    /// Go's `types.LoadArgs`.
     pub fn check_known(&self, known: &[&str]) -> Result<(), CniError> {
+        self.strict()?;
         if self.ignore_unknown() {
             return Ok(());
         }
@@ -82,8 +111,7 @@ mod tests {
     fn parses_kubelet_args() {
         let a = CniArgs::parse(
             "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=abc;K8S_POD_UID=u",
-        )
-        .unwrap();
+        );
         assert_eq!(a.get("K8S_POD_NAME"), Some("web-0"));
         assert!(a.ignore_unknown());
         assert!(a.check_known(&["IP"]).is_ok());
@@ -91,7 +119,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_need_ignore_unknown() {
-        let a = CniArgs::parse("IP=10.0.0.5;FOO=bar").unwrap();
+        let a = CniArgs::parse("IP=10.0.0.5;FOO=bar");
         assert!(a.check_known(&["IP", "FOO"]).is_ok());
         let e = a.check_known(&["IP"]).unwrap_err();
         assert_eq!(e.code, 4);
@@ -101,7 +129,7 @@ mod tests {
             "IgnoreUnknown=false",
             "IgnoreUnknown=yes",
         ] {
-            let a = CniArgs::parse(&format!("{off};FOO=1")).unwrap();
+            let a = CniArgs::parse(&format!("{off};FOO=1"));
             assert!(a.check_known(&[]).is_err(), "{off}");
         }
         for on in [
@@ -109,21 +137,49 @@ mod tests {
             "IgnoreUnknown=T",
             "IgnoreUnknown=True",
         ] {
-            let a = CniArgs::parse(&format!("{on};FOO=1")).unwrap();
+            let a = CniArgs::parse(&format!("{on};FOO=1"));
             assert!(a.check_known(&[]).is_ok(), "{on}");
         }
     }
 
     #[test]
     fn edge_cases() {
-        assert!(CniArgs::parse("").unwrap().is_empty());
-        let a = CniArgs::parse("A=1;;B=x=y;").unwrap();
+        assert!(CniArgs::parse("").is_empty());
+        let a = CniArgs::parse("A=1;;B=x=y;");
         assert_eq!(a.get("B"), Some("x=y"));
         assert_eq!(a.pairs().len(), 2);
-        assert_eq!(CniArgs::parse("A=1;A=2").unwrap().get("A"), Some("2"));
-        assert_eq!(CniArgs::parse("A=").unwrap().get("A"), Some(""));
-        let e = CniArgs::parse("A=1;novalue").unwrap_err();
+        assert_eq!(CniArgs::parse("A=1;A=2").get("A"), Some("2"));
+        assert_eq!(CniArgs::parse("A=").get("A"), Some(""));
+        assert!(CniArgs::parse("A=1;;B=x=y;").strict().is_ok());
+    }
+
+    /// A pair without `=` (upstream's loopback suite runs with
+    /// `CNI_ARGS=none`) does not fail the parse: the pairs that split stay
+    /// readable, and `strict` (what ADD and CHECK of a plugin that reads
+    /// CNI_ARGS use) gives Go's error, code 4.
+    #[test]
+    fn malformed_pairs_fail_only_strict_readers() {
+        let a = CniArgs::parse("none");
+        assert!(!a.is_empty());
+        assert!(a.pairs().is_empty());
+        assert_eq!(a.invalid(), ["none"]);
+        let e = a.strict().unwrap_err();
         assert_eq!(e.code, 4);
-        assert!(e.msg.contains("novalue"));
+        assert_eq!(e.msg, r#"ARGS: invalid pair "none""#);
+
+        let a = CniArgs::parse("A=1;novalue;MAC=02:00:00:00:00:01;other");
+        assert_eq!(a.get("A"), Some("1"));
+        assert_eq!(a.get("MAC"), Some("02:00:00:00:00:01"));
+        assert_eq!(a.get("novalue"), None);
+        assert_eq!(a.invalid(), ["novalue", "other"]);
+        let e = a.strict().unwrap_err();
+        assert_eq!(e.code, 4);
+        assert!(e.msg.contains("novalue"), "{}", e.msg);
+        // LoadArgs reports a malformed pair before unknown keys, even with
+        // IgnoreUnknown.
+        let e = CniArgs::parse("IgnoreUnknown=1;FOO=1;bad")
+            .check_known(&[])
+            .unwrap_err();
+        assert_eq!((e.code, e.msg.as_str()), (4, r#"ARGS: invalid pair "bad""#));
     }
 }

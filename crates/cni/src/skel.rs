@@ -67,6 +67,8 @@ pub struct CmdArgs {
     pub netns: Option<PathBuf>,
     /// Empty for GC and STATUS.
     pub ifname: String,
+    /// CNI_ARGS, parsed without failing: a plugin that reads it uses
+    /// [`CmdArgs::env_args`].
     pub args: CniArgs,
     pub args_raw: String,
     pub path: Vec<PathBuf>,
@@ -78,6 +80,25 @@ impl CmdArgs {
     /// The config's (already validated) spec version.
     pub fn version(&self) -> &str {
         &self.conf.cni_version
+    }
+
+    /// Whether this command reads CNI_ARGS as Go's `LoadArgs` would
+    /// (ADD and CHECK): a malformed or unknown pair is then an error where
+    /// the reference's is.
+    pub fn strict_args(&self) -> bool {
+        matches!(self.command, Command::Add | Command::Check)
+    }
+
+    /// CNI_ARGS for a plugin that reads it: on ADD and CHECK a pair without
+    /// `=` fails (code 4) as in the reference; DEL, GC and STATUS get the
+    /// pairs that parse, so cleanup never stops at a malformed CNI_ARGS (the
+    /// reference's bridge, tuning and host-local fail DEL there).
+    pub fn env_args(&self) -> Result<&CniArgs, CniError> {
+        if self.strict_args() {
+            self.args.strict()
+        } else {
+            Ok(&self.args)
+        }
     }
 
     /// An ADD of `conf` with no netns, CNI_ARGS or CNI_PATH: what a plugin's
@@ -259,7 +280,7 @@ pub fn dispatch<P: Plugin>(
             container_id,
             netns,
             ifname,
-            args: CniArgs::parse(&args_raw)?,
+            args: CniArgs::parse(&args_raw),
             args_raw,
             path: crate::invoke::split_path(&getenv("CNI_PATH")),
             stdin: data,

@@ -1,6 +1,6 @@
 //! Conversions between every pair of versions, and every skel path.
 
-use crate::skel::{About, CmdArgs, Plugin, dispatch};
+use crate::skel::{About, CmdArgs, Command, Plugin, dispatch};
 use crate::types::*;
 use crate::version::{ALL, ResultFamily, result_family};
 use crate::{CniError, ErrorCode};
@@ -307,6 +307,7 @@ impl Plugin for Mock {
         }
     }
     fn add(&self, a: &CmdArgs) -> Result<crate::CniResult, CniError> {
+        reads_args(a)?;
         match a.conf.plugin_type.as_str() {
             "fail" => Err(CniError::new(ErrorCode::TryAgainLater, "busy").with_details("lock")),
             "panic" => panic!("kaboom"),
@@ -327,15 +328,27 @@ impl Plugin for Mock {
     }
     fn del(&self, a: &CmdArgs) -> Result<(), CniError> {
         assert!(a.netns.is_none() || a.netns.is_some());
-        Ok(())
+        reads_args(a)
     }
-    fn check(&self, _: &CmdArgs) -> Result<(), CniError> {
-        Ok(())
+    fn check(&self, a: &CmdArgs) -> Result<(), CniError> {
+        reads_args(a)
     }
     fn gc(&self, a: &CmdArgs) -> Result<(), CniError> {
         assert!(a.container_id.is_empty());
         Ok(())
     }
+}
+
+/// Type "args" reads CNI_ARGS as bridge or host-local do; DEL must then
+/// still see the pairs that split.
+fn reads_args(a: &CmdArgs) -> Result<(), CniError> {
+    if a.conf.plugin_type == "args" {
+        let env = a.env_args()?;
+        if a.command == Command::Del && a.args_raw.contains("K=") {
+            assert_eq!(env.get("K"), Some("v"));
+        }
+    }
+    Ok(())
 }
 
 struct Run {
@@ -503,12 +516,26 @@ fn container_and_ifname_rules() {
             .0,
         4
     );
-    assert_eq!(
-        run(&set(full_env("ADD"), "CNI_ARGS", "novalue"), CONF)
-            .err()
-            .0,
-        4
-    );
+}
+
+/// A malformed CNI_ARGS (upstream's loopback suite runs with
+/// `CNI_ARGS=none`) fails no command of a plugin that does not read it;
+/// one that reads it fails ADD and CHECK with Go's error, never DEL.
+#[test]
+fn malformed_cni_args_fail_only_readers_on_add_and_check() {
+    let reader = r#"{"cniVersion":"1.0.0","name":"n","type":"args"}"#;
+    for cmd in ["ADD", "DEL", "CHECK"] {
+        for args in ["none", "K=v;none"] {
+            let r = run(&set(full_env(cmd), "CNI_ARGS", args), CONF);
+            assert_eq!(r.code, 0, "{cmd} {args}: {} {}", r.stdout, r.stderr);
+            let r = run(&set(full_env(cmd), "CNI_ARGS", args), reader);
+            if cmd == "DEL" {
+                assert_eq!(r.code, 0, "{cmd} {args}: {} {}", r.stdout, r.stderr);
+            } else {
+                assert_eq!(r.err(), (4, r#"ARGS: invalid pair "none""#.into()), "{cmd}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -372,11 +372,7 @@ mod tests {
     }
 
     fn load_env(v: Value, env: &str) -> Result<IpamConfig, CniError> {
-        IpamConfig::load(
-            &conf(v),
-            Some(&CniArgs::parse(env).unwrap()),
-            Purpose::Allocate,
-        )
+        IpamConfig::load(&conf(v), Some(&CniArgs::parse(env)), Purpose::Allocate)
     }
 
     fn err(v: Value) -> (u32, String) {
@@ -561,6 +557,15 @@ mod tests {
         assert_eq!(c.requested, [ip("10.0.0.5"), ip("2001:db8::5")]);
         let e = load_env(base.clone(), "IP=10.0.0.5;FOO=bar").unwrap_err();
         assert_eq!(e.code, 4);
+        // A pair without `=` fails ADD and CHECK as the reference's
+        // LoadArgs, IgnoreUnknown or not (DEL never reads CNI_ARGS).
+        for bad in ["none", "IgnoreUnknown=1;IP=10.0.0.5;none"] {
+            let e = load_env(base.clone(), bad).unwrap_err();
+            assert_eq!(
+                (e.code, e.msg.as_str()),
+                (4, r#"ARGS: invalid pair "none""#)
+            );
+        }
         let e = load_env(base.clone(), "IP=10.0.0.500").unwrap_err();
         assert_eq!(e.code, 4);
         assert!(e.msg.contains("invalid IP address 10.0.0.500"), "{}", e.msg);

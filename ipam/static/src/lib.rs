@@ -318,7 +318,7 @@ mod tests {
     }
 
     fn load_str(v: Value, env: &str) -> Result<StaticConf, CniError> {
-        load(&conf(v), &CniArgs::parse(env).unwrap())
+        load(&conf(v), &CniArgs::parse(env))
     }
 
     fn addrs(c: &StaticConf) -> Vec<(String, Option<String>)> {
@@ -406,6 +406,13 @@ mod tests {
         let e = load_str(base(ipam.clone()), "IP=10.0.0.5/24;FOO=1").unwrap_err();
         assert_eq!(e.code, 4);
         assert!(e.msg.contains("FOO"), "{}", e.msg);
+        // A pair without `=` is LoadArgs' error (ADD and CHECK; DEL reads
+        // nothing), even alone.
+        let e = load_str(base(ipam.clone()), "none").unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (4, r#"ARGS: invalid pair "none""#)
+        );
         let c = load_str(base(ipam), "IgnoreUnknown=1;K8S_POD_NAME=x;IP=").unwrap();
         assert_eq!(addrs(&c), [pair("10.1.0.2/24", None)]);
     }

@@ -188,7 +188,11 @@ pub fn pod_identity(args: &CmdArgs) -> Result<(String, Labels), CniError> {
         }
     };
     validate_labels(&labels).map_err(|e| CniError::config(format!("args.cni.labels: {e}")))?;
-    let ns = match args.args.get("K8S_POD_NAMESPACE").filter(|s| !s.is_empty()) {
+    let ns = match args
+        .env_args()?
+        .get("K8S_POD_NAMESPACE")
+        .filter(|s| !s.is_empty())
+    {
         Some(ns) => ns.to_string(),
         None => args
             .conf
@@ -217,7 +221,7 @@ mod tests {
 
     fn args(v: Value, cni_args: &str) -> CmdArgs {
         let mut a = CmdArgs::for_conf(&v).unwrap();
-        a.args = rcni_cni::CniArgs::parse(cni_args).unwrap();
+        a.args = rcni_cni::CniArgs::parse(cni_args);
         a
     }
 
@@ -290,5 +294,12 @@ mod tests {
             "",
         );
         assert_eq!(pod_identity(&a).unwrap_err().code, 7);
+        // A malformed CNI_ARGS is code 4 on ADD and CHECK, as in the
+        // reference plugins that read CNI_ARGS.
+        let a = args(
+            json!({"cniVersion":"1.1.0","name":"n","type":"policy"}),
+            "K8S_POD_NAMESPACE=prod;none",
+        );
+        assert_eq!(pod_identity(&a).unwrap_err().code, 4);
     }
 }

@@ -6,6 +6,7 @@ use ipnetwork::IpNetwork;
 use rcni_cni::skel::CmdArgs;
 use rcni_cni::types::PortMapping;
 use rcni_cni::{CniError, CniResult};
+use rcni_netns::NetNs;
 use serde::Deserialize;
 use std::net::IpAddr;
 
@@ -189,33 +190,42 @@ impl Conf {
         Ok(conf)
     }
 
-    /// The backend to write with: the configured one; else the one the
-    /// conditions are written for (`-m ...` is iptables syntax, anything
-    /// else nft syntax) or that `externalSetMarkChain` needs; else nftables
-    /// when `nft` is installed, iptables otherwise.
-    pub fn backend(&self) -> Backend {
-        if let Some(b) = self.backend {
-            return b;
+    /// The backend the config asks for: the configured one; else the one
+    /// the conditions are written for (upstream's `detectBackendOfConditions`:
+    /// `-` or `!` first is iptables syntax, anything else nft syntax) or that
+    /// `externalSetMarkChain` needs. Upstream defaults to iptables there and
+    /// then refuses conditions in nft syntax; following them accepts more.
+    pub fn implied_backend(&self) -> Option<Backend> {
+        if self.backend.is_some() {
+            return self.backend;
         }
         if self.external_set_mark_chain.is_some() {
-            return Backend::Iptables;
+            return Some(Backend::Iptables);
         }
-        let conds: Vec<&String> = self
+        let first = self
             .conditions_v4
             .iter()
             .chain(&self.conditions_v6)
-            .collect();
-        if let Some(first) = conds.first() {
-            return if first.trim_start().starts_with('-') {
-                Backend::Iptables
-            } else {
-                Backend::Nftables
-            };
-        }
-        if rcni_ipmasq::exec::find_tool("nft").is_some() {
-            Backend::Nftables
-        } else {
+            .find(|c| !c.trim().is_empty())?;
+        Some(if first.trim_start().starts_with(['-', '!']) {
             Backend::Iptables
+        } else {
+            Backend::Nftables
+        })
+    }
+
+    /// The backend to write with: [`Conf::implied_backend`], else upstream's
+    /// default (`ensureBackend`, v1.9.1): iptables unless iptables does not
+    /// work in `ns` and nftables does. The default keeps the rules where
+    /// the node's other tools, and the reference plugins sharing the node,
+    /// look for them (upstream's suite checks the `CNI-DN-` chain).
+    pub fn backend(&self, ns: &NetNs) -> Backend {
+        if let Some(b) = self.implied_backend() {
+            return b;
+        }
+        match rcni_ipmasq::Backend::detect(ns) {
+            rcni_ipmasq::Backend::Iptables => Backend::Iptables,
+            rcni_ipmasq::Backend::Nftables => Backend::Nftables,
         }
     }
 
@@ -324,18 +334,31 @@ mod tests {
 
     #[test]
     fn backend_choice() {
+        // No backend key and nothing backend-specific: upstream's default,
+        // decided by probing the node (Conf::backend).
+        assert_eq!(load(base()).unwrap().implied_backend(), None);
+        let mut v = base();
+        v["conditionsV4"] = json!([""]);
+        assert_eq!(load(v).unwrap().implied_backend(), None);
         let mut v = base();
         v["conditionsV4"] = json!(["-s", "1.2.3.4"]);
-        assert_eq!(load(v).unwrap().backend(), Backend::Iptables);
+        assert_eq!(load(v).unwrap().implied_backend(), Some(Backend::Iptables));
+        let mut v = base();
+        v["conditionsV6"] = json!(["!", "-s", "::1"]);
+        assert_eq!(load(v).unwrap().implied_backend(), Some(Backend::Iptables));
         let mut v = base();
         v["conditionsV4"] = json!(["ip saddr 1.2.3.4"]);
-        assert_eq!(load(v).unwrap().backend(), Backend::Nftables);
+        assert_eq!(load(v).unwrap().implied_backend(), Some(Backend::Nftables));
         let mut v = base();
         v["externalSetMarkChain"] = json!("KUBE-MARK-MASQ");
-        assert_eq!(load(v).unwrap().backend(), Backend::Iptables);
+        assert_eq!(load(v).unwrap().implied_backend(), Some(Backend::Iptables));
         let mut v = base();
         v["backend"] = json!("iptables");
-        assert_eq!(load(v).unwrap().backend(), Backend::Iptables);
+        assert_eq!(load(v).unwrap().implied_backend(), Some(Backend::Iptables));
+        let mut v = base();
+        v["backend"] = json!("nftables");
+        v["conditionsV4"] = json!(["ip saddr 1.2.3.4"]);
+        assert_eq!(load(v).unwrap().implied_backend(), Some(Backend::Nftables));
     }
 
     #[test]

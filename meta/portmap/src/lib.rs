@@ -165,7 +165,7 @@ impl Plugin for Portmap {
             enable_localnet_routing(&ns, v4.ip())?;
         }
         let mut undo = Rollback::new();
-        match conf.backend() {
+        match conf.backend(&ns) {
             Backend::Nftables => nft::setup(&ns, &conf, &owner, &ips)?,
             Backend::Iptables => {
                 for ip in &ips {
@@ -224,7 +224,7 @@ impl Plugin for Portmap {
         let (v4, v6) = container_ips(&prev, &args.ifname);
         let ips: Vec<IpNetwork> = [v4, v6].into_iter().flatten().collect();
         let ns = NetNs::current()?;
-        let problems = match conf.backend() {
+        let problems = match conf.backend(&ns) {
             Backend::Nftables => {
                 let mut nl = Nfnl::open(&ns)?;
                 nft::problems(&mut nl, &conf, &owner(args), &ips)?

@@ -86,7 +86,12 @@ impl Conf {
     pub fn load(args: &CmdArgs) -> Result<Conf, CniError> {
         let raw: Raw = args.conf.plugin_conf()?;
         let mut mac_s = raw.mac;
-        if let Some(m) = args.args.get("MAC").filter(|m| !m.is_empty()) {
+        // ADD and CHECK fail on a malformed CNI_ARGS as the reference's
+        // LoadArgs; DEL and GC restore from the backup and need no MAC, so
+        // they do not stop there (the reference's DEL does).
+        if args.strict_args()
+            && let Some(m) = args.args.strict()?.get("MAC").filter(|m| !m.is_empty())
+        {
             mac_s = m.to_string();
         }
         if let Some(m) = args
@@ -208,11 +213,12 @@ pub fn read_allowlist(path: &std::path::Path) -> Result<Option<Vec<String>>, Cni
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rcni_cni::skel::Command;
     use serde_json::json;
 
     fn load(v: serde_json::Value, cni_args: &str) -> Result<Conf, CniError> {
         let mut a = CmdArgs::for_conf(&v)?;
-        a.args = rcni_cni::CniArgs::parse(cni_args)?;
+        a.args = rcni_cni::CniArgs::parse(cni_args);
         Conf::load(&a)
     }
 
@@ -274,6 +280,31 @@ mod tests {
         v.as_object_mut().unwrap().remove("args");
         v.as_object_mut().unwrap().remove("runtimeConfig");
         assert_eq!(load(v, "").unwrap_err().code, 7);
+    }
+
+    /// The reference's LoadArgs fails ADD and CHECK on a pair without `=`
+    /// (code 4 here); DEL and GC restore from the backup and must not stop
+    /// there, and need no MAC.
+    #[test]
+    fn malformed_cni_args_fail_add_and_check_only() {
+        for cmd in [Command::Add, Command::Check, Command::Del, Command::Gc] {
+            for cni_args in ["none", "MAC=02:00:00:00:00:02;none"] {
+                let mut a = CmdArgs::for_conf(&base()).unwrap();
+                a.command = cmd;
+                a.args = rcni_cni::CniArgs::parse(cni_args);
+                match cmd {
+                    Command::Add | Command::Check => {
+                        let e = Conf::load(&a).unwrap_err();
+                        assert_eq!(
+                            (e.code, e.msg.as_str()),
+                            (4, r#"ARGS: invalid pair "none""#),
+                            "{cmd:?}"
+                        );
+                    }
+                    _ => assert_eq!(Conf::load(&a).unwrap().mac, None, "{cmd:?}"),
+                }
+            }
+        }
     }
 
     #[test]

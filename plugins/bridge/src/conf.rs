@@ -163,10 +163,15 @@ impl AttachConf for Conf {
         }
         let ip_masq_backend = rcni_attach::masq::backend_key(raw.ip_masq_backend)?;
         // MAC: runtimeConfig > args.cni > CNI_ARGS, as the reference.
-        args.args.check_known(&["MAC"])?;
+        // CNI_ARGS is read as Go's LoadArgs on ADD and CHECK only: DEL needs
+        // no MAC, and a malformed CNI_ARGS must not stop its cleanup (the
+        // reference's DEL fails there).
         let mut mac = None;
-        if let Some(m) = args.args.get("MAC").filter(|m| !m.is_empty()) {
-            mac = Some(parse_mac(m, "CNI_ARGS")?);
+        if args.strict_args() {
+            args.args.check_known(&["MAC"])?;
+            if let Some(m) = args.args.get("MAC").filter(|m| !m.is_empty()) {
+                mac = Some(parse_mac(m, "CNI_ARGS")?);
+            }
         }
         if let Some(m) = args
             .conf
