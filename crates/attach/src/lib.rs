@@ -12,6 +12,7 @@
 //!   forwarded to it.
 
 pub mod check;
+pub mod lower;
 pub mod masq;
 pub mod podveth;
 
