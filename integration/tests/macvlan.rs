@@ -201,7 +201,10 @@ fn default_master_and_link_in_container() {
     let r = node.call(&bin("macvlan"), "ADD", &p.path(), "lic", &c).ok();
     let inner = nl(&p.ns, async |n| n.link_by_name("inner0").await.unwrap());
     nl(&p.ns, async |n| {
-        assert_eq!(n.link_by_name("eth0").await.unwrap().link, Some(inner.index))
+        assert_eq!(
+            n.link_by_name("eth0").await.unwrap().link,
+            Some(inner.index)
+        )
     });
     let with = Node::with_prev(&c, &r);
     node.call(&bin("macvlan"), "CHECK", &p.path(), "lic", &with)
@@ -226,15 +229,37 @@ fn config_errors_touch_nothing() {
     };
     for (extra, want_code, want) in [
         (json!({"mode": "source"}), 2, "\"mode\""),
-        (json!({"mtu": 9000}), 7, "invalid MTU 9000, must be [0, master MTU(1500)]"),
+        (
+            json!({"mtu": 9000}),
+            7,
+            "invalid MTU 9000, must be [0, master MTU(1500)]",
+        ),
         (json!({"mtu": -1}), 7, "invalid MTU -1"),
-        (json!({"master": "nosuch0"}), 7, "failed to lookup master \"nosuch0\""),
+        (
+            json!({"master": "nosuch0"}),
+            7,
+            "failed to lookup master \"nosuch0\"",
+        ),
         (json!({"master": ""}), 7, "no default route interface found"),
-        (json!({"linkInContainer": true}), 7, "failed to lookup master \"m1\""),
-        (json!({"mac": "02:00:00"}), 7, "invalid args 02:00:00 for MAC addr"),
+        (
+            json!({"linkInContainer": true}),
+            7,
+            "failed to lookup master \"m1\"",
+        ),
+        (
+            json!({"mac": "02:00:00"}),
+            7,
+            "invalid args 02:00:00 for MAC addr",
+        ),
     ] {
         let (code, msg) = node
-            .call(&bin("macvlan"), "ADD", &pod.path(), "ctr", &hl(extra.clone()))
+            .call(
+                &bin("macvlan"),
+                "ADD",
+                &pod.path(),
+                "ctr",
+                &hl(extra.clone()),
+            )
             .err();
         assert_eq!(code, want_code, "{extra}: {msg}");
         assert!(msg.contains(want), "{extra}: {msg}");
@@ -268,9 +293,7 @@ fn failed_add_rolls_back() {
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "macvlan", "master": "m1",
         "ipam": {"type": "host-local", "dataDir": node.data.path(), "ranges": [[{"subnet": "10.66.0.0/24"}]],
                  "routes": [{"dst": "192.168.0.0/16", "gw": "172.31.0.1"}]}});
-    let (code, msg) = node
-        .call(&bin("macvlan"), "ADD", &p.path(), "rb", &c)
-        .err();
+    let (code, msg) = node.call(&bin("macvlan"), "ADD", &p.path(), "rb", &c).err();
     assert_eq!(code, 103, "{msg}");
     assert!(node.reservations().is_empty(), "IPAM released");
     assert_eq!(link_names(&p.ns), ["lo"], "the macvlan is rolled back");
@@ -318,8 +341,10 @@ fn del_without_master_or_netns_and_check_after_damage() {
         .call(&reference_bin("macvlan"), "DEL", &p.path(), "a", &with)
         .err();
     assert!(code > 0 && msg.contains("not found"), "{code} {msg}");
-    node.call(&bin("macvlan"), "DEL", &p.path(), "a", &with).ok();
-    node.call(&bin("macvlan"), "DEL", &p.path(), "a", &with).ok();
+    node.call(&bin("macvlan"), "DEL", &p.path(), "a", &with)
+        .ok();
+    node.call(&bin("macvlan"), "DEL", &p.path(), "a", &with)
+        .ok();
     let with = Node::with_prev(&c, &rg);
     node.call(&bin("macvlan"), "DEL", &path, "g", &with).ok();
     node.call(&bin("macvlan"), "DEL", &path, "g", &with).ok();
@@ -327,8 +352,11 @@ fn del_without_master_or_netns_and_check_after_damage() {
     assert!(node.reservations().is_empty());
 
     let node = node_with_wire();
-    let c = merged(c, json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
-        "ranges": [[{"subnet": "10.67.1.0/24"}]], "routes": [{"dst": "10.99.0.0/16"}]}}));
+    let c = merged(
+        c,
+        json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
+        "ranges": [[{"subnet": "10.67.1.0/24"}]], "routes": [{"dst": "10.99.0.0/16"}]}}),
+    );
     node.check_catches(
         &bin("macvlan"),
         &c,

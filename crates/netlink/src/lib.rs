@@ -8,14 +8,14 @@
 mod dad;
 mod detach;
 mod error;
+mod lower;
 pub mod netconf;
 pub mod nfnl;
 pub mod nftexpr;
+mod rule;
 pub mod sysctl;
 pub mod tc;
 mod types;
-mod lower;
-mod rule;
 mod unlink;
 mod vlan;
 
@@ -46,8 +46,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use lower::LowerOpts;
 pub use rule::Rule;
 pub use types::{
-    Address, Family, IpvlanMode, Link, MacAddr, MacvlanMode, NUD_DELAY, NUD_FAILED, NUD_INCOMPLETE, NUD_NOARP,
-    NUD_PERMANENT, NUD_PROBE, NUD_REACHABLE, NUD_STALE, Neighbour, ParseMacError, Route,
+    Address, Family, IpvlanMode, Link, MacAddr, MacvlanMode, NUD_DELAY, NUD_FAILED, NUD_INCOMPLETE,
+    NUD_NOARP, NUD_PERMANENT, NUD_PROBE, NUD_REACHABLE, NUD_STALE, Neighbour, ParseMacError, Route,
     SCOPE_HOST, SCOPE_LINK, SCOPE_UNIVERSE, TABLE_MAIN,
 };
 
@@ -903,7 +903,9 @@ fn route_message(route: &Route, delete: bool) -> std::result::Result<RouteMessag
         msg.header.scope = RouteScope::NoWhere;
     } else {
         msg.header.scope = route.scope.into();
-        msg.header.protocol = route.protocol.map_or(RouteProtocol::Boot, RouteProtocol::from);
+        msg.header.protocol = route
+            .protocol
+            .map_or(RouteProtocol::Boot, RouteProtocol::from);
         msg.header.kind = RouteType::Unicast;
     }
     if route.dst.prefix() > 0 {

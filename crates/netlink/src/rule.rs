@@ -3,11 +3,11 @@
 
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
+use rtnetlink::IpVersion;
 use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
 use rtnetlink::packet_route::route::RouteHeader;
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
-use rtnetlink::IpVersion;
 
 use crate::{Error, Family, Netlink, Result};
 

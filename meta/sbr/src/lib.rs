@@ -68,7 +68,10 @@ pub fn ips_of(ifname: &str, prev: &CniResult) -> Result<Vec<IpConfig>, CniError>
         .ips
         .iter()
         .filter(|ip| match ip.interface {
-            Some(i) => prev.interfaces.get(i).is_none_or(|iface| iface.name == ifname),
+            Some(i) => prev
+                .interfaces
+                .get(i)
+                .is_none_or(|iface| iface.name == ifname),
             None => true,
         })
         .cloned()
@@ -93,7 +96,10 @@ fn next_free(used: &BTreeSet<u32>, mut from: u32) -> u32 {
 /// the same `flock` on the namespace file), so two never pick one table.
 fn lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, CniError> {
     let fail = |e: std::io::Error| {
-        CniError::new(ErrorCode::Netns, format!("failed to lock netns {path:?}: {e}"))
+        CniError::new(
+            ErrorCode::Netns,
+            format!("failed to lock netns {path:?}: {e}"),
+        )
     };
     let f = std::fs::File::open(path).map_err(fail)?;
     nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
@@ -125,16 +131,22 @@ async fn setup_tables(
     ifname: &str,
     done: &mut Vec<Done>,
 ) -> Result<(), CniError> {
-    let mut used: BTreeSet<u32> = nl.rules(Family::All).await?.iter().map(|r| r.table).collect();
+    let mut used: BTreeSet<u32> = nl
+        .rules(Family::All)
+        .await?
+        .iter()
+        .map(|r| r.table)
+        .collect();
     used.extend(
         nl.routes_in_table(Family::All, None)
             .await?
             .iter()
             .map(|r| r.table),
     );
-    let link = nl.find_link(ifname).await?.ok_or_else(|| {
-        CniError::config(format!("Cannot find network interface {ifname}"))
-    })?;
+    let link = nl
+        .find_link(ifname)
+        .await?
+        .ok_or_else(|| CniError::config(format!("Cannot find network interface {ifname}")))?;
     let routes: Vec<Route> = nl
         .routes(Family::All)
         .await?
@@ -152,8 +164,15 @@ async fn setup_tables(
         // The previous plugin may have left no default route: one via the
         // address's gateway, in its table.
         if let Some(gw) = ip.gateway {
-            let any = IpNetwork::new(if gw.is_ipv4() { [0u8; 4].into() } else { [0u16; 8].into() }, 0)
-                .expect("default route prefix");
+            let any = IpNetwork::new(
+                if gw.is_ipv4() {
+                    [0u8; 4].into()
+                } else {
+                    [0u16; 8].into()
+                },
+                0,
+            )
+            .expect("default route prefix");
             let r = Route::new(any).gateway(gw).oif(link.index).table(table);
             nl.add_route(&r).await.map_err(|e| {
                 CniError::from(e).context(format!("Failed to add default route to {gw}"))
@@ -168,10 +187,7 @@ async fn setup_tables(
                 || r.gateway.is_some_and(|g| ip.address.contains(g))
                 || (r.src.is_none() && r.gateway.is_none());
             if mine {
-                let copy = Route {
-                    table,
-                    ..r.clone()
-                };
+                let copy = Route { table, ..r.clone() };
                 nl.ensure_route(&copy)
                     .await
                     .map_err(|e| CniError::from(e).context("Failed to readd route"))?;
@@ -254,10 +270,20 @@ impl Plugin for Sbr {
             let link = nl.find_link(&args.ifname).await?;
             let mut addrs: BTreeSet<IpAddr> = BTreeSet::new();
             if let Some(l) = &link {
-                addrs.extend(nl.addresses(Some(l.index)).await?.iter().map(|a| a.addr.ip()));
+                addrs.extend(
+                    nl.addresses(Some(l.index))
+                        .await?
+                        .iter()
+                        .map(|a| a.addr.ip()),
+                );
             }
             if let Some(p) = &prev {
-                addrs.extend(ips_of(&args.ifname, p).unwrap_or_default().iter().map(|i| i.address.ip()));
+                addrs.extend(
+                    ips_of(&args.ifname, p)
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|i| i.address.ip()),
+                );
             }
             let rules = nl.rules(Family::All).await?;
             let mut first_err = None;

@@ -96,32 +96,46 @@ mod tests {
 
     #[test]
     fn keys_defaults_and_chaining() {
-        let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "ipvlan",
+        let c = Conf::from_json(
+            &json!({"cniVersion": "1.0.0", "name": "n", "type": "ipvlan",
             "master": "eth1", "mode": "l3s", "mtu": 1400, "linkInContainer": true,
-            "ipam": {"type": "static"}}))
+            "ipam": {"type": "static"}}),
+        )
         .unwrap();
         assert_eq!(
-            (c.master_for_add().unwrap(), c.mode, c.mtu, c.link_in_container),
+            (
+                c.master_for_add().unwrap(),
+                c.mode,
+                c.mtu,
+                c.link_in_container
+            ),
             (Some("eth1"), IpvlanMode::L3s, 1400, true)
         );
         let c = Conf::from_json(
             &json!({"cniVersion": "1.0.0", "name": "n", "type": "ipvlan", "mtu": -5}),
         )
         .unwrap();
-        assert_eq!((c.master_for_add().unwrap(), c.mode, c.mtu), (None, IpvlanMode::L2, 0));
+        assert_eq!(
+            (c.master_for_add().unwrap(), c.mode, c.mtu),
+            (None, IpvlanMode::L2, 0)
+        );
         assert!(c.prev_with_ips().is_none());
 
         let prev = json!({"cniVersion": "1.0.0",
             "interfaces": [{"name": "eth9", "sandbox": "/run/netns/x"}],
             "ips": [{"address": "10.1.0.5/24", "interface": 0}]});
-        let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "ipvlan",
-            "prevResult": prev}))
+        let c = Conf::from_json(
+            &json!({"cniVersion": "1.0.0", "name": "n", "type": "ipvlan",
+            "prevResult": prev}),
+        )
         .unwrap();
         assert_eq!(c.master_for_add().unwrap(), Some("eth9"));
         assert_eq!(c.prev_with_ips().unwrap().ips.len(), 1);
         let two = json!({"cniVersion": "1.0.0", "interfaces": [{"name": "a"}, {"name": "b"}]});
-        let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "ipvlan",
-            "prevResult": two}))
+        let c = Conf::from_json(
+            &json!({"cniVersion": "1.0.0", "name": "n", "type": "ipvlan",
+            "prevResult": two}),
+        )
         .unwrap();
         assert_eq!(c.master_for_add().unwrap_err().code, 7);
 

@@ -13,9 +13,9 @@ mod conf;
 
 use conf::Conf;
 use rcni_attach::{
-    Attachment, Dad, Namespaces, check, configure_iface, delete_container_link,
-    ensure_ifname_free, finish_add, first_error, in_container_for_del, interface, ipam_config,
-    lower, random_temp_name, sandbox, start_ipam_add, undo_link,
+    Attachment, Dad, Namespaces, check, configure_iface, delete_container_link, ensure_ifname_free,
+    finish_add, first_error, in_container_for_del, interface, ipam_config, lower, random_temp_name,
+    sandbox, start_ipam_add, undo_link,
 };
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
@@ -49,7 +49,9 @@ impl Attachment for Ipvlan {
         let from_prev = match conf.ipam {
             Some(_) => None,
             None => Some(conf.prev_with_ips().ok_or_else(|| {
-                CniError::config("ipvlan needs \"ipam\", or a prevResult with addresses when chained")
+                CniError::config(
+                    "ipvlan needs \"ipam\", or a prevResult with addresses when chained",
+                )
             })?),
         };
         let ns = Namespaces::open(args)?;

@@ -111,29 +111,44 @@ mod tests {
 
     #[test]
     fn keys_defaults_and_validation() {
-        let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan",
+        let c = Conf::from_json(
+            &json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan",
             "master": "eth1", "mode": "vepa", "MTU": 1400, "linkInContainer": true,
-            "mac": "02:00:00:00:00:01", "bcqueuelen": 100, "ipam": {"type": "static"}}))
+            "mac": "02:00:00:00:00:01", "bcqueuelen": 100, "ipam": {"type": "static"}}),
+        )
         .unwrap();
         assert_eq!(
             (c.master.as_str(), c.mode, c.mtu, c.link_in_container),
             ("eth1", MacvlanMode::Vepa, 1400, true)
         );
         assert_eq!(c.mac().unwrap(), Some("02:00:00:00:00:01".parse().unwrap()));
-        assert_eq!((c.bc_queue_len, c.ipam.as_deref()), (Some(100), Some("static")));
+        assert_eq!(
+            (c.bc_queue_len, c.ipam.as_deref()),
+            (Some(100), Some("static"))
+        );
 
         let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan"}))
             .unwrap();
-        assert_eq!((c.master.as_str(), c.mode, c.mtu), ("", MacvlanMode::Bridge, 0));
-        assert_eq!((c.mac().unwrap(), c.ipam, c.bc_queue_len), (None, None, None));
+        assert_eq!(
+            (c.master.as_str(), c.mode, c.mtu),
+            ("", MacvlanMode::Bridge, 0)
+        );
+        assert_eq!(
+            (c.mac().unwrap(), c.ipam, c.bc_queue_len),
+            (None, None, None)
+        );
 
         // runtimeConfig wins over the config's own key.
-        let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan",
-            "mac": "02:00:00:00:00:01", "runtimeConfig": {"mac": "02:00:00:00:00:02"}}))
+        let c = Conf::from_json(
+            &json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan",
+            "mac": "02:00:00:00:00:01", "runtimeConfig": {"mac": "02:00:00:00:00:02"}}),
+        )
         .unwrap();
         assert_eq!(c.mac().unwrap(), Some("02:00:00:00:00:02".parse().unwrap()));
-        let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan",
-            "mac": "nonsense"}))
+        let c = Conf::from_json(
+            &json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan",
+            "mac": "nonsense"}),
+        )
         .unwrap();
         assert_eq!(c.mac().unwrap_err().code, 7);
 
@@ -142,7 +157,11 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, 2);
-        assert!(e.msg.contains("source") && e.msg.contains("mode"), "{}", e.msg);
+        assert!(
+            e.msg.contains("source") && e.msg.contains("mode"),
+            "{}",
+            e.msg
+        );
         let e = Conf::from_json(
             &json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan", "mtu": -1}),
         )

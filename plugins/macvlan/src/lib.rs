@@ -11,9 +11,9 @@ mod conf;
 
 use conf::Conf;
 use rcni_attach::{
-    Attachment, Dad, Namespaces, check, configure_iface, delete_container_link,
-    ensure_ifname_free, finish_add, first_error, in_container_for_del, interface, ipam_config,
-    lower, random_temp_name, sandbox, start_ipam_add, undo_link,
+    Attachment, Dad, Namespaces, check, configure_iface, delete_container_link, ensure_ifname_free,
+    finish_add, first_error, in_container_for_del, interface, ipam_config, lower, random_temp_name,
+    sandbox, start_ipam_add, undo_link,
 };
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
@@ -144,7 +144,12 @@ impl Attachment for Macvlan {
 }
 
 /// CHECK of the link against the config: on the master, in the mode.
-async fn check_lower(ct: &Netlink, link: &Link, master: &Link, conf: &Conf) -> Result<(), CniError> {
+async fn check_lower(
+    ct: &Netlink,
+    link: &Link,
+    master: &Link,
+    conf: &Conf,
+) -> Result<(), CniError> {
     if link.link != Some(master.index) {
         return Err(CniError::check_failed(format!(
             "macvlan: {} is not on master {}",
