@@ -206,17 +206,14 @@ fn replies_leave_by_the_interface_of_their_source() {
         &with,
     )
     .ok();
+    // The reference locks the path it is given, creating the file: a
+    // directory of the test's own.
+    let dir = tempfile::tempdir().unwrap();
+    let gone = dir.path().join("gone").display().to_string();
     let (code, _) = lab
-        .call(
-            &reference_bin("sbr"),
-            "DEL",
-            "/run/netns/rcni-no-such-ns",
-            "net1",
-            &with,
-        )
+        .call(&reference_bin("sbr"), "DEL", &gone, "net1", &with)
         .err();
     assert!(code > 0);
-    let _ = std::fs::remove_file("/run/netns/rcni-no-such-ns");
     lab.call(&bin("bridge"), "DEL", &pod.path(), "eth0", &lab.net(0))
         .ok();
 }
