@@ -1,5 +1,5 @@
 //! Attaching an interface to a container: the pieces the main plugins
-//! (bridge, ptp, vlan, host-device) share between ADD, CHECK, DEL, STATUS
+//! (bridge, ptp, vlan, macvlan, ipvlan, host-device) share between ADD, CHECK, DEL, STATUS
 //! and GC, so that each plugin is only its own topology.
 //!
 //! * opening CNI_NETNS (required for ADD/CHECK, optional and possibly gone
@@ -12,6 +12,7 @@
 //!   forwarded to it.
 
 pub mod check;
+pub mod lower;
 pub mod masq;
 pub mod podveth;
 
@@ -296,7 +297,7 @@ pub fn random_veth_name() -> String {
 }
 
 /// A temporary name for a link created outside the container and renamed
-/// there (vlan, host-device): the final name could clash on the way.
+/// there (vlan, macvlan, ipvlan, host-device): the final name could clash on the way.
 pub fn random_temp_name() -> String {
     let m = MacAddr::random_local().0;
     format!("tmp{:02x}{:02x}{:02x}{:02x}", m[2], m[3], m[4], m[5])

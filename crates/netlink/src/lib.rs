@@ -8,9 +8,11 @@
 mod dad;
 mod detach;
 mod error;
+mod lower;
 pub mod netconf;
 pub mod nfnl;
 pub mod nftexpr;
+mod rule;
 pub mod sysctl;
 pub mod tc;
 mod types;
@@ -41,9 +43,11 @@ use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
 use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec};
 
 pub use error::{Error, ErrorKind, Result};
+pub use lower::LowerOpts;
+pub use rule::Rule;
 pub use types::{
-    Address, Family, Link, MacAddr, MacvlanMode, NUD_DELAY, NUD_FAILED, NUD_INCOMPLETE, NUD_NOARP,
-    NUD_PERMANENT, NUD_PROBE, NUD_REACHABLE, NUD_STALE, Neighbour, ParseMacError, Route,
+    Address, Family, IpvlanMode, Link, MacAddr, MacvlanMode, NUD_DELAY, NUD_FAILED, NUD_INCOMPLETE,
+    NUD_NOARP, NUD_PERMANENT, NUD_PROBE, NUD_REACHABLE, NUD_STALE, Neighbour, ParseMacError, Route,
     SCOPE_HOST, SCOPE_LINK, SCOPE_UNIVERSE, TABLE_MAIN,
 };
 
@@ -852,6 +856,7 @@ fn parse_route(m: &RouteMessage) -> Option<Route> {
     let mut route = Route::new(IpNetwork::new(unspecified, 0).ok()?);
     route.table = u32::from(m.header.table);
     route.scope = m.header.scope.into();
+    route.protocol = Some(m.header.protocol.into());
     for attr in &m.attributes {
         match attr {
             RouteAttribute::Destination(a) => dst_ip = route_addr(a)?,
@@ -898,7 +903,9 @@ fn route_message(route: &Route, delete: bool) -> std::result::Result<RouteMessag
         msg.header.scope = RouteScope::NoWhere;
     } else {
         msg.header.scope = route.scope.into();
-        msg.header.protocol = RouteProtocol::Boot;
+        msg.header.protocol = route
+            .protocol
+            .map_or(RouteProtocol::Boot, RouteProtocol::from);
         msg.header.kind = RouteType::Unicast;
     }
     if route.dst.prefix() > 0 {

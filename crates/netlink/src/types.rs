@@ -171,6 +171,9 @@ pub struct Route {
     pub metric: Option<u32>,
     pub mtu: Option<u32>,
     pub advmss: Option<u32>,
+    /// `RTPROT_*` (`proto kernel`, `proto boot`, ...): as listed; `None`
+    /// adds with `boot`, as `ip route add`.
+    pub protocol: Option<u8>,
 }
 
 impl Route {
@@ -185,6 +188,7 @@ impl Route {
             metric: None,
             mtu: None,
             advmss: None,
+            protocol: None,
         }
     }
 
@@ -300,6 +304,37 @@ impl fmt::Display for MacvlanMode {
             MacvlanMode::Bridge => "bridge",
             MacvlanMode::Passthru => "passthru",
             MacvlanMode::Source => "source",
+        })
+    }
+}
+
+/// Ipvlan modes, named as in `ip link` and CNI configs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IpvlanMode {
+    L2,
+    L3,
+    L3s,
+}
+
+impl FromStr for IpvlanMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "l2" => IpvlanMode::L2,
+            "l3" => IpvlanMode::L3,
+            "l3s" => IpvlanMode::L3s,
+            _ => return Err(format!("unknown ipvlan mode {s:?}")),
+        })
+    }
+}
+
+impl fmt::Display for IpvlanMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IpvlanMode::L2 => "l2",
+            IpvlanMode::L3 => "l3",
+            IpvlanMode::L3s => "l3s",
         })
     }
 }

@@ -1,0 +1,288 @@
+//! The ipvlan binary with real ipvlan links. This host's kernel has no
+//! ipvlan; scripts/test runs this binary under ../shared/tools/vm-run
+//! (Debian's full kernel).
+
+mod common;
+
+use common::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
+use rcni_netlink::IpvlanMode;
+use rcni_testkit::{PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
+use serde_json::{Value, json};
+
+fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
+    let c = json!({
+        "cniVersion": "1.0.0", "name": "ipv", "type": "ipvlan", "master": master, "mode": mode,
+        "ipam": {"type": "static", "addresses": [{"address": addr}]}
+    });
+    merged(c, extra)
+}
+
+/// Two masters on one wire: the node's veth pair m1 <-> m2.
+fn node_with_wire() -> Node {
+    let node = Node::new();
+    ip(&node.ns.ns, "link add m1 type veth peer name m2");
+    ip(&node.ns.ns, "link set m1 up");
+    ip(&node.ns.ns, "link set m2 up");
+    node
+}
+
+#[test]
+fn every_mode_with_packets_check_and_del() {
+    let node = node_with_wire();
+    for (i, mode) in ["l2", "l3", "l3s"].into_iter().enumerate() {
+        let pods: Vec<(TestNs, Value, Value, String)> = [1, 2]
+            .into_iter()
+            .map(|host| {
+                let p = TestNs::new();
+                let c = conf("m1", mode, &format!("10.72.{i}.{host}/24"), json!({}));
+                let cid = format!("{mode}-{host}");
+                let r = node.call(&bin("ipvlan"), "ADD", &p.path(), &cid, &c).ok();
+                (p, c, r, cid)
+            })
+            .collect();
+        let (a, _, ra, _) = &pods[0];
+        let m1 = nl(&node.ns.ns, async |n| n.link_by_name("m1").await.unwrap());
+        assert_eq!(
+            ra["interfaces"],
+            json!([{"name": "eth0", "mac": m1.mac.unwrap().to_string(), "sandbox": a.path()}]),
+            "an ipvlan has its master's MAC"
+        );
+        nl(&a.ns, async |n| {
+            let l = n.link_by_name("eth0").await.unwrap();
+            assert_eq!(l.kind.as_deref(), Some("ipvlan"));
+            assert_eq!(l.link, Some(m1.index));
+            assert_eq!(
+                n.ipvlan_mode(l.index).await.unwrap(),
+                Some(mode.parse::<IpvlanMode>().unwrap())
+            );
+        });
+        assert!(
+            ping(&a.ns, &format!("10.72.{i}.2")),
+            "{mode}: ipvlans of one master"
+        );
+        for (p, c, r, cid) in &pods {
+            let with = Node::with_prev(c, r);
+            node.call(&bin("ipvlan"), "CHECK", &p.path(), cid, &with)
+                .ok();
+            node.call(&bin("ipvlan"), "DEL", &p.path(), cid, &with).ok();
+            node.call(&bin("ipvlan"), "DEL", &p.path(), cid, &with).ok();
+            assert_eq!(link_names(&p.ns), ["lo"]);
+        }
+    }
+    // l2 across the wire, to an ipvlan of the other end.
+    let (a, b) = (TestNs::new(), TestNs::new());
+    node.call(
+        &bin("ipvlan"),
+        "ADD",
+        &a.path(),
+        "w1",
+        &conf("m1", "l2", "10.72.9.1/24", json!({})),
+    )
+    .ok();
+    node.call(
+        &bin("ipvlan"),
+        "ADD",
+        &b.path(),
+        "w2",
+        &conf("m2", "l2", "10.72.9.2/24", json!({})),
+    )
+    .ok();
+    assert!(ping(&a.ns, "10.72.9.2"), "l2 across the wire");
+
+    // CHECK notices a changed mode and a removed address.
+    let p = TestNs::new();
+    let c = conf("m1", "l2", "10.72.8.1/24", json!({}));
+    let r = node.call(&bin("ipvlan"), "ADD", &p.path(), "dmg", &c).ok();
+    let with = Node::with_prev(&c, &r);
+    ip(&p.ns, "link set eth0 type ipvlan mode l3");
+    let (code, msg) = node
+        .call(&bin("ipvlan"), "CHECK", &p.path(), "dmg", &with)
+        .err();
+    assert_eq!(code, 106, "{msg}");
+    ip(&p.ns, "link set eth0 type ipvlan mode l2");
+    node.call(&bin("ipvlan"), "CHECK", &p.path(), "dmg", &with)
+        .ok();
+    ip(&p.ns, "addr del 10.72.8.1/24 dev eth0");
+    let (code, msg) = node
+        .call(&bin("ipvlan"), "CHECK", &p.path(), "dmg", &with)
+        .err();
+    assert_eq!(code, 106, "{msg}");
+    node.call(&bin("ipvlan"), "DEL", &p.path(), "dmg", &with)
+        .ok();
+}
+
+#[test]
+fn result_and_kernel_state_match_the_reference() {
+    let cases = [
+        json!({"mode": "l3", "mtu": 1450, "dns": {"nameservers": ["10.73.0.1"]},
+            "ipam": {"type": "static",
+                "addresses": [{"address": "10.73.0.5/24", "gateway": "10.73.0.1"}, {"address": "fd73::5/64"}],
+                "routes": [{"dst": "0.0.0.0/0"}, {"dst": "192.168.73.0/24", "gw": "10.73.0.254"}]}}),
+        json!({}),
+        // Chained: master and addresses from prevResult (no master, no ipam).
+        json!({"master": "", "ipam": {}, "prevResult": {"cniVersion": "1.0.0",
+            "interfaces": [{"name": "m1"}],
+            "ips": [{"address": "10.73.2.5/24", "gateway": "10.73.2.1", "interface": 0}],
+            "routes": [{"dst": "10.99.0.0/16"}]}}),
+    ];
+    for v in ["0.3.1", "1.0.0"] {
+        for (i, case) in cases.iter().enumerate() {
+            let mut seen = Vec::new();
+            for (plugin, path) in ours_and_reference("ipvlan") {
+                let node = Node::with_path(path);
+                ip(&node.ns.ns, "link add m1 type veth peer name m2");
+                ip(&node.ns.ns, "link set m1 up");
+                ip(&node.ns.ns, "link set m2 up");
+                let pod = TestNs::new();
+                let mut c = merged(
+                    conf("m1", "", "10.73.1.5/24", json!({"cniVersion": v})),
+                    case.clone(),
+                );
+                if let Some(p) = c.get_mut("prevResult") {
+                    p["cniVersion"] = json!(v);
+                    if v == "0.3.1" {
+                        p["ips"][0]["version"] = json!("4");
+                    }
+                }
+                let r = node.call(&plugin, "ADD", &pod.path(), "diff", &c).ok();
+                let l = nl(&pod.ns, async |n| n.link_by_name("eth0").await.unwrap());
+                let m1 = nl(&node.ns.ns, async |n| n.link_by_name("m1").await.unwrap());
+                let mode = nl(&pod.ns, async |n| n.ipvlan_mode(l.index).await.unwrap());
+                let state = (
+                    l.kind,
+                    l.mtu,
+                    l.admin_up,
+                    mode,
+                    l.mac == m1.mac,
+                    addrs_of(&pod.ns, "eth0"),
+                    routes_of(&pod.ns),
+                );
+                seen.push((normalized_result(&r, v), state));
+                let with = Node::with_prev(&c, &r);
+                // The reference's CHECK looks up a master named "" when
+                // the config names none, and fails.
+                if v != "0.3.1" && i != 2 {
+                    node.call(&plugin, "CHECK", &pod.path(), "diff", &with).ok();
+                }
+                node.call(&plugin, "DEL", &pod.path(), "diff", &with).ok();
+                assert_eq!(link_names(&pod.ns), ["lo"]);
+            }
+            assert_eq!(seen[0].0, seen[1].0, "{v} case {i}: result");
+            assert_eq!(seen[0].1, seen[1].1, "{v} case {i}: kernel state");
+        }
+    }
+}
+
+#[test]
+fn chained_check_errors_rollback_and_del() {
+    let node = node_with_wire();
+    // Chained without master: our CHECK passes, the reference's cannot.
+    let p = TestNs::new();
+    let c = json!({"cniVersion": "1.0.0", "name": "ipv", "type": "ipvlan",
+        "prevResult": {"cniVersion": "1.0.0", "interfaces": [{"name": "m1"}],
+            "ips": [{"address": "10.74.0.5/24", "interface": 0}]}});
+    let r = node.call(&bin("ipvlan"), "ADD", &p.path(), "ch", &c).ok();
+    let with = Node::with_prev(&c, &r);
+    node.call(&bin("ipvlan"), "CHECK", &p.path(), "ch", &with)
+        .ok();
+    let (code, msg) = node
+        .call(&reference_bin("ipvlan"), "CHECK", &p.path(), "ch", &with)
+        .err();
+    assert!(code > 0 && msg.contains("master"), "{code} {msg}");
+    node.call(&bin("ipvlan"), "DEL", &p.path(), "ch", &with)
+        .ok();
+
+    let hl = |extra: Value| {
+        merged(
+            json!({"cniVersion": "1.0.0", "name": "podnet", "type": "ipvlan", "master": "m1",
+                "ipam": {"type": "host-local", "dataDir": node.data.path(),
+                         "ranges": [[{"subnet": "10.74.1.0/24"}]]}}),
+            extra,
+        )
+    };
+    let q = TestNs::new();
+    for (extra, want_code, want) in [
+        (json!({"mode": "l4"}), 2, "\"mode\""),
+        (json!({"mtu": 9000}), 7, "invalid MTU 9000"),
+        (
+            json!({"master": "nosuch0"}),
+            7,
+            "failed to lookup master \"nosuch0\"",
+        ),
+        (json!({"master": ""}), 7, "no default route interface found"),
+        (json!({"ipam": {}}), 7, "prevResult"),
+        (
+            json!({"master": "", "prevResult": {"cniVersion": "1.0.0",
+                "interfaces": [{"name": "a"}, {"name": "b"}]}}),
+            7,
+            "chained master failure",
+        ),
+        // Addressing fails after the link exists and IPAM reserved.
+        (
+            json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
+                "ranges": [[{"subnet": "10.74.1.0/24"}]],
+                "routes": [{"dst": "192.168.0.0/16", "gw": "172.31.0.1"}]}}),
+            103,
+            "",
+        ),
+    ] {
+        let (code, msg) = node
+            .call(&bin("ipvlan"), "ADD", &q.path(), "ctr", &hl(extra.clone()))
+            .err();
+        assert_eq!(code, want_code, "{extra}: {msg}");
+        assert!(msg.contains(want), "{extra}: {msg}");
+    }
+    assert!(node.reservations().is_empty(), "IPAM released");
+    assert_eq!(link_names(&q.ns), ["lo"]);
+
+    // The master in the container.
+    let p = TestNs::new();
+    ip(&p.ns, "link add inner0 type veth peer name inner1");
+    ip(&p.ns, "link set inner0 up");
+    let c = conf(
+        "inner0",
+        "l2",
+        "10.74.2.1/24",
+        json!({"linkInContainer": true}),
+    );
+    let r = node.call(&bin("ipvlan"), "ADD", &p.path(), "lic", &c).ok();
+    let inner = nl(&p.ns, async |n| n.link_by_name("inner0").await.unwrap());
+    nl(&p.ns, async |n| {
+        assert_eq!(
+            n.link_by_name("eth0").await.unwrap().link,
+            Some(inner.index)
+        )
+    });
+    let with = Node::with_prev(&c, &r);
+    node.call(&bin("ipvlan"), "CHECK", &p.path(), "lic", &with)
+        .ok();
+    node.call(&bin("ipvlan"), "DEL", &p.path(), "lic", &with)
+        .ok();
+
+    // DEL: twice, without the netns, without the master.
+    let c = hl(json!({}));
+    let gone = PersistentNs::new();
+    let path = gone.path.display().to_string();
+    let rg = node.call(&bin("ipvlan"), "ADD", &path, "g", &c).ok();
+    gone.delete();
+    let with = Node::with_prev(&c, &rg);
+    node.call(&bin("ipvlan"), "DEL", &path, "g", &with).ok();
+    node.call(&bin("ipvlan"), "DEL", &path, "g", &with).ok();
+    node.call(&bin("ipvlan"), "DEL", "", "g", &with).ok();
+    let p = TestNs::new();
+    let r = node.call(&bin("ipvlan"), "ADD", &p.path(), "m", &c).ok();
+    ip(&node.ns.ns, "link del m1");
+    node.call(
+        &bin("ipvlan"),
+        "DEL",
+        &p.path(),
+        "m",
+        &Node::with_prev(&c, &r),
+    )
+    .ok();
+    assert!(node.reservations().is_empty());
+    // STATUS and GC reach IPAM.
+    let c = merged(c, json!({"cniVersion": "1.1.0"}));
+    node.status(&bin("ipvlan"), &c).ok();
+    node.gc(&bin("ipvlan"), &c, json!([])).ok();
+}

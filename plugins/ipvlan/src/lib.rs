@@ -1,0 +1,190 @@
+//! `ipvlan`: an ipvlan link (l2, l3 or l3s) on a master of the node or,
+//! with `linkInContainer`, of the container, under CNI_IFNAME in the
+//! container, with the reference plugin's result shape. Chained after
+//! another plugin it may take its master and its addresses from
+//! `prevResult`, as the reference.
+//!
+//! Unlike the reference, DEL needs neither the master nor the netns, ADD
+//! removes the link and releases IPAM's addresses whatever step fails, and
+//! CHECK works without `master` (the reference's always fails there: it
+//! looks up a master named "").
+
+mod conf;
+
+use conf::Conf;
+use rcni_attach::{
+    Attachment, Dad, Namespaces, check, configure_iface, delete_container_link, ensure_ifname_free,
+    finish_add, first_error, in_container_for_del, interface, ipam_config, lower, random_temp_name,
+    sandbox, start_ipam_add, undo_link,
+};
+use rcni_cni::rollback::Rollback;
+use rcni_cni::skel::{About, CmdArgs};
+use rcni_cni::{CniError, CniResult, IpConfig};
+use rcni_netlink::{IPV4_DEVCONF_ARP_NOTIFY, Link, LowerOpts, Netlink};
+
+pub struct Ipvlan;
+
+/// The ipvlan link is the result's only interface.
+const IDX_CONTAINER: usize = 0;
+
+/// The master named `name` (the default route's interface for `None`),
+/// looked up where the config says it lives.
+async fn find_master(ns: &Namespaces, conf: &Conf, name: Option<&str>) -> Result<Link, CniError> {
+    let nl = if conf.link_in_container {
+        &ns.ct
+    } else {
+        &ns.host
+    };
+    lower::find_master(nl, name.unwrap_or("")).await
+}
+
+impl Attachment for Ipvlan {
+    type Conf = Conf;
+
+    fn about(&self) -> About {
+        About::all_versions("ipvlan", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+        let from_prev = match conf.ipam {
+            Some(_) => None,
+            None => Some(conf.prev_with_ips().ok_or_else(|| {
+                CniError::config(
+                    "ipvlan needs \"ipam\", or a prevResult with addresses when chained",
+                )
+            })?),
+        };
+        let ns = Namespaces::open(args)?;
+        let master = ns
+            .rt
+            .block_on(find_master(&ns, conf, conf.master_for_add()?))?;
+        let mtu = lower::check_mtu(conf.mtu, &master)?;
+        ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+        // Declared before the rollback: dropped after it, so a failed ADD
+        // releases its addresses after removing the link that used them.
+        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let mut undo = Rollback::new();
+
+        // Created under a temporary name, directly in the container (the
+        // final name may be taken where the master lives), then renamed.
+        let tmp = random_temp_name();
+        let link = ns.rt.block_on(async {
+            let (nl, target) = if conf.link_in_container {
+                (&ns.ct, None)
+            } else {
+                (&ns.host, Some(&ns.ct_ns))
+            };
+            let opts = LowerOpts {
+                mtu,
+                ns: target,
+                ..Default::default()
+            };
+            nl.create_ipvlan(&tmp, master.index, conf.mode, opts)
+                .await
+                .map_err(|e| CniError::from(e).context("failed to create ipvlan"))?;
+            ns.ct.link_by_name(&tmp).await.map_err(CniError::from)
+        })?;
+        undo_link(
+            &mut undo,
+            format!("ipvlan {}", args.ifname),
+            &ns.rt,
+            &ns.ct,
+            link.index,
+        );
+        ns.rt.block_on(ns.ct.set_name(link.index, &args.ifname))?;
+        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
+
+        let mut result = match (&mut ipam, from_prev) {
+            (Some(ipam), _) => ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?,
+            (None, Some(prev)) => {
+                // The previous plugin's result, its addresses now this
+                // link's, as the reference.
+                let mut r = prev.clone();
+                r.cni_version = args.version().to_string();
+                r.interfaces.clear();
+                for ip in &mut r.ips {
+                    *ip = IpConfig {
+                        interface: Some(IDX_CONTAINER),
+                        ..ip.clone()
+                    };
+                }
+                r
+            }
+            (None, None) => unreachable!("checked above"),
+        };
+        let _ = ns.rt.block_on(
+            ns.ct
+                .set_ipv4_devconf(link.index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)]),
+        );
+        ns.rt.block_on(configure_iface(
+            &ns.ct,
+            &ns.ct_ns,
+            &link,
+            &result,
+            Dad::Wait,
+        ))?;
+        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
+        result.interfaces = vec![interface(&link, &sandbox(args))];
+        Ok(finish_add(result, args, undo, ipam))
+    }
+
+    /// IPAM's release alongside the link's removal if the netns is still
+    /// there; a missing master, netns or link is success.
+    fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        let ipam = rcni_attach::start_ipam_del(conf.ipam.as_deref(), args);
+        let link = in_container_for_del(args, async |_, ct| {
+            delete_container_link(ct, &args.ifname).await.map(|_| ())
+        });
+        first_error([rcni_attach::wait_ipam(ipam), link])
+    }
+
+    fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
+        let prev = check::prev_result(args)?;
+        let ns = Namespaces::open(args)?;
+        let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
+        ns.rt.block_on(async {
+            // Without `master` the one ADD used is not known any more (the
+            // prevResult ADD took it from is gone): the lower device is not
+            // checked then.
+            let master = match conf.master.as_str() {
+                "" => None,
+                name => Some(
+                    find_master(&ns, conf, Some(name))
+                        .await
+                        .map_err(|e| CniError::check_failed(e.msg))?,
+                ),
+            };
+            let link = check::validate_link(&ns.ct, ct_if, Some("ipvlan")).await?;
+            check_lower(&ns.ct, &link, master.as_ref(), conf).await?;
+            check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
+            check::validate_routes(&ns.ct, &prev.routes).await
+        })
+    }
+}
+
+/// CHECK of the link against the config: on the master, in the mode.
+async fn check_lower(
+    ct: &Netlink,
+    link: &Link,
+    master: Option<&Link>,
+    conf: &Conf,
+) -> Result<(), CniError> {
+    if let Some(master) = master
+        && link.link != Some(master.index)
+    {
+        return Err(CniError::check_failed(format!(
+            "ipvlan: {} is not on master {}",
+            link.name, master.name
+        )));
+    }
+    let mode = ct.ipvlan_mode(link.index).await?;
+    if mode != Some(conf.mode) {
+        return Err(CniError::check_failed(format!(
+            "Container IPVlan mode {} does not match expected value: {}",
+            mode.map_or("unknown".into(), |m| m.to_string()),
+            conf.mode
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,3 @@
+fn main() {
+    rcni_cni::skel::run(&rcni_attach::Attach(ipvlan::Ipvlan))
+}

@@ -1,0 +1,168 @@
+//! `macvlan`: a macvlan link (bridge, private, vepa or passthru) on a
+//! master of the node (by default the interface of its default route) or,
+//! with `linkInContainer`, of the container, under CNI_IFNAME in the
+//! container, with the reference plugin's result shape.
+//!
+//! Unlike the reference, DEL needs neither the master nor the netns (the
+//! reference looks the master up first and fails once it is gone), and ADD
+//! removes the link and releases IPAM's addresses whatever step fails.
+
+mod conf;
+
+use conf::Conf;
+use rcni_attach::{
+    Attachment, Dad, Namespaces, check, configure_iface, delete_container_link, ensure_ifname_free,
+    finish_add, first_error, in_container_for_del, interface, ipam_config, lower, random_temp_name,
+    sandbox, start_ipam_add, undo_link,
+};
+use rcni_cni::rollback::Rollback;
+use rcni_cni::skel::{About, CmdArgs};
+use rcni_cni::{CniError, CniResult};
+use rcni_netlink::{IPV4_DEVCONF_ARP_NOTIFY, Link, LowerOpts, Netlink};
+
+pub struct Macvlan;
+
+/// The macvlan link is the result's only interface.
+const IDX_CONTAINER: usize = 0;
+
+/// The master, looked up where the config says it lives.
+async fn find_master(ns: &Namespaces, conf: &Conf) -> Result<Link, CniError> {
+    let nl = if conf.link_in_container {
+        &ns.ct
+    } else {
+        &ns.host
+    };
+    lower::find_master(nl, &conf.master).await
+}
+
+impl Attachment for Macvlan {
+    type Conf = Conf;
+
+    fn about(&self) -> About {
+        About::all_versions("macvlan", env!("CARGO_PKG_VERSION"))
+    }
+
+    fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+        // The reference reads CNI_ARGS with Go's LoadArgs: only `MAC` is
+        // known, anything else needs IgnoreUnknown.
+        args.args.check_known(&["MAC"])?;
+        let mac = conf.mac()?;
+        let ns = Namespaces::open(args)?;
+        let master = ns.rt.block_on(find_master(&ns, conf))?;
+        let mtu = lower::check_mtu(conf.mtu, &master)?;
+        ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+        // Declared before the rollback: dropped after it, so a failed ADD
+        // releases its addresses after removing the link that used them.
+        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let mut undo = Rollback::new();
+
+        // Created under a temporary name, directly in the container (the
+        // final name may be taken where the master lives), then renamed.
+        let tmp = random_temp_name();
+        let link = ns.rt.block_on(async {
+            let (nl, target) = if conf.link_in_container {
+                (&ns.ct, None)
+            } else {
+                (&ns.host, Some(&ns.ct_ns))
+            };
+            let opts = LowerOpts {
+                mtu,
+                mac,
+                ns: target,
+                bc_queue_len: conf.bc_queue_len,
+            };
+            nl.create_macvlan_with(&tmp, master.index, conf.mode, opts)
+                .await
+                .map_err(|e| CniError::from(e).context("failed to create macvlan"))?;
+            ns.ct.link_by_name(&tmp).await.map_err(CniError::from)
+        })?;
+        undo_link(
+            &mut undo,
+            format!("macvlan {}", args.ifname),
+            &ns.rt,
+            &ns.ct,
+            link.index,
+        );
+        ns.rt.block_on(ns.ct.set_name(link.index, &args.ifname))?;
+        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
+
+        let mut result = match &mut ipam {
+            Some(ipam) => {
+                let result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
+                // Neighbours learn the new MAC for the address at once, as
+                // the reference's arp_notify (best effort there too).
+                let _ = ns.rt.block_on(
+                    ns.ct
+                        .set_ipv4_devconf(link.index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)]),
+                );
+                // Other hosts share the segment: IPv6 addresses go through
+                // duplicate address detection, waited for as the reference.
+                ns.rt.block_on(configure_iface(
+                    &ns.ct,
+                    &ns.ct_ns,
+                    &link,
+                    &result,
+                    Dad::Wait,
+                ))?;
+                result
+            }
+            None => {
+                ns.rt.block_on(ns.ct.set_up(link.index))?;
+                CniResult::new(args.version())
+            }
+        };
+        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
+        result.interfaces = vec![interface(&link, &sandbox(args))];
+        Ok(finish_add(result, args, undo, ipam))
+    }
+
+    /// IPAM's release alongside the link's removal if the netns is still
+    /// there; a missing master, netns or link is success.
+    fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        let ipam = rcni_attach::start_ipam_del(conf.ipam.as_deref(), args);
+        let link = in_container_for_del(args, async |_, ct| {
+            delete_container_link(ct, &args.ifname).await.map(|_| ())
+        });
+        first_error([rcni_attach::wait_ipam(ipam), link])
+    }
+
+    fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
+        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
+        let prev = check::prev_result(args)?;
+        let ns = Namespaces::open(args)?;
+        let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
+        ns.rt.block_on(async {
+            let master = find_master(&ns, conf)
+                .await
+                .map_err(|e| CniError::check_failed(e.msg))?;
+            let link = check::validate_link(&ns.ct, ct_if, Some("macvlan")).await?;
+            check_lower(&ns.ct, &link, &master, conf).await?;
+            check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
+            check::validate_routes(&ns.ct, &prev.routes).await
+        })
+    }
+}
+
+/// CHECK of the link against the config: on the master, in the mode.
+async fn check_lower(
+    ct: &Netlink,
+    link: &Link,
+    master: &Link,
+    conf: &Conf,
+) -> Result<(), CniError> {
+    if link.link != Some(master.index) {
+        return Err(CniError::check_failed(format!(
+            "macvlan: {} is not on master {}",
+            link.name, master.name
+        )));
+    }
+    let mode = ct.macvlan_mode(link.index).await?;
+    if mode != Some(conf.mode) {
+        return Err(CniError::check_failed(format!(
+            "Container macvlan mode {} does not match expected value: {}",
+            mode.map_or("unknown".into(), |m| m.to_string()),
+            conf.mode
+        )));
+    }
+    Ok(())
+}
