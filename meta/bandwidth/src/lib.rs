@@ -12,6 +12,13 @@
 //! that outlives the attachment; GC removes IFBs of stale attachments
 //! (found by the alias ours carry); a failed ADD removes what it made;
 //! CHECK fails with a code of its own.
+//!
+//! With rcni's `fastpath` earlier in the chain, its eBPF program would skip
+//! both limits (it redirects the pod's packets on the host veth's tcx hook,
+//! ahead of the ingress qdisc, and delivers into pods past their host
+//! veth's root qdisc): ADD takes the pod off the fast path in the network's
+//! pinned endpoint map (found from the program on the host veth). A
+//! fastpath later in the chain sees the qdiscs and does the same itself.
 
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
@@ -137,6 +144,25 @@ fn open_container(args: &CmdArgs) -> Result<NetNs, CniError> {
     Ok(NetNs::open(p)?)
 }
 
+/// Keeps the pod behind `veth` off rcni's fast path, if the fast path's
+/// program sits on the veth: its redirects would skip the limits. Nothing
+/// to undo on DEL: the endpoints go with fastpath's DEL.
+fn off_the_fast_path(veth: &Link, network: &str) -> Result<(), CniError> {
+    let err = |e: rcni_ebpf::Error| {
+        CniError::new(
+            ErrorCode::Ebpf,
+            format!(
+                "bandwidth: cannot take {} off the fast path, which would skip the limits: {e}",
+                veth.name
+            ),
+        )
+    };
+    if let Some(mut dp) = rcni_ebpf::open_attached(&veth.name, network).map_err(err)? {
+        dp.keep_on_normal_path(veth.index).map_err(err)?;
+    }
+    Ok(())
+}
+
 fn tbf_of(qdiscs: &[rcni_netlink::tc::Qdisc]) -> Option<Tbf> {
     qdiscs
         .iter()
@@ -209,6 +235,7 @@ impl Plugin for Bandwidth {
                 ..Interface::default()
             });
         }
+        off_the_fast_path(&veth, &args.conf.name)?;
         undo.commit();
         Ok(prev)
     }

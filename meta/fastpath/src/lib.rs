@@ -11,6 +11,13 @@
 //! for pod-to-pod traffic of a network using it must be enforced in BPF
 //! (tcx programs attached in front of this one run first).
 //!
+//! It would also skip the qdiscs of both pods' host veths and the bridge:
+//! a pod whose host veth is shaped (bandwidth) or an isolated bridge port
+//! (portIsolation) is registered as keeping the normal path
+//! ([`rcni_ebpf::EP_NORMAL_PATH`]), and nothing is redirected to it or from
+//! it. ADD sees what plugins before it set up; bandwidth, run after it,
+//! marks the pod itself.
+//!
 //! Run with arguments, the binary is an operator's tool instead: `fastpath
 //! list` and `fastpath stats` (see [`cli`]).
 
@@ -71,6 +78,36 @@ fn find_target(args: &CmdArgs, prev: &CniResult) -> Result<Target, CniError> {
         node_mac,
         host_veth: v.host_veth,
         addrs: v.addrs,
+    })
+}
+
+/// Why the pod's traffic must keep the normal path, if it must: traffic
+/// control on its host veth that a redirect would skip (a root qdisc:
+/// bandwidth's TBF into the pod; an `ingress` qdisc: bandwidth's redirect
+/// to an IFB, which runs after tcx programs), or an isolated bridge port,
+/// whose isolation only the bridge enforces. Seen over netlink, so what the
+/// reference's bandwidth plugin made counts too.
+fn normal_path_reason(veth: &Link) -> Result<Option<String>, CniError> {
+    rt()?.block_on(async {
+        let host = Netlink::connect_current().await?;
+        for q in host.qdiscs(veth.index).await? {
+            if q.parent == 0xffff_ffff && q.kind != "noqueue" {
+                return Ok(Some(format!(
+                    "{} has a {} root qdisc (shaped)",
+                    veth.name, q.kind
+                )));
+            }
+            if q.kind == "ingress" {
+                return Ok(Some(format!(
+                    "{} has an ingress qdisc (shaped through an IFB)",
+                    veth.name
+                )));
+            }
+        }
+        if veth.master.is_some() && host.bridge_port_isolated(veth.index).await? {
+            return Ok(Some(format!("{} is an isolated bridge port", veth.name)));
+        }
+        Ok(None)
     })
 }
 
@@ -184,12 +221,14 @@ impl Fastpath {
         let mut dp = Datapath::open_or_load(&conf.dir).map_err(ebpf_err)?;
         let id = AttachmentId::new(&args.container_id, &args.ifname);
         let keys: Vec<EndpointKey> = target.addrs.iter().map(|a| EndpointKey::new(*a)).collect();
+        let normal = normal_path_reason(&target.host_veth)?;
         let ep = Endpoint::new(
             target.host_veth.index,
             target.pod_mac,
             target.node_mac,
             id.owner(),
-        );
+        )
+        .normal_path(normal.is_some());
         let eps: Vec<(EndpointKey, Endpoint)> = keys.iter().map(|k| (*k, ep)).collect();
         let r = (|| -> Result<(), CniError> {
             dp.insert_endpoints(&eps).map_err(ebpf_err)?;
@@ -228,6 +267,7 @@ impl Fastpath {
                 ))
             })?;
         let id = AttachmentId::new(&args.container_id, &args.ifname);
+        let normal = normal_path_reason(&target.host_veth)?;
         for a in &target.addrs {
             let Some(ep) = dp.endpoint(&EndpointKey::new(*a)).map_err(ebpf_err)? else {
                 return Err(CniError::check_failed(format!(
@@ -239,7 +279,15 @@ impl Fastpath {
                 target.pod_mac,
                 target.node_mac,
                 id.owner(),
-            );
+            )
+            .normal_path(normal.is_some());
+            if let Some(why) = &normal
+                && ep.same_as(&want.normal_path(false))
+            {
+                return Err(CniError::check_failed(format!(
+                    "fastpath: endpoint {a} is redirected although {why}: the fast path skips                      that (chain bandwidth before fastpath, or use rcni's bandwidth, which                      takes the pod off the fast path)"
+                )));
+            }
             if !ep.same_as(&want) {
                 return Err(CniError::check_failed(format!(
                     "fastpath: endpoint {a} is {}, expected {}",
