@@ -628,6 +628,27 @@ mod tests {
     }
 
     #[test]
+    fn the_normal_path_mark_is_the_fast_paths() {
+        let fp = Endpoint::new(3, [1; 6], [2; 6], 9);
+        let shaped = fp.normal_path(true);
+        assert!(shaped.keeps_normal_path() && !fp.keeps_normal_path());
+        assert!(!shaped.same_as(&fp));
+        // Kept through the policy plugin's writes, set by the fast path's.
+        let pol = Endpoint::policy(3, 9, 100, 5, 6);
+        let both = Endpoint::merge_policy(Some(Endpoint::merge_fastpath(None, &shaped)), &pol);
+        assert!(both.keeps_normal_path() && both.same_as(&shaped));
+        assert!(!Endpoint::merge_fastpath(Some(both), &fp).keeps_normal_path());
+        // It goes with the fast path's part; alone it means nothing.
+        let only_pol = both.without_fastpath().unwrap();
+        assert_eq!(only_pol.flags, EP_POLICY);
+        assert!(
+            !Endpoint::policy(3, 9, 1, 0, 0)
+                .normal_path(true)
+                .keeps_normal_path()
+        );
+    }
+
+    #[test]
     fn cidr_keys_are_masked_and_read_back() {
         let k = cidr_key(3, "10.1.2.3".parse().unwrap(), 20).unwrap();
         assert_eq!(k.prefix_len(), 84);

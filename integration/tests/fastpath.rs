@@ -774,9 +774,6 @@ fn shaped_pod_stays_shaped(order: Order) {
     fp_on(&node, &fs, "CHECK", (&s, "ctr-s", &rs), json!({})).ok();
 
     let (s_ip, u_ip, v_ip) = (addr_of(&rs, true), addr_of(&ru, true), addr_of(&rv, true));
-    let rows = list(&node, &fs);
-    assert_eq!(row(&rows, &s_ip)["path"], "normal", "{order:?}: {rows:?}");
-    assert_eq!(row(&rows, &u_ip)["path"], "fast", "{order:?}: {rows:?}");
 
     // S to U: S's egress limit; U to S: S's ingress limit.
     let egress = iperf_rate(&s.ns, &u.ns, &u_ip, 5401, false);
@@ -789,6 +786,8 @@ fn shaped_pod_stays_shaped(order: Order) {
         );
     }
     let rows = list(&node, &fs);
+    assert_eq!(row(&rows, &s_ip)["path"], "normal", "{order:?}: {rows:?}");
+    assert_eq!(row(&rows, &u_ip)["path"], "fast", "{order:?}: {rows:?}");
     for k in ["rxPackets", "txPackets"] {
         assert_eq!(counter(&rows, &s_ip, k), 0, "{order:?}: S redirected ({k})");
     }
@@ -934,16 +933,19 @@ fn port_isolation_holds_with_fastpath() {
         [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)],
         &json!({}),
     );
+    assert!(!ping(&a.ns, &addr_of(&rb, true)));
+    let b_mac = rb["interfaces"][2]["mac"].as_str().unwrap();
+    assert!(
+        !udp_gets_through(&a.ns, &b.ns, &addr_of(&rb, true), b_mac),
+        "past the isolated port"
+    );
+    assert_eq!(redirected(&node, &fs), 0);
     let rows = list(&node, &fs);
     assert_eq!(
         row(&rows, &addr_of(&ra, true))["path"],
         "normal",
         "{rows:?}"
     );
-    assert!(!ping(&a.ns, &addr_of(&rb, true)));
-    let b_mac = rb["interfaces"][2]["mac"].as_str().unwrap();
-    assert!(!udp_gets_through(&a.ns, &b.ns, &addr_of(&rb, true), b_mac));
-    assert_eq!(redirected(&node, &fs), 0);
 }
 
 /// bridge `macspoofchk`: with fastpath, honest pods take the fast path, and
