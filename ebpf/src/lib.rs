@@ -1125,7 +1125,9 @@ pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
         }
     }
     Err(Error::msg(format!(
-        "the fast path program on {ifname} (id {fast:?}) is not pinned for network {network}          where it can be found (a bpffs mount's rcni/{network} or {network} directory, or one          named {network} at most {} levels below; looked in {dirs:?})",
+        "the fast path program on {ifname} (id {fast:?}) is not pinned for network {network} \
+         where it can be found (a bpffs mount's rcni/{network} or {network} directory, or one \
+         named {network} at most {} levels below; looked in {dirs:?})",
         bpffs::SEARCH_DEPTH
     )))
 }
@@ -1258,30 +1260,26 @@ pub fn detach_policy_links_except(
 }
 
 /// Removes the cls_bpf filters named `name` from `ifname`'s hook; none
-/// there is fine.
+/// there is fine. Over rcni-netlink, not aya: aya's walk of the hook fails
+/// on filters of other kinds (bandwidth's u32 redirect on the same hook).
 fn detach_tc_named(ifname: &str, at: TcAttachType, name: &str) -> Result<bool> {
-    // aya's error for a missing device carries no errno: look first.
-    let c = std::ffi::CString::new(ifname)
-        .map_err(|_| Error::msg(format!("{ifname:?}: NUL in interface name")))?;
-    // SAFETY: a NUL-terminated string alive for the call.
-    if unsafe { libc::if_nametoindex(c.as_ptr()) } == 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENODEV) {
-            return Ok(false);
-        }
-        return Err(Error::io(format!("look up {ifname}"), e));
-    }
-    match aya::programs::tc::qdisc_detach_program(ifname, at, name) {
-        Ok(()) => Ok(true),
-        Err(e) => {
-            let e = Error::aya(format!("detach tc filter {name} from {ifname}"), e);
-            match e.raw_errno() {
-                Some(libc::ENOENT) | Some(libc::ENODEV) | Some(libc::EINVAL) => Ok(false),
-                _ if e.msg.ends_with(name) && e.raw_errno().is_none() => Ok(false),
-                _ => Err(e),
-            }
-        }
-    }
+    let nl_err = |e: rcni_netlink::Error| Error {
+        msg: format!("detach tc filter {name} from {ifname}: {e}"),
+        errno: e.errno(),
+        incompatible: false,
+    };
+    let rt = rcni_netlink::runtime().map_err(nl_err)?;
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect_current().await?;
+        let link = match nl.link_by_name(ifname).await {
+            Ok(l) => l,
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let egress = matches!(at, TcAttachType::Egress);
+        Ok(nl.del_bpf_filters(link.index, egress, name).await? > 0)
+    })
+    .map_err(nl_err)
 }
 
 /// Removes the cls_bpf filters running the fast path from `ifname`'s

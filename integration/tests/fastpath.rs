@@ -731,7 +731,7 @@ enum Order {
 /// its limits both ways within 20 %, and its traffic is never redirected,
 /// while U and V keep the fast path. CHECK passes, DEL in reverse order
 /// leaves nothing.
-fn shaped_pod_stays_shaped(order: Order) {
+fn shaped_pod_stays_shaped(order: Order, extra: Value) {
     let node = Node::new();
     let fs = Bpffs::new();
     let bc = node.conf("1.1.0", json!({}));
@@ -743,7 +743,7 @@ fn shaped_pod_stays_shaped(order: Order) {
     let bw = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "bandwidth",
         "ingressRate": 10 * MBIT, "ingressBurst": 256_000,
         "egressRate": 10 * MBIT, "egressBurst": 256_000});
-    let fpc = fp_conf(&fs, &Value::Null, json!({}));
+    let fpc = fp_conf(&fs, &Value::Null, extra.clone());
     // The chain of S: each plugin's result is the next one's prevResult.
     let rs0 = node.add(&s, "ctr-s", &bc);
     let rs = match order {
@@ -758,12 +758,7 @@ fn shaped_pod_stays_shaped(order: Order) {
     };
     let ru = node.add(&u, "ctr-u", &bc);
     let rv = node.add(&v, "ctr-v", &bc);
-    fp_add_each(
-        &node,
-        &fs,
-        [(&u, "ctr-u", &ru), (&v, "ctr-v", &rv)],
-        &json!({}),
-    );
+    fp_add_each(&node, &fs, [(&u, "ctr-u", &ru), (&v, "ctr-v", &rv)], &extra);
     // CHECK of the whole chain, in order.
     let check_bw = chained(&node, &bw_bin, "CHECK", (&s, "ctr-s", &rs), &bw);
     assert_eq!(
@@ -771,7 +766,7 @@ fn shaped_pod_stays_shaped(order: Order) {
         "{order:?}: bandwidth CHECK: {}",
         check_bw.stdout
     );
-    fp_on(&node, &fs, "CHECK", (&s, "ctr-s", &rs), json!({})).ok();
+    fp_on(&node, &fs, "CHECK", (&s, "ctr-s", &rs), extra.clone()).ok();
 
     let (s_ip, u_ip, v_ip) = (addr_of(&rs, true), addr_of(&ru, true), addr_of(&rv, true));
 
@@ -819,10 +814,10 @@ fn shaped_pod_stays_shaped(order: Order) {
     match order {
         Order::FastpathBefore => {
             chained(&node, &bw_bin, "DEL", (&s, "ctr-s", &rs), &bw).ok();
-            fp_on(&node, &fs, "DEL", (&s, "ctr-s", &rs), json!({})).ok();
+            fp_on(&node, &fs, "DEL", (&s, "ctr-s", &rs), extra.clone()).ok();
         }
         _ => {
-            fp_on(&node, &fs, "DEL", (&s, "ctr-s", &rs), json!({})).ok();
+            fp_on(&node, &fs, "DEL", (&s, "ctr-s", &rs), extra.clone()).ok();
             chained(&node, &bw_bin, "DEL", (&s, "ctr-s", &rs), &bw).ok();
         }
     }
@@ -832,24 +827,33 @@ fn shaped_pod_stays_shaped(order: Order) {
     assert_eq!(addresses(&rows).len(), 4, "{order:?}: {rows:?}");
     assert!(!addresses(&rows).contains(&s_ip.as_str()));
     for (pod, cid, r) in [(&u, "ctr-u", &ru), (&v, "ctr-v", &rv)] {
-        fp_on(&node, &fs, "DEL", (pod, cid, r), json!({})).ok();
+        fp_on(&node, &fs, "DEL", (pod, cid, r), extra.clone()).ok();
         node.call(&bin("bridge"), "DEL", &pod.path(), cid, &bc).ok();
     }
 }
 
 #[test]
 fn bandwidth_holds_with_fastpath_after_it() {
-    shaped_pod_stays_shaped(Order::FastpathAfter);
+    shaped_pod_stays_shaped(Order::FastpathAfter, json!({}));
 }
 
 #[test]
 fn bandwidth_holds_with_fastpath_before_it() {
-    shaped_pod_stays_shaped(Order::FastpathBefore);
+    shaped_pod_stays_shaped(Order::FastpathBefore, json!({}));
+}
+
+/// The clsact fallback: bandwidth's ingress qdisc and fastpath's clsact
+/// share the veth's ingress hook, in either order.
+#[test]
+fn bandwidth_holds_with_fastpath_on_clsact() {
+    for order in [Order::FastpathAfter, Order::FastpathBefore] {
+        shaped_pod_stays_shaped(order, json!({"attachMode": "tc"}));
+    }
 }
 
 #[test]
 fn reference_bandwidth_holds_with_fastpath_after_it() {
-    shaped_pod_stays_shaped(Order::FastpathAfterReference);
+    shaped_pod_stays_shaped(Order::FastpathAfterReference, json!({}));
 }
 
 /// fastpath, then the reference's bandwidth, which knows nothing of it: the
@@ -979,8 +983,9 @@ fn macspoofchk_holds_with_fastpath() {
     assert_eq!(counter(&list(&node, &fs), &b_ip, "rxPackets"), to_b);
 }
 
-/// firewall `ingressPolicy: isolated` (nftables): pods of the bridge do not
-/// reach each other with fastpath in the chain either.
+/// firewall `ingressPolicy: isolated` (nftables) before fastpath: pods of
+/// the bridge do not reach each other, even one that knows its peer's MAC.
+/// After fastpath, CHECK tells.
 #[test]
 fn firewall_isolation_holds_with_fastpath() {
     let node = Node::new();
@@ -999,10 +1004,27 @@ fn firewall_isolation_holds_with_fastpath() {
     let (ra, rb) = (&results[0], &results[1]);
     assert!(!ping(&a.ns, &addr_of(rb, true)));
     assert!(!ping(&b.ns, &addr_of(ra, false)));
+    let b_mac = rb["interfaces"][2]["mac"].as_str().unwrap();
+    assert!(
+        !udp_gets_through(&a.ns, &b.ns, &addr_of(rb, true), b_mac),
+        "past the firewall's isolation"
+    );
     assert_eq!(redirected(&node, &fs), 0);
+    let rows = list(&node, &fs);
+    assert_eq!(row(&rows, &addr_of(ra, true))["path"], "normal", "{rows:?}");
+    fp_on(&node, &fs, "CHECK", (&a, "ctr-a", ra), json!({})).ok();
     for (pod, cid, r) in [(&a, "ctr-a", ra), (&b, "ctr-b", rb)] {
         fp_on(&node, &fs, "DEL", (pod, cid, r), json!({})).ok();
         chained(&node, &bin("firewall"), "DEL", (pod, cid, r), &fw).ok();
         node.call(&bin("bridge"), "DEL", &pod.path(), cid, &bc).ok();
     }
+    // firewall after fastpath: fastpath's CHECK finds the pod redirected.
+    let c = TestNs::new();
+    let rc = node.add(&c, "ctr-c", &bc);
+    fp_add(&node, &fs, &c, "ctr-c", &rc, json!({}));
+    let r = chained(&node, &bin("firewall"), "ADD", (&c, "ctr-c", &rc), &fw).ok();
+    let (code, msg) = fp_on(&node, &fs, "CHECK", (&c, "ctr-c", &r), json!({})).err();
+    assert_eq!(code, 106);
+    assert!(msg.contains("firewall isolates"), "{msg}");
+    chained(&node, &bin("firewall"), "DEL", (&c, "ctr-c", &r), &fw).ok();
 }

@@ -163,6 +163,10 @@ fn off_the_fast_path(veth: &Link, network: &str) -> Result<(), CniError> {
     Ok(())
 }
 
+async fn has_clsact(host: &Netlink, index: u32) -> Result<bool, CniError> {
+    Ok(host.qdiscs(index).await?.iter().any(|q| q.kind == "clsact"))
+}
+
 fn tbf_of(qdiscs: &[rcni_netlink::tc::Qdisc]) -> Option<Tbf> {
     qdiscs
         .iter()
@@ -218,17 +222,30 @@ impl Plugin for Bandwidth {
                 });
             }
             let tbf = Tbf::from_bits(bw.egress_rate, bw.egress_burst);
-            rt.block_on(async {
+            // rcni's fastpath or policy in tc mode (kernels without tcx)
+            // put a clsact qdisc there first, and an ingress qdisc cannot
+            // sit next to one: the redirect goes on clsact's ingress hook.
+            let clsact = rt.block_on(async {
                 host.add_tbf(ifb.index, tbf).await?;
-                host.add_ingress_qdisc(veth.index).await
+                let clsact = has_clsact(&host, veth.index).await?;
+                if !clsact {
+                    host.add_ingress_qdisc(veth.index).await?;
+                }
+                Ok::<_, CniError>(clsact)
             })?;
-            {
+            if !clsact {
                 let (rt, host, index) = (&rt, &host, veth.index);
                 undo.push("ingress qdisc", move || {
                     Ok(rt.block_on(host.del_qdisc(index, 0xffff_fff1, INGRESS_HANDLE))?)
                 });
             }
-            rt.block_on(host.add_redirect_filter(veth.index, ifb.index))?;
+            rt.block_on(host.add_redirect_filter(veth.index, ifb.index, clsact))?;
+            if clsact {
+                let (rt, host, index) = (&rt, &host, veth.index);
+                undo.push("redirect filter", move || {
+                    Ok(rt.block_on(host.del_redirect_filter(index))?)
+                });
+            }
             prev.interfaces.push(Interface {
                 name,
                 mac: ifb.mac.map(|m| m.to_string()).unwrap_or_default(),
@@ -254,8 +271,13 @@ impl Plugin for Bandwidth {
                 let ct = Netlink::connect(&ct_ns).await?;
                 let veth = host_veth(&host, &ct, &prev, &args.ifname).await?;
                 host.del_qdisc(veth.index, 0xffff_ffff, TBF_HANDLE).await?;
-                host.del_qdisc(veth.index, 0xffff_fff1, INGRESS_HANDLE)
-                    .await?;
+                // A clsact qdisc holds other plugins' filters: only ours goes.
+                if has_clsact(&host, veth.index).await? {
+                    host.del_redirect_filter(veth.index).await?;
+                } else {
+                    host.del_qdisc(veth.index, 0xffff_fff1, INGRESS_HANDLE)
+                        .await?;
+                }
                 Ok::<_, CniError>(())
             });
         }
@@ -290,7 +312,14 @@ impl Plugin for Bandwidth {
                 }
             }
             if bw.egress_rate > 0 {
-                if !qdiscs.iter().any(|q| q.kind == "ingress") {
+                let redirect = qdiscs.iter().any(|q| q.kind == "ingress")
+                    || (qdiscs.iter().any(|q| q.kind == "clsact")
+                        && host
+                            .ingress_filter_kinds(veth.index)
+                            .await?
+                            .iter()
+                            .any(|k| k == "u32"));
+                if !redirect {
                     return Err(CniError::check_failed(format!(
                         "no ingress qdisc on {}",
                         veth.name
