@@ -2,7 +2,11 @@
 //! between pods of a throwaway node namespace: ICMP and TCP over IPv4 and
 //! IPv6 take the eBPF fast path (the counters rise, the destination host
 //! veth's TX counters do not), CHECK, DEL (also mid-flow, while traffic
-//! keeps flowing), GC, STATUS, and the clsact fallback.
+//! keeps flowing), GC, STATUS, and the clsact fallback. With other chain
+//! members: bandwidth (ours before and after fastpath, the reference's
+//! before it; tcx and clsact) measured with iperf3, portIsolation,
+//! macspoofchk and firewall's isolated policy, each also against a pod that
+//! pins its peer's MAC to get past the bridge.
 //!
 //! Each test pins under a bpffs of its own, mounted (by the plugin, as it
 //! does where /sys/fs/bpf is missing) on a fresh temporary directory and
@@ -663,13 +667,14 @@ impl Iperf {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("iperf3 is installed");
+        let server = Iperf(child);
         // Listening, seen by ss: a probe connection would count as a test
         // the server is still busy with when the real one comes.
         let filter = format!("sport = :{port}");
         for _ in 0..200 {
             let out = output_in(ns, "ss", &["-Hltn", &filter]);
             if !out.stdout.is_empty() {
-                return Iperf(child);
+                return server;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -719,11 +724,11 @@ fn chained(node: &Node, plugin: &Path, cmd: &str, pod: Pod, conf: &Value) -> Out
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Order {
     /// bridge, bandwidth, fastpath: fastpath finds the qdiscs.
-    FastpathAfter,
+    BandwidthThenFastpath,
     /// bridge, fastpath, bandwidth: bandwidth takes the pod off the fast path.
-    FastpathBefore,
+    FastpathThenBandwidth,
     /// bridge, the reference's bandwidth, fastpath.
-    FastpathAfterReference,
+    ReferenceThenFastpath,
 }
 
 /// bridge + bandwidth (10 Mbit/s each way) + fastpath in `order` for pod
@@ -737,7 +742,7 @@ fn shaped_pod_stays_shaped(order: Order, extra: Value) {
     let bc = node.conf("1.1.0", json!({}));
     let (s, u, v) = (TestNs::new(), TestNs::new(), TestNs::new());
     let bw_bin = match order {
-        Order::FastpathAfterReference => rcni_testkit::reference_bin("bandwidth"),
+        Order::ReferenceThenFastpath => rcni_testkit::reference_bin("bandwidth"),
         _ => bin("bandwidth"),
     };
     let bw = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "bandwidth",
@@ -747,7 +752,7 @@ fn shaped_pod_stays_shaped(order: Order, extra: Value) {
     // The chain of S: each plugin's result is the next one's prevResult.
     let rs0 = node.add(&s, "ctr-s", &bc);
     let rs = match order {
-        Order::FastpathBefore => {
+        Order::FastpathThenBandwidth => {
             let r = chained(&node, &bin("fastpath"), "ADD", (&s, "ctr-s", &rs0), &fpc).ok();
             chained(&node, &bw_bin, "ADD", (&s, "ctr-s", &r), &bw).ok()
         }
@@ -812,7 +817,7 @@ fn shaped_pod_stays_shaped(order: Order, extra: Value) {
 
     // DEL in reverse order; nothing of S is left.
     match order {
-        Order::FastpathBefore => {
+        Order::FastpathThenBandwidth => {
             chained(&node, &bw_bin, "DEL", (&s, "ctr-s", &rs), &bw).ok();
             fp_on(&node, &fs, "DEL", (&s, "ctr-s", &rs), extra.clone()).ok();
         }
@@ -834,26 +839,26 @@ fn shaped_pod_stays_shaped(order: Order, extra: Value) {
 
 #[test]
 fn bandwidth_holds_with_fastpath_after_it() {
-    shaped_pod_stays_shaped(Order::FastpathAfter, json!({}));
+    shaped_pod_stays_shaped(Order::BandwidthThenFastpath, json!({}));
 }
 
 #[test]
 fn bandwidth_holds_with_fastpath_before_it() {
-    shaped_pod_stays_shaped(Order::FastpathBefore, json!({}));
+    shaped_pod_stays_shaped(Order::FastpathThenBandwidth, json!({}));
 }
 
 /// The clsact fallback: bandwidth's ingress qdisc and fastpath's clsact
 /// share the veth's ingress hook, in either order.
 #[test]
 fn bandwidth_holds_with_fastpath_on_clsact() {
-    for order in [Order::FastpathAfter, Order::FastpathBefore] {
+    for order in [Order::BandwidthThenFastpath, Order::FastpathThenBandwidth] {
         shaped_pod_stays_shaped(order, json!({"attachMode": "tc"}));
     }
 }
 
 #[test]
 fn reference_bandwidth_holds_with_fastpath_after_it() {
-    shaped_pod_stays_shaped(Order::FastpathAfterReference, json!({}));
+    shaped_pod_stays_shaped(Order::ReferenceThenFastpath, json!({}));
 }
 
 /// fastpath, then the reference's bandwidth, which knows nothing of it: the

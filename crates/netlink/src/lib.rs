@@ -412,7 +412,7 @@ impl Netlink {
         Ok(m.attributes.iter().any(|a| match a {
             LinkAttribute::LinkInfo(infos) => infos.iter().any(|i| match i {
                 LinkInfo::PortData(InfoPortData::BridgePort(p)) => {
-                    p.iter().any(|x| *x == InfoBridgePort::Isolated(true))
+                    p.contains(&InfoBridgePort::Isolated(true))
                 }
                 _ => false,
             }),
