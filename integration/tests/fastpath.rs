@@ -1033,3 +1033,36 @@ fn firewall_isolation_holds_with_fastpath() {
     assert!(msg.contains("firewall isolates"), "{msg}");
     chained(&node, &bin("firewall"), "DEL", (&c, "ctr-c", &r), &fw).ok();
 }
+
+/// bandwidth after a fastpath whose pins it cannot find (the pin root too
+/// deep below the bpffs mount): ADD fails with 112 and leaves nothing: the
+/// veth unshaped, no IFB.
+#[test]
+fn bandwidth_after_fastpath_out_of_reach_fails_and_rolls_back() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    rcni_ebpf::bpffs::ensure_root(fs.dir.path()).unwrap();
+    let deep = fs.dir.path().join("a/b/c").display().to_string();
+    let (a, _b, _bc, ra, _rb) = bridge_pods(&node);
+    let fpc = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
+                     "pinRoot": deep});
+    let r = chained(&node, &bin("fastpath"), "ADD", (&a, "ctr-a", &ra), &fpc).ok();
+    let bw = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "bandwidth",
+        "ingressRate": 10 * MBIT, "ingressBurst": 256_000,
+        "egressRate": 10 * MBIT, "egressBurst": 256_000});
+    let (code, msg) = chained(&node, &bin("bandwidth"), "ADD", (&a, "ctr-a", &r), &bw).err();
+    assert_eq!(code, 112, "{msg}");
+    assert!(msg.contains("off the fast path"), "{msg}");
+    let veth = host_veth(&ra, 1);
+    let qdiscs = nl(&node.ns.ns, async |n| {
+        let l = n.link_by_name(&veth).await.unwrap();
+        n.qdiscs(l.index).await.unwrap()
+    });
+    assert!(qdiscs.iter().all(|q| q.kind == "noqueue"), "{qdiscs:?}");
+    assert!(
+        !common::link_names(&node.ns.ns)
+            .iter()
+            .any(|l| l.starts_with("bwp"))
+    );
+    chained(&node, &bin("fastpath"), "DEL", (&a, "ctr-a", &r), &fpc).ok();
+}
