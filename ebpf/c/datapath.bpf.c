@@ -72,6 +72,11 @@ struct endpoint {
 #define EP_FASTPATH 1
 // The policy plugin added the entry: identity and rule sets are valid.
 #define EP_POLICY 2
+// With EP_FASTPATH: the pod's traffic keeps the normal path both ways. Its
+// host veth carries traffic control that a redirect would skip (bandwidth's
+// TBF root qdisc, or its ingress redirect to an IFB, which runs after tcx),
+// or bridge port isolation the bridge alone enforces.
+#define EP_NORMAL_PATH 4
 
 // Per address: rx = redirected to it, tx = redirected from it.
 struct ep_stats {
@@ -88,10 +93,11 @@ enum verdict {
 	V_SHORT = 2,        // headers cut short
 	V_UNKNOWN_DST = 3,  // not a fast path endpoint: other nodes, the node
 	V_UNKNOWN_SRC = 4,  // source address not an endpoint behind this veth
-	V_OTHER = 5,        // hairpin, neighbour discovery, TTL 1, multicast MAC
+	V_OTHER = 5,        // hairpin, ND, TTL 1, multicast MAC, foreign source MAC
 	V_POL_DENY_IN = 6,  // dropped: the receiver's ingress policy
 	V_POL_DENY_OUT = 7, // dropped: the sender's egress policy
 	V_POL_SPOOF = 8,    // dropped: a pod sent from an address not its own
+	V_NORMAL_PATH = 9,  // an end keeps the normal path (EP_NORMAL_PATH)
 	V_MAX = 16,
 };
 
@@ -277,7 +283,15 @@ int rcni_fastpath(struct __sk_buff *skb)
 	struct endpoint *from = bpf_map_lookup_elem(&rcni_endpoints, &src);
 	if (!from || from->ifindex != skb->ifindex || !(from->flags & EP_FASTPATH))
 		return pass(V_UNKNOWN_SRC);
+	// A shaped or isolated pod: the redirect would skip the qdiscs of its
+	// host veth (or the bridge's isolation), so both directions stay off.
+	if ((from->flags | to->flags) & EP_NORMAL_PATH)
+		return pass(V_NORMAL_PATH);
 	if (to->ifindex == skb->ifindex)
+		return pass(V_OTHER);
+	// The pod's own MAC only: a frame with another source MAC is the
+	// bridge's to judge (macspoofchk drops it), never delivered past it.
+	if (!mac_eq(eth->h_source, from->pod_mac))
 		return pass(V_OTHER);
 
 	int routed;

@@ -89,6 +89,93 @@ fn mount(at: &Path) -> Result<()> {
     .map_err(|e| Error::errno(format!("mount bpffs on {}", at.display()), e))
 }
 
+/// How deep below a bpffs mount [`network_dirs`] looks for a directory
+/// named after the network (`<mount>/a/b/<network>`: 3).
+pub const SEARCH_DEPTH: usize = 3;
+
+/// The mount points of every bpffs in this mount namespace.
+pub fn mounts() -> Result<Vec<PathBuf>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| Error::io("read /proc/self/mountinfo", e))?;
+    Ok(parse_mountinfo(&text))
+}
+
+fn parse_mountinfo(text: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = text
+        .lines()
+        .filter_map(|l| {
+            let (fields, rest) = l.split_once(" - ")?;
+            let fstype = rest.split(' ').next()?;
+            let at = fields.split(' ').nth(4)?;
+            (fstype == "bpf").then(|| PathBuf::from(unescape(at)))
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// mountinfo's octal escapes (`\040` for a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let d = |j: usize| u32::from(b[i + j] - b'0');
+            // Above \377 is no byte: kept as written.
+            match u8::try_from(d(1) * 64 + d(2) * 8 + d(3)) {
+                Ok(n) => out.push(n),
+                Err(_) => out.extend_from_slice(&b[i..i + 4]),
+            }
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Where a network's pins may be, for a caller that does not know the pin
+/// root: `<mount>/rcni/<network>` and `<mount>/<network>` first, then every
+/// directory named `network` at most [`SEARCH_DEPTH`] levels below a bpffs
+/// mount; only those holding a `prog` pin.
+pub fn network_dirs(network: &str) -> Result<Vec<PathBuf>> {
+    let mut v = Vec::new();
+    let mounts = mounts()?;
+    for m in &mounts {
+        v.push(m.join("rcni").join(network));
+        v.push(m.join(network));
+    }
+    for m in &mounts {
+        let mut level = vec![m.clone()];
+        for _ in 0..SEARCH_DEPTH {
+            let mut next = Vec::new();
+            for d in &level {
+                let Ok(rd) = std::fs::read_dir(d) else {
+                    continue;
+                };
+                for e in rd.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        let p = e.path();
+                        if e.file_name() == network && !v.contains(&p) {
+                            v.push(p.clone());
+                        }
+                        next.push(p);
+                    }
+                }
+            }
+            level = next;
+        }
+    }
+    v.retain(|d| d.join("prog").exists());
+    Ok(v)
+}
+
 /// An exclusive lock on a pin directory, held while the network's program
 /// is loaded and pinned (flock works on a bpffs directory like on any other).
 pub struct DirLock {
@@ -107,6 +194,25 @@ impl DirLock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bpffs_mount_points_from_mountinfo() {
+        let text = "\
+22 1 0:21 / /sys rw,nosuid shared:7 - sysfs sysfs rw
+40 22 0:33 / /sys/fs/bpf rw,nosuid,nodev shared:16 - bpf bpf rw,mode=700
+90 1 0:50 / /tmp/with\\040space rw - bpf none rw
+91 1 0:51 / /tmp/x rw - tmpfs tmpfs rw
+";
+        assert_eq!(
+            parse_mountinfo(text),
+            [
+                PathBuf::from("/sys/fs/bpf"),
+                PathBuf::from("/tmp/with space")
+            ]
+        );
+        assert_eq!(unescape("a\\134b"), "a\\b");
+        assert_eq!(unescape("end\\04"), "end\\04");
+    }
 
     #[test]
     fn nearest_existing_ancestor() {

@@ -16,9 +16,9 @@ pub mod bpffs;
 mod types;
 
 pub use types::{
-    AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_POLICY, Endpoint, EndpointKey,
-    EndpointStats, MAX_ENDPOINTS, MAX_PORT_RANGES, PORTSET_ALL, PORTSET_NONE, PeerKey, PortRange,
-    TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
+    AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NORMAL_PATH, EP_POLICY, Endpoint,
+    EndpointKey, EndpointStats, MAX_ENDPOINTS, MAX_PORT_RANGES, PORTSET_ALL, PORTSET_NONE, PeerKey,
+    PortRange, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
 };
 
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
@@ -75,8 +75,9 @@ impl Program {
 /// The layout of the pinned maps and what they mean, written into
 /// `rcni_version` at load. Pins of another version are refused (1 was the
 /// fast path alone, before the map held a version). Bump it with any change
-/// of a key, a value or their meaning.
-pub const DATAPATH_VERSION: u32 = 2;
+/// of a key, a value or their meaning (3: `EP_NORMAL_PATH`, which a version
+/// 2 program would ignore).
+pub const DATAPATH_VERSION: u32 = 3;
 
 const MAP_ENDPOINTS: &str = "rcni_endpoints";
 const MAP_STATS: &str = "rcni_ep_stats";
@@ -644,6 +645,26 @@ impl Datapath {
         self.insert_endpoints(&[(key, ep)])
     }
 
+    /// Keeps the fast path endpoints behind host veth `ifindex` on the
+    /// normal path ([`EP_NORMAL_PATH`]): nothing is redirected to them or
+    /// from them any more. Returns how many there were.
+    pub fn keep_on_normal_path(&mut self, ifindex: u32) -> Result<usize> {
+        let _lock = self.lock()?;
+        let mut n = 0;
+        for (key, ep) in self.endpoints()? {
+            if ep.ifindex != ifindex || ep.flags & EP_FASTPATH == 0 {
+                continue;
+            }
+            n += 1;
+            if !ep.keeps_normal_path() {
+                self.endpoints
+                    .insert(key, ep.normal_path(true), 0)
+                    .map_err(|e| Error::aya("update endpoint", e))?;
+            }
+        }
+        Ok(n)
+    }
+
     /// Takes the fast path's part out of these endpoints; those the policy
     /// plugin has no part in go, with their counter slots.
     pub fn remove_endpoints(&mut self, keys: &[EndpointKey]) -> Result<()> {
@@ -1071,6 +1092,46 @@ impl Datapath {
     }
 }
 
+/// The network's datapath whose fast path program sits on `ifname`'s
+/// ingress hook (a name in the calling thread's network namespace), for a
+/// plugin that does not know the fast path's `pinRoot` (bandwidth): the pin
+/// directory is found among `<bpffs mount>/rcni/<network>`,
+/// `<bpffs mount>/<network>` and directories named `network` a few levels
+/// below a bpffs mount, by the id of the program pinned there. `None` when
+/// no fast path program is attached; an error when one is but its pins are
+/// nowhere to be found (or of another version).
+pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
+    let mut ids = tcx_programs(ifname)?;
+    if let Some((ingress, _)) = tc_filter_programs(ifname)? {
+        ids.extend(ingress);
+    }
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let fast: Vec<u32> = aya::programs::loaded_programs()
+        .filter_map(|p| p.ok())
+        .filter(|p| ids.contains(&p.id()) && p.name_as_str() == Some(PROGRAM))
+        .map(|p| p.id())
+        .collect();
+    if fast.is_empty() {
+        return Ok(None);
+    }
+    let dirs = bpffs::network_dirs(network)?;
+    for dir in &dirs {
+        if let Some(mut dp) = Datapath::open(dir)?
+            && fast.contains(&dp.program_id()?)
+        {
+            return Ok(Some(dp));
+        }
+    }
+    Err(Error::msg(format!(
+        "the fast path program on {ifname} (id {fast:?}) is not pinned for network {network} \
+         where it can be found (a bpffs mount's rcni/{network} or {network} directory, or one \
+         named {network} at most {} levels below; looked in {dirs:?})",
+        bpffs::SEARCH_DEPTH
+    )))
+}
+
 /// Checks the layout version a pinned `rcni_version` holds; `unwritten_ok`
 /// for maps left by a load that died before writing it.
 fn check_version(dir: &Path, m: &Array<MapData, u32>, unwritten_ok: bool) -> Result<()> {
@@ -1199,30 +1260,26 @@ pub fn detach_policy_links_except(
 }
 
 /// Removes the cls_bpf filters named `name` from `ifname`'s hook; none
-/// there is fine.
+/// there is fine. Over rcni-netlink, not aya: aya's walk of the hook fails
+/// on filters of other kinds (bandwidth's u32 redirect on the same hook).
 fn detach_tc_named(ifname: &str, at: TcAttachType, name: &str) -> Result<bool> {
-    // aya's error for a missing device carries no errno: look first.
-    let c = std::ffi::CString::new(ifname)
-        .map_err(|_| Error::msg(format!("{ifname:?}: NUL in interface name")))?;
-    // SAFETY: a NUL-terminated string alive for the call.
-    if unsafe { libc::if_nametoindex(c.as_ptr()) } == 0 {
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::ENODEV) {
-            return Ok(false);
-        }
-        return Err(Error::io(format!("look up {ifname}"), e));
-    }
-    match aya::programs::tc::qdisc_detach_program(ifname, at, name) {
-        Ok(()) => Ok(true),
-        Err(e) => {
-            let e = Error::aya(format!("detach tc filter {name} from {ifname}"), e);
-            match e.raw_errno() {
-                Some(libc::ENOENT) | Some(libc::ENODEV) | Some(libc::EINVAL) => Ok(false),
-                _ if e.msg.ends_with(name) && e.raw_errno().is_none() => Ok(false),
-                _ => Err(e),
-            }
-        }
-    }
+    let nl_err = |e: rcni_netlink::Error| Error {
+        msg: format!("detach tc filter {name} from {ifname}: {e}"),
+        errno: e.errno(),
+        incompatible: false,
+    };
+    let rt = rcni_netlink::runtime().map_err(nl_err)?;
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect_current().await?;
+        let link = match nl.link_by_name(ifname).await {
+            Ok(l) => l,
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let egress = matches!(at, TcAttachType::Egress);
+        Ok(nl.del_bpf_filters(link.index, egress, name).await? > 0)
+    })
+    .map_err(nl_err)
 }
 
 /// Removes the cls_bpf filters running the fast path from `ifname`'s

@@ -71,7 +71,8 @@ pub struct Endpoint {
     pub pod_mac: [u8; 6],
     /// The pod's gateway MAC: the bridge's, or for ptp its host veth's.
     pub node_mac: [u8; 6],
-    /// Which plugins wrote the entry: [`EP_FASTPATH`], [`EP_POLICY`].
+    /// Which plugins wrote the entry: [`EP_FASTPATH`], [`EP_POLICY`]; and
+    /// [`EP_NORMAL_PATH`].
     pub flags: u32,
     /// The attachment that owns the entry ([`AttachmentId::owner`]).
     pub owner: u64,
@@ -93,6 +94,10 @@ unsafe impl aya::Pod for Endpoint {}
 pub const EP_FASTPATH: u32 = 1;
 /// The policy plugin wrote the entry: identity and rule sets are valid.
 pub const EP_POLICY: u32 = 2;
+/// With [`EP_FASTPATH`]: the pod's traffic keeps the normal path, to it and
+/// from it (its host veth is shaped, or an isolated bridge port). Part of
+/// the fast path's fields.
+pub const EP_NORMAL_PATH: u32 = 4;
 
 impl Endpoint {
     /// The fast path's endpoint.
@@ -126,14 +131,32 @@ impl Endpoint {
         }
     }
 
-    /// The same fast path fields (delivery, owner, the flag), whatever the
+    /// This fast path endpoint, kept on the normal path or not (see
+    /// [`EP_NORMAL_PATH`]).
+    pub fn normal_path(self, on: bool) -> Endpoint {
+        let flags = if on {
+            self.flags | EP_NORMAL_PATH
+        } else {
+            self.flags & !EP_NORMAL_PATH
+        };
+        Endpoint { flags, ..self }
+    }
+
+    /// Whether the fast path knows the entry but leaves its traffic to the
+    /// normal path.
+    pub fn keeps_normal_path(&self) -> bool {
+        self.flags & (EP_FASTPATH | EP_NORMAL_PATH) == EP_FASTPATH | EP_NORMAL_PATH
+    }
+
+    /// The same fast path fields (delivery, owner, the flags), whatever the
     /// policy plugin wrote and the counter slot.
     pub fn same_as(&self, o: &Endpoint) -> bool {
+        const FP: u32 = EP_FASTPATH | EP_NORMAL_PATH;
         self.ifindex == o.ifindex
             && self.pod_mac == o.pod_mac
             && self.node_mac == o.node_mac
             && self.owner == o.owner
-            && self.flags & EP_FASTPATH == o.flags & EP_FASTPATH
+            && self.flags & FP == o.flags & FP
     }
 
     /// The same policy fields (host veth, owner, identity, rule sets, the
@@ -171,7 +194,7 @@ impl Endpoint {
             ifindex: fp.ifindex,
             pod_mac: fp.pod_mac,
             node_mac: fp.node_mac,
-            flags: base.flags | EP_FASTPATH,
+            flags: (base.flags & !EP_NORMAL_PATH) | EP_FASTPATH | (fp.flags & EP_NORMAL_PATH),
             ..base
         }
     }
@@ -192,7 +215,7 @@ impl Endpoint {
 
     /// Without the fast path's fields; `None` when nothing is left.
     pub(crate) fn without_fastpath(self) -> Option<Endpoint> {
-        let flags = self.flags & !EP_FASTPATH;
+        let flags = self.flags & !(EP_FASTPATH | EP_NORMAL_PATH);
         (flags != 0).then_some(Endpoint {
             pod_mac: [0; 6],
             node_mac: [0; 6],
@@ -275,10 +298,11 @@ pub enum Verdict {
     PolicyDenyIn = 6,
     PolicyDenyOut = 7,
     PolicySpoof = 8,
+    NormalPath = 9,
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 9] = [
+    pub const ALL: [Verdict; 10] = [
         Verdict::Redirect,
         Verdict::NotIp,
         Verdict::Short,
@@ -288,6 +312,7 @@ impl Verdict {
         Verdict::PolicyDenyIn,
         Verdict::PolicyDenyOut,
         Verdict::PolicySpoof,
+        Verdict::NormalPath,
     ];
 
     pub fn name(self) -> &'static str {
@@ -298,6 +323,7 @@ impl Verdict {
             Verdict::UnknownDst => "passed: destination not a local endpoint",
             Verdict::UnknownSrc => "passed: source not an endpoint of the veth",
             Verdict::Other => "passed: hairpin, ND, TTL 1, multicast, foreign MAC",
+            Verdict::NormalPath => "passed: an end keeps the normal path (shaped, isolated)",
             Verdict::PolicyDenyIn => "dropped: receiver's ingress policy",
             Verdict::PolicyDenyOut => "dropped: sender's egress policy",
             Verdict::PolicySpoof => "dropped: source address not the pod's",
@@ -598,6 +624,27 @@ mod tests {
         assert_eq!(
             (other.flags, other.identity, other.owner, other.slot),
             (EP_FASTPATH, 0, 10, 4)
+        );
+    }
+
+    #[test]
+    fn the_normal_path_mark_is_the_fast_paths() {
+        let fp = Endpoint::new(3, [1; 6], [2; 6], 9);
+        let shaped = fp.normal_path(true);
+        assert!(shaped.keeps_normal_path() && !fp.keeps_normal_path());
+        assert!(!shaped.same_as(&fp));
+        // Kept through the policy plugin's writes, set by the fast path's.
+        let pol = Endpoint::policy(3, 9, 100, 5, 6);
+        let both = Endpoint::merge_policy(Some(Endpoint::merge_fastpath(None, &shaped)), &pol);
+        assert!(both.keeps_normal_path() && both.same_as(&shaped));
+        assert!(!Endpoint::merge_fastpath(Some(both), &fp).keeps_normal_path());
+        // It goes with the fast path's part; alone it means nothing.
+        let only_pol = both.without_fastpath().unwrap();
+        assert_eq!(only_pol.flags, EP_POLICY);
+        assert!(
+            !Endpoint::policy(3, 9, 1, 0, 0)
+                .normal_path(true)
+                .keeps_normal_path()
         );
     }
 

@@ -321,6 +321,41 @@ fn neighbour_discovery_and_expiring_ttl_take_the_normal_path() {
     assert_eq!(verdict(&dp, Verdict::Other), 3);
 }
 
+#[test]
+fn shaped_endpoints_and_foreign_source_macs_keep_the_normal_path() {
+    let mut dp = datapath();
+    let (a, b) = (
+        EndpointKey::new(ip("10.0.0.2")),
+        EndpointKey::new(ip("10.0.0.3")),
+    );
+    let pkt = ipv4(POD_B, "10.0.0.2", "10.0.0.3", 64, ICMP_ECHO);
+    // A source MAC not the pod's: the bridge judges it (macspoofchk).
+    let mut spoofed = pkt.clone();
+    spoofed[6..12].copy_from_slice(&[0x02, 0, 0, 0, 0, 0x99]);
+    let (ret, out) = run(&mut dp, &spoofed);
+    assert_eq!((ret, out), (TC_ACT_UNSPEC, spoofed));
+    assert_eq!(verdict(&dp, Verdict::Other), 1);
+    // B shaped: nothing is redirected to it...
+    let b_ep = Endpoint::new(B_IFINDEX, POD_B, GW_B, 2);
+    dp.insert_endpoint(b, b_ep.normal_path(true)).unwrap();
+    assert_eq!(run(&mut dp, &pkt), (TC_ACT_UNSPEC, pkt.clone()));
+    // ... A shaped instead (bandwidth after fastpath): nothing from it.
+    dp.insert_endpoint(b, b_ep).unwrap();
+    assert_eq!(dp.keep_on_normal_path(LO).unwrap(), 2, "A's two addresses");
+    assert_eq!(run(&mut dp, &pkt).0, TC_ACT_UNSPEC);
+    assert_eq!(verdict(&dp, Verdict::NormalPath), 2);
+    assert_eq!(verdict(&dp, Verdict::Redirect), 0);
+    // The policy plugin's writes keep the mark; the fast path's own ADD
+    // sets it as it finds the veth.
+    dp.set_policy_endpoint(&[a], LO, 1, 7, 0, 0).unwrap();
+    assert!(dp.endpoint(&a).unwrap().unwrap().keeps_normal_path());
+    dp.insert_endpoint(a, Endpoint::new(LO, POD_A, GW_A, 1))
+        .unwrap();
+    let now = dp.endpoint(&a).unwrap().unwrap();
+    assert!(!now.keeps_normal_path() && now.identity == 7);
+    assert_eq!(run(&mut dp, &pkt).0, TC_ACT_REDIRECT);
+}
+
 fn ip6_octets(s: &str) -> [u8; 16] {
     match ip(s) {
         IpAddr::V6(v) => v.octets(),

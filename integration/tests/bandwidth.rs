@@ -27,20 +27,22 @@ impl Server {
             .stderr(Stdio::null())
             .spawn()
             .expect("iperf3 is installed");
-        // Wait until it listens (a bare connection is a harmless failed
-        // test to a server without -1).
-        for _ in 0..100 {
-            let up = lan
-                .client
-                .ns
-                .run(|| std::net::TcpStream::connect(format!("127.0.0.1:{port}")).is_ok())
+        let server = Server(child);
+        // Wait until it listens, as ss sees it: a probe connection would be
+        // a test the server may still be busy with when the real one comes
+        // ("the server is busy running a test"), under load.
+        let filter = format!("sport = :{port}");
+        for _ in 0..200 {
+            let out = rcni_testkit::command_in(&lan.client.ns, "ss")
+                .args(["-Hltn", &filter])
+                .output()
                 .unwrap();
-            if up {
+            if !out.stdout.is_empty() {
                 break;
             }
-            std::thread::sleep(std::time::Duration::from_millis(30));
+            std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        Server(child)
+        server
     }
 }
 

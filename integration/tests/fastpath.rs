@@ -2,7 +2,11 @@
 //! between pods of a throwaway node namespace: ICMP and TCP over IPv4 and
 //! IPv6 take the eBPF fast path (the counters rise, the destination host
 //! veth's TX counters do not), CHECK, DEL (also mid-flow, while traffic
-//! keeps flowing), GC, STATUS, and the clsact fallback.
+//! keeps flowing), GC, STATUS, and the clsact fallback. With other chain
+//! members: bandwidth (ours before and after fastpath, the reference's
+//! before it; tcx and clsact) measured with iperf3, portIsolation,
+//! macspoofchk and firewall's isolated policy, each also against a pod that
+//! pins its peer's MAC to get past the bridge.
 //!
 //! Each test pins under a bpffs of its own, mounted (by the plugin, as it
 //! does where /sys/fs/bpf is missing) on a fresh temporary directory and
@@ -646,4 +650,419 @@ fn del_succeeds_when_the_veth_and_netns_are_gone() {
     let bare = fp_conf(&fs, &Value::Null, json!({}));
     fp(&node, "DEL", &b.path(), "ctr-b", &bare).ok();
     assert!(list(&node, &fs).is_empty());
+}
+
+// ---- other chain members: what the fast path must not skip ----
+
+const MBIT: u64 = 1_000_000;
+
+/// An iperf3 server in `ns`, killed on drop.
+struct Iperf(std::process::Child);
+
+impl Iperf {
+    fn serve(ns: &NetNs, addr: &str, port: u16) -> Iperf {
+        let child = command_in(ns, "iperf3")
+            .args(["-s", "-B", addr, "-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("iperf3 is installed");
+        let server = Iperf(child);
+        // Listening, seen by ss: a probe connection would count as a test
+        // the server is still busy with when the real one comes.
+        let filter = format!("sport = :{port}");
+        for _ in 0..200 {
+            let out = output_in(ns, "ss", &["-Hltn", &filter]);
+            if !out.stdout.is_empty() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("iperf3 server on {addr}:{port} never listened");
+    }
+}
+
+impl Drop for Iperf {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Bits per second the receiver saw in a 5 s iperf3 TCP run from `from`
+/// to the server on `to` (`reverse`: the server sends), the first second
+/// (the token bucket's burst, TCP's start) left out.
+fn iperf_rate(from: &NetNs, to_ns: &NetNs, to: &str, port: u16, reverse: bool) -> u64 {
+    let _server = Iperf::serve(to_ns, to, port);
+    let p = port.to_string();
+    let mut args = vec!["-c", to, "-p", &p, "-t", "5", "-O", "1", "-J"];
+    if reverse {
+        args.push("-R");
+    }
+    let out = output_in(from, "iperf3", &args);
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("iperf3 ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no result: {v}")) as u64
+}
+
+/// `plugin CMD` chained on `prev` for `pod`, in the node namespace. The
+/// reference plugins (1.1.1) know results up to 1.0.0, which 1.1.0's are
+/// shaped like.
+fn chained(node: &Node, plugin: &Path, cmd: &str, pod: Pod, conf: &Value) -> Output {
+    let (ns, cid, prev) = pod;
+    let mut c = common::Node::with_prev(conf, prev);
+    if plugin.starts_with(rcni_testkit::REFERENCE_DIR) {
+        c["cniVersion"] = json!("1.0.0");
+        c["prevResult"]["cniVersion"] = json!("1.0.0");
+    }
+    node.call(plugin, cmd, &ns.path(), cid, &c)
+}
+
+/// Where fastpath sits relative to bandwidth, and whose bandwidth it is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Order {
+    /// bridge, bandwidth, fastpath: fastpath finds the qdiscs.
+    BandwidthThenFastpath,
+    /// bridge, fastpath, bandwidth: bandwidth takes the pod off the fast path.
+    FastpathThenBandwidth,
+    /// bridge, the reference's bandwidth, fastpath.
+    ReferenceThenFastpath,
+}
+
+/// bridge + bandwidth (10 Mbit/s each way) + fastpath in `order` for pod
+/// S, bridge + fastpath for pods U and V of the same network: S measures
+/// its limits both ways within 20 %, and its traffic is never redirected,
+/// while U and V keep the fast path. CHECK passes, DEL in reverse order
+/// leaves nothing.
+fn shaped_pod_stays_shaped(order: Order, extra: Value) {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let bc = node.conf("1.1.0", json!({}));
+    let (s, u, v) = (TestNs::new(), TestNs::new(), TestNs::new());
+    let bw_bin = match order {
+        Order::ReferenceThenFastpath => rcni_testkit::reference_bin("bandwidth"),
+        _ => bin("bandwidth"),
+    };
+    let bw = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "bandwidth",
+        "ingressRate": 10 * MBIT, "ingressBurst": 256_000,
+        "egressRate": 10 * MBIT, "egressBurst": 256_000});
+    let fpc = fp_conf(&fs, &Value::Null, extra.clone());
+    // The chain of S: each plugin's result is the next one's prevResult.
+    let rs0 = node.add(&s, "ctr-s", &bc);
+    let rs = match order {
+        Order::FastpathThenBandwidth => {
+            let r = chained(&node, &bin("fastpath"), "ADD", (&s, "ctr-s", &rs0), &fpc).ok();
+            chained(&node, &bw_bin, "ADD", (&s, "ctr-s", &r), &bw).ok()
+        }
+        _ => {
+            let r = chained(&node, &bw_bin, "ADD", (&s, "ctr-s", &rs0), &bw).ok();
+            chained(&node, &bin("fastpath"), "ADD", (&s, "ctr-s", &r), &fpc).ok()
+        }
+    };
+    let ru = node.add(&u, "ctr-u", &bc);
+    let rv = node.add(&v, "ctr-v", &bc);
+    fp_add_each(&node, &fs, [(&u, "ctr-u", &ru), (&v, "ctr-v", &rv)], &extra);
+    // CHECK of the whole chain, in order.
+    let check_bw = chained(&node, &bw_bin, "CHECK", (&s, "ctr-s", &rs), &bw);
+    assert_eq!(
+        check_bw.code, 0,
+        "{order:?}: bandwidth CHECK: {}",
+        check_bw.stdout
+    );
+    fp_on(&node, &fs, "CHECK", (&s, "ctr-s", &rs), extra.clone()).ok();
+
+    let (s_ip, u_ip, v_ip) = (addr_of(&rs, true), addr_of(&ru, true), addr_of(&rv, true));
+
+    // S to U: S's egress limit; U to S: S's ingress limit.
+    let egress = iperf_rate(&s.ns, &u.ns, &u_ip, 5401, false);
+    let ingress = iperf_rate(&s.ns, &u.ns, &u_ip, 5402, true);
+    eprintln!("{order:?}: shaped pod egress {egress} bit/s, ingress {ingress} bit/s");
+    for (what, rate) in [("egress", egress), ("ingress", ingress)] {
+        assert!(
+            (3 * MBIT..=12 * MBIT).contains(&rate),
+            "{order:?}: {what} of the shaped pod measured {rate} bit/s for a 10 Mbit/s limit"
+        );
+    }
+    let rows = list(&node, &fs);
+    assert_eq!(row(&rows, &s_ip)["path"], "normal", "{order:?}: {rows:?}");
+    assert_eq!(row(&rows, &u_ip)["path"], "fast", "{order:?}: {rows:?}");
+    for k in ["rxPackets", "txPackets"] {
+        assert_eq!(counter(&rows, &s_ip, k), 0, "{order:?}: S redirected ({k})");
+    }
+    let normal: u64 = fastpath_json(&node, &fs, "stats")
+        .iter()
+        .map(|n| {
+            n["verdicts"][rcni_ebpf::Verdict::NormalPath.name()]
+                .as_u64()
+                .unwrap()
+        })
+        .sum();
+    assert!(
+        normal > 1000,
+        "{order:?}: {normal} packets passed as normal path"
+    );
+
+    // U and V, on the same network, keep the fast path.
+    let before = counter(&rows, &v_ip, "rxPackets");
+    pings(&u.ns, &v_ip, 20);
+    tcp_traffic(&u.ns, &v.ns, v_ip.parse().unwrap());
+    let after = counter(&list(&node, &fs), &v_ip, "rxPackets");
+    assert!(
+        after >= before + 220,
+        "{order:?}: U to V redirected {}",
+        after - before
+    );
+
+    // DEL in reverse order; nothing of S is left.
+    match order {
+        Order::FastpathThenBandwidth => {
+            chained(&node, &bw_bin, "DEL", (&s, "ctr-s", &rs), &bw).ok();
+            fp_on(&node, &fs, "DEL", (&s, "ctr-s", &rs), extra.clone()).ok();
+        }
+        _ => {
+            fp_on(&node, &fs, "DEL", (&s, "ctr-s", &rs), extra.clone()).ok();
+            chained(&node, &bw_bin, "DEL", (&s, "ctr-s", &rs), &bw).ok();
+        }
+    }
+    node.call(&bin("bridge"), "DEL", &s.path(), "ctr-s", &bc)
+        .ok();
+    let rows = list(&node, &fs);
+    assert_eq!(addresses(&rows).len(), 4, "{order:?}: {rows:?}");
+    assert!(!addresses(&rows).contains(&s_ip.as_str()));
+    for (pod, cid, r) in [(&u, "ctr-u", &ru), (&v, "ctr-v", &rv)] {
+        fp_on(&node, &fs, "DEL", (pod, cid, r), extra.clone()).ok();
+        node.call(&bin("bridge"), "DEL", &pod.path(), cid, &bc).ok();
+    }
+}
+
+#[test]
+fn bandwidth_holds_with_fastpath_after_it() {
+    shaped_pod_stays_shaped(Order::BandwidthThenFastpath, json!({}));
+}
+
+#[test]
+fn bandwidth_holds_with_fastpath_before_it() {
+    shaped_pod_stays_shaped(Order::FastpathThenBandwidth, json!({}));
+}
+
+/// The clsact fallback: bandwidth's ingress qdisc and fastpath's clsact
+/// share the veth's ingress hook, in either order.
+#[test]
+fn bandwidth_holds_with_fastpath_on_clsact() {
+    for order in [Order::BandwidthThenFastpath, Order::FastpathThenBandwidth] {
+        shaped_pod_stays_shaped(order, json!({"attachMode": "tc"}));
+    }
+}
+
+#[test]
+fn reference_bandwidth_holds_with_fastpath_after_it() {
+    shaped_pod_stays_shaped(Order::ReferenceThenFastpath, json!({}));
+}
+
+/// fastpath, then the reference's bandwidth, which knows nothing of it: the
+/// pod stays on the fast path (its limits skipped), and fastpath's CHECK
+/// says so.
+#[test]
+fn check_finds_a_pod_shaped_behind_the_fast_paths_back() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let (a, _b, _bc, ra, _rb) = bridge_pods(&node);
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    let bw = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "bandwidth",
+        "ingressRate": 10 * MBIT, "ingressBurst": 256_000});
+    let reference = rcni_testkit::reference_bin("bandwidth");
+    let r = chained(&node, &reference, "ADD", (&a, "ctr-a", &ra), &bw).ok();
+    let (code, msg) = fp_on(&node, &fs, "CHECK", (&a, "ctr-a", &r), json!({})).err();
+    assert_eq!(code, 106);
+    assert!(
+        msg.contains("shaped") && msg.contains("before fastpath"),
+        "{msg}"
+    );
+    // Our bandwidth, run on the same pod, takes it off the fast path (our
+    // DEL first: the reference's leaves its TBF on the veth).
+    chained(&node, &bin("bandwidth"), "DEL", (&a, "ctr-a", &r), &bw).ok();
+    let r = chained(&node, &bin("bandwidth"), "ADD", (&a, "ctr-a", &ra), &bw).ok();
+    fp_on(&node, &fs, "CHECK", (&a, "ctr-a", &r), json!({})).ok();
+    assert_eq!(
+        row(&list(&node, &fs), &addr_of(&ra, true))["path"],
+        "normal"
+    );
+}
+
+/// A UDP datagram from `from` to `to`:`port` is or is not received; the
+/// sender first pins the receiver's MAC in its neighbour table, as a pod
+/// that wants past the bridge's isolation would.
+fn udp_gets_through(from: &NetNs, to_ns: &NetNs, to: &str, to_mac: &str) -> bool {
+    common::ip(
+        from,
+        &format!("neigh replace {to} lladdr {to_mac} dev eth0 nud permanent"),
+    );
+    let dst: SocketAddr = format!("{to}:5499").parse().unwrap();
+    let rx = to_ns
+        .run(move || {
+            let s = std::net::UdpSocket::bind(dst).unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(500)))
+                .unwrap();
+            s
+        })
+        .unwrap();
+    from.run(move || {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for _ in 0..5 {
+            s.send_to(b"past the bridge?", dst).unwrap();
+        }
+    })
+    .unwrap();
+    let mut buf = [0u8; 64];
+    rx.recv_from(&mut buf).is_ok()
+}
+
+/// bridge `portIsolation`: isolated ports reach no other isolated port,
+/// with fastpath in the chain too, even for a pod that knows its peer's MAC.
+#[test]
+fn port_isolation_holds_with_fastpath() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let bc = node.conf("1.1.0", json!({"portIsolation": true}));
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    fp_add_each(
+        &node,
+        &fs,
+        [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)],
+        &json!({}),
+    );
+    fp_each(
+        &node,
+        &fs,
+        "CHECK",
+        [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)],
+        &json!({}),
+    );
+    assert!(!ping(&a.ns, &addr_of(&rb, true)));
+    let b_mac = rb["interfaces"][2]["mac"].as_str().unwrap();
+    assert!(
+        !udp_gets_through(&a.ns, &b.ns, &addr_of(&rb, true), b_mac),
+        "past the isolated port"
+    );
+    assert_eq!(redirected(&node, &fs), 0);
+    let rows = list(&node, &fs);
+    assert_eq!(
+        row(&rows, &addr_of(&ra, true))["path"],
+        "normal",
+        "{rows:?}"
+    );
+}
+
+/// bridge `macspoofchk`: with fastpath, honest pods take the fast path, and
+/// a pod sending from another MAC is judged by the bridge (dropped), not
+/// redirected past it.
+#[test]
+fn macspoofchk_holds_with_fastpath() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let bc = node.conf("1.1.0", json!({"macspoofchk": true}));
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let ra = node.add(&a, "ctr-a", &bc);
+    let rb = node.add(&b, "ctr-b", &bc);
+    fp_add_each(
+        &node,
+        &fs,
+        [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)],
+        &json!({}),
+    );
+    let b_ip = addr_of(&rb, true);
+    pings(&a.ns, &b_ip, 10);
+    assert!(redirected(&node, &fs) >= 20);
+    let b_mac = rb["interfaces"][2]["mac"].as_str().unwrap();
+    assert!(udp_gets_through(&a.ns, &b.ns, &b_ip, b_mac), "honest MAC");
+    common::ip(&a.ns, "link set eth0 address 02:00:00:00:00:99");
+    let to_b = counter(&list(&node, &fs), &b_ip, "rxPackets");
+    assert!(
+        !udp_gets_through(&a.ns, &b.ns, &b_ip, b_mac),
+        "spoofed MAC got through"
+    );
+    assert_eq!(counter(&list(&node, &fs), &b_ip, "rxPackets"), to_b);
+}
+
+/// firewall `ingressPolicy: isolated` (nftables) before fastpath: pods of
+/// the bridge do not reach each other, even one that knows its peer's MAC.
+/// After fastpath, CHECK tells.
+#[test]
+fn firewall_isolation_holds_with_fastpath() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    let bc = node.conf("1.1.0", json!({}));
+    let fw = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "firewall",
+                    "backend": "nftables", "ingressPolicy": "isolated"});
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let mut results = vec![];
+    for (pod, cid) in [(&a, "ctr-a"), (&b, "ctr-b")] {
+        let r = node.add(pod, cid, &bc);
+        let r = chained(&node, &bin("firewall"), "ADD", (pod, cid, &r), &fw).ok();
+        fp_add(&node, &fs, pod, cid, &r, json!({}));
+        results.push(r);
+    }
+    let (ra, rb) = (&results[0], &results[1]);
+    assert!(!ping(&a.ns, &addr_of(rb, true)));
+    assert!(!ping(&b.ns, &addr_of(ra, false)));
+    let b_mac = rb["interfaces"][2]["mac"].as_str().unwrap();
+    assert!(
+        !udp_gets_through(&a.ns, &b.ns, &addr_of(rb, true), b_mac),
+        "past the firewall's isolation"
+    );
+    assert_eq!(redirected(&node, &fs), 0);
+    let rows = list(&node, &fs);
+    assert_eq!(row(&rows, &addr_of(ra, true))["path"], "normal", "{rows:?}");
+    fp_on(&node, &fs, "CHECK", (&a, "ctr-a", ra), json!({})).ok();
+    for (pod, cid, r) in [(&a, "ctr-a", ra), (&b, "ctr-b", rb)] {
+        fp_on(&node, &fs, "DEL", (pod, cid, r), json!({})).ok();
+        chained(&node, &bin("firewall"), "DEL", (pod, cid, r), &fw).ok();
+        node.call(&bin("bridge"), "DEL", &pod.path(), cid, &bc).ok();
+    }
+    // firewall after fastpath: fastpath's CHECK finds the pod redirected.
+    let c = TestNs::new();
+    let rc = node.add(&c, "ctr-c", &bc);
+    fp_add(&node, &fs, &c, "ctr-c", &rc, json!({}));
+    let r = chained(&node, &bin("firewall"), "ADD", (&c, "ctr-c", &rc), &fw).ok();
+    let (code, msg) = fp_on(&node, &fs, "CHECK", (&c, "ctr-c", &r), json!({})).err();
+    assert_eq!(code, 106);
+    assert!(msg.contains("firewall isolates"), "{msg}");
+    chained(&node, &bin("firewall"), "DEL", (&c, "ctr-c", &r), &fw).ok();
+}
+
+/// bandwidth after a fastpath whose pins it cannot find (the pin root too
+/// deep below the bpffs mount): ADD fails with 112 and leaves nothing: the
+/// veth unshaped, no IFB.
+#[test]
+fn bandwidth_after_fastpath_out_of_reach_fails_and_rolls_back() {
+    let node = Node::new();
+    let fs = Bpffs::new();
+    rcni_ebpf::bpffs::ensure_root(fs.dir.path()).unwrap();
+    let deep = fs.dir.path().join("a/b/c").display().to_string();
+    let (a, _b, _bc, ra, _rb) = bridge_pods(&node);
+    let fpc = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
+                     "pinRoot": deep});
+    let r = chained(&node, &bin("fastpath"), "ADD", (&a, "ctr-a", &ra), &fpc).ok();
+    let bw = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "bandwidth",
+        "ingressRate": 10 * MBIT, "ingressBurst": 256_000,
+        "egressRate": 10 * MBIT, "egressBurst": 256_000});
+    let (code, msg) = chained(&node, &bin("bandwidth"), "ADD", (&a, "ctr-a", &r), &bw).err();
+    assert_eq!(code, 112, "{msg}");
+    assert!(msg.contains("off the fast path"), "{msg}");
+    let veth = host_veth(&ra, 1);
+    let qdiscs = nl(&node.ns.ns, async |n| {
+        let l = n.link_by_name(&veth).await.unwrap();
+        n.qdiscs(l.index).await.unwrap()
+    });
+    assert!(qdiscs.iter().all(|q| q.kind == "noqueue"), "{qdiscs:?}");
+    assert!(
+        !common::link_names(&node.ns.ns)
+            .iter()
+            .any(|l| l.starts_with("bwp"))
+    );
+    chained(&node, &bin("fastpath"), "DEL", (&a, "ctr-a", &r), &fpc).ok();
 }

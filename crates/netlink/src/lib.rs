@@ -402,6 +402,28 @@ impl Netlink {
         self.link_by_index(link.index).await
     }
 
+    /// Whether link `index` is an isolated bridge port (`IFLA_BRPORT_ISOLATED`
+    /// in its port data); false for a link that is no bridge port.
+    pub async fn bridge_port_isolated(&self, index: u32) -> Result<bool> {
+        use rtnetlink::packet_route::link::{InfoBridgePort, InfoPortData};
+        let op = || format!("get link {index}");
+        let mut stream = self.handle.link().get().match_index(index).execute();
+        let m = match stream.try_next().await {
+            Ok(Some(m)) => m,
+            Ok(None) => return Err(Error::not_found(op())),
+            Err(e) => return Err(Error::netlink(op(), e)),
+        };
+        Ok(m.attributes.iter().any(|a| match a {
+            LinkAttribute::LinkInfo(infos) => infos.iter().any(|i| match i {
+                LinkInfo::PortData(InfoPortData::BridgePort(p)) => {
+                    p.contains(&InfoBridgePort::Isolated(true))
+                }
+                _ => false,
+            }),
+            _ => false,
+        }))
+    }
+
     /// Bridge port flags of an enslaved link (IFLA_BRPORT_*); `None` leaves
     /// a flag as it is.
     pub async fn set_bridge_port(

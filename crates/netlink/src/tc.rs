@@ -151,6 +151,9 @@ pub struct BpfFilter {
 /// The root handle `1:0` the reference gives its TBF.
 pub const TBF_HANDLE: u32 = 0x0001_0000;
 pub const INGRESS_HANDLE: u32 = 0xffff_0000;
+/// The hooks of a clsact qdisc (an ingress qdisc takes ffff:fff2 too).
+pub const CLSACT_INGRESS: u32 = 0xffff_fff2;
+pub const CLSACT_EGRESS: u32 = 0xffff_fff3;
 
 impl Netlink {
     /// The cls_bpf filters on link `index`'s ingress hook; none when the
@@ -270,13 +273,20 @@ impl Netlink {
 
     /// `tc filter add dev <index> parent ffff: protocol all prio 1 u32
     /// match u32 0 0 action mirred egress redirect dev <to>`.
-    pub async fn add_redirect_filter(&self, index: u32, to: u32) -> Result<()> {
+    /// With `clsact`, on the ingress hook of a clsact qdisc already there
+    /// (`parent ffff:fff2`; an ingress qdisc cannot be added next to it).
+    pub async fn add_redirect_filter(&self, index: u32, to: u32, clsact: bool) -> Result<()> {
         let op = || format!("add redirect filter from link {index} to link {to}");
+        let parent = if clsact {
+            CLSACT_INGRESS
+        } else {
+            INGRESS_HANDLE
+        };
         let req = self
             .handle
             .traffic_filter(index as i32)
             .add()
-            .parent(INGRESS_HANDLE)
+            .parent(parent)
             .priority(1)
             .protocol(ETH_P_ALL_BE)
             .redirect(to)
@@ -302,6 +312,91 @@ impl Netlink {
             Err(e) if e.is_not_found() || e.errno() == Some(libc::EINVAL) => Ok(()),
             r => r,
         }
+    }
+
+    /// Deletes [`Netlink::add_redirect_filter`]'s filter (priority 1 of the
+    /// ingress hook); none there is success.
+    pub async fn del_redirect_filter(&self, index: u32) -> Result<()> {
+        self.del_filter_priority(index, false, 1).await.map(|_| ())
+    }
+
+    /// The kinds of the filters on link `index`'s ingress hook (`u32`,
+    /// `bpf`, ...); none without a qdisc holding them.
+    pub async fn ingress_filter_kinds(&self, index: u32) -> Result<Vec<String>> {
+        let op = || format!("list ingress filters of link {index}");
+        let mut stream = self
+            .handle
+            .traffic_filter(index as i32)
+            .get()
+            .ingress()
+            .execute();
+        let mut out = Vec::new();
+        while let Some(m) = stream.next().await {
+            let m = match m {
+                Ok(m) => m,
+                Err(e) => {
+                    let e = Error::netlink(op(), e);
+                    if e.is_not_found() || e.errno() == Some(libc::EINVAL) {
+                        return Ok(out);
+                    }
+                    return Err(e);
+                }
+            };
+            for a in &m.attributes {
+                if let TcAttribute::Kind(k) = a
+                    && !out.contains(k)
+                {
+                    out.push(k.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Deletes every filter of `priority` on link `index`'s ingress (or
+    /// `egress`) hook; true if there were any.
+    async fn del_filter_priority(&self, index: u32, egress: bool, priority: u16) -> Result<bool> {
+        let mut msg = TcMessage::default();
+        msg.header.index = index as i32;
+        msg.header.parent = TcHandle::from(if egress {
+            CLSACT_EGRESS
+        } else {
+            CLSACT_INGRESS
+        });
+        // Priority in the upper half, protocol 0 (any), handle 0: the
+        // whole priority.
+        msg.header.info = u32::from(priority) << 16;
+        match self
+            .tc_request(
+                &format!("delete filters of priority {priority} of link {index}"),
+                RouteNetlinkMessage::DelTrafficFilter(msg),
+                0,
+            )
+            .await
+        {
+            Err(e) if e.is_not_found() || e.errno() == Some(libc::EINVAL) => Ok(false),
+            Err(e) => Err(e),
+            Ok(()) => Ok(true),
+        }
+    }
+
+    /// Deletes the cls_bpf filters running the program named `name` from
+    /// link `index`'s ingress (or `egress`) hook, by their priority; none
+    /// there (no filter, no qdisc, no link) is success. Returns how many
+    /// went. Other kinds of filters on the hook (bandwidth's u32 redirect)
+    /// stay.
+    pub async fn del_bpf_filters(&self, index: u32, egress: bool, name: &str) -> Result<usize> {
+        let filters = match self.bpf_filters(index, egress).await {
+            Err(e) if e.is_not_found() || e.errno() == Some(libc::ENODEV) => return Ok(0),
+            r => r?,
+        };
+        let mut n = 0;
+        for f in filters.iter().filter(|f| f.name.as_deref() == Some(name)) {
+            if self.del_filter_priority(index, egress, f.priority).await? {
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// The qdiscs of one link.

@@ -12,6 +12,13 @@
 //! that outlives the attachment; GC removes IFBs of stale attachments
 //! (found by the alias ours carry); a failed ADD removes what it made;
 //! CHECK fails with a code of its own.
+//!
+//! With rcni's `fastpath` earlier in the chain, its eBPF program would skip
+//! both limits (it redirects the pod's packets on the host veth's tcx hook,
+//! ahead of the ingress qdisc, and delivers into pods past their host
+//! veth's root qdisc): ADD takes the pod off the fast path in the network's
+//! pinned endpoint map (found from the program on the host veth). A
+//! fastpath later in the chain sees the qdiscs and does the same itself.
 
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
@@ -137,6 +144,29 @@ fn open_container(args: &CmdArgs) -> Result<NetNs, CniError> {
     Ok(NetNs::open(p)?)
 }
 
+/// Keeps the pod behind `veth` off rcni's fast path, if the fast path's
+/// program sits on the veth: its redirects would skip the limits. Nothing
+/// to undo on DEL: the endpoints go with fastpath's DEL.
+fn off_the_fast_path(veth: &Link, network: &str) -> Result<(), CniError> {
+    let err = |e: rcni_ebpf::Error| {
+        CniError::new(
+            ErrorCode::Ebpf,
+            format!(
+                "bandwidth: cannot take {} off the fast path, which would skip the limits: {e}",
+                veth.name
+            ),
+        )
+    };
+    if let Some(mut dp) = rcni_ebpf::open_attached(&veth.name, network).map_err(err)? {
+        dp.keep_on_normal_path(veth.index).map_err(err)?;
+    }
+    Ok(())
+}
+
+async fn has_clsact(host: &Netlink, index: u32) -> Result<bool, CniError> {
+    Ok(host.qdiscs(index).await?.iter().any(|q| q.kind == "clsact"))
+}
+
 fn tbf_of(qdiscs: &[rcni_netlink::tc::Qdisc]) -> Option<Tbf> {
     qdiscs
         .iter()
@@ -192,23 +222,37 @@ impl Plugin for Bandwidth {
                 });
             }
             let tbf = Tbf::from_bits(bw.egress_rate, bw.egress_burst);
-            rt.block_on(async {
+            // rcni's fastpath or policy in tc mode (kernels without tcx)
+            // put a clsact qdisc there first, and an ingress qdisc cannot
+            // sit next to one: the redirect goes on clsact's ingress hook.
+            let clsact = rt.block_on(async {
                 host.add_tbf(ifb.index, tbf).await?;
-                host.add_ingress_qdisc(veth.index).await
+                let clsact = has_clsact(&host, veth.index).await?;
+                if !clsact {
+                    host.add_ingress_qdisc(veth.index).await?;
+                }
+                Ok::<_, CniError>(clsact)
             })?;
-            {
+            if !clsact {
                 let (rt, host, index) = (&rt, &host, veth.index);
                 undo.push("ingress qdisc", move || {
                     Ok(rt.block_on(host.del_qdisc(index, 0xffff_fff1, INGRESS_HANDLE))?)
                 });
             }
-            rt.block_on(host.add_redirect_filter(veth.index, ifb.index))?;
+            rt.block_on(host.add_redirect_filter(veth.index, ifb.index, clsact))?;
+            if clsact {
+                let (rt, host, index) = (&rt, &host, veth.index);
+                undo.push("redirect filter", move || {
+                    Ok(rt.block_on(host.del_redirect_filter(index))?)
+                });
+            }
             prev.interfaces.push(Interface {
                 name,
                 mac: ifb.mac.map(|m| m.to_string()).unwrap_or_default(),
                 ..Interface::default()
             });
         }
+        off_the_fast_path(&veth, &args.conf.name)?;
         undo.commit();
         Ok(prev)
     }
@@ -227,8 +271,13 @@ impl Plugin for Bandwidth {
                 let ct = Netlink::connect(&ct_ns).await?;
                 let veth = host_veth(&host, &ct, &prev, &args.ifname).await?;
                 host.del_qdisc(veth.index, 0xffff_ffff, TBF_HANDLE).await?;
-                host.del_qdisc(veth.index, 0xffff_fff1, INGRESS_HANDLE)
-                    .await?;
+                // A clsact qdisc holds other plugins' filters: only ours goes.
+                if has_clsact(&host, veth.index).await? {
+                    host.del_redirect_filter(veth.index).await?;
+                } else {
+                    host.del_qdisc(veth.index, 0xffff_fff1, INGRESS_HANDLE)
+                        .await?;
+                }
                 Ok::<_, CniError>(())
             });
         }
@@ -263,7 +312,14 @@ impl Plugin for Bandwidth {
                 }
             }
             if bw.egress_rate > 0 {
-                if !qdiscs.iter().any(|q| q.kind == "ingress") {
+                let redirect = qdiscs.iter().any(|q| q.kind == "ingress")
+                    || (qdiscs.iter().any(|q| q.kind == "clsact")
+                        && host
+                            .ingress_filter_kinds(veth.index)
+                            .await?
+                            .iter()
+                            .any(|k| k == "u32"));
+                if !redirect {
                     return Err(CniError::check_failed(format!(
                         "no ingress qdisc on {}",
                         veth.name

@@ -14,7 +14,8 @@ usage: fastpath list  [--pin-root DIR] [--json] [NETWORK...]
 
 Reads the fast path's pinned maps (default root /sys/fs/bpf/rcni, one
 directory per network; all networks when none is named).
-  list   every endpoint: address, host veth, MACs, owning attachment, and the
+  list   every endpoint: address, host veth, MACs, owning attachment, path
+         (normal: a shaped or isolated pod, never redirected), and the
          packets and bytes redirected to it (rx) and from it (tx)
   stats  per network: the program's decisions (redirected, or why a packet
          kept the normal path), endpoints and attachments
@@ -132,11 +133,16 @@ fn ifname(index: u32) -> String {
 /// One line about an endpoint, for CHECK's messages.
 pub fn describe(ep: &Endpoint) -> String {
     format!(
-        "veth #{} pod {} gateway {} owner {:016x}",
+        "veth #{} pod {} gateway {} owner {:016x}{}",
         ep.ifindex,
         fmt_mac(&ep.pod_mac),
         fmt_mac(&ep.node_mac),
-        ep.owner
+        ep.owner,
+        if ep.keeps_normal_path() {
+            " (normal path)"
+        } else {
+            ""
+        }
     )
 }
 
@@ -158,6 +164,7 @@ fn list(o: &Opts) -> Result<String, String> {
                 "podMac": fmt_mac(&ep.pod_mac),
                 "gatewayMac": fmt_mac(&ep.node_mac),
                 "attachment": format!("{:016x}", ep.owner),
+                "path": if ep.keeps_normal_path() { "normal" } else { "fast" },
                 "slot": ep.slot,
                 "rxPackets": s.rx_packets, "rxBytes": s.rx_bytes,
                 "txPackets": s.tx_packets, "txBytes": s.tx_bytes,
@@ -168,13 +175,14 @@ fn list(o: &Opts) -> Result<String, String> {
         return Ok(format!("{}\n", Value::Array(rows)));
     }
     let mut out = format!(
-        "{:<12} {:<26} {:<15} {:<17} {:<17} {:<16} {:>10} {:>12} {:>10} {:>12}\n",
+        "{:<12} {:<26} {:<15} {:<17} {:<17} {:<16} {:<6} {:>10} {:>12} {:>10} {:>12}\n",
         "NETWORK",
         "ADDRESS",
         "HOST VETH",
         "POD MAC",
         "GATEWAY MAC",
         "ATTACHMENT",
+        "PATH",
         "RX PKTS",
         "RX BYTES",
         "TX PKTS",
@@ -182,13 +190,14 @@ fn list(o: &Opts) -> Result<String, String> {
     );
     for r in &rows {
         out.push_str(&format!(
-            "{:<12} {:<26} {:<15} {:<17} {:<17} {:<16} {:>10} {:>12} {:>10} {:>12}\n",
+            "{:<12} {:<26} {:<15} {:<17} {:<17} {:<16} {:<6} {:>10} {:>12} {:>10} {:>12}\n",
             r["network"].as_str().unwrap_or_default(),
             r["address"].as_str().unwrap_or_default(),
             r["hostVeth"].as_str().unwrap_or_default(),
             r["podMac"].as_str().unwrap_or_default(),
             r["gatewayMac"].as_str().unwrap_or_default(),
             r["attachment"].as_str().unwrap_or_default(),
+            r["path"].as_str().unwrap_or_default(),
             r["rxPackets"],
             r["rxBytes"],
             r["txPackets"],

@@ -11,6 +11,13 @@
 //! for pod-to-pod traffic of a network using it must be enforced in BPF
 //! (tcx programs attached in front of this one run first).
 //!
+//! It would also skip the qdiscs of both pods' host veths and the bridge:
+//! a pod whose host veth is shaped (bandwidth) or an isolated bridge port
+//! (portIsolation) is registered as keeping the normal path
+//! ([`rcni_ebpf::EP_NORMAL_PATH`]), and nothing is redirected to it or from
+//! it. ADD sees what plugins before it set up; bandwidth, run after it,
+//! marks the pod itself.
+//!
 //! Run with arguments, the binary is an operator's tool instead: `fastpath
 //! list` and `fastpath stats` (see [`cli`]).
 
@@ -72,6 +79,84 @@ fn find_target(args: &CmdArgs, prev: &CniResult) -> Result<Target, CniError> {
         host_veth: v.host_veth,
         addrs: v.addrs,
     })
+}
+
+/// Why the pod's traffic must keep the normal path, if it must: traffic
+/// control on its host veth that a redirect would skip (a root qdisc:
+/// bandwidth's TBF into the pod; an `ingress` qdisc: bandwidth's redirect
+/// to an IFB, which runs after tcx programs), or isolation only the bridge
+/// enforces (an isolated bridge port: portIsolation; firewall's `isolated`
+/// rules in its `bridge` table). Seen in the kernel, so what the reference's
+/// bandwidth plugin made counts too.
+fn normal_path_reason(args: &CmdArgs, veth: &Link) -> Result<Option<String>, CniError> {
+    let reason = rt()?.block_on(async {
+        let host = Netlink::connect_current().await?;
+        for q in host.qdiscs(veth.index).await? {
+            if q.parent == 0xffff_ffff && q.kind != "noqueue" {
+                return Ok(Some(format!(
+                    "{} has a {} root qdisc (shaped)",
+                    veth.name, q.kind
+                )));
+            }
+            if q.kind == "ingress" {
+                return Ok(Some(format!(
+                    "{} has an ingress qdisc (shaped through an IFB)",
+                    veth.name
+                )));
+            }
+        }
+        // On kernels without tcx the fast path's clsact holds bandwidth's
+        // redirect to the IFB instead of an ingress qdisc.
+        if let Some(k) = host
+            .ingress_filter_kinds(veth.index)
+            .await?
+            .into_iter()
+            .find(|k| k != "bpf")
+        {
+            return Ok(Some(format!(
+                "{} has a {k} filter on its ingress hook (shaped through an IFB)",
+                veth.name
+            )));
+        }
+        if veth.master.is_some() && host.bridge_port_isolated(veth.index).await? {
+            return Ok(Some(format!("{} is an isolated bridge port", veth.name)));
+        }
+        Ok::<_, CniError>(None)
+    })?;
+    if reason.is_some() || veth.master.is_none() {
+        return Ok(reason);
+    }
+    firewall_isolated(args, veth)
+}
+
+/// Whether firewall (ingressPolicy `isolated`, nftables) drops the bridge's
+/// frames to and from this pod's port: its rules in `bridge cni_firewall`
+/// carry the attachment's instance hash first in their comment.
+fn firewall_isolated(args: &CmdArgs, veth: &Link) -> Result<Option<String>, CniError> {
+    use rcni_netlink::nfnl::{Nfnl, NftFamily};
+    let rules = Nfnl::open(&rcni_netns::NetNs::current()?)
+        .and_then(|mut nl| nl.nft_rules(NftFamily::Bridge, "cni_firewall"));
+    let rules = match rules {
+        Ok(r) => r.unwrap_or_default(),
+        // No nf_tables in this kernel: no such rules either.
+        Err(e)
+            if matches!(
+                e.errno(),
+                Some(libc::EPROTONOSUPPORT) | Some(libc::EOPNOTSUPP) | Some(libc::EAFNOSUPPORT)
+            ) =>
+        {
+            vec![]
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let inst = rcni_ipmasq::nft_instance_hash(&args.conf.name, &args.ifname, &args.container_id);
+    let ours = rules.iter().any(|r| {
+        r.comment
+            .as_deref()
+            .and_then(|c| c.strip_prefix(&inst))
+            .is_some_and(|rest| rest.starts_with(' '))
+    });
+    Ok(ours.then(|| format!("firewall isolates {} (ingressPolicy isolated)", veth.name)))
 }
 
 fn required_prev(args: &CmdArgs) -> Result<CniResult, CniError> {
@@ -184,12 +269,14 @@ impl Fastpath {
         let mut dp = Datapath::open_or_load(&conf.dir).map_err(ebpf_err)?;
         let id = AttachmentId::new(&args.container_id, &args.ifname);
         let keys: Vec<EndpointKey> = target.addrs.iter().map(|a| EndpointKey::new(*a)).collect();
+        let normal = normal_path_reason(args, &target.host_veth)?;
         let ep = Endpoint::new(
             target.host_veth.index,
             target.pod_mac,
             target.node_mac,
             id.owner(),
-        );
+        )
+        .normal_path(normal.is_some());
         let eps: Vec<(EndpointKey, Endpoint)> = keys.iter().map(|k| (*k, ep)).collect();
         let r = (|| -> Result<(), CniError> {
             dp.insert_endpoints(&eps).map_err(ebpf_err)?;
@@ -228,6 +315,7 @@ impl Fastpath {
                 ))
             })?;
         let id = AttachmentId::new(&args.container_id, &args.ifname);
+        let normal = normal_path_reason(args, &target.host_veth)?;
         for a in &target.addrs {
             let Some(ep) = dp.endpoint(&EndpointKey::new(*a)).map_err(ebpf_err)? else {
                 return Err(CniError::check_failed(format!(
@@ -239,7 +327,17 @@ impl Fastpath {
                 target.pod_mac,
                 target.node_mac,
                 id.owner(),
-            );
+            )
+            .normal_path(normal.is_some());
+            if let Some(why) = &normal
+                && ep.same_as(&want.normal_path(false))
+            {
+                return Err(CniError::check_failed(format!(
+                    "fastpath: endpoint {a} is redirected although {why}: the fast path skips that \
+                     (chain that plugin before fastpath; rcni's bandwidth also takes the pod \
+                     off the fast path when chained after it)"
+                )));
+            }
             if !ep.same_as(&want) {
                 return Err(CniError::check_failed(format!(
                     "fastpath: endpoint {a} is {}, expected {}",
