@@ -15,7 +15,11 @@ const CAPS: &str =
 
 #[test]
 fn pod_on_bridge_and_macvlan_through_cnitool_and_libcni() {
-    let h = Harness::new(Plugins::Ours, &["00-multinet.conflist", "10-bridge.conflist"]).with_node();
+    let h = Harness::new(
+        Plugins::Ours,
+        &["00-multinet.conflist", "10-bridge.conflist"],
+    )
+    .with_node();
     let node = h.node_ns();
     let lan = TestNs::new();
     rcni_testkit::ip(node, "link add eth1 type veth peer name lan0");
@@ -50,7 +54,10 @@ fn pod_on_bridge_and_macvlan_through_cnitool_and_libcni() {
         std::fs::write(&mv_file, serde_json::to_vec(&mv).unwrap()).unwrap();
         let pod = TestNs::new();
         let run = |cmd: &str| match client {
-            "cnitool" => h.cnitool_env(&[cmd, "multinet", &pod.path(), "--container-id", "c1"], &env),
+            "cnitool" => h.cnitool_env(
+                &[cmd, "multinet", &pod.path(), "--container-id", "c1"],
+                &env,
+            ),
             _ => h.libcni_env(cmd, "multinet", &pod.path(), "c1", "eth0", &env),
         };
         let r = run("add").ok();
@@ -61,7 +68,10 @@ fn pod_on_bridge_and_macvlan_through_cnitool_and_libcni() {
             .iter()
             .find(|l| l.starts_with("net1"))
             .unwrap_or_else(|| panic!("{client}: no net1: {addrs:?}"));
-        assert!(net1.contains(" 10.30.0.") && net1.contains("/24"), "{client}: {net1}");
+        assert!(
+            net1.contains(" 10.30.0.") && net1.contains("/24"),
+            "{client}: {net1}"
+        );
         assert!(ping(&pod.ns, "10.30.0.1"), "{client}: pod -> LAN over net1");
         assert!(ping(node, &ips[0]), "{client}: node -> pod over eth0");
         run("check").ok();
