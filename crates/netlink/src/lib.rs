@@ -11,6 +11,7 @@ mod error;
 pub mod netconf;
 pub mod nfnl;
 pub mod nftexpr;
+pub mod overlay;
 pub mod sysctl;
 pub mod tc;
 mod types;
