@@ -316,8 +316,9 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     assert!(ping(&p1.ns, &a2));
 
     // n2 moves to another underlay address: no FDB entry keeps the old one.
+    ip(&n2.ns.ns, "addr flush dev eth0");
     ip(&n2.ns.ns, "addr add 192.168.50.22/24 dev eth0");
-    ip(&n2.ns.ns, "addr del 192.168.50.2/24 dev eth0");
+    ip(&n2.ns.ns, "route add default via 192.168.50.254");
     c.write("vxlan", &[0, 1]);
     n1.reconcile(&c.file);
     n2.reconcile(&c.file);

@@ -219,6 +219,15 @@ impl Netlink {
                     NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => {
                         Some(IpAddr::V6(*ip))
                     }
+                    // In an AF_BRIDGE message the parser cannot tell the
+                    // address family from the header: the length does.
+                    NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+                        match b.len() {
+                            4 => <[u8; 4]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+                            16 => <[u8; 16]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+                            _ => None,
+                        }
+                    }
                     _ => None,
                 });
                 Some(FdbEntry { mac, dst })
