@@ -150,7 +150,10 @@ impl Cluster {
         let subnets: BTreeSet<usize> = placement.iter().copied().collect();
         for s in &subnets {
             ip(&router.ns, &format!("link add ul{s} type bridge"));
-            ip(&router.ns, &format!("addr add {}.254/24 dev ul{s}", subnet(*s)));
+            ip(
+                &router.ns,
+                &format!("addr add {}.254/24 dev ul{s}", subnet(*s)),
+            );
             ip(&router.ns, &format!("link set ul{s} up"));
         }
         rcni_netlink::sysctl::set(&router.ns, "net.ipv4.ip_forward", "1").unwrap();
@@ -166,7 +169,10 @@ impl Cluster {
             ip(&router.ns, &format!("link set {port} master ul{s} up"));
             ip(&ns.ns, "link set lo up");
             ip(&ns.ns, "link set eth0 up");
-            ip(&ns.ns, &format!("addr add {}.{}/24 dev eth0", subnet(*s), i + 1));
+            ip(
+                &ns.ns,
+                &format!("addr add {}.{}/24 dev eth0", subnet(*s), i + 1),
+            );
             ip(&ns.ns, &format!("route add default via {}.254", subnet(*s)));
             nodes.push(ClusterNode {
                 name: format!("n{}", i + 1),
@@ -221,7 +227,18 @@ fn ping(from: &NetNs, to: &str) -> bool {
 /// `ping -M do -s <size>` once: (success, output).
 fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
     let out = command_in(from, "ping")
-        .args(["-c", "1", "-W", "2", "-n", "-M", "do", "-s", &size.to_string(), to])
+        .args([
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "-n",
+            "-M",
+            "do",
+            "-s",
+            &size.to_string(),
+            to,
+        ])
         .output()
         .unwrap();
     (
@@ -249,12 +266,17 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     // the pod subnet's .0 as /32, loose rp_filter.
     let l = link_json(&n1.ns.ns, VTEP);
     let d = &l["linkinfo"]["info_data"];
-    assert_eq!((d["id"].as_u64(), d["port"].as_u64()), (Some(1), Some(8472)), "{l}");
+    assert_eq!(
+        (d["id"].as_u64(), d["port"].as_u64()),
+        (Some(1), Some(8472)),
+        "{l}"
+    );
     assert_eq!(d["learning"], false, "{l}");
     assert_eq!(l["mtu"], 1450);
     assert_eq!(common::addrs_of(&n1.ns.ns, VTEP), ["10.244.1.0/32"]);
     // /proc/sys/net shows the reader's namespace.
-    let rp = stdout_of(&mut command_in(&n1.ns.ns, "cat").arg("/proc/sys/net/ipv4/conf/rcni.1/rp_filter"));
+    let rp =
+        stdout_of(command_in(&n1.ns.ns, "cat").arg("/proc/sys/net/ipv4/conf/rcni.1/rp_filter"));
     assert_eq!(rp.trim(), "2");
     let conf = n1.plugin_conf();
     assert_eq!(conf["mtu"], 1450);
@@ -263,7 +285,10 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     // Two peers: a neighbour, an FDB entry and an onlink route each.
     let (neigh, fdb, routes) = n1.entries();
     assert_eq!((neigh.len(), fdb.len()), (2, 2), "{neigh:?} {fdb:?}");
-    assert!(routes.contains("10.244.2.0/24 via 10.244.2.0 onlink"), "{routes:?}");
+    assert!(
+        routes.contains("10.244.2.0/24 via 10.244.2.0 onlink"),
+        "{routes:?}"
+    );
     assert!(fdb.iter().any(|f| f.ends_with(" 192.168.50.3")), "{fdb:?}");
 
     let (p1, a1) = n1.pod("p1");
@@ -278,18 +303,27 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     assert!(ok, "{out}");
     let (ok, out) = df_ping(&p1.ns, &a2, 1450 - 28 + 1);
     assert!(!ok, "{out}");
-    assert!(out.contains("mtu=1450") || out.contains("Frag needed"), "{out}");
+    assert!(
+        out.contains("mtu=1450") || out.contains("Frag needed"),
+        "{out}"
+    );
 
     // Pod traffic leaving the cluster network is masqueraded: the router
     // sees the node's address.
-    let seen = rcni_testkit::tcp_server(&c.router.ns, "192.168.50.254".parse().unwrap(), |mut s| {
-        let peer = s.peer_addr().unwrap().ip().to_string();
-        let _ = s.write_all(peer.as_bytes());
-    });
+    let seen =
+        rcni_testkit::tcp_server(&c.router.ns, "192.168.50.254".parse().unwrap(), |mut s| {
+            let peer = s.peer_addr().unwrap().ip().to_string();
+            let _ = s.write_all(peer.as_bytes());
+        });
     let peer = p1
         .ns
         .run(move || {
-            let mut s = std::net::TcpStream::connect(seen).unwrap();
+            // Unmasqueraded, the router could not answer: no route back.
+            let mut s =
+                std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
+                    .expect("connect to the router from a pod");
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
             let mut b = String::new();
             s.read_to_string(&mut b).unwrap();
             b
@@ -308,11 +342,18 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     let out = n1.reconcile(&c.file);
     assert!(out.contains(": 3 kernel changes"), "{out}");
     let after = n1.entries();
-    for (b, a) in [(&before.0, &after.0), (&before.1, &after.1), (&before.2, &after.2)] {
+    for (b, a) in [
+        (&before.0, &after.0),
+        (&before.1, &after.1),
+        (&before.2, &after.2),
+    ] {
         assert_eq!(a.len(), 1, "{after:?}");
         assert!(b.is_superset(a), "{before:?} -> {after:?}");
     }
-    assert!(!after.2.iter().any(|r| r.starts_with("10.244.3.")), "{after:?}");
+    assert!(
+        !after.2.iter().any(|r| r.starts_with("10.244.3.")),
+        "{after:?}"
+    );
     assert!(ping(&p1.ns, &a2));
 
     // n2 moves to another underlay address: no FDB entry keeps the old one.
@@ -363,7 +404,10 @@ fn host_gw_on_one_l2_routes_via_the_node() {
     // The pods keep their MTU of 1500 from before; a full-size DF packet
     // gets an answer telling the MTU instead of vanishing.
     let (ok, out) = df_ping(&p1.ns, &a3, 1500 - 28);
-    assert!(!ok && (out.contains("Frag needed") || out.contains("mtu")), "{out}");
+    assert!(
+        !ok && (out.contains("Frag needed") || out.contains("mtu")),
+        "{out}"
+    );
     assert!(ping(&p1.ns, &a3));
 }
 
@@ -396,10 +440,16 @@ fn across_a_router_auto_tunnels_only_the_far_node_and_host_gw_refuses_it() {
     c.write("host-gw", &[0, 1, 2]);
     let (code, err) = n1.run_once(&c.file);
     assert_ne!(code, 0, "{err}");
-    assert!(err.contains("\"n3\"") && err.contains("not on-link"), "{err}");
+    assert!(
+        err.contains("\"n3\"") && err.contains("not on-link"),
+        "{err}"
+    );
     let (neigh, _, routes) = n1.entries();
     assert!(neigh.is_empty());
-    assert_eq!(routes, BTreeSet::from(["10.244.2.0/24 via 192.168.50.2".to_string()]));
+    assert_eq!(
+        routes,
+        BTreeSet::from(["10.244.2.0/24 via 192.168.50.2".to_string()])
+    );
     c.nodes[1].run_once(&c.file);
     assert!(ping(&p1.ns, &a2));
 }
@@ -527,7 +577,12 @@ fn the_agent_follows_file_changes_and_sigterm_keeps_the_kernel_state() {
     let status = agent.wait().unwrap();
     assert!(status.success(), "{status:?}");
     let mut log = String::new();
-    agent.stderr.take().unwrap().read_to_string(&mut log).unwrap();
+    agent
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
     assert!(log.contains("kernel state kept"), "{log}");
     assert_eq!(n1.entries(), before);
     echo(&mut stream);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use ipnetwork::{IpNetwork, Ipv4Network};
 use rcni_netlink::overlay::VxlanSpec;
-use rcni_netlink::{Netlink, NUD_PERMANENT};
+use rcni_netlink::{NUD_PERMANENT, Netlink};
 
 use crate::cluster::{Cluster, Node};
 use crate::desired::{self, Actual, Op, Uplink};
@@ -82,7 +82,11 @@ pub async fn reconcile(
     })?;
     let uplink = find_uplink(nl, me).await?;
     // Pod traffic crosses the node: forwarding must be on.
-    if rcni_netlink::sysctl::get(nl.netns(), "net.ipv4.ip_forward").ok().as_deref() != Some("1") {
+    if rcni_netlink::sysctl::get(nl.netns(), "net.ipv4.ip_forward")
+        .ok()
+        .as_deref()
+        != Some("1")
+    {
         rcni_netlink::sysctl::set(nl.netns(), "net.ipv4.ip_forward", "1").map_err(kernel)?;
         report.log.push("net.ipv4.ip_forward = 1".into());
     }
@@ -218,7 +222,9 @@ async fn ensure_vtep(
             if l.mac != Some(spec.mac) {
                 nl.set_mac(l.index, spec.mac).await.map_err(kernel)?;
                 report.changes += 1;
-                report.log.push(format!("{} address {}", spec.name, spec.mac));
+                report
+                    .log
+                    .push(format!("{} address {}", spec.name, spec.mac));
             }
             l
         }

@@ -139,7 +139,11 @@ pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
                 "\"ebpf\": true (eBPF cross-node forwarding)".into(),
             ));
         }
-        Some(v) => return Err(invalid(format!("\"ebpf\": expected true or false, got {v}"))),
+        Some(v) => {
+            return Err(invalid(format!(
+                "\"ebpf\": expected true or false, got {v}"
+            )));
+        }
     }
     match top.get("encryption") {
         None => {}
@@ -230,9 +234,7 @@ fn parse_node(i: usize, v: &Value, network: Ipv4Network) -> Result<Node, Cluster
     let address = match o.get("address") {
         None => return Err(invalid(format!("{at}: \"address\" is missing"))),
         Some(Value::String(s)) => match s.parse::<IpAddr>() {
-            Ok(IpAddr::V4(a)) if !a.is_unspecified() && !a.is_multicast() && !a.is_broadcast() => {
-                a
-            }
+            Ok(IpAddr::V4(a)) if !a.is_unspecified() && !a.is_multicast() && !a.is_broadcast() => a,
             Ok(IpAddr::V4(_)) => {
                 return Err(invalid(format!(
                     "{at}: \"address\": {s:?} is not a unicast address"
@@ -381,7 +383,10 @@ mod tests {
         assert_eq!(c.backend, Backend::Vxlan);
         assert_eq!((c.vni, c.port), (1, 8472));
         assert_eq!(c.nodes.len(), 2);
-        assert_eq!(c.node("n2").unwrap().address, Ipv4Addr::new(192, 168, 50, 2));
+        assert_eq!(
+            c.node("n2").unwrap().address,
+            Ipv4Addr::new(192, 168, 50, 2)
+        );
         let c = parse(&file(
             r#", "backend": "auto", "vni": 7, "port": 4789, "ebpf": false, "encryption": "none""#,
             TWO,
@@ -404,18 +409,27 @@ mod tests {
             r#"{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"},
                {"name": "n2", "address": "192.168.50.x", "podCIDR": "10.244.2.0/24"}"#,
         ));
-        assert!(m.contains("node \"n2\" (nodes[1])") && m.contains("\"address\""), "{m}");
+        assert!(
+            m.contains("node \"n2\" (nodes[1])") && m.contains("\"address\""),
+            "{m}"
+        );
         let m = err(&file(
             "",
             r#"{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.245.1.0/24"}"#,
         ));
-        assert!(m.contains("\"n1\"") && m.contains("outside \"network\" 10.244.0.0/16"), "{m}");
+        assert!(
+            m.contains("\"n1\"") && m.contains("outside \"network\" 10.244.0.0/16"),
+            "{m}"
+        );
         let m = err(&file(
             "",
             r#"{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"},
                {"name": "n2", "address": "192.168.50.2", "podCIDR": "10.244.0.0/23"}"#,
         ));
-        assert!(m.contains("overlapping") && m.contains("\"n1\"") && m.contains("\"n2\""), "{m}");
+        assert!(
+            m.contains("overlapping") && m.contains("\"n1\"") && m.contains("\"n2\""),
+            "{m}"
+        );
         let m = err(&file(
             "",
             r#"{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"},
@@ -434,7 +448,10 @@ mod tests {
         ));
         assert!(m.contains("host bits"), "{m}");
         let m = err(&file("", r#"{"name": "n1", "address": "192.168.50.1"}"#));
-        assert!(m.contains("\"n1\"") && m.contains("\"podCIDR\" is missing"), "{m}");
+        assert!(
+            m.contains("\"n1\"") && m.contains("\"podCIDR\" is missing"),
+            "{m}"
+        );
         let m = err(&file(
             "",
             r#"{"name": "n1", "adress": "192.168.50.1", "podCIDR": "10.244.1.0/24"}"#,
@@ -451,10 +468,7 @@ mod tests {
 
     #[test]
     fn unimplemented_features_say_so() {
-        for extra in [
-            r#", "ebpf": true"#,
-            r#", "encryption": "wireguard""#,
-        ] {
+        for extra in [r#", "ebpf": true"#, r#", "encryption": "wireguard""#] {
             match parse(&file(extra, TWO)) {
                 Err(e @ ClusterError::NotImplemented(_)) => {
                     assert!(e.to_string().ends_with("not implemented yet"), "{e}")

@@ -60,7 +60,10 @@ mod tests {
     fn conflist_and_rewrite_only_on_change() {
         let c = render("10.244.1.0/24".parse().unwrap(), 1450, None);
         assert_eq!(c["plugins"][0]["mtu"], 1450);
-        assert_eq!(c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
+        assert_eq!(
+            c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
+            "10.244.1.0/24"
+        );
         assert_eq!(c["plugins"][1]["type"], "portmap");
         let d = tempfile::tempdir().unwrap();
         let sub = d.path().join("net.d");

@@ -220,7 +220,10 @@ pub fn diff(desired: &[PeerEntries], actual: &Actual) -> Vec<Change> {
                 // Other remotes of this MAC (the peer's old address) go
                 // first; the replace then leaves exactly the wanted one.
                 for d in have.iter().filter(|d| **d != f.dst) {
-                    ops.push(Op::DelFdb(FdbEntry { mac: f.mac, dst: *d }));
+                    ops.push(Op::DelFdb(FdbEntry {
+                        mac: f.mac,
+                        dst: *d,
+                    }));
                 }
                 if let Some(dst) = f.dst {
                     ops.push(Op::SetFdb(f.mac, dst));
@@ -340,14 +343,20 @@ mod tests {
                 dst: Some("192.168.50.2".parse().unwrap())
             })
         );
-        assert_eq!(n2.route.to_string(), "10.244.2.0/24 via 10.244.2.0 dev 9 onlink");
+        assert_eq!(
+            n2.route.to_string(),
+            "10.244.2.0/24 via 10.244.2.0 dev 9 onlink"
+        );
     }
 
     #[test]
     fn host_gw_refuses_off_link_peers_and_auto_tunnels_them() {
         let p = peers_of("host-gw");
         assert_eq!(p.entries.len(), 1);
-        assert_eq!(p.entries[0].route.to_string(), "10.244.2.0/24 via 192.168.50.2 dev 2");
+        assert_eq!(
+            p.entries[0].route.to_string(),
+            "10.244.2.0/24 via 192.168.50.2 dev 2"
+        );
         assert_eq!(p.refused.len(), 1);
         assert!(
             p.refused[0].contains("\"n3\"") && p.refused[0].contains("192.168.60.3"),
@@ -437,7 +446,10 @@ mod tests {
         // the tunnel's FDB entry and neighbour go.
         let changes = diff(&auto.entries, &actual_of(&vx.entries));
         assert_eq!(changes.len(), 2, "{changes:?}");
-        assert_eq!(changes[0].ops, [Op::SetRoute(auto.entries[0].route.clone())]);
+        assert_eq!(
+            changes[0].ops,
+            [Op::SetRoute(auto.entries[0].route.clone())]
+        );
         assert_eq!(changes[1].ops.len(), 2);
         assert!(matches!(changes[1].ops[0], Op::DelFdb(_)));
         assert!(matches!(changes[1].ops[1], Op::DelNeighbour(_)));

@@ -21,7 +21,11 @@ use crate::cluster::ClusterError;
 use crate::registry::{FileRegistry, Registry};
 
 #[derive(Parser)]
-#[command(name = "rcni-node", version, about = "rcni's node agent: pod networking across nodes")]
+#[command(
+    name = "rcni-node",
+    version,
+    about = "rcni's node agent: pod networking across nodes"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -105,14 +109,14 @@ fn run(args: RunArgs) -> ExitCode {
             log(format!("state dir {}: {e}", args.state_dir.display()));
             return ExitCode::FAILURE;
         }
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            Ok(s) => s,
-            Err(e) => {
-                log(format!("SIGTERM handler: {e}"));
-                return ExitCode::FAILURE;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    log(format!("SIGTERM handler: {e}"));
+                    return ExitCode::FAILURE;
+                }
+            };
         let mut last_full = Instant::now();
         let mut first = true;
         loop {

@@ -5,7 +5,7 @@
 //! rule per node, and it must not depend on pods coming and going.
 
 use ipnetwork::{IpNetwork, Ipv4Network};
-use rcni_netlink::nfnl::{Hook, NftFamily, NftOp, Nfnl};
+use rcni_netlink::nfnl::{Hook, Nfnl, NftFamily, NftOp};
 use rcni_netlink::nftexpr;
 use rcni_netns::NetNs;
 

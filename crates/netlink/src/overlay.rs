@@ -103,17 +103,15 @@ impl Netlink {
             .mtu(spec.mtu)
             .address(spec.mac.0.to_vec())
             .build();
-        self.handle
-            .link()
-            .add(msg)
-            .execute()
-            .await
-            .map_err(|e| {
-                Error::netlink(
-                    format!("create vxlan {} (vni {}, port {})", spec.name, spec.vni, spec.port),
-                    e,
-                )
-            })
+        self.handle.link().add(msg).execute().await.map_err(|e| {
+            Error::netlink(
+                format!(
+                    "create vxlan {} (vni {}, port {})",
+                    spec.name, spec.vni, spec.port
+                ),
+                e,
+            )
+        })
     }
 
     /// The VXLAN attributes of link `index`; `None` if it is not VXLAN.
@@ -178,10 +176,11 @@ impl Netlink {
         let mut msg = NeighbourMessage::default();
         msg.header.family = family_of(ip);
         msg.header.ifindex = index;
-        msg.attributes.push(NeighbourAttribute::Destination(match ip {
-            IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
-            IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
-        }));
+        msg.attributes
+            .push(NeighbourAttribute::Destination(match ip {
+                IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+                IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+            }));
         self.handle
             .neighbours()
             .del(msg)
@@ -221,13 +220,11 @@ impl Netlink {
                     }
                     // In an AF_BRIDGE message the parser cannot tell the
                     // address family from the header: the length does.
-                    NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
-                        match b.len() {
-                            4 => <[u8; 4]>::try_from(b.as_slice()).ok().map(IpAddr::from),
-                            16 => <[u8; 16]>::try_from(b.as_slice()).ok().map(IpAddr::from),
-                            _ => None,
-                        }
-                    }
+                    NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => match b.len() {
+                        4 => <[u8; 4]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+                        16 => <[u8; 16]>::try_from(b.as_slice()).ok().map(IpAddr::from),
+                        _ => None,
+                    },
                     _ => None,
                 });
                 Some(FdbEntry { mac, dst })
@@ -260,10 +257,11 @@ impl Netlink {
         msg.attributes
             .push(NeighbourAttribute::LinkLayerAddress(mac.0.to_vec()));
         if let Some(ip) = dst {
-            msg.attributes.push(NeighbourAttribute::Destination(match ip {
-                IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
-                IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
-            }));
+            msg.attributes
+                .push(NeighbourAttribute::Destination(match ip {
+                    IpAddr::V4(v4) => NeighbourAddress::Inet(v4),
+                    IpAddr::V6(v6) => NeighbourAddress::Inet6(v6),
+                }));
         }
         self.handle
             .neighbours()
@@ -325,8 +323,11 @@ impl Netlink {
                         _ => {}
                     }
                 }
-                r.dst = IpNetwork::new(dst.unwrap_or(unspecified(v6)), m.header.destination_prefix_length)
-                    .ok()?;
+                r.dst = IpNetwork::new(
+                    dst.unwrap_or(unspecified(v6)),
+                    m.header.destination_prefix_length,
+                )
+                .ok()?;
                 Some(r)
             })
             .collect())
@@ -389,7 +390,9 @@ fn owned_route_message(route: &OwnedRoute, proto: Option<u8>) -> RouteMessage {
     }
     if route.dst.prefix() > 0 {
         msg.attributes
-            .push(RouteAttribute::Destination(RouteAddress::from(route.dst.network())));
+            .push(RouteAttribute::Destination(RouteAddress::from(
+                route.dst.network(),
+            )));
     }
     if let Some(gw) = route.gateway {
         msg.attributes
