@@ -13,6 +13,7 @@ pub mod netconf;
 pub mod nfnl;
 pub mod nftexpr;
 mod rule;
+pub mod overlay;
 pub mod sysctl;
 pub mod tc;
 mod types;

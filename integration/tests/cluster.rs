@@ -1,0 +1,593 @@
+//! Layer 5: a simulated cluster. Node namespaces joined by an underlay (one
+//! L2: a bridge in an underlay namespace; or two subnets behind a router
+//! namespace), `rcni-node` run in each node with its cluster file, pods
+//! attached with our bridge plugin from the config the agent wrote, and
+//! real traffic between pods on different nodes.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{ip, nl};
+use rcni_netlink::NUD_PERMANENT;
+use rcni_netns::NetNs;
+use rcni_testkit::{Call, TestNs, bin, command_in, stdout_of};
+use serde_json::{Value, json};
+
+/// The agent's route protocol (agent::RTPROT_RCNI).
+const RTPROT_RCNI: u8 = 0x52;
+const VTEP: &str = "rcni.1";
+
+struct ClusterNode {
+    name: String,
+    ns: TestNs,
+    dir: tempfile::TempDir,
+}
+
+impl ClusterNode {
+    fn conf_dir(&self) -> PathBuf {
+        self.dir.path().join("net.d")
+    }
+
+    fn agent(&self, file: &Path) -> Command {
+        let mut c = command_in(&self.ns.ns, bin("rcni-node"));
+        c.arg("run")
+            .arg("--cluster")
+            .arg(file)
+            .args(["--node", &self.name])
+            .arg("--cni-conf-dir")
+            .arg(self.conf_dir())
+            .arg("--state-dir")
+            .arg(self.dir.path().join("state"))
+            .arg("--ipam-data-dir")
+            .arg(self.dir.path().join("ipam"));
+        c
+    }
+
+    /// `rcni-node run --once`: (exit code, stderr).
+    fn run_once(&self, file: &Path) -> (i32, String) {
+        let out = self.agent(file).arg("--once").output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn reconcile(&self, file: &Path) -> String {
+        let (code, err) = self.run_once(file);
+        assert_eq!(code, 0, "{}: {err}", self.name);
+        err
+    }
+
+    /// The bridge plugin's config from the conflist the agent wrote.
+    fn plugin_conf(&self) -> Value {
+        let text = std::fs::read(self.conf_dir().join("10-rcni.conflist")).unwrap();
+        let list: Value = serde_json::from_slice(&text).unwrap();
+        let mut c = list["plugins"][0].clone();
+        c["cniVersion"] = list["cniVersion"].clone();
+        c["name"] = list["name"].clone();
+        c
+    }
+
+    /// A pod on this node: its namespace and IPv4 address.
+    fn pod(&self, cid: &str) -> (TestNs, String) {
+        let pod = TestNs::new();
+        let r = Call::new(bin("bridge"), "ADD")
+            .env("CNI_CONTAINERID", cid)
+            .netns(&pod.path())
+            .stdin(&self.plugin_conf())
+            .run_in(&self.ns.ns)
+            .ok();
+        let a = common::addr_of(&r, true);
+        (pod, a)
+    }
+
+    /// (permanent neighbours, FDB entries) on the VTEP and the agent's
+    /// routes, as text.
+    fn entries(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
+        nl(&self.ns.ns, async |n| {
+            let routes = n
+                .owned_routes(false, RTPROT_RCNI)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{} via {}{}",
+                        r.dst,
+                        r.gateway.unwrap(),
+                        if r.onlink { " onlink" } else { "" }
+                    )
+                })
+                .collect();
+            let Some(v) = n.find_link(VTEP).await.unwrap() else {
+                return (BTreeSet::new(), BTreeSet::new(), routes);
+            };
+            let neigh = n
+                .neighbours(Some(v.index))
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|x| x.state & NUD_PERMANENT != 0)
+                .map(|x| format!("{} {}", x.ip, x.mac.unwrap()))
+                .collect();
+            let fdb = n
+                .fdb_entries(v.index)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|f| format!("{} {}", f.mac, f.dst.unwrap()))
+                .collect();
+            (neigh, fdb, routes)
+        })
+    }
+}
+
+/// Underlay namespaces: bridges (one per subnet) in a router namespace
+/// that also routes between them when there are two.
+struct Cluster {
+    router: TestNs,
+    nodes: Vec<ClusterNode>,
+    file: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// Underlay subnets: `192.168.50.0/24` on bridge `ul0`, `192.168.60.0/24`
+/// on `ul1`; the router namespace holds `.254` on each.
+fn subnet(i: usize) -> String {
+    format!("192.168.{}", 50 + 10 * i)
+}
+
+impl Cluster {
+    /// Nodes `n1..` placed on underlay subnets `placement[i]`; node i's
+    /// address is `<subnet>.<i+1>`, its pod subnet `10.244.<i+1>.0/24`.
+    fn new(placement: &[usize]) -> Cluster {
+        let router = TestNs::new();
+        ip(&router.ns, "link set lo up");
+        let subnets: BTreeSet<usize> = placement.iter().copied().collect();
+        for s in &subnets {
+            ip(&router.ns, &format!("link add ul{s} type bridge"));
+            ip(
+                &router.ns,
+                &format!("addr add {}.254/24 dev ul{s}", subnet(*s)),
+            );
+            ip(&router.ns, &format!("link set ul{s} up"));
+        }
+        rcni_netlink::sysctl::set(&router.ns, "net.ipv4.ip_forward", "1").unwrap();
+        let mut nodes = Vec::new();
+        for (i, s) in placement.iter().enumerate() {
+            let ns = TestNs::new();
+            let port = format!("u{i}");
+            nl(&router.ns, async |n| {
+                n.create_veth(&port, "eth0", Some(&ns.ns), None)
+                    .await
+                    .unwrap()
+            });
+            ip(&router.ns, &format!("link set {port} master ul{s} up"));
+            ip(&ns.ns, "link set lo up");
+            ip(&ns.ns, "link set eth0 up");
+            ip(
+                &ns.ns,
+                &format!("addr add {}.{}/24 dev eth0", subnet(*s), i + 1),
+            );
+            ip(&ns.ns, &format!("route add default via {}.254", subnet(*s)));
+            nodes.push(ClusterNode {
+                name: format!("n{}", i + 1),
+                ns,
+                dir: tempfile::tempdir().unwrap(),
+            });
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cluster.json");
+        Cluster {
+            router,
+            nodes,
+            file,
+            _dir: dir,
+        }
+    }
+
+    /// The cluster file for `backend` with the nodes `which` (indexes),
+    /// each at the address its eth0 holds now.
+    fn write(&self, backend: &str, which: &[usize]) {
+        let nodes: Vec<Value> = which
+            .iter()
+            .map(|&i| {
+                let n = &self.nodes[i];
+                json!({"name": n.name, "address": self.address(i),
+                       "podCIDR": format!("10.244.{}.0/24", i + 1)})
+            })
+            .collect();
+        let c = json!({"network": "10.244.0.0/16", "backend": backend, "nodes": nodes});
+        std::fs::write(&self.file, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    }
+
+    fn address(&self, i: usize) -> String {
+        common::addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
+            .split('/')
+            .next()
+            .unwrap()
+            .to_string()
+    }
+
+    fn reconcile_all(&self) {
+        for n in &self.nodes {
+            n.reconcile(&self.file);
+        }
+    }
+}
+
+fn ping(from: &NetNs, to: &str) -> bool {
+    rcni_testkit::ping(from, to)
+}
+
+/// `ping -M do -s <size>` once: (success, output).
+fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
+    let out = command_in(from, "ping")
+        .args([
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "-n",
+            "-M",
+            "do",
+            "-s",
+            &size.to_string(),
+            to,
+        ])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn link_json(ns: &NetNs, dev: &str) -> Value {
+    common::ip_link_json(ns, dev)
+}
+
+#[test]
+fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
+    let c = Cluster::new(&[0, 0, 0]);
+    c.write("vxlan", &[0, 1, 2]);
+    c.reconcile_all();
+    let (n1, n2, n3) = (&c.nodes[0], &c.nodes[1], &c.nodes[2]);
+
+    // flannel's device: VNI 1, port 8472, learning off, MTU uplink - 50,
+    // the pod subnet's .0 as /32, loose rp_filter.
+    let l = link_json(&n1.ns.ns, VTEP);
+    let d = &l["linkinfo"]["info_data"];
+    assert_eq!(
+        (d["id"].as_u64(), d["port"].as_u64()),
+        (Some(1), Some(8472)),
+        "{l}"
+    );
+    assert_eq!(d["learning"], false, "{l}");
+    assert_eq!(l["mtu"], 1450);
+    assert_eq!(common::addrs_of(&n1.ns.ns, VTEP), ["10.244.1.0/32"]);
+    // /proc/sys/net shows the reader's namespace.
+    let rp =
+        stdout_of(command_in(&n1.ns.ns, "cat").arg("/proc/sys/net/ipv4/conf/rcni.1/rp_filter"));
+    assert_eq!(rp.trim(), "2");
+    let conf = n1.plugin_conf();
+    assert_eq!(conf["mtu"], 1450);
+    assert_eq!(conf["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
+
+    // Two peers: a neighbour, an FDB entry and an onlink route each.
+    let (neigh, fdb, routes) = n1.entries();
+    assert_eq!((neigh.len(), fdb.len()), (2, 2), "{neigh:?} {fdb:?}");
+    assert!(
+        routes.contains("10.244.2.0/24 via 10.244.2.0 onlink"),
+        "{routes:?}"
+    );
+    assert!(fdb.iter().any(|f| f.ends_with(" 192.168.50.3")), "{fdb:?}");
+
+    let (p1, a1) = n1.pod("p1");
+    let (p2, a2) = n2.pod("p2");
+    let (p3, a3) = n3.pod("p3");
+    for (from, to) in [(&p1, &a2), (&p1, &a3), (&p2, &a3), (&p3, &a1), (&p2, &a1)] {
+        assert!(ping(&from.ns, to), "ping {to}");
+    }
+    // A DF packet of the pod MTU crosses; one byte more is refused with
+    // the MTU, not silently lost.
+    let (ok, out) = df_ping(&p1.ns, &a2, 1450 - 28);
+    assert!(ok, "{out}");
+    let (ok, out) = df_ping(&p1.ns, &a2, 1450 - 28 + 1);
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("mtu=1450") || out.contains("Frag needed"),
+        "{out}"
+    );
+
+    // Pod traffic leaving the cluster network is masqueraded: the router
+    // sees the node's address.
+    let seen =
+        rcni_testkit::tcp_server(&c.router.ns, "192.168.50.254".parse().unwrap(), |mut s| {
+            let peer = s.peer_addr().unwrap().ip().to_string();
+            let _ = s.write_all(peer.as_bytes());
+        });
+    let peer = p1
+        .ns
+        .run(move || {
+            // Unmasqueraded, the router could not answer: no route back.
+            let mut s =
+                std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
+                    .expect("connect to the router from a pod");
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+            let mut b = String::new();
+            s.read_to_string(&mut b).unwrap();
+            b
+        })
+        .unwrap();
+    assert_eq!(peer, "192.168.50.1");
+
+    // The same file again: nothing changes, nothing is flushed.
+    let again = n1.reconcile(&c.file);
+    assert!(again.contains(": 0 kernel changes"), "{again}");
+    assert!(ping(&p1.ns, &a2));
+
+    // n3 leaves: on n1 exactly its three entries go; n2's stay as they were.
+    let before = n1.entries();
+    c.write("vxlan", &[0, 1]);
+    let out = n1.reconcile(&c.file);
+    assert!(out.contains(": 3 kernel changes"), "{out}");
+    let after = n1.entries();
+    for (b, a) in [
+        (&before.0, &after.0),
+        (&before.1, &after.1),
+        (&before.2, &after.2),
+    ] {
+        assert_eq!(a.len(), 1, "{after:?}");
+        assert!(b.is_superset(a), "{before:?} -> {after:?}");
+    }
+    assert!(
+        !after.2.iter().any(|r| r.starts_with("10.244.3.")),
+        "{after:?}"
+    );
+    assert!(ping(&p1.ns, &a2));
+
+    // n2 moves to another underlay address: no FDB entry keeps the old one.
+    ip(&n2.ns.ns, "addr flush dev eth0");
+    ip(&n2.ns.ns, "addr add 192.168.50.22/24 dev eth0");
+    ip(&n2.ns.ns, "route add default via 192.168.50.254");
+    c.write("vxlan", &[0, 1]);
+    n1.reconcile(&c.file);
+    n2.reconcile(&c.file);
+    let (_, fdb, _) = n1.entries();
+    assert_eq!(fdb.len(), 1, "{fdb:?}");
+    assert!(fdb.iter().all(|f| f.ends_with(" 192.168.50.22")), "{fdb:?}");
+    assert!(ping(&p1.ns, &a2), "after n2 moved");
+    assert!(ping(&p2.ns, &a1), "after n2 moved");
+}
+
+#[test]
+fn host_gw_on_one_l2_routes_via_the_node() {
+    let c = Cluster::new(&[0, 0, 0]);
+    c.write("host-gw", &[0, 1, 2]);
+    c.reconcile_all();
+    let n1 = &c.nodes[0];
+    let (neigh, fdb, routes) = n1.entries();
+    assert!(neigh.is_empty() && fdb.is_empty());
+    assert_eq!(
+        routes,
+        BTreeSet::from([
+            "10.244.2.0/24 via 192.168.50.2".to_string(),
+            "10.244.3.0/24 via 192.168.50.3".to_string()
+        ])
+    );
+    assert!(common::link_names(&n1.ns.ns).iter().all(|l| l != VTEP));
+    assert_eq!(n1.plugin_conf()["mtu"], 1500);
+    let (p1, a1) = n1.pod("p1");
+    let (p3, a3) = c.nodes[2].pod("p3");
+    assert!(ping(&p1.ns, &a3));
+    assert!(ping(&p3.ns, &a1));
+    let (ok, out) = df_ping(&p1.ns, &a3, 1500 - 28);
+    assert!(ok, "{out}");
+
+    // Switching the cluster to vxlan re-routes every peer through the
+    // tunnel and traffic keeps flowing.
+    c.write("vxlan", &[0, 1, 2]);
+    c.reconcile_all();
+    let (neigh, _, routes) = n1.entries();
+    assert_eq!(neigh.len(), 2);
+    assert!(routes.iter().all(|r| r.ends_with("onlink")), "{routes:?}");
+    // The pods keep their MTU of 1500 from before; a full-size DF packet
+    // gets an answer telling the MTU instead of vanishing.
+    let (ok, out) = df_ping(&p1.ns, &a3, 1500 - 28);
+    assert!(
+        !ok && (out.contains("Frag needed") || out.contains("mtu")),
+        "{out}"
+    );
+    assert!(ping(&p1.ns, &a3));
+}
+
+#[test]
+fn across_a_router_auto_tunnels_only_the_far_node_and_host_gw_refuses_it() {
+    // n1 and n2 on 192.168.50.0/24, n3 on 192.168.60.0/24.
+    let c = Cluster::new(&[0, 0, 1]);
+    c.write("auto", &[0, 1, 2]);
+    c.reconcile_all();
+    let n1 = &c.nodes[0];
+    let (neigh, fdb, routes) = n1.entries();
+    assert_eq!(
+        routes,
+        BTreeSet::from([
+            "10.244.2.0/24 via 192.168.50.2".to_string(),
+            "10.244.3.0/24 via 10.244.3.0 onlink".to_string()
+        ])
+    );
+    assert_eq!((neigh.len(), fdb.len()), (1, 1));
+    assert!(fdb.iter().all(|f| f.ends_with(" 192.168.60.3")), "{fdb:?}");
+    let (p1, a1) = n1.pod("p1");
+    let (p2, a2) = c.nodes[1].pod("p2");
+    let (p3, a3) = c.nodes[2].pod("p3");
+    for (from, to) in [(&p1, &a2), (&p1, &a3), (&p3, &a1), (&p3, &a2), (&p2, &a3)] {
+        assert!(ping(&from.ns, to), "ping {to}");
+    }
+
+    // host-gw cannot reach n3: the agent says so, naming it, and still
+    // programs n2.
+    c.write("host-gw", &[0, 1, 2]);
+    let (code, err) = n1.run_once(&c.file);
+    assert_ne!(code, 0, "{err}");
+    assert!(
+        err.contains("\"n3\"") && err.contains("not on-link"),
+        "{err}"
+    );
+    let (neigh, _, routes) = n1.entries();
+    assert!(neigh.is_empty());
+    assert_eq!(
+        routes,
+        BTreeSet::from(["10.244.2.0/24 via 192.168.50.2".to_string()])
+    );
+    c.nodes[1].run_once(&c.file);
+    assert!(ping(&p1.ns, &a2));
+}
+
+#[test]
+fn bad_cluster_files_and_unknown_nodes_are_refused_clearly() {
+    let c = Cluster::new(&[0]);
+    let n1 = &c.nodes[0];
+    let cases: &[(&str, i32, &[&str])] = &[
+        (
+            r#"{"network": "10.244.0.0/16", "nodes": [{"name": "n2", "address": "192.168.50.2", "podCIDR": "10.244.2.0/24"}]}"#,
+            4,
+            &["\"n1\" is not in the cluster", "n2"],
+        ),
+        (
+            r#"{"network": "10.244.0.0/16", "nodes": [{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"}, {"name": "n2", "address": "192.168.50.2", "podCIDR": "10.244.1.128/25"}]}"#,
+            2,
+            &["overlapping", "\"n1\"", "\"n2\""],
+        ),
+        (
+            r#"{"network": "10.244.0.0/16", "nodes": [{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.99.1.0/24"}]}"#,
+            2,
+            &["node \"n1\" (nodes[0])", "outside \"network\""],
+        ),
+        (
+            r#"{"network": "10.244.0.0/16", "nodes": [{"name": "n1", "address": "192.168.50.1", "podCIDR": 7}]}"#,
+            2,
+            &["node \"n1\" (nodes[0])", "\"podCIDR\""],
+        ),
+        (
+            r#"{"network": "10.244.0.0/16", "ebpf": true, "nodes": [{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"}]}"#,
+            3,
+            &["\"ebpf\"", "not implemented yet"],
+        ),
+        (
+            r#"{"network": "10.244.0.0/16", "encryption": "wireguard", "nodes": [{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"}]}"#,
+            3,
+            &["wireguard", "not implemented yet"],
+        ),
+        (
+            r#"{"network": "10.244.0.0/16", "nodes": [{"name": "n1", "address": "192.168.50.9", "podCIDR": "10.244.1.0/24"}]}"#,
+            4,
+            &["no interface holds its address 192.168.50.9"],
+        ),
+    ];
+    for (text, want, words) in cases {
+        std::fs::write(&c.file, text).unwrap();
+        let (code, err) = n1.run_once(&c.file);
+        assert_eq!(code, *want, "{text}: {err}");
+        for w in *words {
+            assert!(err.contains(w), "{text}: {w:?} not in {err}");
+        }
+    }
+    // Nothing was programmed and no config written.
+    assert!(common::link_names(&n1.ns.ns).iter().all(|l| l != VTEP));
+    assert!(!n1.conf_dir().join("10-rcni.conflist").exists());
+}
+
+#[test]
+fn the_agent_follows_file_changes_and_sigterm_keeps_the_kernel_state() {
+    let c = Cluster::new(&[0, 0, 0]);
+    c.write("vxlan", &[0, 1]);
+    // n3 is not in the file yet: its agent is not run.
+    c.nodes[1].reconcile(&c.file);
+    let n1 = &c.nodes[0];
+    let mut agent = n1
+        .agent(&c.file)
+        .args(["--poll-ms", "20"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        for _ in 0..500 {
+            if f() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("{what} never happened");
+    };
+    wait_for("first reconcile", &|| n1.entries().2.len() == 1);
+    let (p1, _) = n1.pod("p1");
+    let (p2, a2) = c.nodes[1].pod("p2");
+    assert!(ping(&p1.ns, &a2));
+
+    // A long-lived connection from a pod on n1 to one on n2.
+    let server = rcni_testkit::tcp_server(&p2.ns, a2.parse().unwrap(), |mut s| {
+        let mut b = [0u8; 64];
+        while let Ok(n) = s.read(&mut b) {
+            if n == 0 || s.write_all(&b[..n]).is_err() {
+                return;
+            }
+        }
+    });
+    let dst: std::net::SocketAddr = format!("{a2}:{}", server.port()).parse().unwrap();
+    let mut stream = p1
+        .ns
+        .run(move || std::net::TcpStream::connect(dst).unwrap())
+        .unwrap();
+    let echo = |s: &mut std::net::TcpStream| {
+        s.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"ping");
+    };
+    echo(&mut stream);
+
+    // n3 joins: the running agent picks it up.
+    c.write("vxlan", &[0, 1, 2]);
+    c.nodes[2].reconcile(&c.file);
+    wait_for("n3's entries on n1", &|| n1.entries().2.len() == 2);
+    let (p3, a3) = c.nodes[2].pod("p3");
+    assert!(ping(&p1.ns, &a3));
+    c.nodes[1].reconcile(&c.file);
+    assert!(ping(&p3.ns, &a2));
+
+    // SIGTERM: the agent exits and leaves everything programmed; the
+    // connection lives on, and an agent started again changes nothing.
+    let before = n1.entries();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = agent.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let mut log = String::new();
+    agent
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .unwrap();
+    assert!(log.contains("kernel state kept"), "{log}");
+    assert_eq!(n1.entries(), before);
+    echo(&mut stream);
+    let out = n1.reconcile(&c.file);
+    assert!(out.contains(": 0 kernel changes"), "{out}");
+    echo(&mut stream);
+    assert!(ping(&p1.ns, &a3));
+}

@@ -1,0 +1,80 @@
+//! The node's CNI network: bridge + host-local on the node's pod subnet,
+//! then portmap, as flannel's CNI plugin delegates it (the agent masquerades,
+//! so the bridge doesn't).
+
+use std::path::{Path, PathBuf};
+
+use ipnetwork::Ipv4Network;
+use serde_json::{Value, json};
+
+pub const FILE_NAME: &str = "10-rcni.conflist";
+pub const NETWORK_NAME: &str = "rcni";
+pub const BRIDGE: &str = "cni0";
+
+pub fn render(pod_cidr: Ipv4Network, mtu: u32, ipam_data_dir: Option<&Path>) -> Value {
+    let mut ipam = json!({
+        "type": "host-local",
+        "ranges": [[{"subnet": pod_cidr.to_string()}]],
+    });
+    if let Some(d) = ipam_data_dir {
+        ipam["dataDir"] = json!(d);
+    }
+    json!({
+        "cniVersion": "1.0.0",
+        "name": NETWORK_NAME,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": true,
+                "isDefaultGateway": true,
+                "hairpinMode": true,
+                "mtu": mtu,
+                "ipam": ipam,
+            },
+            {"type": "portmap", "capabilities": {"portMappings": true}},
+        ],
+    })
+}
+
+/// Writes `DIR/10-rcni.conflist` when its content differs, atomically (a
+/// runtime reading the directory sees the old file or the new one). Returns
+/// whether it wrote.
+pub fn write(dir: &Path, conf: &Value) -> std::io::Result<(PathBuf, bool)> {
+    let path = dir.join(FILE_NAME);
+    let mut text = serde_json::to_vec_pretty(conf).expect("serialize");
+    text.push(b'\n');
+    if std::fs::read(&path).ok().as_deref() == Some(text.as_slice()) {
+        return Ok((path, false));
+    }
+    std::fs::create_dir_all(dir)?;
+    rcni_statefile::write_replace(&path, &text, 0o644)?;
+    Ok((path, true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conflist_and_rewrite_only_on_change() {
+        let c = render("10.244.1.0/24".parse().unwrap(), 1450, None);
+        assert_eq!(c["plugins"][0]["mtu"], 1450);
+        assert_eq!(
+            c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
+            "10.244.1.0/24"
+        );
+        assert_eq!(c["plugins"][1]["type"], "portmap");
+        let d = tempfile::tempdir().unwrap();
+        let sub = d.path().join("net.d");
+        assert!(write(&sub, &c).unwrap().1);
+        assert!(!write(&sub, &c).unwrap().1);
+        let c2 = render("10.244.1.0/24".parse().unwrap(), 1500, None);
+        let (p, wrote) = write(&sub, &c2).unwrap();
+        assert!(wrote);
+        let back: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+        assert_eq!(back, c2);
+        // No temporary left beside it.
+        assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 1);
+    }
+}

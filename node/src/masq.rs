@@ -1,0 +1,84 @@
+//! Masquerade of pod traffic that leaves the cluster network, in an
+//! nftables table of the agent's own (`ip rcni_node`), written over
+//! nfnetlink with the expression builders the meta plugins use. The
+//! per-attachment rules of `ipMasq` (crates/ipmasq) do not fit: this is one
+//! rule per node, and it must not depend on pods coming and going.
+
+use ipnetwork::{IpNetwork, Ipv4Network};
+use rcni_netlink::nfnl::{Hook, Nfnl, NftFamily, NftOp};
+use rcni_netlink::nftexpr;
+use rcni_netns::NetNs;
+
+pub const TABLE: &str = "rcni_node";
+const CHAIN: &str = "postrouting";
+
+/// The rules' comments: they name what the rules do, so an unchanged table
+/// is recognised and left alone (no flush on restart).
+fn comments(pod_cidr: Ipv4Network, network: Ipv4Network) -> [String; 2] {
+    [
+        format!("rcni-node: {pod_cidr} to {network} keeps its source"),
+        format!("rcni-node: {pod_cidr} leaving {network} masqueraded"),
+    ]
+}
+
+/// Makes the table hold exactly
+/// `ip saddr <pod_cidr> ip daddr <network> accept` and
+/// `ip saddr <pod_cidr> masquerade` in a postrouting nat chain. Returns
+/// whether it changed anything. One transaction: the rules are replaced
+/// atomically, never absent.
+pub fn ensure(ns: &NetNs, pod_cidr: Ipv4Network, network: Ipv4Network) -> Result<bool, String> {
+    let mut nl = Nfnl::open(ns).map_err(|e| e.to_string())?;
+    let want = comments(pod_cidr, network);
+    let have = nl
+        .nft_rules(NftFamily::Ip, TABLE)
+        .map_err(|e| e.to_string())?;
+    if let Some(rules) = &have {
+        let got: Vec<Option<&str>> = rules.iter().map(|r| r.comment.as_deref()).collect();
+        if got == [Some(want[0].as_str()), Some(want[1].as_str())] {
+            return Ok(false);
+        }
+    }
+    let (pods, net) = (IpNetwork::V4(pod_cidr), IpNetwork::V4(network));
+    let rule = |expr: Vec<nftexpr::Expr>, comment: &str| NftOp::AddRule {
+        family: NftFamily::Ip,
+        table: TABLE.into(),
+        chain: CHAIN.into(),
+        expr,
+        comment: Some(comment.into()),
+        insert: false,
+    };
+    let keep = [
+        nftexpr::addr(true, pods),
+        nftexpr::addr(false, net),
+        nftexpr::accept(),
+    ]
+    .concat();
+    let masq = [nftexpr::addr(true, pods), nftexpr::masquerade()].concat();
+    let ops = vec![
+        NftOp::AddTable {
+            family: NftFamily::Ip,
+            table: TABLE.into(),
+            comment: None,
+        },
+        NftOp::AddChain {
+            family: NftFamily::Ip,
+            table: TABLE.into(),
+            chain: CHAIN.into(),
+            hook: Some(Hook {
+                kind: "nat",
+                hook: Hook::POSTROUTING,
+                // srcnat
+                priority: 100,
+            }),
+        },
+        NftOp::FlushChain {
+            family: NftFamily::Ip,
+            table: TABLE.into(),
+            chain: CHAIN.into(),
+        },
+        rule(keep, &want[0]),
+        rule(masq, &want[1]),
+    ];
+    nl.nft_apply(&ops).map_err(|e| e.to_string())?;
+    Ok(true)
+}
