@@ -163,13 +163,22 @@ impl Lab {
             reservations(&self.mac_data.path().join("macnet")).is_empty(),
             "macnet reservations left"
         );
-        let veths: Vec<String> = self
-            .node
-            .host_veths()
-            .into_iter()
-            .filter(|v| v != "mv0")
-            .collect();
-        assert!(veths.is_empty(), "host veths left: {veths:?}");
+        // A dropped pod namespace takes its veth pair with it, but the
+        // kernel tears namespaces down in a work item: wait for that.
+        let veths = || -> Vec<String> {
+            self.node
+                .host_veths()
+                .into_iter()
+                .filter(|v| v != "mv0")
+                .collect()
+        };
+        for _ in 0..100 {
+            if veths().is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        assert!(veths().is_empty(), "host veths left: {:?}", veths());
         assert!(
             self.records().is_empty(),
             "records left: {:?}",
