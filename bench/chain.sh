@@ -6,6 +6,7 @@
 # ratios. Benchmarks what scripts/install ships (the static release build).
 # Everything runs in namespaces chainbench creates.
 # Usage: bench/chain.sh [chainbench options, e.g. --rounds 200]
+#        bench/chain.sh --conf bench/podman-chain-nftables.conflist   (ours on nftables)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=target/bench-bin

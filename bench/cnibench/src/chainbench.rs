@@ -5,9 +5,12 @@
 //! suites, alternating which goes first. Reported: median and p99 wall
 //! time of chain ADD and chain DEL, the CPU time of everything the chain
 //! started (plugins, IPAM, nft/iptables processes), the per-plugin medians,
-//! and the ratios. Each suite has its own throwaway node namespace; the
-//! reference writes its rules with iptables (its only portmap backend in
-//! v1.1.1), ours with its defaults (nftables where `nft` exists).
+//! and the ratios. Each suite has its own throwaway node namespace. With
+//! the conflist as podman writes it both suites take the reference's
+//! defaults (iptables for portmap and firewall); with
+//! `bench/podman-chain-nftables.conflist` ours writes nftables while the
+//! reference (which in v1.1.1 knows no nftables backend and treats the key
+//! as its default) still writes iptables.
 
 use clap::Parser;
 use rcni_netns::NetNs;
