@@ -23,7 +23,7 @@ fn main() {
     if !Path::new("/usr/include/bpf/bpf_helpers.h").exists() {
         panic!(
             "/usr/include/bpf/bpf_helpers.h is missing: the eBPF programs need libbpf-dev \
-             (Debian: apt-get install clang llvm libbpf-dev; .ci/run installs them)"
+             (Debian: apt-get install clang llvm libbpf-dev; scripts/setup installs them)"
         );
     }
     // The whole directory: the programs include headers from it.
@@ -44,7 +44,7 @@ fn main() {
             Ok(s) => panic!("clang failed to compile {} ({s})", src.display()),
             Err(e) => panic!(
                 "cannot run `{clang}` ({e}): the eBPF programs need clang, llvm and libbpf-dev \
-                 (Debian: apt-get install clang llvm libbpf-dev; .ci/run installs them)"
+                 (Debian: apt-get install clang llvm libbpf-dev; scripts/setup installs them)"
             ),
         }
     }

@@ -155,7 +155,7 @@ fn http_get(ns: &rcni_netns::NetNs, addr: &str) -> Option<String> {
 fn podman_runs_the_chain_from_our_bin_directory() {
     let Some(podman) = find("podman") else {
         eprintln!(
-            "SKIP: podman is not installed (apt-get install --no-install-recommends podman); .ci/run installs it"
+            "SKIP: podman is not installed (apt-get install --no-install-recommends podman); scripts/setup installs it"
         );
         return;
     };
