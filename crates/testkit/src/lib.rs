@@ -1,6 +1,8 @@
 //! Test support: throwaway namespaces, running built plugin binaries the way
 //! a runtime does, real packets, and leak checks. Dev-only.
 
+pub mod chaos;
+
 use rcni_netns::NetNs;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
