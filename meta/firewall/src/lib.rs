@@ -82,6 +82,36 @@ fn by_family(ips: &[IpNetwork]) -> Vec<(Family, Vec<IpNetwork>)> {
         .collect()
 }
 
+/// The global addresses of the pod's interface: what a DEL without
+/// prevResult removes the iptables rules of. Those rules carry nothing but
+/// the address, and a runtime has no cached result to pass after an ADD it
+/// lost (killed between firewall's ADD and the end of the chain); the
+/// interface is still there then, since DEL runs the chain in reverse and
+/// the main plugin removes it only after firewall. None when the namespace
+/// or the interface is gone.
+fn pod_addresses(args: &CmdArgs) -> Vec<IpNetwork> {
+    let Some(pod) = args.netns.as_deref().and_then(|p| NetNs::open(p).ok()) else {
+        return Vec::new();
+    };
+    let Ok(rt) = rcni_netlink::runtime() else {
+        return Vec::new();
+    };
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect(&pod).await.ok()?;
+        let link = nl.find_link(&args.ifname).await.ok()??;
+        let addrs = nl.addresses(Some(link.index)).await.ok()?;
+        // Universe scope: not the IPv6 link-local address, which has no rules.
+        Some(
+            addrs
+                .into_iter()
+                .filter(|a| a.scope == 0)
+                .map(|a| a.addr)
+                .collect(),
+        )
+    })
+    .unwrap_or_default()
+}
+
 fn prev_required(args: &CmdArgs) -> Result<CniResult, CniError> {
     args.conf
         .prev_result()?
@@ -122,7 +152,8 @@ impl Plugin for Firewall {
 
     /// Removes the attachment's nftables rules (found by comment, no
     /// prevResult needed) and its iptables rules (found by the addresses
-    /// of prevResult, as the reference), whatever backend the config names
+    /// of prevResult, as the reference, or without one by the addresses
+    /// the pod's interface still has), whatever backend the config names
     /// now.
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
@@ -141,18 +172,20 @@ impl Plugin for Firewall {
         if let Err(e) = nft::teardown(&mut nl, &a) {
             errors.push(e);
         }
-        if let Some(prev) = &prev {
-            for (fam, fips) in by_family(&addresses(prev)) {
-                // No process on a node that never had iptables firewall rules.
-                let v6 = fam == Family::V6;
-                if !nl.iptables_may_hold(&ns, v6, "filter", &[ipt::FORWARD_CHAIN]) {
-                    continue;
-                }
-                if let Err(e) = ipt::teardown(&ns, fam, &fips)
-                    && rcni_ipmasq::ipt::supported(&ns, fam)
-                {
-                    errors.push(e);
-                }
+        let ips = match &prev {
+            Some(prev) => addresses(prev),
+            None => pod_addresses(args),
+        };
+        for (fam, fips) in by_family(&ips) {
+            // No process on a node that never had iptables firewall rules.
+            let v6 = fam == Family::V6;
+            if !nl.iptables_may_hold(&ns, v6, "filter", &[ipt::FORWARD_CHAIN]) {
+                continue;
+            }
+            if let Err(e) = ipt::teardown(&ns, fam, &fips)
+                && rcni_ipmasq::ipt::supported(&ns, fam)
+            {
+                errors.push(e);
             }
         }
         match errors.len() {
