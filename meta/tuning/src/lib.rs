@@ -129,6 +129,11 @@ fn read_backup(path: &Path) -> Result<Option<Backup>, CniError> {
 
 /// Writes the backup atomically (a crash never leaves half a file), with
 /// the reference's one-space indentation.
+/// Where ADD writes the backup before renaming it into place.
+fn backup_tmp(path: &Path) -> PathBuf {
+    path.with_extension("json.tmp")
+}
+
 fn write_backup(path: &Path, b: &Backup) -> Result<(), CniError> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let dir = path.parent().expect("backup path has a directory");
@@ -147,7 +152,7 @@ fn write_backup(path: &Path, b: &Backup) -> Result<(), CniError> {
     let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
     b.serialize(&mut ser)
         .map_err(|e| CniError::internal(format!("encode backup: {e}")))?;
-    let tmp = path.with_extension("json.tmp");
+    let tmp = backup_tmp(path);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -427,6 +432,13 @@ impl Plugin for Tuning {
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
         let path = backup_path(&conf.data_dir, &args.container_id, &args.ifname);
+        // An ADD killed while writing the backup leaves its temporary file
+        // (and had changed nothing yet: the backup comes first).
+        if let Err(e) = std::fs::remove_file(backup_tmp(&path))
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            eprintln!("tuning: {}: {e}", backup_tmp(&path).display());
+        }
         let Some(b) = read_backup(&path).unwrap_or_else(|e| {
             eprintln!("tuning: unreadable backup dropped: {e}");
             Some(Backup::default())
