@@ -68,7 +68,7 @@ pub fn write(cache_dir: &Path, info: &CachedInfo) -> std::io::Result<()> {
         .recursive(true)
         .mode(0o700)
         .create(results_dir(cache_dir))?;
-    let tmp = p.with_extension(format!("tmp{}", std::process::id()));
+    let tmp = tmp_path(&p, std::process::id());
     {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()
@@ -92,15 +92,68 @@ pub fn read(cache_dir: &Path, net: &str, container_id: &str, ifname: &str) -> Op
         .filter(|c| c.kind == KIND)
 }
 
+/// Where process `pid` writes `p` before renaming it into place (appended,
+/// not an extension: container IDs may contain dots).
+fn tmp_path(p: &Path, pid: u32) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(format!(".tmp{pid}"));
+    PathBuf::from(s)
+}
+
+/// The writer's process ID if `name` is a temporary file of `base`.
+fn tmp_writer(name: &str, base: &str) -> Option<u32> {
+    name.strip_prefix(base)?.strip_prefix(".tmp")?.parse().ok()
+}
+
+fn remove_file(p: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes the cached attachment, and the temporary file of an ADD killed
+/// while writing it (the DEL after a killed ADD is the one that can).
 pub fn remove(
     cache_dir: &Path,
     net: &str,
     container_id: &str,
     ifname: &str,
 ) -> std::io::Result<()> {
-    match std::fs::remove_file(path(cache_dir, net, container_id, ifname)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+    let p = path(cache_dir, net, container_id, ifname);
+    remove_file(&p)?;
+    let base = format!("{net}-{container_id}-{ifname}");
+    for e in std::fs::read_dir(results_dir(cache_dir))
+        .into_iter()
+        .flatten()
+    {
+        let Ok(e) = e else { continue };
+        if tmp_writer(&e.file_name().to_string_lossy(), &base).is_some() {
+            remove_file(&e.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the temporary files of network `net` whose writer is gone (GC:
+/// an ADD killed while writing, whose DEL never came).
+pub fn sweep_tmp(cache_dir: &Path, net: &str) {
+    let prefix = format!("{net}-");
+    for e in std::fs::read_dir(results_dir(cache_dir))
+        .into_iter()
+        .flatten()
+    {
+        let Ok(e) = e else { continue };
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some((base, _)) = name.rsplit_once(".tmp") else {
+            continue;
+        };
+        if base.starts_with(&prefix)
+            && tmp_writer(&name, base)
+                .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists())
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 
@@ -166,8 +219,22 @@ mod tests {
         };
         write(d.path(), &other).unwrap();
         assert_eq!(list(d.path(), "n").len(), 1);
+        // The temporary file of a writer killed mid-write goes with the
+        // entry; another key's stays.
+        std::fs::write(tmp_path(&p, 4242), "{").unwrap();
+        let other_tmp = tmp_path(&path(d.path(), "n", "c10", "eth0"), 7);
+        std::fs::write(&other_tmp, "{").unwrap();
         remove(d.path(), "n", "c1", "eth0").unwrap();
         remove(d.path(), "n", "c1", "eth0").unwrap();
+        assert!(!tmp_path(&p, 4242).exists());
+        assert!(other_tmp.exists());
+        // GC sweeps it once its writer is gone (no PID is above 2^22).
+        let dead = tmp_path(&path(d.path(), "n", "c10", "eth0"), 99_999_999);
+        std::fs::write(&dead, "{").unwrap();
+        let alive = tmp_path(&path(d.path(), "n", "c11", "eth0"), std::process::id());
+        std::fs::write(&alive, "{").unwrap();
+        sweep_tmp(d.path(), "n");
+        assert!(!dead.exists() && alive.exists());
         assert!(read(d.path(), "n", "c1", "eth0").is_none());
         std::fs::write(path(d.path(), "n", "bad", "eth0"), "{not json").unwrap();
         assert!(read(d.path(), "n", "bad", "eth0").is_none());

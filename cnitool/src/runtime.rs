@@ -273,6 +273,7 @@ impl Runtime {
             return Ok(());
         }
         let mut errs = Vec::new();
+        cache::sweep_tmp(&self.cache_dir, &list.name);
         for c in cache::list(&self.cache_dir, &list.name) {
             let key = GcAttachment {
                 container_id: c.container_id.clone(),
