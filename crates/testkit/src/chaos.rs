@@ -271,7 +271,13 @@ pub struct Trial {
     /// cnitool (`cnitool>bridge>host-local`), or `finished`.
     pub phase: String,
     pub add: Outcome,
+    /// Whether a process of the killed ADD still existed when the DEL
+    /// started (dying in the kernel, or a zombie not yet reaped by init).
+    pub overlapped: bool,
     pub del: Outcome,
+    /// After a failed DEL: whether a second DEL succeeded (a transient
+    /// failure) and what it said.
+    pub del_again: Option<Outcome>,
     pub gc: Outcome,
     pub left: Leftovers,
 }
@@ -505,7 +511,10 @@ impl Harness {
         // SAFETY: plain kill(2) of a process group we created.
         unsafe { libc::killpg(pid as i32, libc::SIGKILL) };
         let add = Outcome::of(child.wait_with_output().expect("wait for cnitool add"));
+        // SAFETY: signal 0 only asks whether the group has a member.
+        let overlapped = unsafe { libc::killpg(pid as i32, 0) } == 0;
         let del = self.del(&path, &cid);
+        let del_again = (!del.ok).then(|| self.del(&path, &cid));
         let gc = self.gc();
         let pod_links = if self.setup == Setup::HostLocal {
             BTreeSet::new()
@@ -536,7 +545,9 @@ impl Harness {
             delay,
             phase,
             add,
+            overlapped,
             del,
+            del_again,
             gc,
             left,
         }
@@ -640,13 +651,24 @@ impl Report {
             del.len(),
             gc.len()
         );
+        let overlapped = self.trials.iter().filter(|t| t.overlapped).count();
+        let _ = writeln!(
+            s,
+            "  DELs started while a killed process still existed: {overlapped}"
+        );
         for t in &del {
+            let again = match &t.del_again {
+                Some(o) if o.ok => "a second DEL succeeded".to_string(),
+                Some(o) => format!("a second DEL failed too: {}", o.message()),
+                None => String::new(),
+            };
             let _ = writeln!(
                 s,
-                "  DEL failed: {} (killed during {} after {} us): {}",
+                "  DEL failed: {} (killed during {} after {} us, overlapped {}): {}; {again}",
                 t.container_id,
                 t.phase,
                 t.delay.as_micros(),
+                t.overlapped,
                 t.del.message()
             );
         }
