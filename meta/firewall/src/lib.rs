@@ -172,14 +172,17 @@ impl Plugin for Firewall {
         if let Err(e) = nft::teardown(&mut nl, &a) {
             errors.push(e);
         }
+        let may_hold =
+            |nl: &mut Nfnl, v6| nl.iptables_may_hold(&ns, v6, "filter", &[ipt::FORWARD_CHAIN]);
         let ips = match &prev {
             Some(prev) => addresses(prev),
-            None => pod_addresses(args),
+            // The pod's namespace is read only where there may be rules.
+            None if may_hold(&mut nl, false) || may_hold(&mut nl, true) => pod_addresses(args),
+            None => Vec::new(),
         };
         for (fam, fips) in by_family(&ips) {
             // No process on a node that never had iptables firewall rules.
-            let v6 = fam == Family::V6;
-            if !nl.iptables_may_hold(&ns, v6, "filter", &[ipt::FORWARD_CHAIN]) {
+            if !may_hold(&mut nl, fam == Family::V6) {
                 continue;
             }
             if let Err(e) = ipt::teardown(&ns, fam, &fips)
