@@ -30,6 +30,10 @@ struct Args {
     /// Seed of the kill delays (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
+    /// Run ADD and DEL with this libcni client (cnitool-tests' Go client,
+    /// built against Debian's libcni) instead of cnitool.
+    #[arg(long)]
+    libcni: Option<PathBuf>,
 }
 
 fn main() {
@@ -53,7 +57,7 @@ fn main() {
                 std::process::exit(2);
             }
         };
-        let mut h = Harness::new(setup, &a.bins, seed);
+        let mut h = Harness::with_runtime(setup, &a.bins, seed, a.libcni.as_deref());
         let r = h.run(a.trials);
         print!("{}", r.summary());
         bad += r.leaky().len() + r.del_failures().len() + r.gc_failures().len();

@@ -73,8 +73,8 @@ pub const BRIDGE: &str = "chaosbr0";
 const SUBNET: &str = "10.90.0.0/16";
 const GATEWAY: &str = "10.90.0.1";
 
-/// The conflist of `setup` with its state in `state`.
-pub fn conflist(setup: Setup, state: &Path) -> Value {
+/// The conflist of `setup` with its state in `state`, at CNI `version`.
+pub fn conflist(setup: Setup, state: &Path, version: &str) -> Value {
     let ipam = json!({
         "type": "host-local",
         "dataDir": state.join("ipam"),
@@ -93,7 +93,7 @@ pub fn conflist(setup: Setup, state: &Path) -> Value {
              "sysctl": {"net.ipv4.conf.eth0.arp_notify": "1"}}
         ]),
     };
-    json!({"cniVersion": "1.1.0", "name": NETWORK, "plugins": plugins})
+    json!({"cniVersion": version, "name": NETWORK, "plugins": plugins})
 }
 
 /// How a cnitool command ended.
@@ -294,6 +294,10 @@ pub struct Harness {
     pub add_time: Duration,
     rng: u64,
     n: usize,
+    /// A libcni client (`libcni-client add|del <confdir> <network> <netns>
+    /// <containerID> <ifname> <cachedir>`) to run ADD and DEL with
+    /// instead of cnitool; GC stays cnitool's (libcni 1.1 has none).
+    libcni: Option<PathBuf>,
 }
 
 /// The process chain under `pid`: its own name and, while it has a child,
@@ -342,6 +346,11 @@ impl Harness {
     /// A node for `setup` with binaries (cnitool and the plugins) from
     /// `bins`; the node forwards, as a container host does.
     pub fn new(setup: Setup, bins: &Path, seed: u64) -> Harness {
+        Harness::with_runtime(setup, bins, seed, None)
+    }
+
+    /// [`Harness::new`] with ADD and DEL run by a libcni client.
+    pub fn with_runtime(setup: Setup, bins: &Path, seed: u64, libcni: Option<&Path>) -> Harness {
         crate::require_root();
         let node = NetNs::new_anonymous().expect("node namespace");
         let state = tempfile::Builder::new()
@@ -351,7 +360,13 @@ impl Harness {
         std::fs::create_dir_all(state.path().join("conf")).unwrap();
         std::fs::write(
             state.path().join("conf/chaos.conflist"),
-            serde_json::to_vec_pretty(&conflist(setup, state.path())).unwrap(),
+            // libcni 1.1 knows versions up to 1.0.0 (and so no GC).
+            serde_json::to_vec_pretty(&conflist(
+                setup,
+                state.path(),
+                if libcni.is_some() { "1.0.0" } else { "1.1.0" },
+            ))
+            .unwrap(),
         )
         .unwrap();
         let _ = rcni_netlink::sysctl::set(&node, "net/ipv4/ip_forward", "1");
@@ -369,6 +384,7 @@ impl Harness {
             add_time: Duration::ZERO,
             rng: seed ^ 0x9e37_79b9_7f4a_7c15,
             n: 0,
+            libcni: libcni.map(Path::to_path_buf),
         };
         h.calibrate();
         h
@@ -399,8 +415,27 @@ impl Harness {
         c
     }
 
+    /// `libcni-client CMD` for the attachment, as [`Harness::cnitool`].
+    fn libcni_cmd(&self, client: &Path, cmd: &str, pod: &str, cid: &str) -> Command {
+        let mut c = self.node.command(client);
+        c.env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env("CNI_PATH", &self.bins)
+            .arg(cmd)
+            .arg(self.state.path().join("conf"))
+            .args([NETWORK, pod, cid, "eth0"])
+            .arg(self.state.path().join("cache"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
     fn add_cmd(&self, pod: &str, cid: &str) -> Command {
-        let mut c = self.cnitool(&["add", NETWORK, pod, "--container-id", cid]);
+        let mut c = match &self.libcni {
+            Some(client) => self.libcni_cmd(client, "add", pod, cid),
+            None => self.cnitool(&["add", NETWORK, pod, "--container-id", cid]),
+        };
         // Its own process group, so that one killpg reaches every process
         // of the ADD.
         c.process_group(0);
@@ -409,11 +444,11 @@ impl Harness {
 
     /// DEL as the runtime runs it after a failed ADD.
     pub fn del(&self, pod: &str, cid: &str) -> Outcome {
-        Outcome::of(
-            self.cnitool(&["del", NETWORK, pod, "--container-id", cid])
-                .output()
-                .expect("run cnitool del"),
-        )
+        let mut c = match &self.libcni {
+            Some(client) => self.libcni_cmd(client, "del", pod, cid),
+            None => self.cnitool(&["del", NETWORK, pod, "--container-id", cid]),
+        };
+        Outcome::of(c.output().expect("run the runtime's DEL"))
     }
 
     /// GC with an empty valid set.
@@ -555,6 +590,11 @@ impl Harness {
 
     pub fn run(&mut self, trials: usize) -> Report {
         let mut r = Report {
+            runtime: if self.libcni.is_some() {
+                "libcni"
+            } else {
+                "cnitool"
+            },
             setup: self.setup,
             add_time: self.add_time,
             trials: Vec::with_capacity(trials),
@@ -574,6 +614,8 @@ impl Harness {
 
 /// Trials of one setup.
 pub struct Report {
+    /// What ran ADD and DEL: cnitool or libcni.
+    pub runtime: &'static str,
     pub setup: Setup,
     pub add_time: Duration,
     pub trials: Vec<Trial>,
@@ -619,8 +661,9 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "== {}: {} trials, kill delay uniform over [0, median normal ADD] (last: {:.1} ms)",
+            "== {} through {}: {} trials, kill delay uniform over [0, median normal ADD] (last: {:.1} ms)",
             self.setup.label(),
+            self.runtime,
             self.trials.len(),
             self.add_time.as_secs_f64() * 1e3
         );
