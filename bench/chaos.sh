@@ -9,7 +9,14 @@
 # error and stderr. Goal: 0 leftovers and 0 failures in 1000 trials.
 # Runs what scripts/install ships (the static release build), everything
 # inside namespaces chaosbench creates; exits 1 if anything was left.
-# Usage: bench/chaos.sh [-n TRIALS] [--setups host-local,chain-nftables,chain-iptables] [--seed S]
+# chain-mixed is the chain as issue 21 ran it (masquerading on iptables,
+# portmap and firewall on nftables). --libcni CLIENT runs ADD and DEL with
+# cnitool-tests' Go libcni client instead of cnitool (build it with
+# `cargo nextest run -p rcni-cnitool-tests --test loopback` or `go build` in
+# cnitool-tests/go/libcni-client): libcni's non-atomic cache write is where
+# issue 21's failed DEL comes from (about 1 in 1000 trials).
+# Usage: bench/chaos.sh [-n TRIALS] [--setups host-local,chain-nftables,chain-iptables,chain-mixed]
+#                       [--seed S] [--libcni CLIENT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 args=()
