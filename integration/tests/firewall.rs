@@ -274,6 +274,42 @@ fn iptables_rules_interoperate_with_the_reference() {
     br.del_pod(&lan, &a1, "a1", &r);
 }
 
+/// The state an ADD killed after firewall (before the runtime cached the
+/// chain's result) leaves: iptables rules and no prevResult for the DEL.
+/// The per-address rules carry nothing but the address; DEL finds it on
+/// the pod's interface, which the bridge's DEL removes only afterwards.
+#[test]
+fn iptables_del_without_prev_result_after_a_lost_add() {
+    let lan = Lan::new();
+    let data = tempfile::tempdir().unwrap();
+    let na = net_a(json!({"backend": "iptables"}), data.path());
+    let a1 = pod("A1");
+    let (r, _) = na.add_in_two(&lan, &a1, "a1");
+    let rules = |lan: &Lan| {
+        [
+            ("iptables-save", ip_of(&r, true)),
+            ("ip6tables-save", ip_of(&r, false)),
+        ]
+        .into_iter()
+        .filter(|(tool, ip)| {
+            lan.on_node(tool, &["-t", "filter"])
+                .contains(&format!("{ip}/"))
+        })
+        .count()
+    };
+    assert_eq!(rules(&lan), 2, "ADD wrote rules for both families");
+    let mut bare = na.stdin(1, None);
+    bare.as_object_mut().unwrap().remove("prevResult");
+    assert_success(&lan.run(&bin("firewall"), "DEL", &a1, "a1", &bare));
+    assert_eq!(
+        rules(&lan),
+        0,
+        "{}",
+        lan.on_node("iptables-save", &["-t", "filter"])
+    );
+    na.del_pod(&lan, &a1, "a1", &r);
+}
+
 #[test]
 fn check_del_gc() {
     let lan = Lan::new();

@@ -279,8 +279,12 @@ fn gc_drops_stale_backups_and_del_without_netns_too() {
     let conf = c.stdin(1, Some(&ra));
     assert_success(&lan.call(&bin("tuning"), "DEL", None, "pod-a", "eth0", &conf));
     assert_eq!(backups(data.path()), vec!["other_eth0.json"]);
+    // An ADD killed while writing pod-b's backup left its temporary file:
+    // the DEL that follows removes it.
+    std::fs::write(data.path().join("pod-b_eth0.json.tmp"), "{").unwrap();
     c.del_pod(&lan, &a, "pod-a", &ra);
     c.del_pod(&lan, &b, "pod-b", &rb);
+    assert_eq!(backups(data.path()), vec!["other_eth0.json"]);
 }
 
 #[test]

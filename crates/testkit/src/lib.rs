@@ -2,6 +2,7 @@
 //! a runtime does, real packets, and leak checks. Dev-only.
 
 pub mod killpoints;
+pub mod chaos;
 
 use rcni_netns::NetNs;
 use serde_json::Value;

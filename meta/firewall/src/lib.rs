@@ -29,6 +29,7 @@ use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult};
 use rcni_netlink::nfnl::Nfnl;
 use rcni_netns::NetNs;
+use ipnetwork::IpNetwork;
 
 pub struct Firewall;
 
@@ -69,6 +70,36 @@ fn attachment<'a>(
     })
 }
 
+/// The global addresses of the pod's interface: what a DEL without
+/// prevResult removes the iptables rules of. Those rules carry nothing but
+/// the address, and a runtime has no cached result to pass after an ADD it
+/// lost (killed between firewall's ADD and the end of the chain); the
+/// interface is still there then, since DEL runs the chain in reverse and
+/// the main plugin removes it only after firewall. None when the namespace
+/// or the interface is gone.
+fn pod_addresses(args: &CmdArgs) -> Vec<IpNetwork> {
+    let Some(pod) = args.netns.as_deref().and_then(|p| NetNs::open(p).ok()) else {
+        return Vec::new();
+    };
+    let Ok(rt) = rcni_netlink::runtime() else {
+        return Vec::new();
+    };
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect(&pod).await.ok()?;
+        let link = nl.find_link(&args.ifname).await.ok()??;
+        let addrs = nl.addresses(Some(link.index)).await.ok()?;
+        // Universe scope: not the IPv6 link-local address, which has no rules.
+        Some(
+            addrs
+                .into_iter()
+                .filter(|a| a.scope == 0)
+                .map(|a| a.addr)
+                .collect(),
+        )
+    })
+    .unwrap_or_default()
+}
+
 fn prev_required(args: &CmdArgs) -> Result<CniResult, CniError> {
     args.conf
         .prev_result()?
@@ -96,10 +127,10 @@ impl Plugin for Firewall {
 
     /// Removes the attachment's nftables rules (found by comment, no
     /// prevResult needed) and its iptables rules (found by the addresses
-    /// of prevResult, as the reference), whatever backend the config names
-    /// now, and prevResult's addresses from the firewalld zone where
-    /// firewalld runs and the config lets it be chosen. Keeps going past a
-    /// failure.
+    /// of prevResult, as the reference, or without one by the addresses
+    /// the pod's interface still has), whatever backend the config names
+    /// now, and those addresses from the firewalld zone where firewalld
+    /// runs and the config lets it be chosen. Keeps going past a failure.
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
         let prev = args.conf.prev_result().ok().flatten();
@@ -112,7 +143,10 @@ impl Plugin for Firewall {
             policy: conf.policy,
             host_port: None,
         };
-        let ips = prev.as_ref().map(addresses).unwrap_or_default();
+        let ips = match &prev {
+            Some(prev) => addresses(prev),
+            None => pod_addresses(args),
+        };
         let ctx = Ctx::new(&ns, &conf, a, ips);
         let mut first = None;
         for b in backend::for_del(&conf)? {
