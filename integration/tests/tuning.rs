@@ -281,7 +281,8 @@ fn gc_drops_stale_backups_and_del_without_netns_too() {
     assert_eq!(backups(data.path()), vec!["other_eth0.json"]);
     // An ADD killed while writing pod-b's backup left its temporary file:
     // the DEL that follows removes it.
-    std::fs::write(data.path().join("pod-b_eth0.json.tmp"), "{").unwrap();
+    // (rcni_statefile's temporary name: `.<name>.<pid>.<n>.rcni-tmp`)
+    std::fs::write(data.path().join(".pod-b_eth0.json.4242.0.rcni-tmp"), "{").unwrap();
     c.del_pod(&lan, &a, "pod-a", &ra);
     c.del_pod(&lan, &b, "pod-b", &rb);
     assert_eq!(backups(data.path()), vec!["other_eth0.json"]);

@@ -1,8 +1,8 @@
 //! Test support: throwaway namespaces, running built plugin binaries the way
 //! a runtime does, real packets, and leak checks. Dev-only.
 
-pub mod killpoints;
 pub mod chaos;
+pub mod killpoints;
 
 use rcni_netns::NetNs;
 use serde_json::Value;

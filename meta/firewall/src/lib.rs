@@ -25,11 +25,11 @@ pub mod nft;
 
 use backend::Ctx;
 use conf::{Conf, IngressPolicy, addresses, bridge};
+use ipnetwork::IpNetwork;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult};
 use rcni_netlink::nfnl::Nfnl;
 use rcni_netns::NetNs;
-use ipnetwork::IpNetwork;
 
 pub struct Firewall;
 
