@@ -73,6 +73,12 @@ fn nft_has(lan: &Lan, needle: &str) -> bool {
     nft_ruleset(lan).contains(needle)
 }
 
+/// Our nftables table (empty when it does not exist); iptables-nft's
+/// tables are in the ruleset too.
+fn nft_ours(lan: &Lan) -> String {
+    lan.on_node("nft", &["list", "table", "inet", "cni_firewall"])
+}
+
 #[test]
 fn same_bridge_blocks_other_bridges_and_nothing_else() {
     for backend in ["nftables", "iptables"] {
@@ -431,4 +437,97 @@ fn default_backend_gets_pods_through_an_iptables_forward_drop() {
         let t = lan.on_node("iptables-save", &["-t", "filter"]);
         assert!(!t.contains(&ip_of(&r, true)), "{fw}: {t}");
     }
+}
+
+/// `"backend": "nftables"` where iptables' `filter FORWARD` drops (policy
+/// DROP as Docker sets it, or a final unconditional DROP/REJECT): the
+/// reference reads that value as its default and writes its accept into
+/// iptables, so the pod's traffic passes; ours must too, and does with the
+/// reference's iptables rules (an accept in our nftables table cannot undo
+/// iptables' drop). Where FORWARD accepts, the nftables table is used.
+#[test]
+fn nftables_backend_uses_iptables_where_its_forward_drops() {
+    let fw = json!({"backend": "nftables"});
+    let policy_drop: &[(&str, &[&str])] = &[
+        ("iptables", &["-P", "FORWARD", "DROP"]),
+        ("ip6tables", &["-P", "FORWARD", "DROP"]),
+    ];
+    let final_drop: &[(&str, &[&str])] = &[
+        ("iptables", &["-A", "FORWARD", "-j", "DROP"]),
+        ("ip6tables", &["-A", "FORWARD", "-j", "REJECT"]),
+    ];
+    let v6_reject: &[(&str, &[&str])] = &[("ip6tables", &["-A", "FORWARD", "-j", "REJECT"])];
+    for (setup, drops) in [
+        (policy_drop, true),
+        (final_drop, true),
+        (v6_reject, true),
+        (&[][..], false),
+    ] {
+        let lan = lan_with_client_server();
+        for (tool, args) in setup {
+            lan.on_node_ok(tool, args);
+        }
+        let data = tempfile::tempdir().unwrap();
+        let na = net_a(fw.clone(), data.path());
+        let a1 = pod("A1");
+        let r = na.add(&lan, &a1.path(), "a1", "eth0");
+        let what = format!("{setup:?}");
+        for (from, to) in [(&lan.node, CLIENT_V6), (&a1, "fd88:0:0:a::1")] {
+            assert!((0..3).any(|_| ping(&from.ns, to)), "{to} never answered");
+        }
+        for dst in [CLIENT_V4, CLIENT_V6] {
+            assert!(ping(&a1.ns, dst), "{what}: pod to {dst} dropped");
+        }
+        assert_reaches(&a1, CLIENT_V4, 80, &format!("{what}: pod's TCP out"));
+        let ipt = lan.on_node("iptables-save", &["-t", "filter"]);
+        let ip6t = lan.on_node("ip6tables-save", &["-t", "filter"]);
+        let a1_ip = ip_of(&r, true);
+        if drops {
+            for t in [&ipt, &ip6t] {
+                assert!(
+                    t.contains(":CNI-FORWARD - "),
+                    "{what}: no CNI-FORWARD in {t}"
+                );
+            }
+            assert!(ipt.contains(&a1_ip), "{what}: {ipt}");
+            assert!(
+                !nft_ours(&lan).contains(&a1_ip),
+                "{what}: {}",
+                nft_ours(&lan)
+            );
+        } else {
+            assert!(!ipt.contains("CNI-FORWARD"), "{what}: {ipt}");
+            assert!(nft_ours(&lan).contains(&format!("ip saddr {a1_ip} accept")));
+        }
+        na.check_ok(&lan, &a1, "a1", &r);
+        na.del_pod(&lan, &a1, "a1", &r);
+        let ipt = lan.on_node("iptables-save", &["-t", "filter"]);
+        assert!(!ipt.contains(&a1_ip), "{what}: {ipt}");
+        assert!(
+            !nft_ours(&lan).contains(&a1_ip),
+            "{what}: {}",
+            nft_ours(&lan)
+        );
+    }
+}
+
+/// The same where the node's iptables is legacy (x_tables): its FORWARD
+/// policy DROP is read with `iptables-legacy -S`, and the reference's
+/// iptables rules are chosen.
+#[test]
+fn nftables_backend_sees_a_legacy_iptables_forward_drop() {
+    let lan = Lan::new();
+    lan.on_node_ok("iptables-legacy", &["-P", "FORWARD", "DROP"]);
+    let data = tempfile::tempdir().unwrap();
+    let na = net_a(json!({"backend": "nftables"}), data.path());
+    let a1 = pod("A1");
+    let r = na.add(&lan, &a1.path(), "a1", "eth0");
+    let a1_ip = ip_of(&r, true);
+    let ipt = lan.on_node("iptables-save", &["-t", "filter"]);
+    assert!(
+        ipt.contains(":CNI-FORWARD - ") && ipt.contains(&a1_ip),
+        "{ipt}"
+    );
+    assert!(!nft_ours(&lan).contains(&a1_ip), "{}", nft_ours(&lan));
+    na.del_pod(&lan, &a1, "a1", &r);
 }

@@ -56,6 +56,15 @@ const NLM_F_APPEND: u16 = 0x800;
 const NFTA_CHAIN_TABLE: u16 = 1;
 const NFTA_CHAIN_NAME: u16 = 3;
 const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_CHAIN_POLICY: u16 = 5;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_IMMEDIATE_DATA: u16 = 2;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_TARGET_NAME: u16 = 1;
+const NF_DROP: u32 = 0;
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_HANDLE: u16 = 3;
@@ -374,6 +383,36 @@ fn udata_comment(mut v: &[u8]) -> Option<String> {
     None
 }
 
+/// Whether a rule's expressions (`NFTA_RULE_EXPRESSIONS`) are counters
+/// and then a drop or reject: nothing the rule matches on.
+fn unconditional_drop(exprs: &[u8]) -> bool {
+    let list: Vec<(String, &[u8])> = attrs(exprs)
+        .filter(|(t, _)| *t == NFTA_LIST_ELEM)
+        .map(|(_, e)| {
+            let name = attr(e, NFTA_EXPR_NAME).map(c_string).unwrap_or_default();
+            (name, attr(e, NFTA_EXPR_DATA).unwrap_or_default())
+        })
+        .collect();
+    let Some(((name, data), rest)) = list.split_last() else {
+        return false;
+    };
+    if rest.iter().any(|(n, _)| n != "counter") {
+        return false;
+    }
+    match name.as_str() {
+        "reject" => true,
+        "target" => attr(data, NFTA_TARGET_NAME).map(c_string).as_deref() == Some("REJECT"),
+        "immediate" => {
+            attr(data, NFTA_IMMEDIATE_DATA)
+                .and_then(|d| attr(d, NFTA_DATA_VERDICT))
+                .and_then(|v| attr(v, NFTA_VERDICT_CODE))
+                .and_then(|c| Some(u32::from_be_bytes(c.try_into().ok()?)))
+                == Some(NF_DROP)
+        }
+        _ => false,
+    }
+}
+
 fn ip_of(v: &[u8]) -> Option<IpAddr> {
     match v.len() {
         4 => Some(IpAddr::from(<[u8; 4]>::try_from(v).ok()?)),
@@ -539,6 +578,36 @@ impl Nfnl {
         }
     }
 
+    /// Runs a non-dump request and returns the attributes of its answer
+    /// (`None` without one). `Err` with `is_not_found()` on ENOENT.
+    fn get(&mut self, op: &str, ty: u16, family: u8, payload: &[u8]) -> Result<Option<Vec<u8>>> {
+        let msg = self.message(ty, NLM_F_REQUEST | NLM_F_ACK, family, 0, payload);
+        let seq = self.seq;
+        self.send(op, &msg)?;
+        let mut out = None;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = self.recv(op, &mut buf)?;
+            for (ty, mseq, p) in Self::messages(&buf[..n]) {
+                if mseq != seq {
+                    continue;
+                }
+                match ty {
+                    // The answer comes first, then the ack.
+                    NLMSG_ERROR => {
+                        let code = Self::error_code(p);
+                        if code == 0 {
+                            return Ok(out);
+                        }
+                        return Err(io_err(op, std::io::Error::from_raw_os_error(-code)));
+                    }
+                    _ if p.len() >= 4 => out = Some(p[4..].to_vec()),
+                    _ => {}
+                }
+            }
+        }
+    }
+
     /// Sends messages that each request an ack and waits for all answers;
     /// the first error wins.
     fn send_acked(&mut self, op: &str, buf: &[u8], acked: &[u32]) -> Result<()> {
@@ -621,6 +690,46 @@ impl Nfnl {
             return Ok(None);
         }
         Ok(Some(chains))
+    }
+
+    /// Whether the base chain `chain` of `table` drops what its earlier
+    /// rules did not decide: its policy is drop, or its last rule drops or
+    /// rejects unconditionally (`-j DROP` / `-j REJECT` as iptables-nft
+    /// writes them: a counter and the verdict). A chain or table that does
+    /// not exist drops nothing. One request, and a dump of the chain's
+    /// rules only when the policy accepts.
+    pub fn nft_chain_drops(&mut self, family: NftFamily, table: &str, chain: &str) -> Result<bool> {
+        let mut p = Vec::new();
+        push_str(&mut p, NFTA_CHAIN_TABLE, table);
+        push_str(&mut p, NFTA_CHAIN_NAME, chain);
+        let op = format!("get chain {family} {table} {chain}");
+        let t = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETCHAIN;
+        let a = match self.get(&op, t, family.code(), &p) {
+            Ok(Some(a)) => a,
+            Ok(None) => return Ok(false),
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let policy =
+            attr(&a, NFTA_CHAIN_POLICY).and_then(|v| Some(u32::from_be_bytes(v.try_into().ok()?)));
+        if policy == Some(NF_DROP) {
+            return Ok(true);
+        }
+        let mut p = Vec::new();
+        push_str(&mut p, NFTA_RULE_TABLE, table);
+        push_str(&mut p, NFTA_RULE_CHAIN, chain);
+        let op = format!("list rules of chain {family} {table} {chain}");
+        let Some(msgs) = self.nft_dump(&op, NFT_MSG_GETRULE, family, &p)? else {
+            return Ok(false);
+        };
+        // Kernels that ignore the dump's filter answer with every rule.
+        let last = msgs.iter().rev().find(|(_, a)| {
+            attr(a, NFTA_RULE_TABLE).map(c_string).as_deref() == Some(table)
+                && attr(a, NFTA_RULE_CHAIN).map(c_string).as_deref() == Some(chain)
+        });
+        Ok(last
+            .and_then(|(_, a)| attr(a, NFTA_RULE_EXPRESSIONS))
+            .is_some_and(unconditional_drop))
     }
 
     fn nft_table_exists(&mut self, family: NftFamily, table: &str) -> Result<bool> {
@@ -936,6 +1045,36 @@ mod tests {
         u.extend_from_slice(b"ctr1\0");
         assert_eq!(udata_comment(&u).as_deref(), Some("ctr1"));
         assert_eq!(udata_comment(&[1, 1, 9]), None);
+    }
+
+    #[test]
+    fn unconditional_drop_rules() {
+        use crate::nftexpr;
+        let list =
+            |e: Vec<Expr>| -> Vec<u8> { e.iter().flat_map(|x| x.bytes().to_vec()).collect() };
+        assert!(unconditional_drop(&list(nftexpr::drop())));
+        assert!(!unconditional_drop(&list(nftexpr::accept())));
+        let mut cond = nftexpr::ifname(true, "x", true);
+        cond.extend(nftexpr::drop());
+        assert!(!unconditional_drop(&list(cond)));
+        assert!(!unconditional_drop(&[]));
+        // `counter` + `target REJECT`, as iptables-nft writes `-j REJECT`.
+        let elem = |name: &str, data: &[u8]| {
+            let mut e = Vec::new();
+            push_str(&mut e, NFTA_EXPR_NAME, name);
+            push_attr(&mut e, NFTA_EXPR_DATA | NLA_F_NESTED, data);
+            let mut l = Vec::new();
+            push_attr(&mut l, NFTA_LIST_ELEM | NLA_F_NESTED, &e);
+            l
+        };
+        let mut target = Vec::new();
+        push_str(&mut target, NFTA_TARGET_NAME, "REJECT");
+        let mut r = elem("counter", &[]);
+        r.extend(elem("target", &target));
+        assert!(unconditional_drop(&r));
+        let mut masq = Vec::new();
+        push_str(&mut masq, NFTA_TARGET_NAME, "MASQUERADE");
+        assert!(!unconditional_drop(&elem("target", &masq)));
     }
 
     #[test]

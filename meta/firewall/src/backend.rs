@@ -5,8 +5,9 @@
 //! `filter FORWARD` (where Docker sets policy DROP) is a hook of its own, and
 //! an accept in any other table, nftables' included, cannot undo its drop;
 //! firewalld's zones likewise reject forwarded traffic of sources it does
-//! not trust. nftables is used when the config says so, or when iptables
-//! does not work on the node.
+//! not trust. nftables is used when the config says so, unless iptables'
+//! FORWARD drops (then the reference's iptables rules, see [`select`]), or
+//! when iptables does not work on the node.
 
 use crate::conf::{Backend, Conf, IngressPolicy};
 use crate::{firewalld, ipt, nft};
@@ -14,7 +15,7 @@ use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use rcni_cni::rollback::Rollback;
 use rcni_ipmasq::ipt::Family;
-use rcni_netlink::nfnl::Nfnl;
+use rcni_netlink::nfnl::{Nfnl, NftFamily};
 use rcni_netns::NetNs;
 use std::cell::RefCell;
 
@@ -101,7 +102,7 @@ pub struct Firewalld(pub firewalld::Firewalld);
 
 impl FirewallBackend for Nftables {
     fn add(&self, c: &Ctx) -> Result<(), CniError> {
-        nft::setup(c.ns, c.conf, &c.att, &c.ips)
+        c.with_nfnl(|nl| nft::setup(nl, c.conf, &c.att, &c.ips))
     }
 
     /// Finds the rules by the attachment's comment: prevResult not needed.
@@ -225,18 +226,94 @@ fn iptables_usable(ns: &NetNs) -> bool {
 
 /// The backend of ADD and CHECK: the configured one, else firewalld if it
 /// runs, else iptables where it works, else nftables where `nft` exists.
-pub fn select(conf: &Conf, ns: &NetNs) -> Result<Box<dyn FirewallBackend>, CniError> {
-    Ok(match conf.backend {
+///
+/// `"backend": "nftables"` becomes iptables where iptables' `filter
+/// FORWARD` drops what it does not accept (Docker sets its policy DROP):
+/// that chain is a base chain of its own at the forward hook, and a packet
+/// dropped by any base chain is dropped, so no accept in our nftables table
+/// can let the pod's traffic through. The reference knows no nftables
+/// backend and reads that value as its default, whose CNI-FORWARD accept
+/// sits in iptables' own FORWARD chain: a config that works with it must
+/// not lose traffic with ours.
+pub fn select(c: &Ctx) -> Result<Box<dyn FirewallBackend>, CniError> {
+    Ok(match c.conf.backend {
+        Some(Backend::Nftables) if iptables_forward_drops(c)? => Box::new(Iptables),
         Some(Backend::Nftables) => Box::new(Nftables),
         Some(Backend::Iptables) => Box::new(Iptables),
         Some(Backend::Firewalld) => Box::new(Firewalld(firewalld::Firewalld::required()?)),
         None => match firewalld::Firewalld::running()? {
             Some(fw) => Box::new(Firewalld(fw)),
-            None if iptables_usable(ns) => Box::new(Iptables),
+            None if iptables_usable(c.ns) => Box::new(Iptables),
             None if rcni_ipmasq::exec::find_tool("nft").is_some() => Box::new(Nftables),
             None => Box::new(Iptables),
         },
     })
+}
+
+/// Whether iptables' `filter FORWARD` of a family of the attachment's
+/// addresses drops forwarded traffic, where iptables is there to write the
+/// accept. iptables-nft keeps that chain in the nftables table `ip filter`
+/// (`ip6 filter`), read over nfnetlink without a process (the nftables
+/// ADD's cost is one request per family more); legacy iptables (x_tables)
+/// only over `iptables-legacy -S`, a process run only where the legacy
+/// `filter` table exists in the namespace.
+fn iptables_forward_drops(c: &Ctx) -> Result<bool, CniError> {
+    for (fam, _) in c.by_family() {
+        let family = match fam {
+            Family::V4 => NftFamily::Ip,
+            Family::V6 => NftFamily::Ip6,
+        };
+        let drops = c.with_nfnl(|nl| Ok(nl.nft_chain_drops(family, "filter", "FORWARD")?))?
+            || legacy_forward_drops(c.ns, fam);
+        if drops && rcni_ipmasq::exec::find_tool(fam.iptables_tool()).is_some() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Legacy iptables' `filter FORWARD` drops (false when it cannot tell).
+fn legacy_forward_drops(ns: &NetNs, fam: Family) -> bool {
+    let (names, legacy) = match fam {
+        Family::V4 => ("ip_tables_names", "iptables-legacy"),
+        Family::V6 => ("ip6_tables_names", "ip6tables-legacy"),
+    };
+    // x_tables creates a namespace's tables on their first use: no
+    // `filter` there, no legacy FORWARD chain.
+    let in_use = ns
+        .run(|| std::fs::read_to_string(format!("/proc/thread-self/net/{names}")))
+        .ok()
+        .and_then(Result::ok)
+        .is_some_and(|s| s.lines().any(|l| l == "filter"));
+    if !in_use {
+        return false;
+    }
+    // Where `iptables` is iptables-nft, only the legacy tool sees x_tables.
+    let tool = if rcni_ipmasq::exec::find_tool(legacy).is_some() {
+        legacy
+    } else {
+        fam.iptables_tool()
+    };
+    rcni_ipmasq::exec::run(ns, tool, &["-w", "-S", "FORWARD"], None)
+        .is_ok_and(|o| o.success && save_drops(&o.stdout))
+}
+
+/// Whether `iptables -S FORWARD` shows a chain that drops what it does not
+/// accept: policy DROP, or an unconditional DROP or REJECT last.
+fn save_drops(s: &str) -> bool {
+    let mut last = None;
+    for l in s.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w.as_slice() {
+            ["-P", "FORWARD", "DROP"] => return true,
+            ["-A", "FORWARD", rest @ ..] => last = Some(rest.to_vec()),
+            _ => {}
+        }
+    }
+    matches!(
+        last.as_deref(),
+        Some(["-j", "DROP"]) | Some(["-j", "REJECT", ..])
+    )
 }
 
 /// The backends DEL runs: every one whose state it can find without
@@ -254,4 +331,30 @@ pub fn for_del(conf: &Conf) -> Result<Vec<Box<dyn FirewallBackend>>, CniError> {
         v.push(Box::new(Firewalld(fw)));
     }
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::save_drops;
+
+    #[test]
+    fn forward_chain_that_drops() {
+        assert!(save_drops("-P FORWARD DROP\n-A FORWARD -j DOCKER-USER\n"));
+        assert!(!save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -j DOCKER-USER\n"
+        ));
+        assert!(save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -i x -j ACCEPT\n-A FORWARD -j DROP\n"
+        ));
+        assert!(save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -j REJECT --reject-with icmp-port-unreachable\n"
+        ));
+        assert!(!save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -j DROP\n-A FORWARD -i x -j ACCEPT\n"
+        ));
+        assert!(!save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -s 10.0.0.0/8 -j DROP\n"
+        ));
+        assert!(!save_drops(""));
+    }
 }

@@ -6,7 +6,8 @@
 //! iptables in the reference's exact layout, chosen as the reference
 //! chooses (firewalld when it runs, else iptables), and a native nftables
 //! one over nfnetlink without a process (the reference has none) when the
-//! config says `"backend": "nftables"` or iptables does not work.
+//! config says `"backend": "nftables"` (except where iptables' FORWARD
+//! drops: see [`backend::select`]) or iptables does not work.
 //!
 //! Better than the reference: the nftables backend; DEL and GC remove the
 //! nftables rules without prevResult; the shared same-bridge isolation
@@ -121,7 +122,7 @@ impl Plugin for Firewall {
         let a = attachment(args, &conf, Some(&prev))?;
         let ns = NetNs::current()?;
         let ctx = Ctx::new(&ns, &conf, a, addresses(&prev));
-        backend::select(&conf, &ns)?.add(&ctx)?;
+        backend::select(&ctx)?.add(&ctx)?;
         Ok(prev)
     }
 
@@ -163,7 +164,7 @@ impl Plugin for Firewall {
         let a = attachment(args, &conf, Some(&prev))?;
         let ns = NetNs::current()?;
         let ctx = Ctx::new(&ns, &conf, a, addresses(&prev));
-        let problems = backend::select(&conf, &ns)?.check(&ctx)?;
+        let problems = backend::select(&ctx)?.check(&ctx)?;
         CniError::check_problems("firewall rules", &problems)
     }
 

@@ -41,7 +41,6 @@ use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use rcni_netlink::nfnl::{Hook, Nfnl, NftFamily, NftOp, NftRule};
 use rcni_netlink::nftexpr::{self, Expr};
-use rcni_netns::NetNs;
 use std::collections::BTreeSet;
 
 pub const TABLE: &str = "cni_firewall";
@@ -244,13 +243,17 @@ fn owned_by(r: &NftRule, instance: &str) -> bool {
         .is_some_and(|c| c.starts_with(instance))
 }
 
-pub fn setup(ns: &NetNs, conf: &Conf, a: &Attachment, ips: &[IpNetwork]) -> Result<(), CniError> {
-    let mut nl = Nfnl::open(ns)?;
+pub fn setup(
+    nl: &mut Nfnl,
+    conf: &Conf,
+    a: &Attachment,
+    ips: &[IpNetwork],
+) -> Result<(), CniError> {
     let inst = a.instance();
     let bc = a.bridge.as_deref().map(bridge_comment);
     let mut last = None;
     for _ in 0..2 {
-        let stale: Vec<(NftFamily, String, u64)> = all_rules(&mut nl)?
+        let stale: Vec<(NftFamily, String, u64)> = all_rules(nl)?
             .into_iter()
             .filter(|(_, r)| {
                 owned_by(r, &inst)
