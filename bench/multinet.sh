@@ -57,35 +57,51 @@ multinet='{"cniVersion": "1.0.0", "name": "podnet", "type": "multinet",
   "cacheDir": "'$work'/mncache", "statusDir": "'$work'/mnstatus",
   "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"k8s.v1.cni.cncf.io/networks": "macnet"}}}'
 
-# The first of CNI_PATH holding plugin type $1, as a runtime finds it.
+# The first of CNI_PATH holding plugin type $1, as a runtime finds it;
+# resolved once, so the rounds time the plugins and nothing of this script.
 which_plugin() {
   local d
   for d in ${path//:/ }; do [ -x "$d/$1" ] && { echo "$d/$1"; return; }; done
   echo "plugin $1 not found in $path" >&2; exit 1
 }
-# plugin CMD CID NETNS IFNAME TYPE CONF: one plugin call in the node namespace.
+declare -A exe
+for t in multinet bridge macvlan; do exe[$t]=$(which_plugin "$t"); done
+# plugin CMD CID NETNS IFNAME TYPE CONF: one plugin call, from the node
+# namespace this shell runs in (entered once, below).
 plugin() {
-  echo "$6" | CNI_COMMAND=$1 CNI_CONTAINERID=$2 CNI_NETNS=$3 CNI_IFNAME=$4 CNI_PATH=$path \
-    nsenter --net="/run/netns/$node" "$(which_plugin "$5")" >/dev/null
+  CNI_COMMAND=$1 CNI_CONTAINERID=$2 CNI_NETNS=$3 CNI_IFNAME=$4 CNI_PATH=$path \
+    "${exe[$5]}" <<<"$6" >/dev/null
 }
 now() { date +%s%N; }
 single() { echo "$1" | sed 's/^{/{"cniVersion": "1.0.0", "name": "'"$2"'", /'; }
+cbr0_single=$(single "$cbr0" cbr0)
+macnet_single=$(single "$macnet" macnet)
 
-: > "$work/mn.txt"; : > "$work/sum.txt"
-for i in $(seq 1 "$rounds"); do
-  pod=$tag-pod$i
-  ip netns add "$pod"
-  ns=/run/netns/$pod
-  t0=$(now); plugin ADD m$i "$ns" eth0 multinet "$multinet"; t1=$(now)
-  plugin DEL m$i "$ns" eth0 multinet "$multinet"
-  t2=$(now); plugin ADD d$i "$ns" eth0 bridge "$(single "$cbr0" cbr0)"
-  plugin ADD d$i "$ns" net1 macvlan "$(single "$macnet" macnet)"; t3=$(now)
-  plugin DEL d$i "$ns" net1 macvlan "$(single "$macnet" macnet)"
-  plugin DEL d$i "$ns" eth0 bridge "$(single "$cbr0" cbr0)"
-  ip netns del "$pod"
-  echo $(( (t1 - t0) / 1000 )) >> "$work/mn.txt"
-  echo $(( (t3 - t2) / 1000 )) >> "$work/sum.txt"
-done
+rounds_in_node() {
+  : > "$work/mn.txt"; : > "$work/sum.txt"
+  for i in $(seq 1 "$rounds"); do
+    local pod=$tag-pod$i
+    ip netns add "$pod"
+    local ns=/run/netns/$pod
+    local t0 t1 t2 t3
+    t0=$(now); plugin ADD m$i "$ns" eth0 multinet "$multinet"; t1=$(now)
+    plugin DEL m$i "$ns" eth0 multinet "$multinet"
+    t2=$(now); plugin ADD d$i "$ns" eth0 bridge "$cbr0_single"
+    plugin ADD d$i "$ns" net1 macvlan "$macnet_single"; t3=$(now)
+    plugin DEL d$i "$ns" net1 macvlan "$macnet_single"
+    plugin DEL d$i "$ns" eth0 bridge "$cbr0_single"
+    ip netns del "$pod"
+    echo $(( (t1 - t0) / 1000 )) >> "$work/mn.txt"
+    echo $(( (t3 - t2) / 1000 )) >> "$work/sum.txt"
+  done
+}
+# The rounds run in a shell inside the node namespace: one nsenter for the
+# whole run instead of one per plugin call.
+export tag work path rounds multinet cbr0_single macnet_single
+nsenter --net="/run/netns/$node" bash -c "set -euo pipefail
+  $(declare -f plugin now rounds_in_node)
+  declare -A exe=($(for t in "${!exe[@]}"; do printf '[%s]=%q ' "$t" "${exe[$t]}"; done))
+  rounds_in_node"
 stats() { sort -n "$1" | awk '{a[NR]=$1} END {printf "%.2f %.2f", a[int((NR+1)/2)]/1000, a[int(NR*0.9+0.5)]/1000}'; }
 read -r mn_p50 mn_p90 <<<"$(stats "$work/mn.txt")"
 read -r sum_p50 sum_p90 <<<"$(stats "$work/sum.txt")"
