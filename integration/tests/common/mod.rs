@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 #[allow(unused_imports)] // not every test binary builds topology
 pub use rcni_testkit::ip;
 
+pub mod multinet_lab;
+
 /// A node namespace, a host-local data dir, and pods attached to one bridge.
 pub struct Node {
     pub ns: TestNs,
