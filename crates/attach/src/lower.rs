@@ -1,9 +1,18 @@
-//! What macvlan and ipvlan share: the master (lower device) named by the
-//! config, or the interface of the default route when it names none, in
-//! the node's namespace or, with `linkInContainer`, the container's.
+//! What the plugins of a link on a lower device share (macvlan and
+//! ipvlan; vlan for the ADD's end and DEL): the master named by the config,
+//! or the interface of the default route when it names none, in the node's
+//! namespace or, with `linkInContainer`, the container's; the end of ADD
+//! once the pod's link exists; DEL.
 
-use rcni_cni::CniError;
-use rcni_netlink::{Family, Link, Netlink};
+use crate::{
+    Dad, Namespaces, configure_iface, delete_container_link, finish_add, first_error,
+    in_container_for_del, interface, sandbox, start_ipam_del, wait_ipam,
+};
+use rcni_cni::invoke::PendingAdd;
+use rcni_cni::rollback::Rollback;
+use rcni_cni::skel::CmdArgs;
+use rcni_cni::{CniError, CniResult};
+use rcni_netlink::{Family, IPV4_DEVCONF_ARP_NOTIFY, Link, Netlink};
 
 /// The interface of the first default route of the main table (IPv4
 /// before IPv6), as the reference's `getDefaultRouteInterfaceName`.
@@ -39,4 +48,52 @@ pub fn check_mtu(mtu: i64, master: &Link) -> Result<Option<u32>, CniError> {
         )));
     }
     Ok((mtu > 0).then_some(mtu as u32))
+}
+
+/// The end of ADD once the pod's link exists under its name: configured
+/// from `result` (addresses, routes; other hosts share the segment, so IPv6
+/// addresses go through duplicate address detection, waited for as the
+/// reference does), or only brought up for an L2-only attachment; its
+/// interface in the result; the undo stack committed. With `arp_notify`,
+/// neighbours learn the link's MAC for its addresses at once (best effort,
+/// as the reference's macvlan and ipvlan).
+pub fn finish_lower_add(
+    ns: &Namespaces,
+    args: &CmdArgs,
+    link: &Link,
+    result: Option<CniResult>,
+    arp_notify: bool,
+    undo: Rollback<'_>,
+    ipam: Option<PendingAdd>,
+) -> Result<CniResult, CniError> {
+    let mut result = match result {
+        Some(result) => {
+            if arp_notify {
+                let _ = ns.rt.block_on(
+                    ns.ct
+                        .set_ipv4_devconf(link.index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)]),
+                );
+            }
+            ns.rt
+                .block_on(configure_iface(&ns.ct, &ns.ct_ns, link, &result, Dad::Wait))?;
+            result
+        }
+        None => {
+            ns.rt.block_on(ns.ct.set_up(link.index))?;
+            CniResult::new(args.version())
+        }
+    };
+    let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
+    result.interfaces = vec![interface(&link, &sandbox(args))];
+    Ok(finish_add(result, args, undo, ipam))
+}
+
+/// DEL: IPAM's release alongside the link's removal if the netns is still
+/// there; a missing master, netns or link is success.
+pub fn del_lower(args: &CmdArgs, ipam: Option<&str>) -> Result<(), CniError> {
+    let pending = start_ipam_del(ipam, args);
+    let link = in_container_for_del(args, async |_, ct| {
+        delete_container_link(ct, &args.ifname).await.map(|_| ())
+    });
+    first_error([wait_ipam(pending), link])
 }

@@ -12,15 +12,15 @@
 mod conf;
 
 use conf::Conf;
+use rcni_attach::lower::{del_lower, finish_lower_add};
 use rcni_attach::{
-    Attachment, Dad, Namespaces, check, configure_iface, delete_container_link, ensure_ifname_free,
-    finish_add, first_error, in_container_for_del, interface, ipam_config, lower, random_temp_name,
+    Attachment, Namespaces, check, ensure_ifname_free, ipam_config, lower, random_temp_name,
     sandbox, start_ipam_add, undo_link,
 };
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult, IpConfig};
-use rcni_netlink::{IPV4_DEVCONF_ARP_NOTIFY, Link, LowerOpts, Netlink};
+use rcni_netlink::{Link, LowerOpts, Netlink};
 
 pub struct Ipvlan;
 
@@ -94,7 +94,7 @@ impl Attachment for Ipvlan {
         ns.rt.block_on(ns.ct.set_name(link.index, &args.ifname))?;
         let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
 
-        let mut result = match (&mut ipam, from_prev) {
+        let result = match (&mut ipam, from_prev) {
             (Some(ipam), _) => ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?,
             (None, Some(prev)) => {
                 // The previous plugin's result, its addresses now this
@@ -112,30 +112,13 @@ impl Attachment for Ipvlan {
             }
             (None, None) => unreachable!("checked above"),
         };
-        let _ = ns.rt.block_on(
-            ns.ct
-                .set_ipv4_devconf(link.index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)]),
-        );
-        ns.rt.block_on(configure_iface(
-            &ns.ct,
-            &ns.ct_ns,
-            &link,
-            &result,
-            Dad::Wait,
-        ))?;
-        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
-        result.interfaces = vec![interface(&link, &sandbox(args))];
-        Ok(finish_add(result, args, undo, ipam))
+        finish_lower_add(&ns, args, &link, Some(result), true, undo, ipam)
     }
 
     /// IPAM's release alongside the link's removal if the netns is still
     /// there; a missing master, netns or link is success.
     fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        let ipam = rcni_attach::start_ipam_del(conf.ipam.as_deref(), args);
-        let link = in_container_for_del(args, async |_, ct| {
-            delete_container_link(ct, &args.ifname).await.map(|_| ())
-        });
-        first_error([rcni_attach::wait_ipam(ipam), link])
+        del_lower(args, conf.ipam.as_deref())
     }
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {

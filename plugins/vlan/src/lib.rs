@@ -11,10 +11,10 @@ mod conf;
 
 use conf::Conf;
 use rcni_attach::check;
+use rcni_attach::lower::{del_lower, finish_lower_add};
 use rcni_attach::{
-    Attachment, Dad, Namespaces, configure_iface, delete_container_link, ensure_ifname_free,
-    finish_add, first_error, in_container_for_del, interface, ipam_config, random_temp_name,
-    sandbox, start_ipam_add, undo_link,
+    Attachment, Namespaces, ensure_ifname_free, ipam_config, random_temp_name, sandbox,
+    start_ipam_add, undo_link,
 };
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
@@ -79,39 +79,17 @@ impl Attachment for Vlan {
         ns.rt.block_on(ns.ct.set_name(link.index, &args.ifname))?;
         let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
 
-        let mut result = match &mut ipam {
-            Some(ipam) => {
-                let result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
-                // Other hosts share the VLAN: IPv6 addresses go through
-                // duplicate address detection, and ADD waits for it as the
-                // reference does.
-                ns.rt.block_on(configure_iface(
-                    &ns.ct,
-                    &ns.ct_ns,
-                    &link,
-                    &result,
-                    Dad::Wait,
-                ))?;
-                result
-            }
-            None => {
-                ns.rt.block_on(ns.ct.set_up(link.index))?;
-                CniResult::new(args.version())
-            }
+        let result = match &mut ipam {
+            Some(ipam) => Some(ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?),
+            None => None,
         };
-        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
-        result.interfaces = vec![interface(&link, &sandbox(args))];
-        Ok(finish_add(result, args, undo, ipam))
+        finish_lower_add(&ns, args, &link, result, false, undo, ipam)
     }
 
     /// IPAM's release alongside the link's removal if the netns is still
     /// there; a missing master, netns or link is success.
     fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        let ipam = rcni_attach::start_ipam_del(conf.ipam.as_deref(), args);
-        let link = in_container_for_del(args, async |_, ct| {
-            delete_container_link(ct, &args.ifname).await.map(|_| ())
-        });
-        first_error([rcni_attach::wait_ipam(ipam), link])
+        del_lower(args, conf.ipam.as_deref())
     }
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
