@@ -649,8 +649,10 @@ fn the_agent_follows_file_changes_and_sigterm_keeps_the_kernel_state() {
     assert!(ping(&p1.ns, &a3));
 }
 
-/// One ping, retried twice: the first IPv6 packet of a pod may wait on
-/// neighbour discovery of its gateway.
+/// One ping, retried twice: the very first IPv6 echo between freshly made
+/// pods is sometimes unanswered (seen in about one run of three, cause not
+/// yet pinned down: the node's or pod's neighbour discovery right after
+/// the attachment); every later one crosses.
 fn ping6(from: &NetNs, to: &str) -> bool {
     (0..3).any(|_| ping(from, to))
 }
