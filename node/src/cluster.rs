@@ -5,9 +5,9 @@
 
 use std::collections::BTreeSet;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnetwork::Ipv4Network;
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use serde_json::{Map, Value};
 
 /// How pod traffic reaches another node.
@@ -45,12 +45,19 @@ pub struct Node {
     /// to it.
     pub address: Ipv4Addr,
     pub pod_cidr: Ipv4Network,
+    /// Dual-stack: the node's IPv6 underlay address (peers' IPv6 pod
+    /// traffic is sent to it) and its IPv6 pod subnet. Both or neither
+    /// carry IPv6 pods.
+    pub address6: Option<Ipv6Addr>,
+    pub pod_cidr6: Option<Ipv6Network>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
     /// The whole pod network: pod traffic to it is not masqueraded.
     pub network: Ipv4Network,
+    /// Dual-stack: the cluster's IPv6 pod network.
+    pub network6: Option<Ipv6Network>,
     pub backend: Backend,
     pub vni: u32,
     pub port: u16,
@@ -101,6 +108,7 @@ pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
     };
     const KEYS: &[&str] = &[
         "network",
+        "network6",
         "backend",
         "ebpf",
         "encryption",
@@ -116,7 +124,23 @@ pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
     }
     let network = match top.get("network") {
         None => return Err(invalid("\"network\" is missing (e.g. \"10.244.0.0/16\")")),
-        Some(v) => cidr(v, "\"network\"")?,
+        Some(v) => match cidr(v, "\"network\"")? {
+            IpNetwork::V4(n) => n,
+            IpNetwork::V6(n) => {
+                return Err(ClusterError::NotImplemented(format!(
+                    "\"network\": {n}: IPv6-only clusters (dual-stack: an IPv4 \"network\" and an IPv6 \"network6\")"
+                )));
+            }
+        },
+    };
+    let network6 = match top.get("network6") {
+        None => None,
+        Some(v) => match cidr(v, "\"network6\"")? {
+            IpNetwork::V6(n) => Some(n),
+            IpNetwork::V4(n) => {
+                return Err(invalid(format!("\"network6\": {n} is not an IPv6 network")));
+            }
+        },
     };
     let backend = match top.get("backend") {
         None => Backend::Vxlan,
@@ -181,10 +205,11 @@ pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
     };
     let mut out = Vec::with_capacity(nodes.len());
     for (i, n) in nodes.iter().enumerate() {
-        out.push(parse_node(i, n, network)?);
+        out.push(parse_node(i, n, network, network6)?);
     }
     let cluster = Cluster {
         network,
+        network6,
         backend,
         vni,
         port,
@@ -194,18 +219,13 @@ pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
     Ok(cluster)
 }
 
-fn cidr(v: &Value, what: &str) -> Result<Ipv4Network, ClusterError> {
+fn cidr(v: &Value, what: &str) -> Result<IpNetwork, ClusterError> {
     let Value::String(s) = v else {
         return Err(invalid(format!("{what}: expected a CIDR string, got {v}")));
     };
     let net: ipnetwork::IpNetwork = s
         .parse()
         .map_err(|e| invalid(format!("{what}: {s:?} is not a CIDR ({e})")))?;
-    let ipnetwork::IpNetwork::V4(net) = net else {
-        return Err(ClusterError::NotImplemented(format!(
-            "{what}: {s:?}: IPv6 pod networks"
-        )));
-    };
     if net.ip() != net.network() {
         return Err(invalid(format!(
             "{what}: {s:?} has host bits set (the network is {}/{})",
@@ -216,7 +236,12 @@ fn cidr(v: &Value, what: &str) -> Result<Ipv4Network, ClusterError> {
     Ok(net)
 }
 
-fn parse_node(i: usize, v: &Value, network: Ipv4Network) -> Result<Node, ClusterError> {
+fn parse_node(
+    i: usize,
+    v: &Value,
+    network: Ipv4Network,
+    network6: Option<Ipv6Network>,
+) -> Result<Node, ClusterError> {
     let Value::Object(o) = v else {
         return Err(invalid(format!("nodes[{i}]: expected an object, got {v}")));
     };
@@ -257,15 +282,36 @@ fn parse_node(i: usize, v: &Value, network: Ipv4Network) -> Result<Node, Cluster
             )));
         }
     };
-    if o.contains_key("address6") {
-        return Err(ClusterError::NotImplemented(format!(
-            "{at}: \"address6\" (dual-stack clusters)"
-        )));
-    }
-    let mut pod_cidr = match o.get("podCIDR") {
-        Some(v) => Some(cidr(v, &format!("{at}: \"podCIDR\""))?),
+    let address6 = match o.get("address6") {
         None => None,
+        Some(Value::String(s)) => match s.parse::<IpAddr>() {
+            Ok(IpAddr::V6(a)) if !a.is_unspecified() && !a.is_multicast() && !a.is_loopback() => {
+                Some(a)
+            }
+            Ok(IpAddr::V6(_)) => {
+                return Err(invalid(format!(
+                    "{at}: \"address6\": {s:?} is not a unicast address"
+                )));
+            }
+            _ => {
+                return Err(invalid(format!(
+                    "{at}: \"address6\": {s:?} is not an IPv6 address"
+                )));
+            }
+        },
+        Some(v) => {
+            return Err(invalid(format!(
+                "{at}: \"address6\": expected a string, got {v}"
+            )));
+        }
     };
+    // "podCIDR" and every "podCIDRs" entry: at most one subnet per family
+    // (Kubernetes' podCIDRs rule), the single field agreeing with the list.
+    let mut given: Vec<(String, IpNetwork)> = Vec::new();
+    if let Some(v) = o.get("podCIDR") {
+        let what = format!("{at}: \"podCIDR\"");
+        given.push(("\"podCIDR\"".into(), cidr(v, &what)?));
+    }
     if let Some(list) = o.get("podCIDRs") {
         let Value::Array(list) = list else {
             return Err(invalid(format!(
@@ -273,25 +319,68 @@ fn parse_node(i: usize, v: &Value, network: Ipv4Network) -> Result<Node, Cluster
             )));
         };
         for (j, c) in list.iter().enumerate() {
-            let what = format!("{at}: \"podCIDRs\"[{j}]");
-            let net = cidr(c, &what).map_err(|e| match e {
-                ClusterError::NotImplemented(_) => {
-                    ClusterError::NotImplemented(format!("{what}: IPv6 pod subnets (dual-stack)"))
-                }
-                e => e,
-            })?;
-            match pod_cidr {
-                Some(p) if p != net => {
-                    return Err(invalid(format!(
-                        "{what}: {net} differs from \"podCIDR\" {p}"
-                    )));
-                }
-                _ => pod_cidr = Some(net),
-            }
+            let what = format!("\"podCIDRs\"[{j}]");
+            given.push((what.clone(), cidr(c, &format!("{at}: {what}"))?));
         }
     }
+    let mut pod_cidr: Option<(String, Ipv4Network)> = None;
+    let mut pod_cidr6: Option<(String, Ipv6Network)> = None;
+    for (what, net) in given {
+        match net {
+            IpNetwork::V4(n) => match &pod_cidr {
+                Some((w, p)) if *p != n => {
+                    return Err(invalid(format!(
+                        "{at}: {what}: {n} differs from {w} {p} (at most one IPv4 pod subnet per node)"
+                    )));
+                }
+                Some(_) => {}
+                None => pod_cidr = Some((what, n)),
+            },
+            IpNetwork::V6(n) => match &pod_cidr6 {
+                Some((w, p)) if *p != n => {
+                    return Err(invalid(format!(
+                        "{at}: {what}: {n} differs from {w} {p} (at most one IPv6 pod subnet per node)"
+                    )));
+                }
+                Some(_) => {}
+                None => pod_cidr6 = Some((what, n)),
+            },
+        }
+    }
+    let pod_cidr6 = match pod_cidr6 {
+        None => None,
+        Some((what, n)) => {
+            let Some(network6) = network6 else {
+                return Err(invalid(format!(
+                    "{at}: {what}: {n} is IPv6 and the cluster has no \"network6\""
+                )));
+            };
+            if !(n.prefix() >= network6.prefix() && network6.contains(n.network())) {
+                return Err(invalid(format!(
+                    "{at}: {what}: {n} is outside \"network6\" {network6}"
+                )));
+            }
+            if n.prefix() > 126 {
+                return Err(invalid(format!(
+                    "{at}: {what}: {n} is too small (at most /126: ::0 is the tunnel address, ::1 the gateway)"
+                )));
+            }
+            if address6.is_none() {
+                return Err(invalid(format!(
+                    "{at}: {what}: {n} is IPv6 and \"address6\" is missing (peers send the node's IPv6 pod traffic to it)"
+                )));
+            }
+            Some(n)
+        }
+    };
+    let pod_cidr = pod_cidr.map(|(_, n)| n);
     let Some(pod_cidr) = pod_cidr else {
-        return Err(invalid(format!("{at}: \"podCIDR\" is missing")));
+        return Err(match pod_cidr6 {
+            Some(_) => ClusterError::NotImplemented(format!(
+                "{at}: IPv6-only nodes (\"podCIDRs\" without an IPv4 subnet)"
+            )),
+            None => invalid(format!("{at}: \"podCIDR\" is missing")),
+        });
     };
     if !(pod_cidr.prefix() >= network.prefix() && network.contains(pod_cidr.network())) {
         return Err(invalid(format!(
@@ -307,6 +396,8 @@ fn parse_node(i: usize, v: &Value, network: Ipv4Network) -> Result<Node, Cluster
         name,
         address,
         pod_cidr,
+        address6,
+        pod_cidr6,
     })
 }
 
@@ -336,10 +427,18 @@ fn check_unique(c: &Cluster) -> Result<(), ClusterError> {
                 n.name
             )));
         }
-        if let Some(other) = addrs.insert(n.address, n.name.as_str()) {
+        if let Some(other) = addrs.insert(IpAddr::V4(n.address), n.name.as_str()) {
             return Err(invalid(format!(
                 "nodes {other:?} and {:?} have the same \"address\" {}",
                 n.name, n.address
+            )));
+        }
+        if let Some(a6) = n.address6
+            && let Some(other) = addrs.insert(IpAddr::V6(a6), n.name.as_str())
+        {
+            return Err(invalid(format!(
+                "nodes {other:?} and {:?} have the same \"address6\" {a6}",
+                n.name
             )));
         }
     }
@@ -353,6 +452,21 @@ fn check_unique(c: &Cluster) -> Result<(), ClusterError> {
             return Err(invalid(format!(
                 "nodes {:?} and {:?} have overlapping \"podCIDR\"s {} and {}",
                 a.name, b.name, a.pod_cidr, b.pod_cidr
+            )));
+        }
+    }
+    let mut by_start6: Vec<(&Node, Ipv6Network)> = c
+        .nodes
+        .iter()
+        .filter_map(|n| n.pod_cidr6.map(|p| (n, p)))
+        .collect();
+    by_start6.sort_by_key(|(_, p)| (u128::from(p.network()), p.prefix()));
+    for w in by_start6.windows(2) {
+        let ((a, pa), (b, pb)) = (w[0], w[1]);
+        if u128::from(pa.broadcast()) >= u128::from(pb.network()) {
+            return Err(invalid(format!(
+                "nodes {:?} and {:?} have overlapping IPv6 \"podCIDRs\" {pa} and {pb}",
+                a.name, b.name
             )));
         }
     }
@@ -476,10 +590,102 @@ mod tests {
                 other => panic!("{extra}: {other:?}"),
             }
         }
-        let v6 = r#"{"name": "n1", "address": "192.168.50.1", "podCIDRs": ["10.244.1.0/24", "fd00:1::/64"]}"#;
+        // IPv6-only nodes are not done: every node needs an IPv4 subnet.
+        let v6only = r#"{"name": "n1", "address": "192.168.50.1", "address6": "fd50::1", "podCIDRs": ["fd00:0:0:1::/64"]}"#;
         assert!(matches!(
-            parse(&file("", v6)),
+            parse(&file(r#", "network6": "fd00::/48""#, v6only)),
             Err(ClusterError::NotImplemented(_))
         ));
+    }
+
+    const DUAL: &str = r#", "network6": "fd00::/48""#;
+
+    fn dual(i: u8, v6: &str) -> String {
+        format!(
+            r#"{{"name": "n{i}", "address": "192.168.50.{i}", "address6": "fd50::{i}", "podCIDRs": ["10.244.{i}.0/24", "{v6}"]}}"#
+        )
+    }
+
+    #[test]
+    fn dual_stack_nodes() {
+        let nodes = [dual(1, "fd00:0:0:1::/64"), dual(2, "fd00:0:0:2::/64")].join(",");
+        let c = parse(&file(DUAL, &nodes)).unwrap();
+        assert_eq!(c.network6.unwrap().to_string(), "fd00::/48");
+        let n2 = c.node("n2").unwrap();
+        assert_eq!(n2.pod_cidr.to_string(), "10.244.2.0/24");
+        assert_eq!(n2.pod_cidr6.unwrap().to_string(), "fd00:0:0:2::/64");
+        assert_eq!(n2.address6.unwrap().to_string(), "fd50::2");
+        // "podCIDR" beside an IPv6-only list, either order in the list.
+        let c = parse(&file(
+            DUAL,
+            r#"{"name": "n1", "address": "192.168.50.1", "address6": "fd50::1", "podCIDR": "10.244.1.0/24", "podCIDRs": ["fd00:0:0:1::/64", "10.244.1.0/24"]}"#,
+        ))
+        .unwrap();
+        assert!(c.nodes[0].pod_cidr6.is_some());
+        // A single-stack node beside dual-stack ones is fine.
+        let nodes = [
+            dual(1, "fd00:0:0:1::/64"),
+            r#"{"name": "n3", "address": "192.168.50.3", "podCIDR": "10.244.3.0/24"}"#.into(),
+        ]
+        .join(",");
+        let c = parse(&file(DUAL, &nodes)).unwrap();
+        assert_eq!(c.node("n3").unwrap().pod_cidr6, None);
+    }
+
+    #[test]
+    fn dual_stack_errors_name_node_and_field() {
+        let m = err(&file("", &dual(1, "fd00:0:0:1::/64")));
+        assert!(m.contains("\"n1\"") && m.contains("no \"network6\""), "{m}");
+        let m = err(&file(DUAL, &dual(1, "fd01:0:0:1::/64")));
+        assert!(
+            m.contains("node \"n1\" (nodes[0])")
+                && m.contains("\"podCIDRs\"[1]")
+                && m.contains("outside \"network6\" fd00::/48"),
+            "{m}"
+        );
+        let nodes = [dual(1, "fd00:0:0:1::/64"), dual(2, "fd00::/56")].join(",");
+        let m = err(&file(DUAL, &nodes));
+        assert!(
+            m.contains("overlapping IPv6") && m.contains("\"n1\"") && m.contains("\"n2\""),
+            "{m}"
+        );
+        let nodes = [
+            dual(1, "fd00:0:0:1::/64"),
+            dual(2, "fd00:0:0:2::/64").replace("fd50::2", "fd50::1"),
+        ]
+        .join(",");
+        let m = err(&file(DUAL, &nodes));
+        assert!(m.contains("same \"address6\" fd50::1"), "{m}");
+        let m = err(&file(
+            DUAL,
+            &dual(1, "fd00:0:0:1::/64").replace(r#""address6": "fd50::1", "#, ""),
+        ));
+        assert!(
+            m.contains("\"n1\"") && m.contains("\"address6\" is missing"),
+            "{m}"
+        );
+        let m = err(&file(
+            DUAL,
+            &dual(1, "fd00:0:0:1::/64").replace("fd50::1", "10.0.0.1"),
+        ));
+        assert!(
+            m.contains("\"address6\"") && m.contains("not an IPv6 address"),
+            "{m}"
+        );
+        let m = err(&file(
+            DUAL,
+            r#"{"name": "n1", "address": "192.168.50.1", "address6": "fd50::1", "podCIDRs": ["10.244.1.0/24", "fd00:0:0:1::/64", "fd00:0:0:2::/64"]}"#,
+        ));
+        assert!(
+            m.contains("\"podCIDRs\"[2]") && m.contains("at most one IPv6"),
+            "{m}"
+        );
+        let m = err(&file(DUAL, &dual(1, "fd00:0:0:1::/127")));
+        assert!(m.contains("too small"), "{m}");
+        let m = err(&file(r#", "network6": "10.0.0.0/8""#, TWO));
+        assert!(
+            m.contains("\"network6\"") && m.contains("not an IPv6"),
+            "{m}"
+        );
     }
 }

@@ -4,17 +4,28 @@
 
 use std::path::{Path, PathBuf};
 
-use ipnetwork::Ipv4Network;
+use ipnetwork::{Ipv4Network, Ipv6Network};
 use serde_json::{Value, json};
 
 pub const FILE_NAME: &str = "10-rcni.conflist";
 pub const NETWORK_NAME: &str = "rcni";
 pub const BRIDGE: &str = "cni0";
 
-pub fn render(pod_cidr: Ipv4Network, mtu: u32, ipam_data_dir: Option<&Path>) -> Value {
+/// A dual-stack node gets a second range (host-local gives the pod one
+/// address from each), and the bridge a default route per family.
+pub fn render(
+    pod_cidr: Ipv4Network,
+    pod_cidr6: Option<Ipv6Network>,
+    mtu: u32,
+    ipam_data_dir: Option<&Path>,
+) -> Value {
+    let mut ranges = vec![json!([{"subnet": pod_cidr.to_string()}])];
+    if let Some(p6) = pod_cidr6 {
+        ranges.push(json!([{"subnet": p6.to_string()}]));
+    }
     let mut ipam = json!({
         "type": "host-local",
-        "ranges": [[{"subnet": pod_cidr.to_string()}]],
+        "ranges": ranges,
     });
     if let Some(d) = ipam_data_dir {
         ipam["dataDir"] = json!(d);
@@ -58,18 +69,33 @@ mod tests {
 
     #[test]
     fn conflist_and_rewrite_only_on_change() {
-        let c = render("10.244.1.0/24".parse().unwrap(), 1450, None);
+        let c = render("10.244.1.0/24".parse().unwrap(), None, 1450, None);
         assert_eq!(c["plugins"][0]["mtu"], 1450);
         assert_eq!(
             c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
             "10.244.1.0/24"
         );
         assert_eq!(c["plugins"][1]["type"], "portmap");
+        assert_eq!(
+            c["plugins"][0]["ipam"]["ranges"].as_array().unwrap().len(),
+            1
+        );
+        let d6 = render(
+            "10.244.1.0/24".parse().unwrap(),
+            Some("fd00:0:0:1::/64".parse().unwrap()),
+            1430,
+            None,
+        );
+        assert_eq!(
+            d6["plugins"][0]["ipam"]["ranges"][1][0]["subnet"],
+            "fd00:0:0:1::/64"
+        );
+        assert_eq!(d6["plugins"][0]["isDefaultGateway"], true);
         let d = tempfile::tempdir().unwrap();
         let sub = d.path().join("net.d");
         assert!(write(&sub, &c).unwrap().1);
         assert!(!write(&sub, &c).unwrap().1);
-        let c2 = render("10.244.1.0/24".parse().unwrap(), 1500, None);
+        let c2 = render("10.244.1.0/24".parse().unwrap(), None, 1500, None);
         let (p, wrote) = write(&sub, &c2).unwrap();
         assert!(wrote);
         let back: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();

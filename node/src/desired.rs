@@ -2,9 +2,9 @@
 //! difference to what it holds: pure, so every decision is unit-tested.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use ipnetwork::{IpNetwork, Ipv4Network};
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use rcni_netlink::MacAddr;
 use rcni_netlink::overlay::{FdbEntry, OwnedRoute};
 use sha2::{Digest, Sha256};
@@ -41,18 +41,43 @@ pub fn vtep_addr(pod_cidr: Ipv4Network) -> Ipv4Addr {
     pod_cidr.network()
 }
 
+/// VXLAN over an IPv6 underlay: 40 bytes of IPv6 header instead of 20.
+pub const VXLAN6_OVERHEAD: u32 = 70;
+
+/// The IPv6 VXLAN device of a dual-stack node, as flannel's second device
+/// `flannel-v6.<VNI>`: IPv6 pod traffic is carried between the nodes'
+/// `address6`es (one device per underlay family; a VXLAN device has one
+/// local address). "rcni6.16777215" fits IFNAMSIZ.
+pub fn vtep_name6(vni: u32) -> String {
+    format!("rcni6.{vni}")
+}
+
+/// The IPv6 device's MAC: its own, as flannel's v6 VTEP has its own.
+pub fn vtep_mac6(node: &str, vni: u32) -> MacAddr {
+    vtep_mac(&format!("{node}\0v6"), vni)
+}
+
+/// The IPv6 VTEP's address: the IPv6 pod subnet's `::0`, as flannel.
+pub fn vtep_addr6(pod_cidr6: Ipv6Network) -> Ipv6Addr {
+    pod_cidr6.network()
+}
+
 /// What the node knows about its uplink.
 #[derive(Debug, Clone)]
 pub struct Uplink {
     pub index: u32,
     pub mtu: u32,
-    /// The uplink's IPv4 prefixes: peers inside one are on-link.
-    pub nets: Vec<Ipv4Network>,
+    /// The uplink's prefixes (of the family it was found by): peers
+    /// inside one are on-link.
+    pub nets: Vec<IpNetwork>,
 }
 
 impl Uplink {
-    pub fn on_link(&self, ip: Ipv4Addr) -> bool {
-        self.nets.iter().any(|n| n.prefix() < 32 && n.contains(ip))
+    pub fn on_link(&self, ip: IpAddr) -> bool {
+        self.nets.iter().any(|n| {
+            let host = if n.is_ipv4() { 32 } else { 128 };
+            n.prefix() < host && n.contains(ip)
+        })
     }
 }
 
@@ -61,6 +86,15 @@ impl Uplink {
 pub fn pod_mtu(backend: Backend, uplink_mtu: u32) -> u32 {
     if backend.uses_vxlan() {
         uplink_mtu.saturating_sub(VXLAN_OVERHEAD)
+    } else {
+        uplink_mtu
+    }
+}
+
+/// The VXLAN-over-IPv6 device's MTU.
+pub fn pod_mtu6(backend: Backend, uplink_mtu: u32) -> u32 {
+    if backend.uses_vxlan() {
+        uplink_mtu.saturating_sub(VXLAN6_OVERHEAD)
     } else {
         uplink_mtu
     }
@@ -79,7 +113,7 @@ pub struct PeerEntries {
     pub name: String,
     pub via: Via,
     /// VXLAN: the peer's `.0` -> its VTEP MAC, permanent.
-    pub neighbour: Option<(Ipv4Addr, MacAddr)>,
+    pub neighbour: Option<(IpAddr, MacAddr)>,
     /// VXLAN: the peer's VTEP MAC -> its underlay address.
     pub fdb: Option<FdbEntry>,
     pub route: OwnedRoute,
@@ -92,12 +126,45 @@ pub struct Peers {
     pub refused: Vec<String>,
 }
 
-/// Entries for every node but `me`. `vtep` is the VXLAN device's index when
-/// the backend uses it.
-pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>) -> Peers {
+/// One family's view of a peer: where it is on the underlay, its pod
+/// subnet, its VTEP's address and MAC.
+struct Far {
+    address: IpAddr,
+    pods: IpNetwork,
+    gw: IpAddr,
+    mac: MacAddr,
+}
+
+fn far(n: &Node, vni: u32, v6: bool) -> Option<Far> {
+    if v6 {
+        let (a, p) = (n.address6?, n.pod_cidr6?);
+        Some(Far {
+            address: IpAddr::V6(a),
+            pods: IpNetwork::V6(p),
+            gw: IpAddr::V6(vtep_addr6(p)),
+            mac: vtep_mac6(&n.name, vni),
+        })
+    } else {
+        Some(Far {
+            address: IpAddr::V4(n.address),
+            pods: IpNetwork::V4(n.pod_cidr),
+            gw: IpAddr::V4(vtep_addr(n.pod_cidr)),
+            mac: vtep_mac(&n.name, vni),
+        })
+    }
+}
+
+/// Entries for every node but `me`, for one family (`v6`: the peers'
+/// IPv6 pod subnets over their `address6`; peers without one are
+/// single-stack and get no IPv6 entries). `vtep` is that family's VXLAN
+/// device's index when the backend uses it.
+pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>, v6: bool) -> Peers {
     let mut out = Peers::default();
     for n in cluster.nodes.iter().filter(|n| n.name != me.name) {
-        let on_link = uplink.on_link(n.address);
+        let Some(f) = far(n, cluster.vni, v6) else {
+            continue;
+        };
+        let on_link = uplink.on_link(f.address);
         let via = match cluster.backend {
             Backend::Vxlan => Via::Vxlan,
             Backend::HostGw if on_link => Via::HostGw,
@@ -105,7 +172,7 @@ pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>) -
                 out.refused.push(format!(
                     "node {:?}: host-gw needs peers on the same L2, and {} is not on-link from this node's uplink ({}); use \"backend\": \"vxlan\" or \"auto\"",
                     n.name,
-                    n.address,
+                    f.address,
                     uplink
                         .nets
                         .iter()
@@ -118,22 +185,21 @@ pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>) -
             Backend::Auto if on_link => Via::HostGw,
             Backend::Auto => Via::Vxlan,
         };
-        let dst = IpNetwork::V4(n.pod_cidr);
+        let dst = f.pods;
         let e = match (via, vtep) {
             (Via::Vxlan, Some(vtep)) => {
-                let gw = vtep_addr(n.pod_cidr);
-                let mac = vtep_mac(&n.name, cluster.vni);
+                let (gw, mac) = (f.gw, f.mac);
                 PeerEntries {
                     name: n.name.clone(),
                     via,
                     neighbour: Some((gw, mac)),
                     fdb: Some(FdbEntry {
                         mac,
-                        dst: Some(IpAddr::V4(n.address)),
+                        dst: Some(f.address),
                     }),
                     route: OwnedRoute {
                         dst,
-                        gateway: Some(IpAddr::V4(gw)),
+                        gateway: Some(gw),
                         oif: Some(vtep),
                         onlink: true,
                     },
@@ -151,7 +217,7 @@ pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>) -
                 fdb: None,
                 route: OwnedRoute {
                     dst,
-                    gateway: Some(IpAddr::V4(n.address)),
+                    gateway: Some(f.address),
                     oif: Some(uplink.index),
                     onlink: false,
                 },
@@ -166,7 +232,7 @@ pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>) -
 /// the VXLAN device, routes with our protocol.
 #[derive(Debug, Clone, Default)]
 pub struct Actual {
-    pub neighbours: Vec<(Ipv4Addr, Option<MacAddr>)>,
+    pub neighbours: Vec<(IpAddr, Option<MacAddr>)>,
     pub fdb: Vec<FdbEntry>,
     pub routes: Vec<OwnedRoute>,
 }
@@ -174,8 +240,8 @@ pub struct Actual {
 /// One kernel change.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
-    SetNeighbour(Ipv4Addr, MacAddr),
-    DelNeighbour(Ipv4Addr),
+    SetNeighbour(IpAddr, MacAddr),
+    DelNeighbour(IpAddr),
     SetFdb(MacAddr, IpAddr),
     DelFdb(FdbEntry),
     SetRoute(OwnedRoute),
@@ -194,7 +260,7 @@ pub struct Change {
 /// flannel's order (neighbour, FDB, route: the route is the last piece, so
 /// nothing is routed into a half-made path) and removed in the reverse.
 pub fn diff(desired: &[PeerEntries], actual: &Actual) -> Vec<Change> {
-    let neigh: BTreeMap<Ipv4Addr, Option<MacAddr>> = actual.neighbours.iter().copied().collect();
+    let neigh: BTreeMap<IpAddr, Option<MacAddr>> = actual.neighbours.iter().copied().collect();
     let mut fdb_by_mac: BTreeMap<MacAddr, Vec<Option<IpAddr>>> = BTreeMap::new();
     for f in &actual.fdb {
         fdb_by_mac.entry(f.mac).or_default().push(f.dst);
@@ -311,7 +377,7 @@ mod tests {
     fn peers_of(backend: &str) -> Peers {
         let c = cluster(backend);
         let me = c.node("n1").unwrap().clone();
-        peers(&c, &me, &uplink(), Some(9))
+        peers(&c, &me, &uplink(), Some(9), false)
     }
 
     #[test]
@@ -367,6 +433,48 @@ mod tests {
         assert!(p.refused.is_empty());
         let via: Vec<_> = p.entries.iter().map(|e| (e.name.as_str(), e.via)).collect();
         assert_eq!(via, [("n2", Via::HostGw), ("n3", Via::Vxlan)]);
+    }
+
+    #[test]
+    fn ipv6_peers_use_address6_and_skip_single_stack_nodes() {
+        let c = cluster::parse(
+            r#"{"network": "10.244.0.0/16", "network6": "fd00::/48", "backend": "auto", "nodes": [
+                {"name": "n1", "address": "192.168.50.1", "address6": "fd50::1", "podCIDRs": ["10.244.1.0/24", "fd00:0:0:1::/64"]},
+                {"name": "n2", "address": "192.168.50.2", "address6": "fd50::2", "podCIDRs": ["10.244.2.0/24", "fd00:0:0:2::/64"]},
+                {"name": "n3", "address": "192.168.50.3", "address6": "fd60::3", "podCIDRs": ["10.244.3.0/24", "fd00:0:0:3::/64"]},
+                {"name": "n4", "address": "192.168.50.4", "podCIDR": "10.244.4.0/24"}]}"#,
+        )
+        .unwrap();
+        let me = c.node("n1").unwrap().clone();
+        let up6 = Uplink {
+            index: 2,
+            mtu: 1500,
+            nets: vec![
+                "fd50::1/64".parse().unwrap(),
+                "fd50::9/128".parse().unwrap(),
+            ],
+        };
+        let p = peers(&c, &me, &up6, Some(7), true);
+        assert!(p.refused.is_empty());
+        let got: Vec<String> = p.entries.iter().map(|e| e.route.to_string()).collect();
+        // n2 on-link over IPv6: host-gw; n3 off-link: the IPv6 VTEP, its
+        // ::0 as gateway, its own MAC, FDB to its address6; n4 has no IPv6.
+        assert_eq!(
+            got,
+            [
+                "fd00:0:0:2::/64 via fd50::2 dev 2",
+                "fd00:0:0:3::/64 via fd00:0:0:3:: dev 7 onlink"
+            ]
+        );
+        let n3 = &p.entries[1];
+        assert_eq!(n3.neighbour.unwrap().1, vtep_mac6("n3", 1));
+        assert_ne!(vtep_mac6("n3", 1), vtep_mac("n3", 1));
+        assert_eq!(
+            n3.fdb.as_ref().unwrap().dst,
+            Some("fd60::3".parse().unwrap())
+        );
+        assert_eq!(vtep_name6(16_777_215).len(), 14);
+        assert_eq!(pod_mtu6(Backend::Vxlan, 1500), 1430);
     }
 
     fn actual_of(entries: &[PeerEntries]) -> Actual {

@@ -4,7 +4,7 @@
 //! per-attachment rules of `ipMasq` (crates/ipmasq) do not fit: this is one
 //! rule per node, and it must not depend on pods coming and going.
 
-use ipnetwork::{IpNetwork, Ipv4Network};
+use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use rcni_netlink::nfnl::{Hook, Nfnl, NftFamily, NftOp};
 use rcni_netlink::nftexpr;
 use rcni_netns::NetNs;
@@ -14,7 +14,7 @@ const CHAIN: &str = "postrouting";
 
 /// The rules' comments: they name what the rules do, so an unchanged table
 /// is recognised and left alone (no flush on restart).
-fn comments(pod_cidr: Ipv4Network, network: Ipv4Network) -> [String; 2] {
+fn comments(pod_cidr: IpNetwork, network: IpNetwork) -> [String; 2] {
     [
         format!("rcni-node: {pod_cidr} to {network} keeps its source"),
         format!("rcni-node: {pod_cidr} leaving {network} masqueraded"),
@@ -27,20 +27,60 @@ fn comments(pod_cidr: Ipv4Network, network: Ipv4Network) -> [String; 2] {
 /// whether it changed anything. One transaction: the rules are replaced
 /// atomically, never absent.
 pub fn ensure(ns: &NetNs, pod_cidr: Ipv4Network, network: Ipv4Network) -> Result<bool, String> {
+    ensure_family(
+        ns,
+        NftFamily::Ip,
+        IpNetwork::V4(pod_cidr),
+        IpNetwork::V4(network),
+    )
+}
+
+/// The same for IPv6 in table `ip6 rcni_node` (`ip6 saddr`, `ip6 daddr`),
+/// or, with `None` (a single-stack node), that table removed.
+pub fn ensure6(ns: &NetNs, pods: Option<(Ipv6Network, Ipv6Network)>) -> Result<bool, String> {
+    match pods {
+        Some((pod_cidr, network)) => ensure_family(
+            ns,
+            NftFamily::Ip6,
+            IpNetwork::V6(pod_cidr),
+            IpNetwork::V6(network),
+        ),
+        None => {
+            let mut nl = Nfnl::open(ns).map_err(|e| e.to_string())?;
+            if nl
+                .nft_rules(NftFamily::Ip6, TABLE)
+                .map_err(|e| e.to_string())?
+                .is_none()
+            {
+                return Ok(false);
+            }
+            nl.nft_apply(&[NftOp::DeleteTable {
+                family: NftFamily::Ip6,
+                table: TABLE.into(),
+            }])
+            .map_err(|e| e.to_string())?;
+            Ok(true)
+        }
+    }
+}
+
+fn ensure_family(
+    ns: &NetNs,
+    family: NftFamily,
+    pods: IpNetwork,
+    net: IpNetwork,
+) -> Result<bool, String> {
     let mut nl = Nfnl::open(ns).map_err(|e| e.to_string())?;
-    let want = comments(pod_cidr, network);
-    let have = nl
-        .nft_rules(NftFamily::Ip, TABLE)
-        .map_err(|e| e.to_string())?;
+    let want = comments(pods, net);
+    let have = nl.nft_rules(family, TABLE).map_err(|e| e.to_string())?;
     if let Some(rules) = &have {
         let got: Vec<Option<&str>> = rules.iter().map(|r| r.comment.as_deref()).collect();
         if got == [Some(want[0].as_str()), Some(want[1].as_str())] {
             return Ok(false);
         }
     }
-    let (pods, net) = (IpNetwork::V4(pod_cidr), IpNetwork::V4(network));
     let rule = |expr: Vec<nftexpr::Expr>, comment: &str| NftOp::AddRule {
-        family: NftFamily::Ip,
+        family,
         table: TABLE.into(),
         chain: CHAIN.into(),
         expr,
@@ -56,12 +96,12 @@ pub fn ensure(ns: &NetNs, pod_cidr: Ipv4Network, network: Ipv4Network) -> Result
     let masq = [nftexpr::addr(true, pods), nftexpr::masquerade()].concat();
     let ops = vec![
         NftOp::AddTable {
-            family: NftFamily::Ip,
+            family,
             table: TABLE.into(),
             comment: None,
         },
         NftOp::AddChain {
-            family: NftFamily::Ip,
+            family,
             table: TABLE.into(),
             chain: CHAIN.into(),
             hook: Some(Hook {
@@ -72,7 +112,7 @@ pub fn ensure(ns: &NetNs, pod_cidr: Ipv4Network, network: Ipv4Network) -> Result
             }),
         },
         NftOp::FlushChain {
-            family: NftFamily::Ip,
+            family,
             table: TABLE.into(),
             chain: CHAIN.into(),
         },

@@ -3,7 +3,7 @@
 //! its own, so it finds and removes exactly its routes and never another
 //! program's).
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
@@ -27,8 +27,9 @@ pub struct VxlanSpec {
     pub vni: u32,
     /// UDP destination port (8472 for flannel's layout, 4789 IANA).
     pub port: u16,
-    /// Source address of the outer packets: the node's underlay address.
-    pub local: Ipv4Addr,
+    /// Source address of the outer packets: the node's underlay address
+    /// (IPv6 for a dual-stack node's second device, flannel's `flannel-v6`).
+    pub local: IpAddr,
     /// The underlay link the outer packets leave by.
     pub dev: u32,
     pub mtu: u32,
@@ -40,7 +41,7 @@ pub struct VxlanSpec {
 pub struct VxlanInfo {
     pub vni: Option<u32>,
     pub port: Option<u16>,
-    pub local: Option<Ipv4Addr>,
+    pub local: Option<IpAddr>,
     pub dev: Option<u32>,
     pub learning: Option<bool>,
 }
@@ -95,10 +96,14 @@ impl Netlink {
     /// Creates a VXLAN device, down, with learning off (the agent programs
     /// every entry; learnt ones would go stale when a peer moves).
     pub async fn create_vxlan(&self, spec: &VxlanSpec) -> Result<()> {
-        let msg = LinkVxlan::new(&spec.name, spec.vni)
+        let b = LinkVxlan::new(&spec.name, spec.vni)
             .dev(spec.dev)
-            .port(spec.port)
-            .local(spec.local)
+            .port(spec.port);
+        let b = match spec.local {
+            IpAddr::V4(a) => b.local(a),
+            IpAddr::V6(a) => b.local6(a),
+        };
+        let msg = b
             .learning(false)
             .mtu(spec.mtu)
             .address(spec.mac.0.to_vec())
@@ -142,7 +147,8 @@ impl Netlink {
             match a {
                 InfoVxlan::Id(v) => info.vni = Some(*v),
                 InfoVxlan::Port(p) => info.port = Some(*p),
-                InfoVxlan::Local(ip) => info.local = Some(*ip),
+                InfoVxlan::Local(ip) => info.local = Some(IpAddr::V4(*ip)),
+                InfoVxlan::Local6(ip) => info.local = Some(IpAddr::V6(*ip)),
                 InfoVxlan::Link(l) => info.dev = Some(*l),
                 InfoVxlan::Learning(l) => info.learning = Some(*l),
                 _ => {}
