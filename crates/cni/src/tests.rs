@@ -809,8 +809,9 @@ fn fuzzed_results_and_configs() {
                 let Ok(at_to) = parsed.to_value(to) else {
                     continue;
                 };
-                let back = CniResult::from_value(&at_to, "1.1.0")
-                    .unwrap_or_else(|e| panic!("#{i} {m} -> {to}: {at_to} does not read back: {e:?}"));
+                let back = CniResult::from_value(&at_to, "1.1.0").unwrap_or_else(|e| {
+                    panic!("#{i} {m} -> {to}: {at_to} does not read back: {e:?}")
+                });
                 let mut expect = project(&parsed, result_family(to).unwrap());
                 expect.cni_version = to.to_string();
                 assert_eq!(back, expect, "#{i} {m} (read as {from}) -> {to}");
