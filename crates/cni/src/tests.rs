@@ -679,3 +679,143 @@ fn config_dns_replaces_ipams_only_when_it_sets_something() {
         assert_eq!(r.dns, want, "{conf}");
     }
 }
+
+/// xorshift64*: deterministic structured fuzzing without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1) as u64) as usize
+    }
+}
+
+fn fuzz_nodes(v: &Value, path: &mut Vec<Value>, out: &mut Vec<Vec<Value>>) {
+    out.push(path.clone());
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                path.push(json!(k));
+                fuzz_nodes(x, path, out);
+                path.pop();
+            }
+        }
+        Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                path.push(json!(i));
+                fuzz_nodes(x, path, out);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `v` with one to three nodes replaced, removed or wrapped.
+fn fuzz_mutate(v: &Value, r: &mut Rng) -> Value {
+    let odd = [
+        json!(null),
+        json!(-1),
+        json!(u64::MAX),
+        json!(i64::MIN),
+        json!(1e308),
+        json!(""),
+        json!("é\u{0}💥"),
+        json!("10.0.0.1/33"),
+        json!("fd00::1/129"),
+        json!("::"),
+        json!("0.0.0.0/0"),
+        json!([]),
+        json!({}),
+        json!(true),
+        json!(99),
+        json!(4_294_967_296u64),
+        json!("1.0.0"),
+        json!("0.2.0"),
+    ];
+    let mut v = v.clone();
+    for _ in 0..1 + r.below(3) {
+        let mut all = Vec::new();
+        fuzz_nodes(&v, &mut Vec::new(), &mut all);
+        let path = all[r.below(all.len())].clone();
+        let Some((last, parent)) = path.split_last() else {
+            continue;
+        };
+        let parent = parent
+            .iter()
+            .try_fold(&mut v, |cur, p| match p {
+                Value::String(k) => cur.get_mut(k.as_str()),
+                _ => cur.get_mut(p.as_u64().unwrap() as usize),
+            })
+            .unwrap();
+        match (parent, last, r.below(4)) {
+            (Value::Object(m), Value::String(k), 0) => {
+                m.remove(k);
+            }
+            (Value::Array(a), Value::Number(i), 0) => {
+                a.remove(i.as_u64().unwrap() as usize);
+            }
+            (p, _, 1) => {
+                let x = p.clone();
+                *p = json!([x]);
+            }
+            (Value::Object(m), Value::String(k), _) => {
+                m.insert(k.clone(), odd[r.below(odd.len())].clone());
+            }
+            (Value::Array(a), Value::Number(i), _) => {
+                a[i.as_u64().unwrap() as usize] = odd[r.below(odd.len())].clone();
+            }
+            _ => {}
+        }
+    }
+    v
+}
+
+/// Mutated results and configs never panic the parsers; a result that
+/// parses converts to every version and reads back as that version's
+/// projection of it.
+#[test]
+fn fuzzed_results_and_configs() {
+    let iters: usize = std::env::var("RCNI_FUZZ_ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(3000, |n: usize| n * 100);
+    let mut r = Rng(0x5eed_f022);
+    let base = full().to_value("1.1.0").unwrap();
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "n", "type": "bridge",
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.1.0.0/16"}]]},
+        "dns": {"nameservers": ["10.1.0.1"]},
+        "args": {"cni": {"ips": ["10.1.0.9"]}},
+        "runtimeConfig": {"portMappings": [{"hostPort": 80, "containerPort": 8080}]},
+        "prevResult": base.clone(),
+    });
+    for i in 0..iters {
+        let c = fuzz_mutate(&conf, &mut r);
+        let bytes = serde_json::to_vec(&c).unwrap();
+        if let Ok(nc) = NetConf::parse(&bytes) {
+            let _ = nc.prev_result();
+        }
+        let _ = NetConf::parse(&bytes[..r.below(bytes.len())]);
+
+        let m = fuzz_mutate(&base, &mut r);
+        for from in ALL {
+            let Ok(parsed) = CniResult::from_value(&m, from) else {
+                continue;
+            };
+            for to in ALL {
+                let Ok(at_to) = parsed.to_value(to) else {
+                    continue;
+                };
+                let back = CniResult::from_value(&at_to, "1.1.0").unwrap_or_else(|e| {
+                    panic!("#{i} {m} -> {to}: {at_to} does not read back: {e:?}")
+                });
+                let mut expect = project(&parsed, result_family(to).unwrap());
+                expect.cni_version = to.to_string();
+                assert_eq!(back, expect, "#{i} {m} (read as {from}) -> {to}");
+            }
+        }
+    }
+}

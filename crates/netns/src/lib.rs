@@ -73,6 +73,18 @@ impl Error {
             Error::NotFound(_) | Error::NotNetns(_) | Error::Setns { .. } => {
                 rcni_cni::ErrorCode::Netns.code()
             }
+            // A path the kernel refuses to resolve (over PATH_MAX, a file
+            // where a directory should be, a symlink loop) is a bad
+            // CNI_NETNS from the runtime, not a failure of ours.
+            Error::Io {
+                op: "open", error, ..
+            } if matches!(
+                error.raw_os_error(),
+                Some(libc::ENAMETOOLONG | libc::ENOTDIR | libc::ELOOP | libc::EINVAL)
+            ) =>
+            {
+                rcni_cni::ErrorCode::Netns.code()
+            }
             _ => rcni_cni::ErrorCode::Internal.code(),
         }
     }
@@ -515,5 +527,10 @@ mod tests {
         let e = Error::io("open", Some(Path::new("/x")), Errno::EACCES);
         assert_eq!(e.cni_code(), 100);
         assert_eq!(e.to_string(), "open /x: Permission denied (os error 13)");
+        // Found by fuzzing: a 64 KB CNI_NETNS was reported as code 100.
+        let long = "é".repeat(32 * 1024);
+        let e = NetNs::open(&long).map(|_| ()).unwrap_err();
+        assert_eq!(e.cni_code(), 104, "{e}");
+        assert_eq!(NetNs::open("/etc/hostname/x").unwrap_err().cni_code(), 104);
     }
 }
