@@ -122,7 +122,7 @@ measure() {
   sleep 0.3
   local gbit
   gbit=$(nsx "$src" iperf3 -c "$ip" -p 5201 -t "$secs" -J |
-    python3 -c 'import json,sys; print(f"{json.load(sys.stdin)[\"end\"][\"sum_received\"][\"bits_per_second\"]/1e9:.2f}")')
+    python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))')
   wait "$srv" || true
   nsx "$dst" python3 "$work/rr.py" server >"$work/rr.ready" &
   srv=$!
