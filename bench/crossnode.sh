@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Pod-to-pod across two nodes, in one run: single-stream TCP throughput
+# (iperf3) and TCP request/response p50 (1-byte ping-pong over one
+# connection, TCP_NODELAY) for
+#   underlay      node namespace to node namespace (the limit)
+#   flannel-hand  flannel's vxlan layout built by hand with iproute2 (the anchor)
+#   rcni-vxlan    rcni-node, backend vxlan, pods attached from its conflist
+#   rcni-host-gw  rcni-node, backend host-gw, same
+#   rcni-ebpf     not implemented yet (printed as such)
+# Two node namespaces on an underlay bridge (an underlay namespace), one pod
+# on each; every variant gets fresh node namespaces. Prints a table, ratios
+# against the underlay, and rcni-vxlan against flannel-hand (targets: p50
+# ratio <= 1.0, throughput ratio >= 1.0). Everything lives in namespaces and
+# a temporary directory made here, removed on exit; traffic only between
+# them.
+# Usage: bench/crossnode.sh [--seconds N] [--rr N] [--bin-dir DIR]
+#        (default: 5 s of iperf3, 5000 round trips, the static release build
+#        installed into target/bench-bin; rcni-node comes from the same build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs=5
+rr=5000
+bin=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --seconds) secs=$2; shift 2 ;;
+    --rr) rr=$2; shift 2 ;;
+    --bin-dir) bin=$2; shift 2 ;;
+    *) echo "usage: $0 [--seconds N] [--rr N] [--bin-dir DIR]" >&2; exit 2 ;;
+  esac
+done
+for t in iperf3 python3 ip bridge nft; do
+  command -v "$t" >/dev/null || { echo "$0: needs $t" >&2; exit 1; }
+done
+host=$(rustc -vV | sed -n 's/^host: //p')
+if [ -z "$bin" ]; then
+  bin=$PWD/target/bench-bin
+  scripts/install --bin-dir "$bin" >/dev/null
+  node_bin=$PWD/target/$host/release/rcni-node
+else
+  node_bin=$bin/rcni-node
+fi
+bin=$(cd "$bin" && pwd)
+[ -x "$node_bin" ] || { echo "$0: no rcni-node at $node_bin" >&2; exit 1; }
+
+tag=rcni-xnbench-$$
+ul=$tag-ul
+work=$(mktemp -d "/tmp/$tag.XXXXXX")
+cleanup() {
+  set +e
+  for n in $(ip netns list | awk '{print $1}' | grep "^$tag-"); do
+    ip netns pids "$n" 2>/dev/null | xargs -r kill 2>/dev/null
+  done
+  sleep 0.2
+  for n in $(ip netns list | awk '{print $1}' | grep "^$tag-"); do ip netns del "$n"; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+# The request/response client and server: one connection, 1 byte each way.
+cat > "$work/rr.py" <<'PY'
+import socket, sys, time
+if sys.argv[1] == "server":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 5301)); s.listen(1)
+    print("ready", flush=True)
+    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        b = c.recv(1)
+        if not b:
+            break
+        c.sendall(b)
+else:
+    n = int(sys.argv[3])
+    c = socket.create_connection((sys.argv[2], 5301), timeout=5)
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in range(200):  # warm-up: caches, neighbour resolution
+        c.sendall(b"x"); c.recv(1)
+    t = []
+    for _ in range(n):
+        a = time.perf_counter_ns(); c.sendall(b"x"); c.recv(1)
+        t.append(time.perf_counter_ns() - a)
+    t.sort()
+    print(f"{t[len(t) // 2] / 1000:.1f}")
+PY
+
+# The underlay: a bridge in its own namespace.
+ip netns add "$ul"
+nsx "$ul" ip link set lo up
+nsx "$ul" ip link add ul0 type bridge
+nsx "$ul" ip link set ul0 up
+
+# Node namespaces n1, n2 for variant $1: eth0 on the underlay at
+# 192.168.50.<i>/24 (MTU 1500).
+mknodes() {
+  local v=$1 i
+  for i in 1 2; do
+    local n=$tag-$v-n$i
+    ip netns add "$n"
+    nsx "$n" ip link set lo up
+    nsx "$ul" ip link add "$v$i" type veth peer name eth0 netns "$n"
+    nsx "$ul" ip link set "$v$i" master ul0 up
+    nsx "$n" ip link set eth0 up
+    nsx "$n" ip addr add "192.168.50.$i/24" dev eth0
+  done
+}
+dropnodes() {
+  local v=$1 n
+  for n in $(ip netns list | awk '{print $1}' | grep "^$tag-$v-"); do
+    ip netns pids "$n" 2>/dev/null | xargs -r kill 2>/dev/null
+    ip netns del "$n"
+  done
+}
+
+# measure NAME SRC_NS DST_NS DST_IP: appends "NAME p50_us gbit" to results.
+measure() {
+  local name=$1 src=$2 dst=$3 ip=$4
+  nsx "$src" ping -c 1 -W 2 -q "$ip" >/dev/null || { echo "$0: $name: $ip unreachable" >&2; exit 1; }
+  nsx "$dst" iperf3 -s -1 -p 5201 >/dev/null 2>&1 &
+  local srv=$!
+  sleep 0.3
+  local gbit
+  gbit=$(nsx "$src" iperf3 -c "$ip" -p 5201 -t "$secs" -J |
+    python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))')
+  wait "$srv" || true
+  nsx "$dst" python3 "$work/rr.py" server >"$work/rr.ready" &
+  srv=$!
+  for _ in $(seq 50); do [ -s "$work/rr.ready" ] && break; sleep 0.1; done
+  local p50
+  p50=$(nsx "$src" python3 "$work/rr.py" client "$ip" "$rr")
+  wait "$srv" || true
+  rm -f "$work/rr.ready"
+  echo "$name $p50 $gbit" >>"$work/results"
+  printf '  %-13s p50 %8s us   %7s Gbit/s\n' "$name" "$p50" "$gbit"
+}
+
+echo "== crossnode: $secs s iperf3, $rr round trips per variant; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# (a) the underlay.
+mknodes ul
+measure underlay "$tag-ul-n1" "$tag-ul-n2" 192.168.50.2
+dropnodes ul
+
+# (b) flannel's vxlan layout by hand: flannel.1 (VNI 1, port 8472, learning
+# off, MTU uplink - 50, the subnet's .0 as /32), per remote node a permanent
+# neighbour, an FDB entry and an onlink route, in that order; cni0 + a veth
+# pod as flannel's CNI plugin delegates to bridge; flannel's masquerade
+# (pod -> cluster network kept, anything else masqueraded) in nftables, so
+# that both layouts pay for conntrack and a nat hook.
+mknodes fl
+mac() { printf '0a:58:00:00:00:%02x' "$1"; }
+for i in 1 2; do
+  n=$tag-fl-n$i
+  p=$tag-fl-p$i
+  nsx "$n" sysctl -qw net.ipv4.ip_forward=1
+  nsx "$n" ip link add flannel.1 address "$(mac "$i")" type vxlan id 1 \
+    local "192.168.50.$i" dev eth0 dstport 8472 nolearning
+  nsx "$n" ip link set flannel.1 mtu 1450
+  nsx "$n" ip addr add "10.244.$i.0/32" dev flannel.1
+  nsx "$n" ip link set flannel.1 up
+  nsx "$n" ip link add cni0 type bridge
+  nsx "$n" ip link set cni0 mtu 1450
+  nsx "$n" ip addr add "10.244.$i.1/24" dev cni0
+  nsx "$n" ip link set cni0 up
+  ip netns add "$p"
+  nsx "$p" ip link set lo up
+  nsx "$n" ip link add veth0 mtu 1450 type veth peer name eth0 mtu 1450 netns "$p"
+  nsx "$n" ip link set veth0 master cni0 up
+  nsx "$p" ip addr add "10.244.$i.2/24" dev eth0
+  nsx "$p" ip link set eth0 up
+  nsx "$p" ip route add default via "10.244.$i.1"
+  nsx "$n" nft -f - <<NFT
+table ip flannel_bench {
+  chain postrouting {
+    type nat hook postrouting priority srcnat;
+    ip saddr 10.244.$i.0/24 ip daddr 10.244.0.0/16 accept
+    ip saddr 10.244.$i.0/24 masquerade
+  }
+}
+NFT
+done
+for i in 1 2; do
+  r=$((3 - i))
+  n=$tag-fl-n$i
+  nsx "$n" ip neigh add "10.244.$r.0" lladdr "$(mac "$r")" dev flannel.1 nud permanent
+  nsx "$n" bridge fdb append "$(mac "$r")" dev flannel.1 dst "192.168.50.$r"
+  nsx "$n" ip route add "10.244.$r.0/24" via "10.244.$r.0" dev flannel.1 onlink
+done
+measure flannel-hand "$tag-fl-p1" "$tag-fl-p2" 10.244.2.2
+dropnodes fl
+
+# (c), (d): rcni-node --once in each node, then a pod per node attached
+# with cnitool from the conflist the agent wrote.
+rcni() {
+  local v=$1 backend=$2 i
+  mknodes "$v"
+  cat >"$work/$v.json" <<JSON
+{"network": "10.244.0.0/16", "backend": "$backend", "nodes": [
+  {"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"},
+  {"name": "n2", "address": "192.168.50.2", "podCIDR": "10.244.2.0/24"}]}
+JSON
+  local addr=()
+  for i in 1 2; do
+    local n=$tag-$v-n$i p=$tag-$v-p$i d=$work/$v-n$i
+    nsx "$n" "$node_bin" run --once --cluster "$work/$v.json" --node "n$i" \
+      --cni-conf-dir "$d/net.d" --state-dir "$d/state" --ipam-data-dir "$d/ipam" \
+      2>"$d.agent.log" || { cat "$d.agent.log" >&2; exit 1; }
+    ip netns add "$p"
+    nsx "$p" ip link set lo up
+    addr[i]=$(CNI_PATH=$bin NETCONFPATH=$d/net.d CNI_CACHE_DIR=$d/cache \
+      nsx "$n" "$bin/cnitool" add rcni "/run/netns/$p" |
+      python3 -c 'import json,sys; print(json.load(sys.stdin)["ips"][0]["address"].split("/")[0])')
+  done
+  measure "$v" "$tag-$v-p1" "$tag-$v-p2" "${addr[2]}"
+  dropnodes "$v"
+}
+rcni rcni-vxlan vxlan
+rcni rcni-host-gw host-gw
+echo "  rcni-ebpf     not implemented"
+
+echo "== ratios (p50: lower is better; throughput: higher is better)"
+python3 - "$work/results" <<'PY'
+import sys
+r = {}
+for line in open(sys.argv[1]):
+    name, p50, gbit = line.split()
+    r[name] = (float(p50), float(gbit))
+u = r["underlay"]
+print(f"  {'variant':13s} {'p50 us':>9s} {'Gbit/s':>8s} {'p50/underlay':>13s} {'tput/underlay':>14s}")
+for name in ["underlay", "flannel-hand", "rcni-vxlan", "rcni-host-gw"]:
+    p, g = r[name]
+    print(f"  {name:13s} {p:9.1f} {g:8.2f} {p / u[0]:13.2f} {g / u[1]:14.2f}")
+print(f"  {'rcni-ebpf':13s} {'not implemented':>9s}")
+f, v = r["flannel-hand"], r["rcni-vxlan"]
+rp, rt = v[0] / f[0], v[1] / f[1]
+print(f"  rcni-vxlan vs flannel-hand: p50 ratio {rp:.2f} (target <= 1.0, {'met' if rp <= 1.0 else 'NOT met'}), "
+      f"throughput ratio {rt:.2f} (target >= 1.0, {'met' if rt >= 1.0 else 'NOT met'})")
+PY
