@@ -425,3 +425,50 @@ fn nak_on_renewal_ends_the_lease() {
     lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
     assert!(lab.state_files().is_empty());
 }
+
+/// A reference `dhcp daemon` still running after /opt/cni/bin was swapped
+/// (it speaks Go net/rpc over HTTP): ADD says so with code 110 and what to
+/// do; DEL goes through (the reference's daemon forgets its leases when it
+/// is restarted).
+#[test]
+fn a_reference_daemon_left_running_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("dhcp.sock");
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _daemon = Kill(
+        Command::new(rcni_testkit::reference_bin("dhcp"))
+            .args(["daemon", "-socketpath"])
+            .arg(&sock)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let start = Instant::now();
+    while !sock.exists() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pod = TestNs::new();
+    let conf = json!({"cniVersion": "1.0.0", "name": "d", "type": "bridge",
+        "ipam": {"type": "dhcp", "daemonSocketPath": sock}});
+    let call = |cmd: &str| {
+        Call::new(bin("dhcp"), cmd)
+            .env("CNI_CONTAINERID", "c1")
+            .netns(&pod.path())
+            .stdin(&conf)
+            .run()
+    };
+    let (code, msg) = call("ADD").err();
+    assert_eq!(code, 110, "{msg}");
+    assert!(
+        msg.contains("not rcni's") && msg.contains("restart"),
+        "{msg}"
+    );
+    call("DEL").ok();
+}

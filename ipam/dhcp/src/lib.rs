@@ -106,6 +106,17 @@ fn call(socket: &Path, req: &Request) -> Result<Reply, CallError> {
             socket.display()
         )));
     }
+    // The reference's daemon serves Go net/rpc over HTTP on the same socket:
+    // it answers a JSON line with an HTTP error. That is a daemon left
+    // running from before /opt/cni/bin was swapped, not a broken one, and
+    // it needs a restart, not a retry.
+    if answer.starts_with("HTTP/") {
+        return Err(CallError::Unreachable(format!(
+            "the DHCP daemon at {} is not rcni's (it answered HTTP, as the reference's net/rpc \
+             daemon does): restart it with rcni's `dhcp daemon` (systemctl restart cni-dhcp.service)",
+            socket.display()
+        )));
+    }
     serde_json::from_str(&answer)
         .map_err(|e| CallError::Broken(format!("DHCP daemon answer unreadable: {e}")))
 }
