@@ -6,13 +6,15 @@
 
 use crate::{
     Dad, Namespaces, configure_iface, delete_container_link, finish_add, first_error,
-    in_container_for_del, interface, sandbox, start_ipam_del, wait_ipam,
+    in_container_for_del, interface, random_temp_name, sandbox, start_ipam_del, undo_link,
+    wait_ipam,
 };
 use rcni_cni::invoke::PendingAdd;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::CmdArgs;
 use rcni_cni::{CniError, CniResult};
 use rcni_netlink::{Family, IPV4_DEVCONF_ARP_NOTIFY, Link, Netlink};
+use rcni_netns::NetNs;
 
 /// The interface of the first default route of the main table (IPv4
 /// before IPv6), as the reference's `getDefaultRouteInterfaceName`.
@@ -48,6 +50,43 @@ pub fn check_mtu(mtu: i64, master: &Link) -> Result<Option<u32>, CniError> {
         )));
     }
     Ok((mtu > 0).then_some(mtu as u32))
+}
+
+/// Makes the pod's link on a lower device and gives it the pod's name:
+/// `create(nl, name, target)` makes it under a temporary name (the final
+/// name may be taken where the master lives) with `nl`, in the node's
+/// namespace and moved to `target` (the container's), or, with
+/// `linkInContainer`, directly in the container (`target` none). Its
+/// removal is registered on `undo` before the rename.
+pub fn create_lower_link<'a>(
+    ns: &'a Namespaces,
+    args: &CmdArgs,
+    kind: &str,
+    in_container: bool,
+    undo: &mut Rollback<'a>,
+    create: impl AsyncFnOnce(&'a Netlink, &str, Option<&'a NetNs>) -> rcni_netlink::Result<()>,
+) -> Result<Link, CniError> {
+    let tmp = random_temp_name();
+    let link = ns.rt.block_on(async {
+        let (nl, target) = if in_container {
+            (&ns.ct, None)
+        } else {
+            (&ns.host, Some(&ns.ct_ns))
+        };
+        create(nl, &tmp, target)
+            .await
+            .map_err(|e| CniError::from(e).context(format!("failed to create {kind}")))?;
+        ns.ct.link_by_name(&tmp).await.map_err(CniError::from)
+    })?;
+    undo_link(
+        undo,
+        format!("{kind} {}", args.ifname),
+        &ns.rt,
+        &ns.ct,
+        link.index,
+    );
+    ns.rt.block_on(ns.ct.set_name(link.index, &args.ifname))?;
+    Ok(ns.rt.block_on(ns.ct.link_by_index(link.index))?)
 }
 
 /// The end of ADD once the pod's link exists under its name: configured

@@ -12,10 +12,9 @@
 mod conf;
 
 use conf::Conf;
-use rcni_attach::lower::{del_lower, finish_lower_add};
+use rcni_attach::lower::{create_lower_link, del_lower, finish_lower_add};
 use rcni_attach::{
-    Attachment, Namespaces, check, ensure_ifname_free, ipam_config, lower, random_temp_name,
-    sandbox, start_ipam_add, undo_link,
+    Attachment, Namespaces, check, ensure_ifname_free, ipam_config, lower, sandbox, start_ipam_add,
 };
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
@@ -65,34 +64,21 @@ impl Attachment for Ipvlan {
         let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
-        // Created under a temporary name, directly in the container (the
-        // final name may be taken where the master lives), then renamed.
-        let tmp = random_temp_name();
-        let link = ns.rt.block_on(async {
-            let (nl, target) = if conf.link_in_container {
-                (&ns.ct, None)
-            } else {
-                (&ns.host, Some(&ns.ct_ns))
-            };
-            let opts = LowerOpts {
-                mtu,
-                ns: target,
-                ..Default::default()
-            };
-            nl.create_ipvlan(&tmp, master.index, conf.mode, opts)
-                .await
-                .map_err(|e| CniError::from(e).context("failed to create ipvlan"))?;
-            ns.ct.link_by_name(&tmp).await.map_err(CniError::from)
-        })?;
-        undo_link(
+        let link = create_lower_link(
+            &ns,
+            args,
+            "ipvlan",
+            conf.link_in_container,
             &mut undo,
-            format!("ipvlan {}", args.ifname),
-            &ns.rt,
-            &ns.ct,
-            link.index,
-        );
-        ns.rt.block_on(ns.ct.set_name(link.index, &args.ifname))?;
-        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
+            async |nl, name, target| {
+                let opts = LowerOpts {
+                    mtu,
+                    ns: target,
+                    ..Default::default()
+                };
+                nl.create_ipvlan(name, master.index, conf.mode, opts).await
+            },
+        )?;
 
         let result = match (&mut ipam, from_prev) {
             (Some(ipam), _) => ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?,

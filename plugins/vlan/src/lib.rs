@@ -11,10 +11,9 @@ mod conf;
 
 use conf::Conf;
 use rcni_attach::check;
-use rcni_attach::lower::{del_lower, finish_lower_add};
+use rcni_attach::lower::{create_lower_link, del_lower, finish_lower_add};
 use rcni_attach::{
-    Attachment, Namespaces, ensure_ifname_free, ipam_config, random_temp_name, sandbox,
-    start_ipam_add, undo_link,
+    Attachment, Namespaces, ensure_ifname_free, ipam_config, sandbox, start_ipam_add,
 };
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
@@ -55,29 +54,17 @@ impl Attachment for Vlan {
         let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
-        // Created under a temporary name, directly in the container (the
-        // final name may be taken where the master lives), then renamed.
-        let tmp = random_temp_name();
-        let link = ns.rt.block_on(async {
-            let (nl, target) = if conf.link_in_container {
-                (&ns.ct, None)
-            } else {
-                (&ns.host, Some(&ns.ct_ns))
-            };
-            nl.create_vlan(&tmp, master.index, conf.vlan_id, conf.mtu, target)
-                .await
-                .map_err(|e| CniError::from(e).context("failed to create vlan"))?;
-            ns.ct.link_by_name(&tmp).await.map_err(CniError::from)
-        })?;
-        undo_link(
+        let link = create_lower_link(
+            &ns,
+            args,
+            "vlan",
+            conf.link_in_container,
             &mut undo,
-            format!("vlan {}", args.ifname),
-            &ns.rt,
-            &ns.ct,
-            link.index,
-        );
-        ns.rt.block_on(ns.ct.set_name(link.index, &args.ifname))?;
-        let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
+            async |nl, name, target| {
+                nl.create_vlan(name, master.index, conf.vlan_id, conf.mtu, target)
+                    .await
+            },
+        )?;
 
         let result = match &mut ipam {
             Some(ipam) => Some(ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?),
