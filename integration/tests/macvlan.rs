@@ -189,28 +189,13 @@ fn default_master_and_link_in_container() {
         .ok();
 
     // The master inside the container.
-    let p = TestNs::new();
-    ip(&p.ns, "link add inner0 type veth peer name inner1");
-    ip(&p.ns, "link set inner0 up");
     let c = conf(
         "inner0",
         "bridge",
         "10.64.1.1/24",
         json!({"linkInContainer": true}),
     );
-    let r = node.call(&bin("macvlan"), "ADD", &p.path(), "lic", &c).ok();
-    let inner = nl(&p.ns, async |n| n.link_by_name("inner0").await.unwrap());
-    nl(&p.ns, async |n| {
-        assert_eq!(
-            n.link_by_name("eth0").await.unwrap().link,
-            Some(inner.index)
-        )
-    });
-    let with = Node::with_prev(&c, &r);
-    node.call(&bin("macvlan"), "CHECK", &p.path(), "lic", &with)
-        .ok();
-    node.call(&bin("macvlan"), "DEL", &p.path(), "lic", &with)
-        .ok();
+    let p = common::lower_in_container(&node, "macvlan", &c);
     assert_eq!(link_names(&p.ns), ["lo", "inner1", "inner0"]);
     assert!(node_macvlans(&node).is_empty());
 }

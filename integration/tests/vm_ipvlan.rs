@@ -236,28 +236,13 @@ fn chained_check_errors_rollback_and_del() {
     assert_eq!(link_names(&q.ns), ["lo"]);
 
     // The master in the container.
-    let p = TestNs::new();
-    ip(&p.ns, "link add inner0 type veth peer name inner1");
-    ip(&p.ns, "link set inner0 up");
     let c = conf(
         "inner0",
         "l2",
         "10.74.2.1/24",
         json!({"linkInContainer": true}),
     );
-    let r = node.call(&bin("ipvlan"), "ADD", &p.path(), "lic", &c).ok();
-    let inner = nl(&p.ns, async |n| n.link_by_name("inner0").await.unwrap());
-    nl(&p.ns, async |n| {
-        assert_eq!(
-            n.link_by_name("eth0").await.unwrap().link,
-            Some(inner.index)
-        )
-    });
-    let with = Node::with_prev(&c, &r);
-    node.call(&bin("ipvlan"), "CHECK", &p.path(), "lic", &with)
-        .ok();
-    node.call(&bin("ipvlan"), "DEL", &p.path(), "lic", &with)
-        .ok();
+    let _lic = common::lower_in_container(&node, "ipvlan", &c);
 
     // DEL: twice, without the netns, without the master.
     let c = hl(json!({}));

@@ -455,3 +455,26 @@ impl Drop for Bpffs {
         }
     }
 }
+
+/// `linkInContainer` for a plugin of a link on a lower device (macvlan,
+/// ipvlan): with `conf` naming the master `inner0`, a veth that lives only
+/// in a fresh pod namespace, ADD puts the pod's `eth0` on it, CHECK passes
+/// and DEL removes it. Returns the pod for the caller's own checks.
+pub fn lower_in_container(node: &Node, plugin: &str, conf: &Value) -> TestNs {
+    let p = TestNs::new();
+    ip(&p.ns, "link add inner0 type veth peer name inner1");
+    ip(&p.ns, "link set inner0 up");
+    let r = node.call(&bin(plugin), "ADD", &p.path(), "lic", conf).ok();
+    let inner = nl(&p.ns, async |n| n.link_by_name("inner0").await.unwrap());
+    nl(&p.ns, async |n| {
+        assert_eq!(
+            n.link_by_name("eth0").await.unwrap().link,
+            Some(inner.index)
+        )
+    });
+    let with = Node::with_prev(conf, &r);
+    node.call(&bin(plugin), "CHECK", &p.path(), "lic", &with)
+        .ok();
+    node.call(&bin(plugin), "DEL", &p.path(), "lic", &with).ok();
+    p
+}
