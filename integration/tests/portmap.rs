@@ -7,7 +7,7 @@
 mod chain;
 
 use chain::*;
-use rcni_netlink::nfnl::{IPPROTO_UDP, Nfnl};
+use rcni_netfilter::nfnl::{IPPROTO_UDP, Nfnl};
 use rcni_testkit::{TestNs, bin, reference_bin};
 use serde_json::{Value, json};
 

@@ -1,12 +1,12 @@
 //! Masquerade of pod traffic that leaves the cluster network, in an
 //! nftables table of the agent's own (`ip rcni_node`), written over
 //! nfnetlink with the expression builders the meta plugins use. The
-//! per-attachment rules of `ipMasq` (crates/ipmasq) do not fit: this is one
+//! per-attachment rules of `ipMasq` (crates/netfilter) do not fit: this is one
 //! rule per node, and it must not depend on pods coming and going.
 
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
-use rcni_netlink::nfnl::{Hook, Nfnl, NftFamily, NftOp};
-use rcni_netlink::nftexpr;
+use rcni_netfilter::nfnl::{Hook, Nfnl, NftFamily, NftOp};
+use rcni_netfilter::nftexpr;
 use rcni_netns::NetNs;
 
 pub const TABLE: &str = "rcni_node";

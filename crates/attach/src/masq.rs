@@ -30,8 +30,8 @@ impl<'a> Masq<'a> {
         }
     }
 
-    fn rules<'b>(&'b self, ips: &'b [IpNetwork]) -> rcni_ipmasq::Masq<'b> {
-        rcni_ipmasq::Masq {
+    fn rules<'b>(&'b self, ips: &'b [IpNetwork]) -> rcni_netfilter::Masq<'b> {
+        rcni_netfilter::Masq {
             network: self.network,
             container_id: self.container_id,
             ifname: self.ifname,
@@ -39,12 +39,15 @@ impl<'a> Masq<'a> {
         }
     }
 
-    fn backend(&self) -> Result<rcni_ipmasq::Backend, CniError> {
-        Ok(rcni_ipmasq::Backend::from_config(self.host, self.backend)?)
+    fn backend(&self) -> Result<rcni_netfilter::Backend, CniError> {
+        Ok(rcni_netfilter::Backend::from_config(
+            self.host,
+            self.backend,
+        )?)
     }
 
     pub fn setup(&self, ips: &[IpNetwork]) -> Result<(), CniError> {
-        Ok(rcni_ipmasq::setup(
+        Ok(rcni_netfilter::setup(
             self.host,
             self.backend()?,
             &self.rules(ips),
@@ -55,11 +58,11 @@ impl<'a> Masq<'a> {
     /// container and interface, so DEL needs no addresses: it works when
     /// the netns and prevResult are gone.
     pub fn teardown(&self) -> Result<(), CniError> {
-        Ok(rcni_ipmasq::teardown(self.host, &self.rules(&[]))?)
+        Ok(rcni_netfilter::teardown(self.host, &self.rules(&[]))?)
     }
 
     pub fn check(&self, ips: &[IpNetwork]) -> Result<(), CniError> {
-        rcni_ipmasq::check(self.host, self.backend()?, &self.rules(ips))
+        rcni_netfilter::check(self.host, self.backend()?, &self.rules(ips))
             .map_err(|e| CniError::new(ErrorCode::CheckFailed, format!("masquerade rules: {e}")))
     }
 }
@@ -77,7 +80,7 @@ pub fn backend_key(backend: Option<String>) -> Result<Option<String>, CniError> 
 /// in the valid set (a missing set counts as empty).
 pub fn gc(host: &NetNs, args: &CmdArgs) -> Result<(), CniError> {
     let valid = args.conf.gc_valid_pairs();
-    Ok(rcni_ipmasq::gc(host, &args.conf.name, &valid)?)
+    Ok(rcni_netfilter::gc(host, &args.conf.name, &valid)?)
 }
 
 #[cfg(test)]

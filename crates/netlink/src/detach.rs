@@ -19,7 +19,7 @@ use std::os::fd::{FromRawFd, OwnedFd};
 /// `child` runs in a forked copy of a possibly multithreaded process: no
 /// allocation, no locks, only raw syscalls on memory prepared before the
 /// call.
-pub(crate) unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<libc::pid_t> {
+pub unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<libc::pid_t> {
     // Sorted before the fork: the child may not allocate.
     let mut ks = [-1i32; 4];
     assert!(
@@ -53,7 +53,7 @@ pub(crate) unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<li
 /// A raw netlink socket of protocol `proto` (`NETLINK_ROUTE`,
 /// `NETLINK_NETFILTER`) bound to `ns`: a socket talks to the namespace it was
 /// created in.
-pub(crate) fn netlink_socket(ns: &NetNs, proto: i32, op: &str) -> Result<OwnedFd> {
+pub fn netlink_socket(ns: &NetNs, proto: i32, op: &str) -> Result<OwnedFd> {
     ns.run(|| {
         // SAFETY: plain socket(2); the fd is owned right away.
         let fd =
@@ -69,7 +69,7 @@ pub(crate) fn netlink_socket(ns: &NetNs, proto: i32, op: &str) -> Result<OwnedFd
 }
 
 /// A close-on-exec pipe: (read end, write end).
-pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let mut p = [0i32; 2];
     // SAFETY: pipe2 fills both fds on success; each is owned once.
     unsafe {

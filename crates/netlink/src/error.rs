@@ -44,7 +44,7 @@ fn classify_errno(errno: i32) -> ErrorKind {
 }
 
 impl Error {
-    pub(crate) fn netlink(op: impl Into<String>, err: rtnetlink::Error) -> Error {
+    pub fn netlink(op: impl Into<String>, err: rtnetlink::Error) -> Error {
         let mut e = Error {
             op: op.into(),
             kind: ErrorKind::Other,
@@ -56,7 +56,7 @@ impl Error {
         e
     }
 
-    pub(crate) fn io(op: impl Into<String>, err: io::Error) -> Error {
+    pub fn io(op: impl Into<String>, err: io::Error) -> Error {
         let kind = err.raw_os_error().map_or(ErrorKind::Other, classify_errno);
         Error {
             op: op.into(),
@@ -65,7 +65,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn netns(op: impl Into<String>, err: rcni_netns::Error) -> Error {
+    pub fn netns(op: impl Into<String>, err: rcni_netns::Error) -> Error {
         let kind = if err.is_not_found() {
             ErrorKind::NotFound
         } else {
@@ -78,7 +78,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn not_found(op: impl Into<String>) -> Error {
+    pub fn not_found(op: impl Into<String>) -> Error {
         Error {
             op: op.into(),
             kind: ErrorKind::NotFound,
@@ -86,7 +86,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn other(op: impl Into<String>, msg: impl Into<String>) -> Error {
+    pub fn other(op: impl Into<String>, msg: impl Into<String>) -> Error {
         Error {
             op: op.into(),
             kind: ErrorKind::Other,

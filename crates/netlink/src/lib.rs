@@ -6,12 +6,10 @@
 //! caller's tokio runtime; no async code ever calls `setns`.
 
 mod dad;
-mod detach;
+pub mod detach;
 mod error;
 mod lower;
 pub mod netconf;
-pub mod nfnl;
-pub mod nftexpr;
 pub mod overlay;
 mod rule;
 pub mod sysctl;

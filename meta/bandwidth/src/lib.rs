@@ -91,7 +91,7 @@ pub fn validate(rate: u64, burst: u64) -> Result<(), CniError> {
 
 /// The reference's IFB name.
 pub fn ifb_name(network: &str, container_id: &str) -> String {
-    rcni_ipmasq::hash_with_prefix(IFB_NAME_LEN, "bwp", &format!("{network}{container_id}"))
+    rcni_netfilter::hash_with_prefix(IFB_NAME_LEN, "bwp", &format!("{network}{container_id}"))
 }
 
 /// The alias our IFBs carry: what GC needs to tell whose it is.

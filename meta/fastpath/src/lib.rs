@@ -133,7 +133,7 @@ fn normal_path_reason(args: &CmdArgs, veth: &Link) -> Result<Option<String>, Cni
 /// frames to and from this pod's port: its rules in `bridge cni_firewall`
 /// carry the attachment's instance hash first in their comment.
 fn firewall_isolated(args: &CmdArgs, veth: &Link) -> Result<Option<String>, CniError> {
-    use rcni_netlink::nfnl::{Nfnl, NftFamily};
+    use rcni_netfilter::nfnl::{Nfnl, NftFamily};
     let rules = Nfnl::open(&rcni_netns::NetNs::current()?)
         .and_then(|mut nl| nl.nft_rules(NftFamily::Bridge, "cni_firewall"));
     let rules = match rules {
@@ -149,7 +149,7 @@ fn firewall_isolated(args: &CmdArgs, veth: &Link) -> Result<Option<String>, CniE
         }
         Err(e) => return Err(e.into()),
     };
-    let inst = rcni_ipmasq::nft_instance_hash(&args.conf.name, &args.ifname, &args.container_id);
+    let inst = rcni_netfilter::nft_instance_hash(&args.conf.name, &args.ifname, &args.container_id);
     let ours = rules.iter().any(|r| {
         r.comment
             .as_deref()

@@ -14,8 +14,8 @@ use crate::{firewalld, ipt, nft};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use rcni_cni::rollback::Rollback;
-use rcni_ipmasq::ipt::Family;
-use rcni_netlink::nfnl::{Nfnl, NftFamily};
+use rcni_netfilter::ipt::Family;
+use rcni_netfilter::nfnl::{Nfnl, NftFamily};
 use rcni_netns::NetNs;
 use std::cell::RefCell;
 
@@ -141,7 +141,7 @@ impl FirewallBackend for Iptables {
                 continue;
             }
             if let Err(e) = ipt::teardown(c.ns, fam, &fips)
-                && rcni_ipmasq::ipt::supported(c.ns, fam)
+                && rcni_netfilter::ipt::supported(c.ns, fam)
             {
                 return Err(e);
             }
@@ -221,7 +221,7 @@ impl FirewallBackend for Firewalld {
 
 /// Whether iptables works in `ns` (the same probe as ipMasq's default).
 fn iptables_usable(ns: &NetNs) -> bool {
-    rcni_ipmasq::ipt::supported(ns, Family::V4)
+    rcni_netfilter::ipt::supported(ns, Family::V4)
 }
 
 /// The backend of ADD and CHECK: the configured one, else firewalld if it
@@ -244,7 +244,7 @@ pub fn select(c: &Ctx) -> Result<Box<dyn FirewallBackend>, CniError> {
         None => match firewalld::Firewalld::running()? {
             Some(fw) => Box::new(Firewalld(fw)),
             None if iptables_usable(c.ns) => Box::new(Iptables),
-            None if rcni_ipmasq::exec::find_tool("nft").is_some() => Box::new(Nftables),
+            None if rcni_netfilter::exec::find_tool("nft").is_some() => Box::new(Nftables),
             None => Box::new(Iptables),
         },
     })
@@ -265,7 +265,7 @@ fn iptables_forward_drops(c: &Ctx) -> Result<bool, CniError> {
         };
         let drops = c.with_nfnl(|nl| Ok(nl.nft_chain_drops(family, "filter", "FORWARD")?))?
             || legacy_forward_drops(c.ns, fam);
-        if drops && rcni_ipmasq::exec::find_tool(fam.iptables_tool()).is_some() {
+        if drops && rcni_netfilter::exec::find_tool(fam.iptables_tool()).is_some() {
             return Ok(true);
         }
     }
@@ -289,12 +289,12 @@ fn legacy_forward_drops(ns: &NetNs, fam: Family) -> bool {
         return false;
     }
     // Where `iptables` is iptables-nft, only the legacy tool sees x_tables.
-    let tool = if rcni_ipmasq::exec::find_tool(legacy).is_some() {
+    let tool = if rcni_netfilter::exec::find_tool(legacy).is_some() {
         legacy
     } else {
         fam.iptables_tool()
     };
-    rcni_ipmasq::exec::run(ns, tool, &["-w", "-S", "FORWARD"], None)
+    rcni_netfilter::exec::run(ns, tool, &["-w", "-S", "FORWARD"], None)
         .is_ok_and(|o| o.success && save_drops(&o.stdout))
 }
 

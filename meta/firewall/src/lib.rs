@@ -29,7 +29,7 @@ use conf::{Conf, IngressPolicy, addresses, bridge};
 use ipnetwork::IpNetwork;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult};
-use rcni_netlink::nfnl::Nfnl;
+use rcni_netfilter::nfnl::Nfnl;
 use rcni_netns::NetNs;
 
 pub struct Firewall;

@@ -39,8 +39,8 @@
 use crate::conf::{Conf, IngressPolicy};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
-use rcni_netlink::nfnl::{Hook, Nfnl, NftFamily, NftOp, NftRule};
-use rcni_netlink::nftexpr::{self, Expr};
+use rcni_netfilter::nfnl::{Hook, Nfnl, NftFamily, NftOp, NftRule};
+use rcni_netfilter::nftexpr::{self, Expr};
 use std::collections::BTreeSet;
 
 pub const TABLE: &str = "cni_firewall";
@@ -64,7 +64,7 @@ pub struct Attachment<'a> {
 
 impl Attachment<'_> {
     fn instance(&self) -> String {
-        rcni_ipmasq::nft_instance_hash(self.network, self.ifname, self.container_id)
+        rcni_netfilter::nft_instance_hash(self.network, self.ifname, self.container_id)
     }
 
     /// `<instance> <bridge> <policy>, net: <net>, if: <if>, id: <cid>`,
@@ -312,10 +312,10 @@ pub fn teardown(nl: &mut Nfnl, a: &Attachment) -> Result<(), CniError> {
 
 /// Removes the attachments of `network` not in `valid`.
 pub fn gc(nl: &mut Nfnl, network: &str, valid: &[(String, String)]) -> Result<(), CniError> {
-    let prefix = format!("{}-", rcni_ipmasq::nft_network_hash(network));
+    let prefix = format!("{}-", rcni_netfilter::nft_network_hash(network));
     let keep: BTreeSet<String> = valid
         .iter()
-        .map(|(cid, ifname)| rcni_ipmasq::nft_instance_hash(network, ifname, cid))
+        .map(|(cid, ifname)| rcni_netfilter::nft_instance_hash(network, ifname, cid))
         .collect();
     remove(nl, &|c| {
         c.starts_with(&prefix) && parse_comment(c).is_some_and(|(inst, _, _)| !keep.contains(inst))

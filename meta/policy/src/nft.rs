@@ -571,7 +571,7 @@ fn current_ns() -> Result<NetNs, CniError> {
 /// on success, or (stderr, the error) on failure.
 fn nft(args: &[&str], stdin: Option<&str>) -> Result<Result<String, (String, CniError)>, CniError> {
     let ns = current_ns()?;
-    let out = rcni_ipmasq::exec::run(&ns, "nft", args, stdin)
+    let out = rcni_netfilter::exec::run(&ns, "nft", args, stdin)
         .map_err(|e| netfilter(format!("policy: {e}")))?;
     if out.success {
         return Ok(Ok(out.stdout));
@@ -654,7 +654,7 @@ fn ensure_bridge_netfilter() -> Result<(), CniError> {
     // /proc/sys/net resolves against the calling thread's namespace.
     let present = || std::path::Path::new("/proc/sys/net/bridge").is_dir();
     if !present() {
-        if let Some(modprobe) = rcni_ipmasq::exec::find_tool("modprobe") {
+        if let Some(modprobe) = rcni_netfilter::exec::find_tool("modprobe") {
             let _ = std::process::Command::new(modprobe)
                 .arg("br_netfilter")
                 .stdout(std::process::Stdio::null())
@@ -754,7 +754,7 @@ struct Listing {
 
 fn parse_listing(json: &str) -> Result<Listing, String> {
     let mut l = Listing::default();
-    for item in &rcni_ipmasq::nft_listing_items(json)? {
+    for item in &rcni_netfilter::nft_listing_items(json)? {
         if let Some(c) = item.get("chain") {
             l.chains.insert(
                 c["name"].as_str().unwrap_or_default().to_string(),

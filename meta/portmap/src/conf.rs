@@ -223,9 +223,9 @@ impl Conf {
         if let Some(b) = self.implied_backend() {
             return b;
         }
-        match rcni_ipmasq::Backend::detect(ns) {
-            rcni_ipmasq::Backend::Iptables => Backend::Iptables,
-            rcni_ipmasq::Backend::Nftables => Backend::Nftables,
+        match rcni_netfilter::Backend::detect(ns) {
+            rcni_netfilter::Backend::Iptables => Backend::Iptables,
+            rcni_netfilter::Backend::Nftables => Backend::Nftables,
         }
     }
 

@@ -23,8 +23,8 @@ use ipnetwork::IpNetwork;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, version};
-use rcni_ipmasq::ipt::Family;
-use rcni_netlink::nfnl::{IPPROTO_UDP, Nfnl};
+use rcni_netfilter::ipt::Family;
+use rcni_netfilter::nfnl::{IPPROTO_UDP, Nfnl};
 use rcni_netlink::{Netlink, TABLE_MAIN};
 use rcni_netns::NetNs;
 use std::collections::BTreeSet;
@@ -119,7 +119,7 @@ fn iptables_best_effort(
     r: Result<(), CniError>,
 ) {
     if let Err(e) = r
-        && rcni_ipmasq::ipt::supported(ns, fam)
+        && rcni_netfilter::ipt::supported(ns, fam)
     {
         errors.push(e);
     }

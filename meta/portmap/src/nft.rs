@@ -20,7 +20,7 @@
 //!
 //! Deliberate differences from upstream, each a fix:
 //! * the comment names the attachment (network, ifname, container:
-//!   [`rcni_ipmasq::nft_comment`]) instead of the bare container ID, so a
+//!   [`rcni_netfilter::nft_comment`]) instead of the bare container ID, so a
 //!   container on two networks keeps its other network's mappings when one
 //!   is deleted, and GC can tell networks apart; rules with upstream's bare
 //!   container-ID comment are still deleted by DEL;
@@ -42,8 +42,8 @@
 use crate::conf::{Conf, Mapping};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
-use rcni_netlink::nfnl::{Hook, Nfnl, NftFamily, NftOp, NftRule};
-use rcni_netlink::nftexpr::{self, Expr};
+use rcni_netfilter::nfnl::{Hook, Nfnl, NftFamily, NftOp, NftRule};
+use rcni_netfilter::nftexpr::{self, Expr};
 use rcni_netns::NetNs;
 use std::fmt::Write;
 
@@ -63,13 +63,13 @@ pub struct Owner<'a> {
 
 impl Owner<'_> {
     pub fn comment(&self) -> String {
-        rcni_ipmasq::nft_comment(self.network, self.ifname, self.container_id)
+        rcni_netfilter::nft_comment(self.network, self.ifname, self.container_id)
     }
 
     /// Whether `comment` marks a rule of this attachment: ours, or
     /// upstream's bare container ID.
     fn owns(&self, comment: &str) -> bool {
-        comment.starts_with(&rcni_ipmasq::nft_instance_hash(
+        comment.starts_with(&rcni_netfilter::nft_instance_hash(
             self.network,
             self.ifname,
             self.container_id,
@@ -209,7 +209,7 @@ fn owned_rules(
 }
 
 fn run_nft(ns: &NetNs, script: &str) -> Result<(), CniError> {
-    rcni_ipmasq::exec::run_ok(ns, "nft", &["-f", "-"], Some(script))
+    rcni_netfilter::exec::run_ok(ns, "nft", &["-f", "-"], Some(script))
         .map(|_| ())
         .map_err(|e| CniError::from(e).context("unable to set up nftables rules for port mappings"))
 }
@@ -358,10 +358,10 @@ pub fn teardown(nl: &mut Nfnl, owner: &Owner) -> Result<(), CniError> {
 
 /// Removes the rules of `network` whose attachment is not in `valid`.
 pub fn gc(nl: &mut Nfnl, network: &str, valid: &[(String, String)]) -> Result<(), CniError> {
-    let prefix = format!("{}-", rcni_ipmasq::nft_network_hash(network));
+    let prefix = format!("{}-", rcni_netfilter::nft_network_hash(network));
     let keep: std::collections::HashSet<String> = valid
         .iter()
-        .map(|(cid, ifname)| rcni_ipmasq::nft_comment(network, ifname, cid))
+        .map(|(cid, ifname)| rcni_netfilter::nft_comment(network, ifname, cid))
         .collect();
     remove(nl, &|c| c.starts_with(&prefix) && !keep.contains(c))
 }

@@ -53,7 +53,7 @@ pub fn nft_tables(ns: &TestNs) -> Vec<(String, String)> {
 pub fn nft_masq_comments(ns: &TestNs) -> Vec<String> {
     if !nft_tables(ns)
         .iter()
-        .any(|(f, n)| f == "inet" && n == rcni_ipmasq::NFT_TABLE)
+        .any(|(f, n)| f == "inet" && n == rcni_netfilter::NFT_TABLE)
     {
         return Vec::new();
     }
@@ -65,7 +65,7 @@ pub fn nft_masq_comments(ns: &TestNs) -> Vec<String> {
             "list",
             "chain",
             "inet",
-            rcni_ipmasq::NFT_TABLE,
+            rcni_netfilter::NFT_TABLE,
             "masq_checks",
         ],
     ))

@@ -26,7 +26,9 @@
 pub mod exec;
 mod iptables;
 mod names;
+pub mod nfnl;
 mod nftables;
+pub mod nftexpr;
 
 /// The iptables-save reader and iptables-restore writer, shared with the
 /// other plugins that keep iptables rules (portmap, firewall).
@@ -276,7 +278,7 @@ pub fn teardown(ns: &NetNs, m: &Masq) -> Result<(), Error> {
     let mut errors = Vec::new();
     // Which iptables families can hold the chain at all, read over
     // nfnetlink: on a node without such rules DEL starts no iptables-save.
-    let mut nl = rcni_netlink::nfnl::Nfnl::open(ns).ok();
+    let mut nl = crate::nfnl::Nfnl::open(ns).ok();
     let chain = chain_name(m.network, m.container_id);
     for fam in Family::BOTH {
         if let Some(nl) = nl.as_mut()

@@ -7,7 +7,7 @@ mod common;
 
 use common::{nat_lines, sh};
 use ipnetwork::IpNetwork;
-use rcni_ipmasq::{Backend, Masq, check, setup, teardown};
+use rcni_netfilter::{Backend, Masq, check, setup, teardown};
 use rcni_testkit::{Call, REFERENCE_DIR, TestNs, reference_bin};
 use serde_json::{Value, json};
 
@@ -88,5 +88,5 @@ fn same_rules_as_the_reference_and_drop_in_both_ways() {
     assert!(nat_lines(&host, "iptables-save").is_empty());
     assert!(nat_lines(&host, "ip6tables-save").is_empty());
     // And no nft table was made along the way.
-    assert!(!sh(&host, "nft", &["list", "tables"]).contains(rcni_ipmasq::NFT_TABLE));
+    assert!(!sh(&host, "nft", &["list", "tables"]).contains(rcni_netfilter::NFT_TABLE));
 }

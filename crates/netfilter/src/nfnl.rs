@@ -14,7 +14,7 @@
 //! created in.
 
 use crate::nftexpr::{Expr, push_attr};
-use crate::{Error, Result};
+use rcni_netlink::{Error, Result};
 use rcni_netns::NetNs;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -308,12 +308,12 @@ const RELEASE_DELAY_NS: libc::c_long = 300_000_000;
 /// are long over. Without a child (fork failed), the plugin closes the
 /// socket itself, waiting as before.
 fn spawn_releaser(sock: i32) -> Option<OwnedFd> {
-    let (r, w) = crate::detach::pipe().ok()?;
+    let (r, w) = rcni_netlink::detach::pipe().ok()?;
     let rfd = r.as_raw_fd();
     // SAFETY: the child makes only async-signal-safe calls (read, close,
     // _exit) on descriptors it kept.
     let pid = unsafe {
-        crate::detach::fork_child(&[sock, rfd], || {
+        rcni_netlink::detach::fork_child(&[sock, rfd], || {
             let mut b = [0u8; 1];
             while libc::read(rfd, b.as_mut_ptr().cast(), 1) < 0
                 && *libc::__errno_location() == libc::EINTR
@@ -441,7 +441,7 @@ impl Nfnl {
     /// Opens a socket inside `ns`.
     pub fn open(ns: &NetNs) -> Result<Nfnl> {
         let op = "open NETLINK_NETFILTER socket";
-        let fd = crate::detach::netlink_socket(ns, libc::NETLINK_NETFILTER, op)?;
+        let fd = rcni_netlink::detach::netlink_socket(ns, libc::NETLINK_NETFILTER, op)?;
         // A reply that never comes (a kernel without the subsystem) must not
         // hang a plugin forever.
         let tv = libc::timeval {

@@ -427,7 +427,7 @@ pub(crate) fn teardown(
 /// transaction; listing again and retrying once if another plugin
 /// process changed the table meanwhile.
 fn remove_where_nl(ns: &NetNs, select: &dyn Fn(&str) -> bool) -> Result<(), Error> {
-    use rcni_netlink::nfnl::{Nfnl, NftFamily, NftOp};
+    use crate::nfnl::{Nfnl, NftFamily, NftOp};
     let mut nl = Nfnl::open(ns)?;
     let fam = NftFamily::Inet;
     let mut last = None;

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{ips, nat_lines, nft_masq_comments, nft_tables, sh};
-use rcni_ipmasq::{Backend, Masq, chain_name, check, gc, setup, teardown};
+use rcni_netfilter::{Backend, Masq, chain_name, check, gc, setup, teardown};
 use rcni_testkit::{TestNs, ping};
 
 const BOTH: [Backend; 2] = [Backend::Iptables, Backend::Nftables];
@@ -25,7 +25,7 @@ fn has_rules(ns: &TestNs) -> bool {
     ipt > 0
         || nft_tables(ns)
             .iter()
-            .any(|(f, n)| f == "inet" && n == rcni_ipmasq::NFT_TABLE)
+            .any(|(f, n)| f == "inet" && n == rcni_netfilter::NFT_TABLE)
 }
 
 #[test]
@@ -53,13 +53,13 @@ fn setup_check_teardown_each_backend() {
                 let comments = nft_masq_comments(&ns);
                 assert_eq!(
                     comments,
-                    [rcni_ipmasq::nft_comment("mynet", "eth0", "ctr1")]
+                    [rcni_netfilter::nft_comment("mynet", "eth0", "ctr1")]
                 );
                 assert!(nat_lines(&ns, "iptables-save").is_empty());
                 let text = sh(
                     &ns,
                     "nft",
-                    &["list", "table", "inet", rcni_ipmasq::NFT_TABLE],
+                    &["list", "table", "inet", rcni_netfilter::NFT_TABLE],
                 );
                 assert!(
                     text.contains("ip saddr 10.22.0.2 ip daddr != 10.22.0.0/16 masquerade"),
@@ -232,7 +232,7 @@ fn check_notices_a_deleted_rule() {
             "flush",
             "chain",
             "inet",
-            rcni_ipmasq::NFT_TABLE,
+            rcni_netfilter::NFT_TABLE,
             "postrouting",
         ],
     );
