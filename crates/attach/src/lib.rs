@@ -269,16 +269,7 @@ pub fn finish_add(
     result
 }
 
-/// DEL and GC run every step whatever failed before and report the first
-/// failure.
-pub fn first_error(
-    results: impl IntoIterator<Item = Result<(), CniError>>,
-) -> Result<(), CniError> {
-    results
-        .into_iter()
-        .find_map(Result::err)
-        .map_or(Ok(()), Err)
-}
+pub use rcni_cni::first_error;
 
 /// The `mtu` key of a veth plugin (bridge, ptp): 0 leaves the kernel's
 /// default; a value no link can have is unsupported (code 2).

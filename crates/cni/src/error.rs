@@ -303,3 +303,15 @@ mod tests {
         );
     }
 }
+
+/// DEL and GC run every step whatever failed before and report the first
+/// failure (the runtime gets one error; later ones are usually its
+/// consequences).
+pub fn first_error(
+    results: impl IntoIterator<Item = Result<(), CniError>>,
+) -> Result<(), CniError> {
+    results
+        .into_iter()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
+}

@@ -15,9 +15,10 @@ pub mod version;
 mod tests;
 
 pub use args::CniArgs;
+pub use error::first_error;
 pub use error::{CniError, ErrorCode};
 pub use skel::{About, CmdArgs, Command, Plugin};
-pub use types::{CniResult, Dns, GcAttachment, Interface, IpConfig, NetConf, Route};
+pub use types::{CniResult, Dns, GcAttachment, Interface, IpConfig, NetConf, Route, subnet};
 
 /// JSON indented with four spaces, as Go's `json.MarshalIndent(v, "", "    ")`
 /// prints results and errors.

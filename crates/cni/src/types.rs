@@ -490,6 +490,13 @@ impl NetConf {
         Ok(conf)
     }
 
+    /// The parsed `prevResult` of a plugin that cannot work without it
+    /// (code 7 with `missing` as the message when absent).
+    pub fn required_prev_result(&self, missing: &str) -> Result<CniResult, CniError> {
+        self.prev_result()?
+            .ok_or_else(|| CniError::config(missing.to_string()))
+    }
+
     /// The parsed `prevResult`, if any.
     pub fn prev_result(&self) -> Result<Option<CniResult>, CniError> {
         match &self.prev_result {
@@ -674,4 +681,9 @@ pub fn with_key(mut conf: Value, key: &str, v: Value) -> Value {
 /// An empty JSON object.
 pub fn empty_object() -> Value {
     Value::Object(Map::new())
+}
+
+/// The subnet of an address: host bits cleared, same prefix.
+pub fn subnet(ip: &IpNetwork) -> IpNetwork {
+    IpNetwork::new(ip.network(), ip.prefix()).expect("prefix taken from a valid network")
 }
