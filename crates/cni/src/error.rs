@@ -242,6 +242,18 @@ impl fmt::Display for CniError {
 
 impl std::error::Error for CniError {}
 
+/// DEL and GC run every step whatever failed before and report the first
+/// failure (the runtime gets one error; later ones are usually its
+/// consequences).
+pub fn first_error(
+    results: impl IntoIterator<Item = Result<(), CniError>>,
+) -> Result<(), CniError> {
+    results
+        .into_iter()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -302,16 +314,4 @@ mod tests {
                 .contains("mode")
         );
     }
-}
-
-/// DEL and GC run every step whatever failed before and report the first
-/// failure (the runtime gets one error; later ones are usually its
-/// consequences).
-pub fn first_error(
-    results: impl IntoIterator<Item = Result<(), CniError>>,
-) -> Result<(), CniError> {
-    results
-        .into_iter()
-        .find_map(Result::err)
-        .map_or(Ok(()), Err)
 }
