@@ -26,7 +26,14 @@ while [ $# -gt 0 ]; do
     *) args+=("$1"); shift ;;
   esac
 done
-bin=target/bench-bin
-scripts/install --bin-dir "$bin" >/dev/null
+# BENCH_BIN=DIR benchmarks the plugins in DIR instead (e.g. an earlier build,
+# for a before/after table); the drivers still come from this build.
+bin=${BENCH_BIN:-target/bench-bin}
+if [ -z "${BENCH_BIN:-}" ]; then
+  scripts/install --bin-dir "$bin" >/dev/null
+else
+  host=$(rustc -vV | sed -n 's/^host: //p')
+  [ -x "target/$host/release/cnitool" ] || scripts/install --bin-dir target/bench-bin >/dev/null
+fi
 host=$(rustc -vV | sed -n 's/^host: //p')
 exec "target/$host/release/chaosbench" --bins "$bin" "${args[@]}"
