@@ -84,6 +84,23 @@ impl Daemon {
         self.leases.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The client for one attachment's exchanges, with the daemon's
+    /// `-broadcast` and timing flags.
+    pub(super) fn client<'a>(
+        &self,
+        iface: &'a mut client::Iface,
+        client_id: &'a str,
+        options: &'a ClientOptions,
+    ) -> Client<'a> {
+        Client {
+            iface,
+            client_id,
+            options,
+            broadcast: self.cfg.broadcast,
+            timing: self.cfg.timing,
+        }
+    }
+
     pub(super) fn netns_path(&self, netns: &str) -> PathBuf {
         prefixed(&self.cfg.host_prefix, Path::new(netns))
     }
@@ -227,16 +244,11 @@ impl Daemon {
                 .map_err(no_lease)?;
         let inode = iface.ns.inode();
         let cid = attachment.client_id();
-        let (ack, server_mac) = Client {
-            iface: &mut iface,
-            client_id: &cid,
-            options: opts,
-            broadcast: self.cfg.broadcast,
-            timing: self.cfg.timing,
-        }
-        .acquire(None)
-        .await
-        .map_err(no_lease)?;
+        let (ack, server_mac) = self
+            .client(&mut iface, &cid, opts)
+            .acquire(None)
+            .await
+            .map_err(no_lease)?;
         let mut rec = LeaseRecord::new(
             attachment.clone(),
             netns.to_string(),
@@ -250,15 +262,10 @@ impl Daemon {
         if let Err(e) = self.store.save(&rec) {
             // Without its file the lease would be forgotten by a restart:
             // give it back rather than hold it unrecorded.
-            let _ = Client {
-                iface: &mut iface,
-                client_id: &cid,
-                options: opts,
-                broadcast: self.cfg.broadcast,
-                timing: self.cfg.timing,
-            }
-            .release(rec.address, rec.server, Some(server_mac))
-            .await;
+            let _ = self
+                .client(&mut iface, &cid, opts)
+                .release(rec.address, rec.server, Some(server_mac))
+                .await;
             return Err(CniError::new(
                 ErrorCode::IoFailure,
                 format!("save lease in {}: {e}", self.store.dir().display()),

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::Daemon;
 use super::leases::{Cmd, until_unix};
-use crate::client::{self, Client};
+use crate::client;
 use crate::store::{self, LeaseRecord};
 
 impl Daemon {
@@ -32,15 +32,10 @@ impl Daemon {
                 return;
             }
         };
-        let r = Client {
-            iface: &mut iface,
-            client_id: &rec.client_id,
-            options: &rec.options,
-            broadcast: self.cfg.broadcast,
-            timing: self.cfg.timing,
-        }
-        .release(rec.address, rec.server, rec.server_mac())
-        .await;
+        let r = self
+            .client(&mut iface, &rec.client_id, &rec.options)
+            .release(rec.address, rec.server, rec.server_mac())
+            .await;
         match r {
             Ok(()) => log!("{}: lease {} released", rec.client_id, rec.address),
             Err(e) => log!("{}: release {}: {e}", rec.client_id, rec.address),
@@ -56,15 +51,10 @@ impl Daemon {
         } else {
             (rec.server, rec.rebind_at)
         };
-        let ack = Client {
-            iface: &mut iface,
-            client_id: &rec.client_id,
-            options: &rec.options,
-            broadcast: self.cfg.broadcast,
-            timing: self.cfg.timing,
-        }
-        .extend(rec.address, server, Instant::now() + until_unix(deadline))
-        .await?;
+        let ack = self
+            .client(&mut iface, &rec.client_id, &rec.options)
+            .extend(rec.address, server, Instant::now() + until_unix(deadline))
+            .await?;
         if ack.yiaddr() != rec.address {
             log!(
                 "{}: server acknowledged {} instead of {}; keeping {}",
