@@ -2,10 +2,11 @@
 //! bound here without ever taking over a path that is not ours.
 
 use std::io;
-use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixListener as StdUnixListener;
 use std::path::Path;
+
+use nix::sys::socket::{getsockopt, sockopt};
 
 /// The socket passed by the service manager (sd_listen_fds(3)): fd 3 when
 /// LISTEN_PID is us and LISTEN_FDS is 1.
@@ -21,43 +22,27 @@ pub(super) fn activation_listener() -> io::Result<Option<StdUnixListener>> {
     if !pid_ok || n == 0 {
         return Ok(None);
     }
-    // SAFETY: called before any other thread exists (the runtime is built
-    // afterwards), so nothing reads the environment concurrently. Children
-    // must not believe the fds are theirs.
-    unsafe {
-        std::env::remove_var("LISTEN_PID");
-        std::env::remove_var("LISTEN_FDS");
-        std::env::remove_var("LISTEN_FDNAMES");
-    }
+    // listenfd reads the same variables and unsets LISTEN_PID and
+    // LISTEN_FDS, so that children do not believe the fds are theirs. Called
+    // before any other thread exists (the runtime is built afterwards), so
+    // nothing reads the environment concurrently.
+    let mut fds = listenfd::ListenFd::from_env();
     if n > 1 {
         return Err(io::Error::other(format!(
             "Too many ({n}) FDs passed through socket activation"
         )));
     }
-    const SD_LISTEN_FDS_START: RawFd = 3;
-    let fd = SD_LISTEN_FDS_START;
-    let mut accepting: libc::c_int = 0;
-    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: reads an int option into `accepting`.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_ACCEPTCONN,
-            (&raw mut accepting).cast(),
-            &mut len,
-        )
-    };
-    if r != 0 || accepting == 0 {
-        return Err(io::Error::other(
-            "LISTEN_FDS=1 but fd 3 is not a listening socket",
-        ));
+    let not_listening = || io::Error::other("LISTEN_FDS=1 but fd 3 is not a listening socket");
+    // Takes fd 3 if it is a unix stream socket, and sets FD_CLOEXEC on it.
+    let l = fds
+        .take_unix_listener(0)
+        .ok()
+        .flatten()
+        .ok_or_else(not_listening)?;
+    if getsockopt(&l, sockopt::AcceptConn) != Ok(true) {
+        return Err(not_listening());
     }
-    // SAFETY: fd 3 was handed to us and is not owned by anything else.
-    unsafe {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        Ok(Some(StdUnixListener::from_raw_fd(fd)))
-    }
+    Ok(Some(l))
 }
 
 fn resolve_group(g: &str) -> io::Result<u32> {
