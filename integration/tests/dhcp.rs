@@ -324,14 +324,10 @@ fn socket_is_private_and_foreign_paths_are_refused() {
     );
 }
 
-#[test]
-fn socket_activation() {
-    use std::os::fd::AsRawFd;
+/// The daemon, started as a service manager starts it with `fd` passed as
+/// its fd 3 (LISTEN_FDS=1), and its socket path one it cannot create.
+fn activated_daemon(fd: std::os::fd::RawFd, lab: &Lab) -> Guard {
     use std::os::unix::process::CommandExt;
-    let mut lab = Lab::new("br0");
-    let sock = lab.path("activated.sock");
-    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
-    let fd = listener.as_raw_fd();
     let mut cmd = Command::new("sh");
     // LISTEN_PID must be the daemon's PID: the shell exports its own and
     // then becomes the daemon.
@@ -353,7 +349,16 @@ fn socket_activation() {
             Ok(())
         });
     }
-    lab.daemon = Guard(Some(cmd.spawn().unwrap()));
+    Guard(Some(cmd.spawn().unwrap()))
+}
+
+#[test]
+fn socket_activation() {
+    use std::os::fd::AsRawFd;
+    let mut lab = Lab::new("br0");
+    let sock = lab.path("activated.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    lab.daemon = activated_daemon(listener.as_raw_fd(), &lab);
     drop(listener);
     let conf = json!({"cniVersion": "1.1.0", "name": NET, "type": "bridge",
         "ipam": {"type": "dhcp", "daemonSocketPath": sock}});
@@ -362,6 +367,25 @@ fn socket_activation() {
     });
     assert!(ok, "{}", lab.logs());
     assert!(!Path::new("/nonexistent/never.sock").exists());
+}
+
+/// A passed fd 3 that is a unix stream socket but not listening is refused:
+/// the daemon exits with the reason instead of serving nothing.
+#[test]
+fn socket_activation_refuses_a_socket_that_does_not_listen() {
+    use std::os::fd::AsRawFd;
+    let lab = Lab::bare();
+    let (conn, _peer) = std::os::unix::net::UnixStream::pair().unwrap();
+    let mut daemon = activated_daemon(conn.as_raw_fd(), &lab);
+    let exited = poll(Duration::from_secs(10), || {
+        matches!(daemon.0.as_mut().map(|c| c.try_wait()), Some(Ok(Some(_))))
+    });
+    let log = std::fs::read_to_string(lab.path("daemon.log")).unwrap();
+    assert!(exited, "the daemon runs on: {log}");
+    // Out of the guard: it must not signal a PID that is no longer ours.
+    let status = daemon.0.take().unwrap().wait().unwrap();
+    assert!(!status.success(), "{log}");
+    assert!(log.contains("fd 3 is not a listening socket"), "{log}");
 }
 
 /// conf/60-bridge-dhcp.conflist: the bridge plugin delegating to dhcp; the

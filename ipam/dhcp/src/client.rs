@@ -206,17 +206,13 @@ impl Iface {
 
 /// A random transaction ID from getrandom(2).
 fn random_xid() -> u32 {
-    let mut b = [0u8; 4];
-    // SAFETY: writes at most 4 bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != 4 {
+    getrandom::u32().unwrap_or_else(|_| {
         // Uniqueness, not secrecy, is what matters for an xid.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap_or_default();
-        return t.subsec_nanos() ^ std::process::id();
-    }
-    u32::from_ne_bytes(b)
+        t.subsec_nanos() ^ std::process::id()
+    })
 }
 
 /// One client identity: who we are to the server and what we ask for.

@@ -13,39 +13,58 @@
 //! belongs to the namespace it was created in) and then driven from tokio.
 
 use std::io;
-use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsRawFd, OwnedFd};
 
-use tokio::io::unix::AsyncFd;
+use nix::sys::socket::{LinkAddr, MsgFlags, SockaddrLike};
+use socket2::{Domain, SockFilter, Socket, Type};
+use tokio::io::Interest;
+use tokio::net::UdpSocket;
 
 pub const SERVER_PORT: u16 = 67;
 pub const CLIENT_PORT: u16 = 68;
 const ETH_P_IP: u16 = 0x0800;
 const IPPROTO_UDP: u8 = 17;
 
-fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
+/// The cBPF program, as (code, jt, jf, k): accept unfragmented IPv4 UDP to
+/// port 68, drop the rest. On an `AF_PACKET`/`SOCK_DGRAM` socket offsets
+/// start at the IP header.
+const FILTER: [(u16, u8, u8, u32); 9] = [
+    (0x30, 0, 0, 9),                  // ldb [9]            (protocol)
+    (0x15, 0, 6, IPPROTO_UDP as u32), // jeq #17 ? next : drop
+    (0x28, 0, 0, 6),                  // ldh [6]            (flags, fragment offset)
+    (0x45, 4, 0, 0x1fff),             // jset #0x1fff ? drop : next
+    (0xb1, 0, 0, 0),                  // ldxb 4*([0]&0xf)   (header length)
+    (0x48, 0, 0, 2),                  // ldh [x+2]          (UDP destination port)
+    (0x15, 0, 1, CLIENT_PORT as u32), // jeq #68 ? accept : drop
+    (0x06, 0, 0, 0x0004_0000),        // ret #262144        (accept)
+    (0x06, 0, 0, 0),                  // ret #0             (drop)
+];
 
-/// The cBPF program: accept unfragmented IPv4 UDP to port 68, drop the
-/// rest. On an `AF_PACKET`/`SOCK_DGRAM` socket offsets start at the IP header.
-fn bpf_program() -> [libc::sock_filter; 9] {
-    let s = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
-    [
-        s(0x30, 0, 0, 9),                      // ldb [9]            (protocol)
-        s(0x15, 0, 6, u32::from(IPPROTO_UDP)), // jeq #17 ? next : drop
-        s(0x28, 0, 0, 6),                      // ldh [6]            (flags, fragment offset)
-        s(0x45, 4, 0, 0x1fff),                 // jset #0x1fff ? drop : next
-        s(0xb1, 0, 0, 0),                      // ldxb 4*([0]&0xf)   (header length)
-        s(0x48, 0, 0, 2),                      // ldh [x+2]          (UDP destination port)
-        s(0x15, 0, 1, u32::from(CLIENT_PORT)), // jeq #68 ? accept : drop
-        s(0x06, 0, 0, 0x0004_0000),            // ret #262144        (accept)
-        s(0x06, 0, 0, 0),                      // ret #0             (drop)
-    ]
+/// The link-layer address of `dst` on interface `ifindex`, for IPv4.
+fn link_addr(ifindex: u32, dst: [u8; 6]) -> io::Result<LinkAddr> {
+    let mut sll_addr = [0u8; 8];
+    sll_addr[..6].copy_from_slice(&dst);
+    let sll = libc::sockaddr_ll {
+        sll_family: libc::AF_PACKET as u16,
+        sll_protocol: ETH_P_IP.to_be(),
+        sll_ifindex: ifindex as i32,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 6,
+        sll_addr,
+    };
+    // SAFETY: `sll` is a fully initialised sockaddr_ll and the length given
+    // is its size; from_raw copies it out. Neither nix nor socket2 builds an
+    // AF_PACKET address any other way (nix's LinkAddr otherwise only comes
+    // back from the kernel).
+    unsafe {
+        LinkAddr::from_raw(
+            (&raw const sll).cast(),
+            Some(size_of::<libc::sockaddr_ll>() as libc::socklen_t),
+        )
+    }
+    .ok_or_else(|| io::Error::other("not a link-layer address"))
 }
 
 /// Creates the packet socket; call on a thread inside the target namespace.
@@ -54,124 +73,40 @@ fn bpf_program() -> [libc::sock_filter; 9] {
 /// unfiltered packet is queued before the filter is attached; `bind` then
 /// sets the protocol and the interface.
 pub fn packet_socket(ifindex: u32) -> io::Result<OwnedFd> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        OwnedFd::from_raw_fd(cvt(libc::socket(
-            libc::AF_PACKET,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        ))?)
-    };
-    let prog = bpf_program();
-    let fprog = libc::sock_fprog {
-        len: prog.len() as u16,
-        filter: prog.as_ptr() as *mut libc::sock_filter,
-    };
-    // SAFETY: fprog points at `prog`, alive for the call; the kernel copies it.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_ATTACH_FILTER,
-            (&raw const fprog).cast(),
-            size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    })?;
-    let sll = sockaddr_ll(ifindex, [0; 6]);
-    // SAFETY: sll is a valid sockaddr_ll of the given length.
-    cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&raw const sll).cast(),
-            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-        )
-    })?;
-    Ok(fd)
-}
-
-fn sockaddr_ll(ifindex: u32, dst: [u8; 6]) -> libc::sockaddr_ll {
-    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
-    let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    sll.sll_family = libc::AF_PACKET as u16;
-    sll.sll_protocol = ETH_P_IP.to_be();
-    sll.sll_ifindex = ifindex as i32;
-    sll.sll_halen = 6;
-    sll.sll_addr[..6].copy_from_slice(&dst);
-    sll
-}
-
-fn setsockopt_int(
-    fd: &OwnedFd,
-    level: libc::c_int,
-    opt: libc::c_int,
-    v: libc::c_int,
-) -> io::Result<()> {
-    // SAFETY: a c_int option value of the right size.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            level,
-            opt,
-            (&raw const v).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    })
-    .map(drop)
+    let s = Socket::new(Domain::PACKET, Type::DGRAM.nonblocking(), None)?;
+    s.attach_filter(&FILTER.map(|(code, jt, jf, k)| SockFilter::new(code, jt, jf, k)))?;
+    nix::sys::socket::bind(s.as_raw_fd(), &link_addr(ifindex, [0; 6])?)?;
+    Ok(s.into())
 }
 
 /// Creates the UDP socket for renewing and releasing: bound to the device
 /// and to port 68, broadcast allowed (rebinding broadcasts). Call on a
 /// thread inside the target namespace.
 pub fn udp_socket(ifname: &str) -> io::Result<std::net::UdpSocket> {
-    // SAFETY: plain socket(2); the fd is owned right away.
-    let fd = unsafe {
-        OwnedFd::from_raw_fd(cvt(libc::socket(
-            libc::AF_INET,
-            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        ))?)
-    };
+    let s = Socket::new(Domain::IPV4, Type::DGRAM.nonblocking(), None)?;
     // Another client on another interface of the namespace may hold port 68.
-    setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-    setsockopt_int(&fd, libc::SOL_SOCKET, libc::SO_BROADCAST, 1)?;
-    // SAFETY: the name bytes and their length.
-    cvt(unsafe {
-        libc::setsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_BINDTODEVICE,
-            ifname.as_ptr().cast(),
-            ifname.len() as libc::socklen_t,
-        )
-    })?;
-    // SAFETY: sockaddr_in is plain data; all-zero is INADDR_ANY.
-    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    sin.sin_family = libc::AF_INET as libc::sa_family_t;
-    sin.sin_port = CLIENT_PORT.to_be();
-    // SAFETY: sin is a valid sockaddr_in of the given length.
-    cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&raw const sin).cast(),
-            size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    })?;
-    Ok(std::net::UdpSocket::from(fd))
+    s.set_reuse_address(true)?;
+    s.set_broadcast(true)?;
+    s.bind_device(Some(ifname.as_bytes()))?;
+    s.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, CLIENT_PORT).into())?;
+    Ok(s.into())
 }
 
 /// The packet socket, driven by tokio.
 pub struct PacketSocket {
-    fd: AsyncFd<OwnedFd>,
+    /// The packet socket, registered with the runtime as a tokio UdpSocket:
+    /// tokio registers an arbitrary descriptor only through the unsafe
+    /// `AsyncFd::register`, while its UdpSocket is any datagram socket it
+    /// polls. Only its readiness (`async_io`) is used, never its IP calls.
+    sock: UdpSocket,
     ifindex: u32,
 }
 
 impl PacketSocket {
     /// Registers `fd` (from [`packet_socket`]) with the current runtime.
     pub fn new(fd: OwnedFd, ifindex: u32) -> io::Result<PacketSocket> {
-        // SAFETY: an OwnedFd keeps its descriptor open and unchanged for as
-        // long as the AsyncFd owns it.
-        let fd = unsafe { AsyncFd::register(fd) }.map_err(|e| e.into_parts().1)?;
-        Ok(PacketSocket { fd, ifindex })
+        let sock = UdpSocket::from_std(std::net::UdpSocket::from(fd))?;
+        Ok(PacketSocket { sock, ifindex })
     }
 
     /// Sends a DHCP payload from `src`:68 to `dst`:67 in an Ethernet frame
@@ -184,63 +119,29 @@ impl PacketSocket {
         dst_mac: [u8; 6],
     ) -> io::Result<()> {
         let pkt = ipv4_udp(src, dst, CLIENT_PORT, SERVER_PORT, payload);
-        let sll = sockaddr_ll(self.ifindex, dst_mac);
-        loop {
-            let mut guard = self.fd.writable().await?;
-            // SAFETY: pkt and sll are valid for the call.
-            let r = guard.try_io(|fd| {
-                cvt(unsafe {
-                    libc::sendto(
-                        fd.as_raw_fd(),
-                        pkt.as_ptr().cast(),
-                        pkt.len(),
-                        0,
-                        (&raw const sll).cast(),
-                        size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                    ) as libc::c_int
-                })
-            });
-            match r {
-                Ok(res) => return res.map(drop),
-                Err(_would_block) => continue,
-            }
-        }
+        let to = link_addr(self.ifindex, dst_mac)?;
+        let fd = self.sock.as_raw_fd();
+        self.sock
+            .async_io(Interest::WRITABLE, || {
+                Ok(nix::sys::socket::sendto(fd, &pkt, &to, MsgFlags::empty()).map(drop)?)
+            })
+            .await
     }
 
     /// The next UDP payload to port 68, with the sender's IP and MAC
     /// addresses.
     pub async fn recv(&self) -> io::Result<(Vec<u8>, Ipv4Addr, [u8; 6])> {
         let mut buf = vec![0u8; 4096];
-        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
-        let mut from: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        let fd = self.sock.as_raw_fd();
         loop {
-            let mut guard = self.fd.readable().await?;
-            let r = guard.try_io(|fd| {
-                let mut len = size_of::<libc::sockaddr_ll>() as libc::socklen_t;
-                // SAFETY: buf and from are writable for their lengths.
-                let n = unsafe {
-                    libc::recvfrom(
-                        fd.as_raw_fd(),
-                        buf.as_mut_ptr().cast(),
-                        buf.len(),
-                        0,
-                        (&raw mut from).cast(),
-                        &mut len,
-                    )
-                };
-                if n < 0 {
-                    Err(io::Error::last_os_error())
-                } else {
-                    Ok(n as usize)
-                }
-            });
-            let n = match r {
-                Ok(res) => res?,
-                Err(_would_block) => continue,
-            };
+            let (n, from) = self
+                .sock
+                .async_io(Interest::READABLE, || {
+                    Ok(nix::sys::socket::recvfrom::<LinkAddr>(fd, &mut buf)?)
+                })
+                .await?;
             if let Some((src, payload)) = parse_ipv4_udp(&buf[..n], CLIENT_PORT) {
-                let mut mac = [0u8; 6];
-                mac.copy_from_slice(&from.sll_addr[..6]);
+                let mac = from.and_then(|a| a.addr()).unwrap_or_default();
                 return Ok((payload.to_vec(), src, mac));
             }
         }
@@ -362,16 +263,14 @@ mod tests {
 
     #[test]
     fn filter_jumps_land_on_returns() {
-        let prog = bpf_program();
-        for (i, ins) in prog.iter().enumerate() {
-            if ins.code & 0x07 == 0x05 {
-                for off in [ins.jt, ins.jf] {
+        for (i, &(code, jt, jf, _)) in FILTER.iter().enumerate() {
+            if code & 0x07 == 0x05 {
+                for off in [jt, jf] {
                     let target = i + 1 + usize::from(off);
-                    assert!(target < prog.len(), "jump out of program at {i}");
+                    assert!(target < FILTER.len(), "jump out of program at {i}");
                 }
             }
         }
-        assert_eq!(prog[8].code, 0x06);
-        assert_eq!(prog[8].k, 0);
+        assert_eq!(FILTER[8], (0x06, 0, 0, 0));
     }
 }

@@ -240,19 +240,24 @@ mod tests {
         }
     }
 
-    #[test]
-    fn round_trip_and_timers() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::new(dir.path().join("leases"));
-        let rec = LeaseRecord::new(
-            att("c1"),
+    /// The lease of `ack()` for `cid`, acknowledged at second 1000.
+    fn record(cid: &str) -> LeaseRecord {
+        LeaseRecord::new(
+            att(cid),
             "/run/netns/x".into(),
             42,
             ClientOptions::default(),
             &ack(),
             1000,
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn round_trip_and_timers() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path().join("leases"));
+        let rec = record("c1");
         assert_eq!(
             (rec.renew_at, rec.rebind_at, rec.expires_at),
             (1005, 1105, 1120)
@@ -294,15 +299,7 @@ mod tests {
     fn unfinished_saves_are_ignored_then_swept() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::new(dir.path());
-        let rec = LeaseRecord::new(
-            att("c1"),
-            "/run/netns/x".into(),
-            42,
-            ClientOptions::default(),
-            &ack(),
-            1000,
-        )
-        .unwrap();
+        let rec = record("c1");
         store.save(&rec).unwrap();
         let whole = serde_json::to_vec_pretty(&rec).unwrap();
         // A daemon killed while saving c2 (whole, not yet renamed) and one
