@@ -124,7 +124,7 @@ impl Datapath {
     }
 
     /// Keeps the fast path endpoints behind host veth `ifindex` on the
-    /// normal path ([`EP_NORMAL_PATH`]): nothing is redirected to them or
+    /// normal path ([`EP_NORMAL_PATH`](crate::EP_NORMAL_PATH)): nothing is redirected to them or
     /// from them any more. Returns how many there were.
     pub fn keep_on_normal_path(&mut self, ifindex: u32) -> Result<usize> {
         let _lock = self.lock()?;
