@@ -191,6 +191,16 @@ impl DirLock {
     }
 }
 
+/// Removes a pin (a program, map or link: the kernel drops the pin's
+/// reference); gone already is fine.
+pub(crate) fn remove_pin(p: &Path) -> Result<()> {
+    match std::fs::remove_file(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("remove {}", p.display()), e)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

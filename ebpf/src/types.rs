@@ -4,6 +4,7 @@
 
 use sha2::{Digest, Sha256};
 use std::fmt;
+use std::mem::{offset_of, size_of};
 use std::net::IpAddr;
 
 const FAMILY_V4: u32 = 4;
@@ -17,8 +18,11 @@ pub struct EndpointKey {
     pub addr: [u8; 16],
 }
 
-// SAFETY: repr(C), only integers, no padding (4 + 16 bytes).
+// SAFETY: aya copies it to and from the kernel as bytes: repr(C), only
+// integers (any bit pattern is a value), and no padding (4 + 16 bytes, the
+// size asserted below), so no byte is uninitialized.
 unsafe impl aya::Pod for EndpointKey {}
+const _: () = assert!(size_of::<EndpointKey>() == 20);
 
 impl EndpointKey {
     pub fn new(ip: IpAddr) -> EndpointKey {
@@ -86,9 +90,21 @@ pub struct Endpoint {
     pub pad: u32,
 }
 
-// SAFETY: repr(C), integers and byte arrays: 4 + 4 + 6 + 6 + 4 + 8 + 4 * 4
-// bytes, no padding (owner starts at offset 24, the struct ends at 48).
+// SAFETY: aya copies it to and from the kernel as bytes: repr(C), integers
+// and byte arrays (any bit pattern is a value), and no padding (4 + 4 + 6 +
+// 6 + 4 + 8 + 4 * 4 bytes: owner at offset 24, 48 in all, asserted below).
 unsafe impl aya::Pod for Endpoint {}
+const _: () = {
+    assert!(size_of::<Endpoint>() == 48);
+    assert!(offset_of!(Endpoint, slot) == 4);
+    assert!(offset_of!(Endpoint, pod_mac) == 8);
+    assert!(offset_of!(Endpoint, node_mac) == 14);
+    assert!(offset_of!(Endpoint, flags) == 20);
+    assert!(offset_of!(Endpoint, owner) == 24);
+    assert!(offset_of!(Endpoint, identity) == 32);
+    assert!(offset_of!(Endpoint, ingress_rs) == 36);
+    assert!(offset_of!(Endpoint, egress_rs) == 40);
+};
 
 /// The fast path wrote the entry: its MACs are valid, it may redirect.
 pub const EP_FASTPATH: u32 = 1;
@@ -273,8 +289,10 @@ pub struct EndpointStats {
     pub tx_bytes: u64,
 }
 
-// SAFETY: repr(C), four u64.
+// SAFETY: aya copies it to and from the kernel as bytes: repr(C), four u64
+// (any bit pattern is a value), no padding (size asserted below).
 unsafe impl aya::Pod for EndpointStats {}
+const _: () = assert!(size_of::<EndpointStats>() == 32);
 
 impl std::ops::AddAssign for EndpointStats {
     fn add_assign(&mut self, o: EndpointStats) {
@@ -352,8 +370,14 @@ pub struct PortRange {
     _pad2: u16,
 }
 
-// SAFETY: repr(C), 1 + 1 + 2 + 2 + 2 bytes, no padding.
+// SAFETY: aya copies it to and from the kernel as bytes: repr(C), only
+// integers (any bit pattern is a value), no padding (1 + 1 + 2 + 2 + 2
+// bytes, asserted below).
 unsafe impl aya::Pod for PortRange {}
+const _: () = {
+    assert!(size_of::<PortRange>() == 8);
+    assert!(offset_of!(PortRange, lo) == 2);
+};
 
 impl PortRange {
     pub fn new(proto: u8, lo: u16, hi: u16) -> PortRange {
@@ -375,8 +399,11 @@ pub(crate) struct PortSet {
     pub r: [PortRange; MAX_PORT_RANGES],
 }
 
-// SAFETY: repr(C), 4 + 4 + 32 * 8 bytes, no padding.
+// SAFETY: aya copies it to and from the kernel as bytes: repr(C), integers
+// and an array of `PortRange` (itself Pod), no padding (4 + 4 + 32 * 8
+// bytes, asserted below).
 unsafe impl aya::Pod for PortSet {}
+const _: () = assert!(size_of::<PortSet>() == 8 + 8 * MAX_PORT_RANGES);
 
 /// `struct peer_key`: a rule set's entry for a peer identity.
 #[repr(C)]
@@ -386,8 +413,10 @@ pub struct PeerKey {
     pub identity: u32,
 }
 
-// SAFETY: repr(C), two u32.
+// SAFETY: aya copies it to and from the kernel as bytes: repr(C), two u32
+// (any bit pattern is a value), no padding (size asserted below).
 unsafe impl aya::Pod for PeerKey {}
+const _: () = assert!(size_of::<PeerKey>() == 8);
 
 /// `struct cidr_key` after its prefix length (aya's LPM key puts that in
 /// front): rule set, family, address.
@@ -399,8 +428,15 @@ pub(crate) struct CidrData {
     pub addr: [u8; 16],
 }
 
-// SAFETY: repr(C), 4 + 4 + 16 bytes, no padding.
+// SAFETY: aya copies it to and from the kernel as bytes: repr(C), only
+// integers (any bit pattern is a value), no padding (4 + 4 + 16 bytes,
+// asserted below).
 unsafe impl aya::Pod for CidrData {}
+const _: () = {
+    assert!(size_of::<CidrData>() == 24);
+    // The C `struct cidr_key`, prefix length in front.
+    assert!(size_of::<aya::maps::lpm_trie::Key<CidrData>>() == 28);
+};
 
 /// `rcni_pol_cidr`'s prefix length covers rule set and family (64 bits)
 /// before the address.
@@ -457,8 +493,15 @@ pub struct CtKey {
     pub daddr: [u8; 16],
 }
 
-// SAFETY: repr(C), 4 * 1 + 2 * 2 + 2 * 16 bytes, no padding.
+// SAFETY: aya copies it to and from the kernel as bytes: repr(C), only
+// integers (any bit pattern is a value), no padding (4 * 1 + 2 * 2 + 2 * 16
+// bytes, asserted below).
 unsafe impl aya::Pod for CtKey {}
+const _: () = {
+    assert!(size_of::<CtKey>() == 40);
+    assert!(offset_of!(CtKey, sport) == 4);
+    assert!(offset_of!(CtKey, saddr) == 8);
+};
 
 impl CtKey {
     /// The source address as an endpoint key.
@@ -561,30 +604,6 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn layouts_match_the_c_structs() {
-        use std::mem::{offset_of, size_of};
-        assert_eq!(size_of::<EndpointKey>(), 20);
-        assert_eq!(size_of::<Endpoint>(), 48);
-        assert_eq!(offset_of!(Endpoint, slot), 4);
-        assert_eq!(offset_of!(Endpoint, pod_mac), 8);
-        assert_eq!(offset_of!(Endpoint, node_mac), 14);
-        assert_eq!(offset_of!(Endpoint, flags), 20);
-        assert_eq!(offset_of!(Endpoint, owner), 24);
-        assert_eq!(offset_of!(Endpoint, identity), 32);
-        assert_eq!(offset_of!(Endpoint, ingress_rs), 36);
-        assert_eq!(offset_of!(Endpoint, egress_rs), 40);
-        assert_eq!(size_of::<EndpointStats>(), 32);
-        assert_eq!(size_of::<PortRange>(), 8);
-        assert_eq!(offset_of!(PortRange, lo), 2);
-        assert_eq!(size_of::<PortSet>(), 8 + 8 * MAX_PORT_RANGES);
-        assert_eq!(size_of::<PeerKey>(), 8);
-        assert_eq!(size_of::<aya::maps::lpm_trie::Key<CidrData>>(), 28);
-        assert_eq!(size_of::<CtKey>(), 40);
-        assert_eq!(offset_of!(CtKey, sport), 4);
-        assert_eq!(offset_of!(CtKey, saddr), 8);
-    }
 
     #[test]
     fn fastpath_and_policy_share_an_entry() {

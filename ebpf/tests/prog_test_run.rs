@@ -1252,9 +1252,7 @@ fn the_nodes_own_packets_reach_a_pod_whatever_its_ingress() {
             "dev",
             "v0",
         ]);
-        // SAFETY: a NUL-terminated literal.
-        let v0 = unsafe { libc::if_nametoindex(c"v0".as_ptr()) };
-        assert_ne!(v0, 0);
+        let v0 = nix::net::if_::if_nametoindex("v0").unwrap();
         let mut dp = Datapath::load().unwrap();
         // Rule set 5 has no entries: nothing may come in.
         dp.set_policy_endpoint(&[key("10.0.0.2")], v0, 1, A_ID, 5, 0)

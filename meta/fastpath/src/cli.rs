@@ -118,16 +118,10 @@ fn open(name: &str, dir: &Path) -> Result<Datapath, String> {
 
 /// The interface name of `index` in the caller's namespace.
 fn ifname(index: u32) -> String {
-    let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
-    // SAFETY: the buffer holds IF_NAMESIZE bytes, as if_indextoname needs.
-    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
-    if p.is_null() {
-        return format!("#{index}");
+    match nix::net::if_::if_indextoname(index) {
+        Ok(name) => name.to_string_lossy().into_owned(),
+        Err(_) => format!("#{index}"),
     }
-    // SAFETY: on success the buffer holds a NUL-terminated name.
-    unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
-        .to_string_lossy()
-        .into_owned()
 }
 
 /// One line about an endpoint, for CHECK's messages.

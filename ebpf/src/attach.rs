@@ -1,0 +1,489 @@
+//! Hooking the programs to a pod's host veth (tcx links pinned per
+//! attachment, or cls_bpf filters), finding what is attached, and taking it
+//! off again.
+
+use crate::bpffs::{self, remove_pin};
+use crate::{
+    AttachmentId, Datapath, Error, POLICY_IN_PROGRAM, POLICY_OUT_PROGRAM, PROGRAM, Program, Result,
+};
+use aya::programs::links::FdLink;
+use aya::programs::tc::{NlOptions, TcAttachOptions};
+use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+use aya::util::KernelVersion;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+/// tc mode: filter priorities on the ingress hook (lower runs first), so
+/// that policy decides before the fast path redirects.
+const POLICY_TC_PRIORITY: u16 = 10;
+const FASTPATH_TC_PRIORITY: u16 = 20;
+
+/// How a program is hooked to a veth's ingress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// A tcx link (kernel 6.6+), pinned per attachment.
+    Tcx,
+    /// A cls_bpf filter in direct-action mode on a clsact qdisc.
+    Tc,
+}
+
+impl Hook {
+    /// tcx where the kernel has it, else clsact.
+    pub fn preferred() -> Hook {
+        match KernelVersion::current() {
+            Ok(v) if v >= KernelVersion::new(6, 6, 0) => Hook::Tcx,
+            _ => Hook::Tc,
+        }
+    }
+
+    /// A config's `attachMode`: `None` for auto (absent, empty or "auto");
+    /// the error describes a bad value.
+    pub fn from_config(mode: Option<&str>) -> Result<Option<Hook>, String> {
+        match mode {
+            None | Some("auto") | Some("") => Ok(None),
+            Some("tcx") => Ok(Some(Hook::Tcx)),
+            Some("tc") => Ok(Some(Hook::Tc)),
+            Some(other) => Err(format!("{other:?} (auto, tcx or tc)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Tcx => "tcx",
+            Hook::Tc => "tc",
+        }
+    }
+}
+
+impl Datapath {
+    /// Hooks `p` to `ifname` (a name in the calling thread's network
+    /// namespace). With `pin`, a tcx link is pinned there; without (tests)
+    /// it lives as long as this value.
+    fn attach_program(
+        &mut self,
+        p: Program,
+        ifname: &str,
+        attach_type: TcAttachType,
+        pin: Option<PathBuf>,
+        hook: Hook,
+    ) -> Result<()> {
+        let (order, priority) = match p {
+            // Policy first: it must decide before the fast path redirects.
+            Program::PolicyIn | Program::PolicyOut => (LinkOrder::first(), POLICY_TC_PRIORITY),
+            // Appended last: a program that must run before the redirect
+            // (the policy plugin's) attaches in front.
+            Program::Fastpath => (LinkOrder::default(), FASTPATH_TC_PRIORITY),
+        };
+        let prog = self.program_of(p);
+        match hook {
+            Hook::Tcx => {
+                if let Some(pin) = &pin {
+                    // A link left pinned by an earlier attachment of this
+                    // id (its veth gone): unpinning releases it.
+                    remove_pin(pin)?;
+                }
+                let link = prog
+                    .attach_with_options(ifname, attach_type, TcAttachOptions::TcxOrder(order))
+                    .map_err(|e| Error::aya(format!("attach {} (tcx) to {ifname}", p.name()), e))?;
+                if let Some(pin) = pin {
+                    let link = prog
+                        .take_link(link)
+                        .map_err(|e| Error::aya("take link", e))?;
+                    let fd: FdLink = link.try_into().map_err(|e| Error::aya("tcx link fd", e))?;
+                    fd.pin(&pin)
+                        .map_err(|e| Error::aya(format!("pin {}", pin.display()), e))?;
+                }
+                Ok(())
+            }
+            Hook::Tc => {
+                match aya::programs::tc::qdisc_add_clsact(ifname) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        let e = Error::aya(format!("add clsact qdisc to {ifname}"), e);
+                        if e.raw_errno() != Some(libc::EEXIST) {
+                            return Err(e);
+                        }
+                    }
+                }
+                let opts = NlOptions {
+                    priority,
+                    ..Default::default()
+                };
+                let link = prog
+                    .attach_with_options(ifname, attach_type, TcAttachOptions::Netlink(opts))
+                    .map_err(|e| {
+                        Error::aya(format!("attach {} (tc filter) to {ifname}", p.name()), e)
+                    })?;
+                if pin.is_some() {
+                    // A cls_bpf filter stays on the qdisc by itself; the
+                    // link object would remove it when dropped.
+                    let link = prog
+                        .take_link(link)
+                        .map_err(|e| Error::aya("take link", e))?;
+                    std::mem::forget(link);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Hooks the fast path to `ifname`'s ingress (a name in the calling
+    /// thread's network namespace). With a pin directory a tcx link is
+    /// pinned as the attachment's; without one (tests) it lives as long as
+    /// this value. The caller checks first that it is not attached yet: the
+    /// kernel refuses the same program twice on one tcx hook (EEXIST).
+    pub fn attach(&mut self, ifname: &str, id: AttachmentId, hook: Hook) -> Result<()> {
+        let pin = self.dir.as_ref().map(|d| d.join(id.link_pin()));
+        self.attach_program(Program::Fastpath, ifname, TcAttachType::Ingress, pin, hook)
+    }
+
+    /// Hooks the policy programs to `ifname`: `rcni_pol_out` to its ingress
+    /// in front of everything (the fast path included: tcx first, tc
+    /// priority 10 against the fast path's 20), `rcni_pol_in` to its
+    /// egress. Pinned links and checks as for [`Datapath::attach`]; if the
+    /// second fails the first is taken off again.
+    pub fn attach_policy(&mut self, ifname: &str, id: AttachmentId, hook: Hook) -> Result<()> {
+        let [pin_in, pin_out] = match &self.dir {
+            Some(d) => id.policy_link_pins().map(|n| Some(d.join(n))),
+            None => [None, None],
+        };
+        self.attach_program(
+            Program::PolicyOut,
+            ifname,
+            TcAttachType::Ingress,
+            pin_out,
+            hook,
+        )?;
+        let r = self.attach_program(
+            Program::PolicyIn,
+            ifname,
+            TcAttachType::Egress,
+            pin_in,
+            hook,
+        );
+        if r.is_err() {
+            let undo = match (hook, &self.dir) {
+                (Hook::Tcx, Some(d)) => detach_policy_tcx(d, id).map(|_| ()),
+                (Hook::Tc, _) => detach_policy_tc(ifname).map(|_| ()),
+                // Unpinned: the link lives in this value.
+                (Hook::Tcx, None) => Ok(()),
+            };
+            if let Err(u) = undo {
+                eprintln!("rcni: undo policy attachment: {u}");
+            }
+        }
+        r
+    }
+
+    /// Whether the fast path sits on `ifname`'s tcx ingress hook.
+    pub fn tcx_attached(&mut self, ifname: &str) -> Result<bool> {
+        let id = self.program_id()?;
+        tcx_programs(ifname).map(|ids| ids.contains(&id))
+    }
+
+    /// Whether both policy programs are attached to `ifname` (a name in
+    /// the calling thread's network namespace) for `id`: with tcx, both
+    /// links pinned in `dir` and both programs on their hooks; with tc, this
+    /// copy's programs (by id) in filters on both hooks.
+    pub fn policy_attached(
+        &mut self,
+        dir: &Path,
+        ifname: &str,
+        id: AttachmentId,
+        hook: Hook,
+    ) -> Result<bool> {
+        match hook {
+            Hook::Tcx => {
+                let pinned = id.policy_link_pins().iter().all(|p| dir.join(p).exists());
+                Ok(pinned && self.policy_tcx_attached(ifname)?)
+            }
+            Hook::Tc => {
+                let pin = self.program_id_of(Program::PolicyIn)?;
+                let pout = self.program_id_of(Program::PolicyOut)?;
+                let Some((ingress, egress)) = tc_filter_programs(ifname)? else {
+                    return Ok(false);
+                };
+                Ok(ingress.contains(&pout) && egress.contains(&pin))
+            }
+        }
+    }
+
+    /// Whether both policy programs sit on `ifname`'s tcx hooks.
+    pub fn policy_tcx_attached(&mut self, ifname: &str) -> Result<bool> {
+        let out = self.program_id_of(Program::PolicyOut)?;
+        let pin = self.program_id_of(Program::PolicyIn)?;
+        Ok(tcx_programs(ifname)?.contains(&out) && tcx_egress_programs(ifname)?.contains(&pin))
+    }
+}
+
+/// The network's datapath whose fast path program sits on `ifname`'s
+/// ingress hook (a name in the calling thread's network namespace), for a
+/// plugin that does not know the fast path's `pinRoot` (bandwidth): the pin
+/// directory is found among `<bpffs mount>/rcni/<network>`,
+/// `<bpffs mount>/<network>` and directories named `network` a few levels
+/// below a bpffs mount, by the id of the program pinned there. `None` when
+/// no fast path program is attached; an error when one is but its pins are
+/// nowhere to be found (or of another version).
+pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
+    let mut ids = tcx_programs(ifname)?;
+    if let Some((ingress, _)) = tc_filter_programs(ifname)? {
+        ids.extend(ingress);
+    }
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let fast: Vec<u32> = aya::programs::loaded_programs()
+        .filter_map(|p| p.ok())
+        .filter(|p| ids.contains(&p.id()) && p.name_as_str() == Some(PROGRAM))
+        .map(|p| p.id())
+        .collect();
+    if fast.is_empty() {
+        return Ok(None);
+    }
+    let dirs = bpffs::network_dirs(network)?;
+    for dir in &dirs {
+        if let Some(mut dp) = Datapath::open(dir)?
+            && fast.contains(&dp.program_id()?)
+        {
+            return Ok(Some(dp));
+        }
+    }
+    Err(Error::msg(format!(
+        "the fast path program on {ifname} (id {fast:?}) is not pinned for network {network} \
+         where it can be found (a bpffs mount's rcni/{network} or {network} directory, or one \
+         named {network} at most {} levels below; looked in {dirs:?})",
+        bpffs::SEARCH_DEPTH
+    )))
+}
+
+/// The ids of the programs on `ifname`'s tcx ingress hook.
+pub fn tcx_programs(ifname: &str) -> Result<Vec<u32>> {
+    tcx_query(ifname, TcAttachType::Ingress)
+}
+
+/// The ids of the programs on `ifname`'s tcx egress hook.
+pub fn tcx_egress_programs(ifname: &str) -> Result<Vec<u32>> {
+    tcx_query(ifname, TcAttachType::Egress)
+}
+
+fn tcx_query(ifname: &str, at: TcAttachType) -> Result<Vec<u32>> {
+    match SchedClassifier::query_tcx(ifname, at) {
+        Ok((_, progs)) => Ok(progs.iter().map(|p| p.id()).collect()),
+        Err(e) => {
+            let e = Error::aya(format!("query tcx programs of {ifname}"), e);
+            // No tcx entry on the device yet (or no tcx at all): nothing.
+            if matches!(
+                e.raw_errno(),
+                Some(libc::ENOENT) | Some(libc::EINVAL) | Some(libc::EOPNOTSUPP)
+            ) {
+                Ok(vec![])
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The program ids in cls_bpf filters on `ifname`'s ingress and egress
+/// hooks; `None` when there is no such link.
+fn tc_filter_programs(ifname: &str) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
+    let nl_err = |e| Error::netlink(None, e);
+    let rt = rcni_netlink::runtime().map_err(nl_err)?;
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect_current().await?;
+        let link = match nl.link_by_name(ifname).await {
+            Ok(l) => l,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let ids =
+            |fs: Vec<rcni_netlink::tc::BpfFilter>| fs.iter().filter_map(|f| f.prog_id).collect();
+        let ingress = ids(nl.ingress_bpf_filters(link.index).await?);
+        let egress = ids(nl.egress_bpf_filters(link.index).await?);
+        Ok(Some((ingress, egress)))
+    })
+    .map_err(nl_err)
+}
+
+/// Detaches and unpins the tcx link pinned at `pin`; gone already is fine.
+/// BPF_LINK_DETACH takes it off the hook now: unpinning alone lets the
+/// kernel free the link only after an RCU grace period (bpffs frees its
+/// inodes that way), and then from a workqueue.
+fn detach_pinned_link(pin: &Path) -> Result<bool> {
+    match detach_link_at(pin) {
+        Ok(()) => {}
+        Err(LinkDetach::Open(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        // Unreadable: still remove the pin, which releases the link.
+        Err(LinkDetach::Open(_)) => {}
+        // ENOLINK: defunct already (its device is gone).
+        Err(LinkDetach::Detach(e)) if e.raw_os_error() == Some(libc::ENOLINK) => {}
+        Err(LinkDetach::Detach(e)) => return Err(Error::io("detach tcx link", e)),
+    }
+    remove_pin(pin)?;
+    Ok(true)
+}
+
+/// Detaches and unpins the fast path's tcx link pinned for `id` in `dir`;
+/// gone already is fine.
+pub fn detach_tcx(dir: &Path, id: AttachmentId) -> Result<bool> {
+    detach_pinned_link(&dir.join(id.link_pin()))
+}
+
+/// Detaches and unpins both policy links pinned for `id` in `dir`; gone
+/// already is fine. True if there was any.
+pub fn detach_policy_tcx(dir: &Path, id: AttachmentId) -> Result<bool> {
+    let [a, b] = id.policy_link_pins();
+    let a = detach_pinned_link(&dir.join(a))?;
+    let b = detach_pinned_link(&dir.join(b))?;
+    Ok(a || b)
+}
+
+/// Takes the policy programs off `ifname` for `id`, whichever way they were
+/// attached: the links pinned in `dir`, the filters on the device. Gone
+/// already (links, filters, the device) is fine.
+pub fn detach_policy(dir: &Path, id: AttachmentId, ifname: &str) -> Result<()> {
+    detach_policy_tcx(dir, id)?;
+    detach_policy_tc(ifname)?;
+    Ok(())
+}
+
+/// Detaches the policy links pinned in `dir` of every attachment `keep`
+/// does not keep (GC); returns how many attachments lost theirs.
+pub fn detach_policy_links_except(
+    dir: &Path,
+    keep: impl Fn(AttachmentId) -> bool,
+) -> Result<usize> {
+    let mut n = 0;
+    for id in pinned_policy_links(dir)? {
+        if !keep(id) && detach_policy_tcx(dir, id)? {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Removes the cls_bpf filters named `name` from `ifname`'s hook; none
+/// there is fine. Over rcni-netlink, not aya: aya's walk of the hook fails
+/// on filters of other kinds (bandwidth's u32 redirect on the same hook).
+fn detach_tc_named(ifname: &str, at: TcAttachType, name: &str) -> Result<bool> {
+    let nl_err = |e| Error::netlink(Some(format!("detach tc filter {name} from {ifname}")), e);
+    let rt = rcni_netlink::runtime().map_err(nl_err)?;
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect_current().await?;
+        let link = match nl.link_by_name(ifname).await {
+            Ok(l) => l,
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let egress = matches!(at, TcAttachType::Egress);
+        Ok(nl.del_bpf_filters(link.index, egress, name).await? > 0)
+    })
+    .map_err(nl_err)
+}
+
+/// Removes the cls_bpf filters running the fast path from `ifname`'s
+/// ingress; none there is fine.
+pub fn detach_tc(ifname: &str) -> Result<bool> {
+    detach_tc_named(ifname, TcAttachType::Ingress, PROGRAM)
+}
+
+/// Removes the policy programs' cls_bpf filters from `ifname` (ingress and
+/// egress); none there is fine. True if there was any.
+pub fn detach_policy_tc(ifname: &str) -> Result<bool> {
+    let out = detach_tc_named(ifname, TcAttachType::Ingress, POLICY_OUT_PROGRAM)?;
+    let r#in = detach_tc_named(ifname, TcAttachType::Egress, POLICY_IN_PROGRAM)?;
+    Ok(out || r#in)
+}
+
+/// Which step of [`detach_link_at`] failed.
+enum LinkDetach {
+    /// BPF_OBJ_GET on the pin.
+    Open(std::io::Error),
+    /// BPF_LINK_DETACH on the link.
+    Detach(std::io::Error),
+}
+
+/// bpf(BPF_OBJ_GET) on the pin at `path`, then bpf(BPF_LINK_DETACH) on the
+/// link fd it gives. aya 0.14 has no link detach (its `FdLink::detach`
+/// only drops the fd) and keeps the fd of a `PinnedLink` to itself, so both
+/// are raw bpf(2) calls here.
+fn detach_link_at(path: &Path) -> std::result::Result<(), LinkDetach> {
+    use std::os::unix::ffi::OsStrExt;
+    #[repr(C)]
+    struct ObjGetAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    #[repr(C)]
+    struct LinkDetachAttr {
+        link_fd: u32,
+    }
+    const BPF_OBJ_GET: libc::c_long = 7;
+    const BPF_LINK_DETACH: libc::c_long = 34;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|e| LinkDetach::Open(e.into()))?;
+    let get = ObjGetAttr {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+    };
+    // SAFETY: bpf(2) reads only the attr structs, alive for each call, and
+    // the NUL-terminated path `get` points to, alive until the end of the
+    // function. BPF_OBJ_GET's non-negative result is a new fd nothing else
+    // owns, so the OwnedFd may close it; BPF_LINK_DETACH only borrows it.
+    unsafe {
+        let fd = libc::syscall(
+            libc::SYS_bpf,
+            BPF_OBJ_GET,
+            &get as *const ObjGetAttr,
+            std::mem::size_of::<ObjGetAttr>(),
+        );
+        if fd < 0 {
+            return Err(LinkDetach::Open(std::io::Error::last_os_error()));
+        }
+        let fd = OwnedFd::from_raw_fd(fd as i32);
+        let detach = LinkDetachAttr {
+            link_fd: fd.as_raw_fd() as u32,
+        };
+        let r = libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_DETACH,
+            &detach as *const LinkDetachAttr,
+            std::mem::size_of::<LinkDetachAttr>(),
+        );
+        if r < 0 {
+            return Err(LinkDetach::Detach(std::io::Error::last_os_error()));
+        }
+    }
+    Ok(())
+}
+
+/// The attachment ids `of_pin` reads from the names of the pins in `dir`,
+/// sorted; none when there is no such directory.
+fn pinned_ids(dir: &Path, of_pin: fn(&str) -> Option<AttachmentId>) -> Result<Vec<AttachmentId>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+    };
+    let mut v: Vec<AttachmentId> = rd
+        .flatten()
+        .filter_map(|e| of_pin(&e.file_name().to_string_lossy()))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The attachment ids of the fast path's links pinned in `dir`.
+pub fn pinned_links(dir: &Path) -> Result<Vec<AttachmentId>> {
+    pinned_ids(dir, AttachmentId::from_link_pin)
+}
+
+/// The attachment ids with policy links pinned in `dir`.
+pub fn pinned_policy_links(dir: &Path) -> Result<Vec<AttachmentId>> {
+    // Two pins per attachment.
+    let mut v = pinned_ids(dir, AttachmentId::from_policy_link_pin)?;
+    v.dedup();
+    Ok(v)
+}
