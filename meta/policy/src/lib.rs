@@ -12,8 +12,8 @@
 //!   before it skips the receiver's host veth.
 //! - `nftables`: one table in the node namespace with sets and verdict
 //!   maps, written over nfnetlink (no `nft` process), for kernels without
-//!   eBPF; it cannot see what fastpath
-//!   redirects, so the two are refused together.
+//!   eBPF; it cannot see what fastpath redirects, so the two are refused
+//!   together.
 //!
 //! prevResult passes through unchanged.
 //!
