@@ -18,20 +18,9 @@ use std::process::Stdio;
 
 const T: &str = "rcni_policy_golden";
 
+/// A pod of namespace "default" labelled app=`app`.
 fn pod(key: &str, app: &str, addrs: &[&str]) -> (String, PodRecord) {
-    let (cid, ifname) = key.split_once('/').unwrap();
-    (
-        key.to_string(),
-        PodRecord {
-            container_id: cid.into(),
-            ifname: ifname.into(),
-            namespace: "default".into(),
-            labels: [("app".to_string(), app.to_string())].into(),
-            addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
-            host_ifname: format!("v{cid}"),
-            host_ifindex: 0,
-        },
-    )
+    super::tests::app_pod(key, app, addrs, "v")
 }
 
 fn policies(with_egress: bool) -> PolicySet {

@@ -309,7 +309,7 @@ mod tests {
     }
 
     /// A pod of namespace "default" labelled app=`app`.
-    fn app_pod(key: &str, app: &str, addrs: &[&str], host: &str) -> (String, PodRecord) {
+    pub(super) fn app_pod(key: &str, app: &str, addrs: &[&str], host: &str) -> (String, PodRecord) {
         record(key, "default", &[("app", app)], addrs, host)
     }
 
