@@ -23,16 +23,14 @@ fn pod(key: &str, app: &str, addrs: &[&str]) -> (String, PodRecord) {
     super::tests::app_pod(key, app, addrs, "v")
 }
 
+/// The nft tests' policies, and more ranges: from 0 and to the top of
+/// both families, with ports.
 fn policies(with_egress: bool) -> PolicySet {
-    let mut s = PolicySet::default();
+    let mut s = super::tests::policies();
     s.add_document(
-        &json!({"name":"web","podSelector":{"matchLabels":{"app":"web"}},
+        &json!({"name":"web-more","podSelector":{"matchLabels":{"app":"web"}},
         "ingress":[
-            {"from":[{"podSelector":{"matchLabels":{"app":"client"}}}],
-             "ports":[{"port":80},{"port":8000,"endPort":8080},{"protocol":"UDP","port":53}]},
-            {"from":[{"podSelector":{"matchLabels":{"app":"admin"}}}]},
-            {"from":[{"ipBlock":{"cidr":"192.168.0.0/16","except":["192.168.1.0/24"]}},
-                     {"ipBlock":{"cidr":"fd00::/64","except":["fd00::/120"]}}]},
+            {"from":[{"ipBlock":{"cidr":"fd00::/64","except":["fd00::/120"]}}]},
             {"from":[{"ipBlock":{"cidr":"0.0.0.0/0","except":["10.0.0.0/8"]}},
                      {"ipBlock":{"cidr":"::/0","except":["fd00::/8"]}}],
              "ports":[{"port":443},{"protocol":"SCTP","port":9000,"endPort":9100}]}

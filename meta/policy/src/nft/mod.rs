@@ -313,7 +313,7 @@ mod tests {
         record(key, "default", &[("app", app)], addrs, host)
     }
 
-    fn policies() -> PolicySet {
+    pub(super) fn policies() -> PolicySet {
         let mut s = PolicySet::default();
         s.add_document(
             &json!({"name":"web","podSelector":{"matchLabels":{"app":"web"}},
