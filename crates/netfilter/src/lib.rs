@@ -29,6 +29,7 @@ mod names;
 pub mod nfnl;
 mod nftables;
 pub mod nftexpr;
+pub mod nftset;
 
 /// The iptables-save reader and iptables-restore writer, shared with the
 /// other plugins that keep iptables rules (portmap, firewall).

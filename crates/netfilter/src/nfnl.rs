@@ -231,7 +231,7 @@ impl Hook {
 }
 
 /// libnftnl's userdata TLV holding a comment (type 0, length with NUL).
-fn udata(comment: &str) -> Vec<u8> {
+pub(crate) fn udata(comment: &str) -> Vec<u8> {
     let b = comment.as_bytes();
     let b = &b[..b.len().min(127)];
     let mut v = vec![UDATA_RULE_COMMENT, (b.len() + 1) as u8];
@@ -890,6 +890,65 @@ impl Nfnl {
             self.releaser = spawn_releaser(self.raw_fd());
         }
         self.send_acked(&what, &buf, &acked)
+    }
+
+    /// Sends messages built by [`crate::nftset`] as one nf_tables
+    /// transaction: all or nothing. A big one (a policy table with
+    /// thousands of set elements) gets socket buffers to fit: netlink takes
+    /// a batch in one datagram, and every message is acknowledged.
+    pub fn nft_batch(&mut self, msgs: &[crate::nftset::Msg]) -> Result<()> {
+        if msgs.is_empty() {
+            return Ok(());
+        }
+        let t = (
+            NFNL_SUBSYS_NFTABLES,
+            NFNL_MSG_BATCH_BEGIN,
+            NFNL_MSG_BATCH_END,
+        );
+        let mut buf = self.message(t.1, NLM_F_REQUEST, 0, t.0, &[]);
+        let mut acked = Vec::with_capacity(msgs.len());
+        for m in msgs {
+            let flags = NLM_F_REQUEST | NLM_F_ACK | m.flags;
+            let b = self.message(m.subsys_type(), flags, m.family, 0, &m.attrs);
+            acked.push(self.seq);
+            buf.extend_from_slice(&b);
+        }
+        let end = self.message(t.2, NLM_F_REQUEST, 0, t.0, &[]);
+        buf.extend_from_slice(&end);
+        if buf.len() > 64 * 1024 {
+            // Root may exceed net.core.[rw]mem_max; the acks (errors carry
+            // their message) need about as much as the batch.
+            use nix::sys::socket::{setsockopt, sockopt};
+            let want = buf.len() + 64 * 1024;
+            setsockopt(&self.fd, sockopt::SndBufForce, &want)
+                .and_then(|()| {
+                    setsockopt(&self.fd, sockopt::RcvBufForce, &(want + acked.len() * 1024))
+                })
+                .map_err(|e| io_err("size the nfnetlink socket buffers", e.into()))?;
+        }
+        let what = format!("nftables transaction of {} messages", msgs.len());
+        if self.releaser.is_none() {
+            self.releaser = spawn_releaser(self.raw_fd());
+        }
+        self.send_acked(&what, &buf, &acked)
+    }
+
+    /// A dump of nf_tables objects (`NFT_MSG_GET*` type `kind` with the
+    /// request's attributes, as [`crate::nftset`] builds them): each
+    /// message's attributes; `None` when the table does not exist.
+    pub fn nft_dump_raw(
+        &mut self,
+        kind: u8,
+        family: u8,
+        attrs: &[u8],
+    ) -> Result<Option<Vec<Vec<u8>>>> {
+        let Some(family) = NftFamily::from_code(family) else {
+            return Ok(None);
+        };
+        let op = format!("nftables dump of type {kind}");
+        Ok(self
+            .nft_dump(&op, u16::from(kind), family, attrs)?
+            .map(|v| v.into_iter().map(|(_, a)| a).collect()))
     }
 
     /// Deletes the rules of `tables` that `pick` selects, in one

@@ -11,8 +11,9 @@
 //!   `ebpf/c/policy.h`); fastpath's redirect decides both pods' policies
 //!   before it skips the receiver's host veth.
 //! - `nftables`: one table in the node namespace with sets and verdict
-//!   maps, for kernels without eBPF; it cannot see what fastpath
-//!   redirects, so the two are refused together.
+//!   maps, written over nfnetlink (no `nft` process), for kernels without
+//!   eBPF; it cannot see what fastpath redirects, so the two are refused
+//!   together.
 //!
 //! prevResult passes through unchanged.
 //!

@@ -1,0 +1,964 @@
+//! nf_tables sets, verdict maps and their elements, and the rule
+//! expressions that look them up, as the messages of one nfnetlink
+//! transaction ([`crate::nfnl::Nfnl::nft_batch`]).
+//!
+//! The encoding is what nft 1.0.6 sends for the same text (as `nft
+//! --debug=netlink` shows it, and as the kernel lists it back: the policy
+//! plugin's golden test writes one table both ways and compares `nft list`).
+//! Where nft's userspace does the work, so does this module:
+//!
+//! * an interval set holds a start element and an end element
+//!   (`NFT_SET_ELEM_INTERVAL_END`, key one past the range) per range, no
+//!   end element when the range ends at the top of the address space, and
+//!   an end element at 0 before a first range that does not start there;
+//! * a concatenated key (`ipv4_addr . inet_proto . inet_service`) pads each
+//!   field to a 4-byte register; its ranges are one element with
+//!   `NFTA_SET_ELEM_KEY_END`, and the set says its field lengths
+//!   (`NFTA_SET_DESC_CONCAT`);
+//! * sets carry nft's userdata (key byte order, the concatenation's
+//!   fields), which `nft list` uses to print them as it would its own.
+//!
+//! Messages are built with netlink-packet-netfilter's types; hand-encoded
+//! (that crate has no type for them) are the byteorder expression, the
+//! field lengths inside `NFTA_SET_DESC_CONCAT` and nft's userdata TLVs.
+
+use crate::nftexpr::Expr;
+use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED, NlasIterator};
+use netlink_packet_netfilter::nftables::{
+    ChainAttribute, DataAttribute, ExpressionAttribute, Expressions, Hook, HookNumber, Immediate,
+    ListAttribute, Lookup, Meta, MetaKey, Payload, Register, RuleAttribute, SetAttribute,
+    SetDescription, SetElementAttribute, SetElementFlags, SetElementList, SetFlags, TableAttribute,
+    Verdict, VerdictAttribute,
+};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// A base chain's hook in an `ip`, `ip6` or `inet` table.
+pub use netlink_packet_netfilter::nftables::InetHookNumber as InetHook;
+
+// <linux/netlink.h>
+const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_APPEND: u16 = 0x800;
+
+// <linux/netfilter/nf_tables.h>
+const NFT_MSG_NEWTABLE: u8 = 0;
+const NFT_MSG_DELTABLE: u8 = 2;
+const NFT_MSG_NEWCHAIN: u8 = 3;
+const NFT_MSG_GETCHAIN: u8 = 4;
+const NFT_MSG_DELCHAIN: u8 = 5;
+const NFT_MSG_NEWRULE: u8 = 6;
+const NFT_MSG_DELRULE: u8 = 8;
+const NFT_MSG_NEWSET: u8 = 9;
+const NFT_MSG_GETSET: u8 = 10;
+const NFT_MSG_DELSET: u8 = 11;
+const NFTA_SET_HANDLE: u16 = 16;
+const NFT_MSG_NEWSETELEM: u8 = 12;
+const NFT_MSG_GETSETELEM: u8 = 13;
+const NFT_MSG_DELSETELEM: u8 = 14;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_SET_FIELD_LEN: u16 = 1;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_CHAIN_HOOK: u16 = 4;
+const NFTA_HOOK_HOOKNUM: u16 = 1;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_FLAGS: u16 = 3;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+const NFT_DATA_VERDICT: u32 = 0xffff_ff00;
+/// `sizeof(struct nft_verdict)`: what nft gives as a verdict map's data length.
+const VERDICT_LEN: u32 = 16;
+const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
+const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
+const NFT_BYTEORDER_HTON: u32 = 1;
+const NFT_JUMP: i32 = -3;
+const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
+
+/// `NFPROTO_INET`, the family of an `inet` table.
+pub const INET: u8 = 1;
+
+// nft's datatype numbers (`enum datatypes` in nftables' datatype.h); a
+// concatenation's type is its fields' types, 6 bits each.
+const TYPE_IPADDR: u32 = 7;
+const TYPE_IP6ADDR: u32 = 8;
+const TYPE_INET_PROTOCOL: u32 = 12;
+const TYPE_INET_SERVICE: u32 = 13;
+const TYPE_ICMP6_TYPE: u32 = 29;
+const TYPE_BITS: u32 = 6;
+
+// libnftnl's set userdata TLVs (`NFTNL_UDATA_SET_*`) and nft's byte orders.
+const UDATA_SET_KEYBYTEORDER: u8 = 0;
+const UDATA_SET_DATABYTEORDER: u8 = 1;
+const UDATA_SET_KEY_TYPEOF: u8 = 3;
+const UDATA_SET_DATA_INTERVAL: u8 = 6;
+/// libnftnl's `NFTNL_UDATA_SET_ELEM_FLAGS` and nft's
+/// `NFTNL_SET_ELEM_F_INTERVAL_OPEN`.
+const UDATA_SET_ELEM_FLAGS: u8 = 1;
+const SET_ELEM_F_INTERVAL_OPEN: u32 = 1;
+const BYTEORDER_INVALID: u32 = 0;
+const BYTEORDER_BIG_ENDIAN: u32 = 2;
+
+/// The most attribute bytes in one message: a set's elements are split
+/// over several `NFT_MSG_NEWSETELEM` messages of the same transaction.
+/// Netlink attribute lengths are 16 bits, and a failing message comes back
+/// whole inside its error, which must fit the receive buffer of
+/// [`crate::nfnl::Nfnl`] (16 KiB).
+const MAX_MSG_ATTRS: usize = 8 * 1024;
+
+/// One message of an nf_tables transaction, ready for
+/// [`crate::nfnl::Nfnl::nft_batch`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Msg {
+    /// `NFT_MSG_*`.
+    pub(crate) kind: u8,
+    /// Flags beyond `NLM_F_REQUEST | NLM_F_ACK`.
+    pub(crate) flags: u16,
+    /// The nfgen family (`NFPROTO_*`).
+    pub(crate) family: u8,
+    pub(crate) attrs: Vec<u8>,
+}
+
+impl Msg {
+    pub(crate) fn subsys_type(&self) -> u16 {
+        // NFNL_SUBSYS_NFTABLES
+        (10 << 8) | u16::from(self.kind)
+    }
+
+    /// The attribute bytes (for tests comparing encodings).
+    pub fn attrs(&self) -> &[u8] {
+        &self.attrs
+    }
+}
+
+fn emit<T: netlink_packet_core::Nla>(attrs: &[T]) -> Vec<u8> {
+    let mut b = vec![0u8; attrs.buffer_len()];
+    attrs.emit(&mut b);
+    b
+}
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// The address after `ip`, `None` past the top of its family.
+fn next_ip(ip: IpAddr) -> Option<IpAddr> {
+    match ip {
+        IpAddr::V4(a) => u32::from(a)
+            .checked_add(1)
+            .map(|v| IpAddr::V4(Ipv4Addr::from(v))),
+        IpAddr::V6(a) => u128::from(a)
+            .checked_add(1)
+            .map(|v| IpAddr::V6(Ipv6Addr::from(v))),
+    }
+}
+
+fn zero_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// libnftnl's userdata TLV holding a native-endian u32.
+fn udata_u32(buf: &mut Vec<u8>, ty: u8, v: u32) {
+    buf.extend_from_slice(&[ty, 4]);
+    buf.extend_from_slice(&v.to_ne_bytes());
+}
+
+/// What a set's keys are: nft's `type` of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Key {
+    /// `ipv4_addr` (or `ipv6_addr`).
+    Addr { v6: bool },
+    /// `ipv4_addr . inet_proto . inet_service` (or `ipv6_addr . ...`).
+    AddrProtoPort { v6: bool },
+}
+
+impl Key {
+    fn addr_len(v6: bool) -> u32 {
+        if v6 { 16 } else { 4 }
+    }
+
+    fn addr_type(v6: bool) -> u32 {
+        if v6 { TYPE_IP6ADDR } else { TYPE_IPADDR }
+    }
+
+    fn type_id(self) -> u32 {
+        match self {
+            Key::Addr { v6 } => Key::addr_type(v6),
+            Key::AddrProtoPort { v6 } => {
+                (Key::addr_type(v6) << (2 * TYPE_BITS))
+                    | (TYPE_INET_PROTOCOL << TYPE_BITS)
+                    | TYPE_INET_SERVICE
+            }
+        }
+    }
+
+    /// Key length with each field in its own 4-byte registers.
+    fn len(self) -> u32 {
+        match self {
+            Key::Addr { v6 } => Key::addr_len(v6),
+            Key::AddrProtoPort { v6 } => Key::addr_len(v6) + 4 + 4,
+        }
+    }
+
+    /// The userdata nft 1.0.6 stores with such a set (as dumped back from
+    /// the kernel after `nft -f`): the key's byte order, and for the
+    /// concatenation nft's description of its fields, copied verbatim.
+    fn udata(self, verdict_map: bool) -> Vec<u8> {
+        let mut u = Vec::new();
+        match self {
+            Key::Addr { .. } => udata_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG_ENDIAN),
+            Key::AddrProtoPort { .. } => {
+                udata_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_INVALID);
+                u.extend_from_slice(&[UDATA_SET_KEY_TYPEOF, 8, 0, 4, 13, 0, 0, 0, 1, 0]);
+            }
+        }
+        if verdict_map {
+            udata_u32(&mut u, UDATA_SET_DATABYTEORDER, BYTEORDER_INVALID);
+            // The data are no intervals.
+            udata_u32(&mut u, UDATA_SET_DATA_INTERVAL, 0);
+        }
+        u
+    }
+}
+
+/// One element of a set or map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Elem {
+    /// The addresses `lo..=hi`: one address (`lo == hi`) in a plain set,
+    /// a range in an interval set.
+    Addrs(IpAddr, IpAddr),
+    /// `lo-hi . proto . plo-phi` in a [`Key::AddrProtoPort`] set.
+    AddrsProtoPorts {
+        lo: IpAddr,
+        hi: IpAddr,
+        proto: u8,
+        ports: (u16, u16),
+    },
+    /// `addr : jump chain` in a verdict map.
+    Jump(IpAddr, String),
+}
+
+fn key_attr(bytes: Vec<u8>) -> SetElementAttribute {
+    SetElementAttribute::Key(DataAttribute::Value(bytes))
+}
+
+fn concat_key(ip: IpAddr, proto: u8, port: u16) -> Vec<u8> {
+    let mut k = ip_bytes(ip);
+    k.extend_from_slice(&[proto, 0, 0, 0]);
+    k.extend_from_slice(&port.to_be_bytes());
+    k.extend_from_slice(&[0, 0]);
+    k
+}
+
+fn interval_end(ip: IpAddr) -> ListAttribute<SetElementAttribute> {
+    ListAttribute::Element(vec![
+        key_attr(ip_bytes(ip)),
+        SetElementAttribute::Flags(SetElementFlags::IntervalEnd),
+    ])
+}
+
+impl Elem {
+    /// The kernel elements of this one, in a set with `interval` ranges.
+    fn encode(&self, interval: bool, out: &mut Vec<ListAttribute<SetElementAttribute>>) {
+        match self {
+            Elem::Addrs(lo, hi) => {
+                let start = key_attr(ip_bytes(*lo));
+                if !interval {
+                    out.push(ListAttribute::Element(vec![start]));
+                } else if let Some(end) = next_ip(*hi) {
+                    out.push(ListAttribute::Element(vec![start]));
+                    out.push(interval_end(end));
+                } else {
+                    // Nothing ends a range at the top; nft marks it open
+                    // in the element's userdata (which its listing reads).
+                    let mut u = Vec::new();
+                    udata_u32(&mut u, UDATA_SET_ELEM_FLAGS, SET_ELEM_F_INTERVAL_OPEN);
+                    out.push(ListAttribute::Element(vec![
+                        start,
+                        SetElementAttribute::UserData(u),
+                    ]));
+                }
+            }
+            Elem::AddrsProtoPorts {
+                lo,
+                hi,
+                proto,
+                ports,
+            } => {
+                let mut e = vec![key_attr(concat_key(*lo, *proto, ports.0))];
+                if interval {
+                    e.push(SetElementAttribute::KeyEnd(vec![DefaultNla::new(
+                        NFTA_DATA_VALUE,
+                        concat_key(*hi, *proto, ports.1),
+                    )]));
+                }
+                out.push(ListAttribute::Element(e));
+            }
+            Elem::Jump(ip, chain) => out.push(ListAttribute::Element(vec![
+                key_attr(ip_bytes(*ip)),
+                SetElementAttribute::Data(DataAttribute::Verdict(vec![
+                    VerdictAttribute::Code(Verdict::Jump),
+                    VerdictAttribute::Chain(chain.clone()),
+                ])),
+            ])),
+        }
+    }
+
+    /// The element's key alone, as a deletion names it.
+    fn key_only(&self) -> ListAttribute<SetElementAttribute> {
+        let k = match self {
+            Elem::Addrs(lo, _) | Elem::Jump(lo, _) => ip_bytes(*lo),
+            Elem::AddrsProtoPorts {
+                lo, proto, ports, ..
+            } => concat_key(*lo, *proto, ports.0),
+        };
+        ListAttribute::Element(vec![key_attr(k)])
+    }
+}
+
+/// A set or map declaration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetDecl {
+    pub key: Key,
+    /// `flags interval`.
+    pub interval: bool,
+    /// A map to verdicts (`type <key> : verdict`).
+    pub verdict_map: bool,
+}
+
+/// The messages of one transaction on one table.
+#[derive(Debug)]
+pub struct Batch {
+    family: u8,
+    table: String,
+    msgs: Vec<Msg>,
+    /// `NFTA_SET_ID`s: unique within the transaction.
+    next_set_id: u32,
+}
+
+impl Batch {
+    pub fn new(family: u8, table: &str) -> Batch {
+        Batch {
+            family,
+            table: table.to_string(),
+            msgs: Vec::new(),
+            next_set_id: 0,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.msgs.is_empty()
+    }
+
+    pub fn messages(&self) -> &[Msg] {
+        &self.msgs
+    }
+
+    pub fn into_messages(self) -> Vec<Msg> {
+        self.msgs
+    }
+
+    fn push(&mut self, kind: u8, flags: u16, attrs: Vec<u8>) {
+        self.msgs.push(Msg {
+            kind,
+            flags,
+            family: self.family,
+            attrs,
+        });
+    }
+
+    /// `add table` (no error when it exists).
+    pub fn add_table(&mut self) {
+        let a = emit(&[TableAttribute::Name(self.table.clone())]);
+        self.push(NFT_MSG_NEWTABLE, NLM_F_CREATE, a);
+    }
+
+    pub fn delete_table(&mut self) {
+        let a = emit(&[TableAttribute::Name(self.table.clone())]);
+        self.push(NFT_MSG_DELTABLE, 0, a);
+    }
+
+    /// `add chain`; with `hook` (`NF_INET_*`, priority) a base chain of
+    /// type filter, policy accept.
+    pub fn add_chain(&mut self, name: &str, hook: Option<(InetHook, i32)>) {
+        let mut a = vec![
+            ChainAttribute::Table(self.table.clone()),
+            ChainAttribute::Name(name.to_string()),
+        ];
+        if let Some((n, prio)) = hook {
+            a.push(ChainAttribute::Hook(vec![
+                Hook::Number(HookNumber::Inet(n)),
+                Hook::Priority(prio as u32),
+            ]));
+            // NF_ACCEPT
+            a.push(ChainAttribute::Policy(1));
+            a.push(ChainAttribute::Type("filter".into()));
+        }
+        self.push(NFT_MSG_NEWCHAIN, NLM_F_CREATE, emit(&a));
+    }
+
+    /// `flush chain`: every rule of it goes.
+    pub fn flush_chain(&mut self, name: &str) {
+        let a = emit(&[
+            RuleAttribute::Table(self.table.clone()),
+            RuleAttribute::Chain(name.to_string()),
+        ]);
+        self.push(NFT_MSG_DELRULE, 0, a);
+    }
+
+    pub fn delete_chain(&mut self, name: &str) {
+        let a = emit(&[
+            ChainAttribute::Table(self.table.clone()),
+            ChainAttribute::Name(name.to_string()),
+        ]);
+        self.push(NFT_MSG_DELCHAIN, 0, a);
+    }
+
+    fn set_id(&mut self) -> u32 {
+        self.next_set_id += 1;
+        self.next_set_id
+    }
+
+    /// `add set` / `add map` (no error when it exists).
+    pub fn add_set(&mut self, name: &str, d: SetDecl) {
+        let mut flags = SetFlags::empty();
+        if d.interval {
+            flags |= SetFlags::Interval;
+        }
+        if d.verdict_map {
+            flags |= SetFlags::Map;
+        }
+        if matches!(d.key, Key::AddrProtoPort { .. }) {
+            flags |= SetFlags::Concat;
+        }
+        let id = self.set_id();
+        let mut a = vec![
+            SetAttribute::Table(self.table.clone()),
+            SetAttribute::Name(name.to_string()),
+            SetAttribute::Flags(flags),
+            SetAttribute::KeyType(d.key.type_id()),
+            SetAttribute::KeyLen(d.key.len()),
+        ];
+        if d.verdict_map {
+            a.push(SetAttribute::DataType(NFT_DATA_VERDICT));
+            a.push(SetAttribute::DataLen(VERDICT_LEN));
+        }
+        a.push(SetAttribute::Id(id));
+        if let Key::AddrProtoPort { v6 } = d.key {
+            // One NFTA_LIST_ELEM { NFTA_SET_FIELD_LEN } per field, unpadded.
+            let fields = [Key::addr_len(v6), 1, 2]
+                .iter()
+                .map(|len| {
+                    let inner = emit(&[DefaultNla::new(
+                        NFTA_SET_FIELD_LEN,
+                        len.to_be_bytes().to_vec(),
+                    )]);
+                    DefaultNla::new(NFTA_LIST_ELEM | NLA_F_NESTED, inner)
+                })
+                .collect();
+            a.push(SetAttribute::Description(vec![SetDescription::Concat(
+                fields,
+            )]));
+        }
+        a.push(SetAttribute::UserData(d.key.udata(d.verdict_map)));
+        self.push(NFT_MSG_NEWSET, NLM_F_CREATE, emit(&a));
+    }
+
+    /// `flush set`: every element goes.
+    pub fn flush_set(&mut self, name: &str) {
+        let a = emit(&[
+            SetElementList::Table(self.table.clone()),
+            SetElementList::Set(name.to_string()),
+        ]);
+        self.push(NFT_MSG_DELSETELEM, 0, a);
+    }
+
+    pub fn delete_set(&mut self, name: &str) {
+        let a = emit(&[
+            SetAttribute::Table(self.table.clone()),
+            SetAttribute::Name(name.to_string()),
+        ]);
+        self.push(NFT_MSG_DELSET, 0, a);
+    }
+
+    /// The elements in messages of at most [`MAX_MSG_ATTRS`] bytes each.
+    fn elements(
+        &mut self,
+        kind: u8,
+        flags: u16,
+        set: &str,
+        set_id: Option<u32>,
+        elems: Vec<ListAttribute<SetElementAttribute>>,
+    ) {
+        let mut head = vec![
+            SetElementList::Table(self.table.clone()),
+            SetElementList::Set(set.to_string()),
+        ];
+        if let Some(id) = set_id {
+            head.push(SetElementList::SetId(id));
+        }
+        let room = MAX_MSG_ATTRS - head.as_slice().buffer_len() - 4;
+        let mut chunk = Vec::new();
+        let mut size = 0;
+        let flush = |chunk: &mut Vec<ListAttribute<SetElementAttribute>>, b: &mut Batch| {
+            let mut a = head.clone();
+            a.push(SetElementList::Elements(std::mem::take(chunk)));
+            b.push(kind, flags, emit(&a));
+        };
+        for e in elems {
+            let n = e.buffer_len();
+            if size + n > room && !chunk.is_empty() {
+                flush(&mut chunk, self);
+                size = 0;
+            }
+            size += n;
+            chunk.push(e);
+        }
+        if !chunk.is_empty() {
+            flush(&mut chunk, self);
+        }
+    }
+
+    /// `add element`: `elems` into `set`, declared as `d`. For an interval
+    /// set of addresses, the elements must be disjoint ranges.
+    pub fn add_elements(&mut self, set: &str, d: SetDecl, elems: &[Elem]) {
+        if elems.is_empty() {
+            return;
+        }
+        let mut out = Vec::with_capacity(elems.len() * 2 + 1);
+        if d.interval && matches!(d.key, Key::Addr { .. }) {
+            // As nft: what lies below the first range is an interval that
+            // does not match.
+            let first = elems
+                .iter()
+                .filter_map(|e| match e {
+                    Elem::Addrs(lo, _) => Some(*lo),
+                    _ => None,
+                })
+                .min();
+            if let Some(lo) = first
+                && lo != zero_of(lo)
+            {
+                out.push(interval_end(zero_of(lo)));
+            }
+        }
+        for e in elems {
+            e.encode(d.interval, &mut out);
+        }
+        self.elements(NFT_MSG_NEWSETELEM, NLM_F_CREATE, set, None, out);
+    }
+
+    /// `delete element` by key, in a set without intervals.
+    pub fn delete_elements(&mut self, set: &str, elems: &[Elem]) {
+        if elems.is_empty() {
+            return;
+        }
+        let out = elems.iter().map(Elem::key_only).collect();
+        self.elements(NFT_MSG_DELSETELEM, 0, set, None, out);
+    }
+
+    /// `add rule` (appended) with the expressions `exprs` (see [`Exprs`])
+    /// and an optional comment.
+    pub fn add_rule(&mut self, chain: &str, exprs: Exprs, comment: Option<&str>) {
+        let mut a = emit(&[
+            RuleAttribute::Table(self.table.clone()),
+            RuleAttribute::Chain(chain.to_string()),
+        ]);
+        a.extend(emit(&[DefaultNla::new(4 | NLA_F_NESTED, exprs.0)]));
+        if let Some(c) = comment {
+            a.extend(emit(&[RuleAttribute::UserData(crate::nfnl::udata(c))]));
+        }
+        self.push(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, a);
+    }
+
+    /// An anonymous constant set of ICMPv6 types (`icmpv6 type { ... }`),
+    /// declared and filled in this transaction; the match on it.
+    pub fn icmpv6_types(&mut self, types: &[u8]) -> Exprs {
+        let id = self.set_id();
+        let name = "__set%d";
+        // nft's userdata for a set made from `icmpv6 type`, verbatim: the
+        // key's byte order and the expression it came from.
+        let mut u = Vec::new();
+        udata_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG_ENDIAN);
+        u.extend_from_slice(&[
+            UDATA_SET_KEY_TYPEOF,
+            20,
+            0,
+            4,
+            7,
+            0,
+            0,
+            0,
+            1,
+            12,
+            0,
+            4,
+            14,
+            0,
+            0,
+            0,
+            1,
+            4,
+            1,
+            0,
+            0,
+            0,
+        ]);
+        let a = vec![
+            SetAttribute::Table(self.table.clone()),
+            SetAttribute::Name(name.to_string()),
+            SetAttribute::Flags(SetFlags::Anonymous | SetFlags::Constant),
+            SetAttribute::KeyType(TYPE_ICMP6_TYPE),
+            SetAttribute::KeyLen(1),
+            SetAttribute::Id(id),
+            SetAttribute::Description(vec![SetDescription::Size(types.len() as u32)]),
+            SetAttribute::UserData(u),
+        ];
+        self.push(NFT_MSG_NEWSET, NLM_F_CREATE, emit(&a));
+        let elems = types
+            .iter()
+            .map(|t| ListAttribute::Element(vec![key_attr(vec![*t])]))
+            .collect();
+        self.elements(NFT_MSG_NEWSETELEM, NLM_F_CREATE, name, Some(id), elems);
+        let mut e = Exprs::new();
+        e.nftexpr(&crate::nftexpr::nfproto(true));
+        e.nftexpr(&crate::nftexpr::l4proto(58));
+        e.payload(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 1, Register::Reg1);
+        e.push(Expressions::Lookup(vec![
+            Lookup::Set(name.to_string()),
+            Lookup::SourceRegister(Register::Reg1),
+            Lookup::SetId(id),
+        ]));
+        e
+    }
+}
+
+/// A rule's expressions, encoded (`NFTA_LIST_ELEM`s).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Exprs(Vec<u8>);
+
+impl Exprs {
+    pub fn new() -> Exprs {
+        Exprs::default()
+    }
+
+    fn push(&mut self, e: Expressions) {
+        self.0
+            .extend(emit(&[ListAttribute::<ExpressionAttribute>::from(e)]));
+    }
+
+    /// Appends expressions of [`crate::nftexpr`].
+    pub fn nftexpr(&mut self, e: &[Expr]) -> &mut Exprs {
+        for x in e {
+            self.0.extend_from_slice(x.bytes());
+        }
+        self
+    }
+
+    fn payload(&mut self, base: u32, offset: u32, len: u32, reg: Register) {
+        self.push(Expressions::Payload(vec![
+            Payload::DestinationRegister(reg),
+            Payload::Base(base),
+            Payload::Offset(offset),
+            Payload::Len(len),
+        ]));
+    }
+
+    /// Loads the source (or destination) address into register 1, after
+    /// `meta nfproto` (an `inet` table sees both families).
+    fn addr(&mut self, v6: bool, src: bool) {
+        self.nftexpr(&crate::nftexpr::nfproto(v6));
+        let (s, d, len) = if v6 { (8, 24, 16) } else { (12, 16, 4) };
+        self.payload(
+            NFT_PAYLOAD_NETWORK_HEADER,
+            if src { s } else { d },
+            len,
+            Register::Reg1,
+        );
+    }
+
+    /// `ip|ip6 saddr|daddr . meta l4proto . th dport` into registers, as
+    /// nft lays the concatenation out: each field in the 4-byte registers
+    /// after the previous one.
+    fn addr_proto_port(&mut self, v6: bool, src: bool) {
+        self.addr(v6, src);
+        // nft names a 16-byte register when the field starts on one.
+        let (proto, port) = if v6 {
+            (Register::Reg2, Register::Reg32_05)
+        } else {
+            (Register::Reg32_01, Register::Reg32_02)
+        };
+        self.push(Expressions::Meta(vec![
+            Meta::Key(MetaKey::L4Proto),
+            Meta::DestinationRegister(proto),
+        ]));
+        // nft 1.0.6 converts the 1-byte protocol as a 2-byte field (a
+        // no-op the kernel accepts); kept so the rule reads back the same.
+        let r: u32 = proto.into();
+        self.push(Expressions::Other {
+            expression_type: "byteorder".into(),
+            attributes: [(1u16, r), (2, r), (3, NFT_BYTEORDER_HTON), (4, 1), (5, 2)]
+                .iter()
+                .map(|(t, v)| DefaultNla::new(*t, v.to_be_bytes().to_vec()))
+                .collect(),
+        });
+        self.payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, port);
+    }
+
+    /// `ip|ip6 saddr|daddr @set` (`ports`: `... . meta l4proto . th dport
+    /// @set`).
+    pub fn in_set(&mut self, v6: bool, src: bool, ports: bool, set: &str) -> &mut Exprs {
+        if ports {
+            self.addr_proto_port(v6, src);
+        } else {
+            self.addr(v6, src);
+        }
+        self.push(Expressions::Lookup(vec![
+            Lookup::Set(set.to_string()),
+            Lookup::SourceRegister(Register::Reg1),
+        ]));
+        self
+    }
+
+    /// `ip|ip6 saddr|daddr vmap @map`.
+    pub fn vmap(&mut self, v6: bool, src: bool, map: &str) -> &mut Exprs {
+        self.addr(v6, src);
+        self.push(Expressions::Lookup(vec![
+            Lookup::Set(map.to_string()),
+            Lookup::SourceRegister(Register::Reg1),
+            Lookup::DestinationRegister(Register::Verdict),
+        ]));
+        self
+    }
+
+    /// The `return` verdict.
+    pub fn ret(&mut self) -> &mut Exprs {
+        self.push(Expressions::Immediate(vec![
+            Immediate::DestinationRegister(Register::Verdict),
+            Immediate::Data(DataAttribute::Verdict(vec![VerdictAttribute::Code(
+                Verdict::Return,
+            )])),
+        ]));
+        self
+    }
+
+    pub fn take(&mut self) -> Exprs {
+        std::mem::take(self)
+    }
+}
+
+// ---- reading back ------------------------------------------------------
+
+fn nlas(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    NlasIterator::new(b).filter_map(|n| {
+        let n = n.ok()?;
+        Some((
+            n.kind() & !NLA_F_NESTED,
+            n.into_inner().get(4..n.length() as usize)?,
+        ))
+    })
+}
+
+fn nla(b: &[u8], ty: u16) -> Option<&[u8]> {
+    nlas(b).find(|(t, _)| *t == ty).map(|(_, v)| v)
+}
+
+fn c_string(v: &[u8]) -> String {
+    let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
+    String::from_utf8_lossy(&v[..end]).into_owned()
+}
+
+/// The `NFT_MSG_GETCHAIN` dump request for the chains of `table`.
+pub fn chains_request(table: &str) -> (u8, Vec<u8>) {
+    (
+        NFT_MSG_GETCHAIN,
+        emit(&[ChainAttribute::Table(table.to_string())]),
+    )
+}
+
+/// A chain of a dump: its table, its name, and its hook (`NF_INET_*`) if
+/// it is a base chain.
+pub fn parse_chain(attrs: &[u8]) -> Option<(String, String, Option<u32>)> {
+    let table = c_string(nla(attrs, NFTA_CHAIN_TABLE)?);
+    let name = c_string(nla(attrs, NFTA_CHAIN_NAME)?);
+    let hook = nla(attrs, NFTA_CHAIN_HOOK)
+        .and_then(|h| nla(h, NFTA_HOOK_HOOKNUM))
+        .and_then(|v| Some(u32::from_be_bytes(v.try_into().ok()?)));
+    Some((table, name, hook))
+}
+
+/// The `NFT_MSG_GETSET` dump request for the sets of `table`.
+pub fn sets_request(table: &str) -> (u8, Vec<u8>) {
+    (
+        NFT_MSG_GETSET,
+        emit(&[SetAttribute::Table(table.to_string())]),
+    )
+}
+
+/// The attributes of a dumped set but its handle (which differs between
+/// two tables written alike): to compare how two writers declared a set.
+pub fn set_attrs_but_handle(attrs: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    nlas(attrs)
+        .filter(|(t, _)| *t != NFTA_SET_HANDLE)
+        .map(|(t, v)| (t, v.to_vec()))
+        .collect()
+}
+
+/// The `NFT_MSG_GETSETELEM` dump request for the elements of `set`.
+pub fn elements_request(table: &str, set: &str) -> (u8, Vec<u8>) {
+    (
+        NFT_MSG_GETSETELEM,
+        emit(&[
+            SetElementList::Table(table.to_string()),
+            SetElementList::Set(set.to_string()),
+        ]),
+    )
+}
+
+/// The `address -> jump chain` elements of one dumped message of a
+/// verdict map (others are skipped).
+pub fn parse_jumps(attrs: &[u8]) -> Vec<(IpAddr, String)> {
+    let mut out = Vec::new();
+    if nla(attrs, NFTA_SET_ELEM_LIST_TABLE).is_none()
+        || nla(attrs, NFTA_SET_ELEM_LIST_SET).is_none()
+    {
+        return out;
+    }
+    let Some(list) = nla(attrs, NFTA_SET_ELEM_LIST_ELEMENTS) else {
+        return out;
+    };
+    for (_, e) in nlas(list).filter(|(t, _)| *t == NFTA_LIST_ELEM) {
+        let flags = nla(e, NFTA_SET_ELEM_FLAGS)
+            .and_then(|v| Some(u32::from_be_bytes(v.try_into().ok()?)))
+            .unwrap_or(0);
+        if flags & NFT_SET_ELEM_INTERVAL_END != 0 {
+            continue;
+        }
+        let key = nla(e, NFTA_SET_ELEM_KEY).and_then(|k| nla(k, NFTA_DATA_VALUE));
+        let ip = match key.map(<[u8]>::len) {
+            Some(4) => <[u8; 4]>::try_from(key.unwrap_or_default())
+                .ok()
+                .map(IpAddr::from),
+            Some(16) => <[u8; 16]>::try_from(key.unwrap_or_default())
+                .ok()
+                .map(IpAddr::from),
+            _ => None,
+        };
+        let verdict = nla(e, NFTA_SET_ELEM_DATA).and_then(|d| nla(d, NFTA_DATA_VERDICT));
+        let code = verdict
+            .and_then(|v| nla(v, NFTA_VERDICT_CODE))
+            .and_then(|c| Some(i32::from_be_bytes(c.try_into().ok()?)));
+        let chain = verdict
+            .and_then(|v| nla(v, NFTA_VERDICT_CHAIN))
+            .map(c_string);
+        if let (Some(ip), Some(NFT_JUMP), Some(chain)) = (ip, code, chain) {
+            out.push((ip, chain));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concatenated_keys_pad_each_field_to_four_bytes() {
+        let k = concat_key("10.0.0.3".parse().unwrap(), 6, 8080);
+        assert_eq!(k, [10, 0, 0, 3, 6, 0, 0, 0, 0x1f, 0x90, 0, 0]);
+        assert_eq!(Key::AddrProtoPort { v6: false }.len(), 12);
+        assert_eq!(Key::AddrProtoPort { v6: true }.len(), 24);
+        // As `nft --debug=netlink` names them.
+        assert_eq!(Key::AddrProtoPort { v6: false }.type_id(), 0x730d);
+        assert_eq!(Key::AddrProtoPort { v6: true }.type_id(), 0x830d);
+    }
+
+    #[test]
+    fn interval_elements_start_end_and_the_zero_end() {
+        let d = SetDecl {
+            key: Key::Addr { v6: false },
+            interval: true,
+            verdict_map: false,
+        };
+        let mut b = Batch::new(INET, "T");
+        b.add_elements(
+            "s",
+            d,
+            &[Elem::Addrs(
+                "192.168.2.0".parse().unwrap(),
+                "255.255.255.255".parse().unwrap(),
+            )],
+        );
+        let m = &b.messages()[0];
+        let list = nla(&m.attrs, NFTA_SET_ELEM_LIST_ELEMENTS).unwrap();
+        let elems: Vec<(Vec<u8>, u32)> = nlas(list)
+            .map(|(_, e)| {
+                let k = nla(nla(e, NFTA_SET_ELEM_KEY).unwrap(), NFTA_DATA_VALUE).unwrap();
+                let f = nla(e, NFTA_SET_ELEM_FLAGS)
+                    .map(|v| u32::from_be_bytes(v.try_into().unwrap()))
+                    .unwrap_or(0);
+                (k.to_vec(), f)
+            })
+            .collect();
+        // 0.0.0.0 ends a non-matching interval; the range reaches the top,
+        // so it has no end element.
+        assert_eq!(
+            elems,
+            vec![(vec![0, 0, 0, 0], 1), (vec![192, 168, 2, 0], 0)]
+        );
+    }
+
+    #[test]
+    fn big_sets_are_split_into_messages_that_fit() {
+        let d = SetDecl {
+            key: Key::Addr { v6: true },
+            interval: true,
+            verdict_map: false,
+        };
+        let elems: Vec<Elem> = (0..5000u128)
+            .map(|i| {
+                let a = IpAddr::V6(Ipv6Addr::from((0xfd00u128 << 112) + (i << 16)));
+                let z = IpAddr::V6(Ipv6Addr::from((0xfd00u128 << 112) + (i << 16) + 0xff));
+                Elem::Addrs(a, z)
+            })
+            .collect();
+        let mut b = Batch::new(INET, "T");
+        b.add_elements("s", d, &elems);
+        assert!(b.messages().len() > 10);
+        let mut n = 0;
+        for m in b.messages() {
+            assert!(m.attrs.len() <= MAX_MSG_ATTRS);
+            n += nlas(nla(&m.attrs, NFTA_SET_ELEM_LIST_ELEMENTS).unwrap()).count();
+        }
+        assert_eq!(n, 1 + 2 * 5000);
+    }
+
+    #[test]
+    fn jumps_read_back() {
+        let mut b = Batch::new(INET, "T");
+        let d = SetDecl {
+            key: Key::Addr { v6: false },
+            interval: false,
+            verdict_map: true,
+        };
+        b.add_elements(
+            "m",
+            d,
+            &[Elem::Jump("10.0.0.2".parse().unwrap(), "in_3".into())],
+        );
+        assert_eq!(
+            parse_jumps(&b.messages()[0].attrs),
+            vec![("10.0.0.2".parse().unwrap(), "in_3".to_string())]
+        );
+    }
+}
