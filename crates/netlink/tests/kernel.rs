@@ -768,7 +768,10 @@ async fn overlay_routes_neighbours_and_fdb() {
     )
     .await
     .unwrap();
-    assert_eq!(nl.owned_routes(false, PROTO).await.unwrap(), [r.clone()]);
+    assert_eq!(
+        nl.owned_routes(false, PROTO).await.unwrap(),
+        std::slice::from_ref(&r)
+    );
     assert!(nl.owned_routes(true, PROTO).await.unwrap().is_empty());
     assert!(nl.owned_routes(false, PROTO + 1).await.unwrap().is_empty());
     // A route of another protocol is not deleted as ours.
