@@ -13,8 +13,7 @@ use rcni_netlink::{
 use rcni_netns::NetNs;
 
 fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         panic!("kernel tests of rcni-netlink must run as root (they create network namespaces)");
     }
 }
