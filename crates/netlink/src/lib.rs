@@ -23,6 +23,7 @@ mod lower;
 mod neighbours;
 pub mod netconf;
 pub mod overlay;
+pub mod packet;
 mod routes;
 mod rule;
 pub mod sysctl;

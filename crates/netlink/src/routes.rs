@@ -65,41 +65,35 @@ impl Netlink {
 
     /// Add a route; an identical one is an error with `is_exists()`.
     pub async fn add_route(&self, route: &Route) -> Result<()> {
-        let msg = route_message(route, false)
-            .map_err(|m| Error::other(format!("add route {route}"), m))?;
-        self.acked_request(
-            &format!("add route {route}"),
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-        )
-        .await
+        self.change_route("add", route, NLM_F_CREATE | NLM_F_EXCL)
+            .await
     }
 
     /// Create the route or replace the one with the same destination, table
     /// and metric (`ip route replace`).
     pub async fn ensure_route(&self, route: &Route) -> Result<()> {
-        let msg = route_message(route, false)
-            .map_err(|m| Error::other(format!("replace route {route}"), m))?;
-        self.acked_request(
-            &format!("replace route {route}"),
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        )
-        .await
+        self.change_route("replace", route, NLM_F_CREATE | NLM_F_REPLACE)
+            .await
     }
 
     /// Delete a route matching destination, table and whichever of gateway,
     /// oif and metric are set (scope is ignored, as in `ip route del`). A
     /// missing one is an error with `is_not_found()` (ESRCH).
     pub async fn del_route(&self, route: &Route) -> Result<()> {
-        let msg = route_message(route, true)
-            .map_err(|m| Error::other(format!("delete route {route}"), m))?;
-        self.acked_request(
-            &format!("delete route {route}"),
-            RouteNetlinkMessage::DelRoute(msg),
-            0,
-        )
-        .await
+        self.change_route("delete", route, 0).await
+    }
+
+    /// `verb` is "add", "replace" or "delete".
+    async fn change_route(&self, verb: &str, route: &Route, flags: u16) -> Result<()> {
+        let op = format!("{verb} route {route}");
+        let delete = verb == "delete";
+        let msg = route_message(route, delete).map_err(|m| Error::other(&op, m))?;
+        let msg = if delete {
+            RouteNetlinkMessage::DelRoute(msg)
+        } else {
+            RouteNetlinkMessage::NewRoute(msg)
+        };
+        self.acked_request(&op, msg, flags).await
     }
 }
 

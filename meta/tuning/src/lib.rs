@@ -19,7 +19,7 @@
 pub mod conf;
 
 use conf::{ALLOWLIST, Conf, read_allowlist};
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, sendto, socket};
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, version};
 use rcni_netlink::{Link, MacAddr, Netlink};
@@ -306,16 +306,8 @@ fn gratuitous_arp(ns: &NetNs, index: u32, mac: MacAddr, ips: &[IpAddr]) {
         ) else {
             return;
         };
-        let mut sll_addr = [0u8; 8];
-        sll_addr[..6].copy_from_slice(&[0xff; 6]);
-        let sll = libc::sockaddr_ll {
-            sll_family: libc::AF_PACKET as u16,
-            sll_protocol: ETH_P_ARP.to_be(),
-            sll_ifindex: index as i32,
-            sll_hatype: 0,
-            sll_pkttype: 0,
-            sll_halen: 6,
-            sll_addr,
+        let Ok(to) = rcni_netlink::packet::link_addr(index, ETH_P_ARP, [0xff; 6]) else {
+            return;
         };
         for ip in &v4 {
             let mut p = Vec::with_capacity(28);
@@ -324,20 +316,7 @@ fn gratuitous_arp(ns: &NetNs, index: u32, mac: MacAddr, ips: &[IpAddr]) {
             p.extend_from_slice(ip);
             p.extend_from_slice(&[0xff; 6]);
             p.extend_from_slice(ip);
-            // SAFETY: sendto(2) reads `p.len()` bytes of `p` and a
-            // sockaddr_ll of the given size, both alive for the call. No
-            // crate sends to a link-layer address safely: nix's `LinkAddr`
-            // and socket2's `SockAddr` can only be built from raw memory.
-            unsafe {
-                libc::sendto(
-                    fd.as_raw_fd(),
-                    p.as_ptr().cast(),
-                    p.len(),
-                    0,
-                    (&raw const sll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                );
-            }
+            let _ = sendto(fd.as_raw_fd(), &p, &to, MsgFlags::empty());
         }
     });
 }
