@@ -56,6 +56,10 @@ pub unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<libc::pid
 /// A raw netlink socket of protocol `proto` (`NETLINK_ROUTE`,
 /// `NETLINK_NETFILTER`) bound to `ns`: a socket talks to the namespace it was
 /// created in.
+///
+/// From nix rather than netlink-sys: callers (also crates/netfilter) keep an
+/// `OwnedFd`, which netlink-sys's `Socket` becomes only through an unsafe
+/// `from_raw_fd`.
 pub fn netlink_socket(ns: &NetNs, proto: i32, op: &str) -> Result<OwnedFd> {
     let proto = match proto {
         libc::NETLINK_ROUTE => SockProtocol::NetlinkRoute,
