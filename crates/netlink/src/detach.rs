@@ -8,8 +8,10 @@
 //! nearest subreaper), which reaps it.
 
 use crate::{Error, Result};
+use nix::fcntl::OFlag;
+use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType};
 use rcni_netns::NetNs;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
 /// Forks. In the child, closes every descriptor but `keep` and runs `child`,
 /// which must make only async-signal-safe calls (the parent may have other
@@ -18,7 +20,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 /// # Safety
 /// `child` runs in a forked copy of a possibly multithreaded process: no
 /// allocation, no locks, only raw syscalls on memory prepared before the
-/// call.
+/// call. (No crate makes fork safe: nix's `fork` is `unsafe` for this very
+/// reason.)
 pub unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<libc::pid_t> {
     // Sorted before the fork: the child may not allocate.
     let mut ks = [-1i32; 4];
@@ -53,29 +56,34 @@ pub unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<libc::pid
 /// A raw netlink socket of protocol `proto` (`NETLINK_ROUTE`,
 /// `NETLINK_NETFILTER`) bound to `ns`: a socket talks to the namespace it was
 /// created in.
+///
+/// From nix rather than netlink-sys: callers (also crates/netfilter) keep an
+/// `OwnedFd`, which netlink-sys's `Socket` becomes only through an unsafe
+/// `from_raw_fd`.
 pub fn netlink_socket(ns: &NetNs, proto: i32, op: &str) -> Result<OwnedFd> {
-    ns.run(|| {
-        // SAFETY: plain socket(2); the fd is owned right away.
-        let fd =
-            unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
+    let proto = match proto {
+        libc::NETLINK_ROUTE => SockProtocol::NetlinkRoute,
+        libc::NETLINK_NETFILTER => SockProtocol::NetlinkNetFilter,
+        _ => {
+            return Err(Error::io(
+                op,
+                std::io::Error::from_raw_os_error(libc::EPROTONOSUPPORT),
+            ));
         }
-        // SAFETY: fd was just returned by socket(2) and is not owned elsewhere.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    ns.run(|| {
+        nix::sys::socket::socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_CLOEXEC,
+            proto,
+        )
     })
     .map_err(|e| Error::netns(op, e))?
-    .map_err(|e| Error::io(op, e))
+    .map_err(|e| Error::io(op, e.into()))
 }
 
 /// A close-on-exec pipe: (read end, write end).
 pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let mut p = [0i32; 2];
-    // SAFETY: pipe2 fills both fds on success; each is owned once.
-    unsafe {
-        if libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok((OwnedFd::from_raw_fd(p[0]), OwnedFd::from_raw_fd(p[1])))
-    }
+    Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
 }

@@ -1,4 +1,3 @@
-use std::fmt;
 use std::io;
 
 /// How an error should be treated by idempotent callers.
@@ -13,27 +12,58 @@ pub enum ErrorKind {
     Other,
 }
 
-#[derive(Debug)]
-enum Source {
-    Netlink(rtnetlink::Error),
-    Netns(rcni_netns::Error),
-    Io(io::Error),
-    Message(String),
-}
-
-/// An error of this crate: what we were doing, how to classify it, and why.
+/// An error of this crate: what we were doing (`op`) and why.
 ///
 /// `Display` reads `"<op>: <cause>"`, e.g.
-/// `add address 10.0.0.2/24 to link 7: File exists (os error 17)`. The cause
-/// is part of that text and therefore not repeated as `source()`.
-#[derive(Debug)]
-pub struct Error {
-    op: String,
-    kind: ErrorKind,
-    source: Option<Source>,
+/// `add address 10.0.0.2/24 to link 7: File exists (os error 17)`: the
+/// whole sentence is what the runtime gets as the CNI error message. The
+/// cause is also the error's `source()`, so callers can inspect the
+/// rtnetlink, I/O or namespace error itself (a printer that walks the chain
+/// sees the cause's text twice).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The kernel refused a netlink request, or the connection failed.
+    #[error("{op}: {}", netlink_cause(source))]
+    Netlink {
+        op: String,
+        #[source]
+        source: rtnetlink::Error,
+    },
+    /// A system call failed.
+    #[error("{op}: {source}")]
+    Io {
+        op: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The namespace could not be opened or entered.
+    #[error("{op}: {source}")]
+    Netns {
+        op: String,
+        #[source]
+        source: rcni_netns::Error,
+    },
+    /// A lookup came back empty.
+    #[error("{op}: not found")]
+    NotFound { op: String },
+    /// Anything else; `reason` says what.
+    #[error("{op}: {reason}")]
+    Other { op: String, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The kernel's refusal reads as the errno's text, as the reference's
+/// messages do; anything else as rtnetlink words it.
+fn netlink_cause(e: &rtnetlink::Error) -> String {
+    match e {
+        rtnetlink::Error::NetlinkError(msg) => {
+            io::Error::from_raw_os_error(msg.raw_code().abs()).to_string()
+        }
+        e => e.to_string(),
+    }
+}
 
 fn classify_errno(errno: i32) -> ErrorKind {
     match errno {
@@ -45,79 +75,74 @@ fn classify_errno(errno: i32) -> ErrorKind {
 
 impl Error {
     pub fn netlink(op: impl Into<String>, err: rtnetlink::Error) -> Error {
-        let mut e = Error {
+        Error::Netlink {
             op: op.into(),
-            kind: ErrorKind::Other,
-            source: Some(Source::Netlink(err)),
-        };
-        if let Some(errno) = e.errno() {
-            e.kind = classify_errno(errno);
+            source: err,
         }
-        e
     }
 
     pub fn io(op: impl Into<String>, err: io::Error) -> Error {
-        let kind = err.raw_os_error().map_or(ErrorKind::Other, classify_errno);
-        Error {
+        Error::Io {
             op: op.into(),
-            kind,
-            source: Some(Source::Io(err)),
+            source: err,
         }
     }
 
     pub fn netns(op: impl Into<String>, err: rcni_netns::Error) -> Error {
-        let kind = if err.is_not_found() {
-            ErrorKind::NotFound
-        } else {
-            ErrorKind::Other
-        };
-        Error {
+        Error::Netns {
             op: op.into(),
-            kind,
-            source: Some(Source::Netns(err)),
+            source: err,
         }
     }
 
     pub fn not_found(op: impl Into<String>) -> Error {
-        Error {
-            op: op.into(),
-            kind: ErrorKind::NotFound,
-            source: None,
-        }
+        Error::NotFound { op: op.into() }
     }
 
-    pub fn other(op: impl Into<String>, msg: impl Into<String>) -> Error {
-        Error {
+    pub fn other(op: impl Into<String>, reason: impl Into<String>) -> Error {
+        Error::Other {
             op: op.into(),
-            kind: ErrorKind::Other,
-            source: Some(Source::Message(msg.into())),
+            reason: reason.into(),
         }
     }
 
     /// What we were doing, e.g. `add address 10.0.0.2/24 to link 7`.
     pub fn op(&self) -> &str {
-        &self.op
+        match self {
+            Error::Netlink { op, .. }
+            | Error::Io { op, .. }
+            | Error::Netns { op, .. }
+            | Error::NotFound { op }
+            | Error::Other { op, .. } => op,
+        }
     }
 
+    /// How idempotent callers treat the error, from the errno (or the
+    /// namespace error) that caused it.
     pub fn kind(&self) -> ErrorKind {
-        self.kind
+        match self {
+            Error::Netns { source, .. } if source.is_not_found() => ErrorKind::NotFound,
+            Error::NotFound { .. } => ErrorKind::NotFound,
+            _ => self.errno().map_or(ErrorKind::Other, classify_errno),
+        }
     }
 
     pub fn is_exists(&self) -> bool {
-        self.kind == ErrorKind::Exists
+        self.kind() == ErrorKind::Exists
     }
 
     pub fn is_not_found(&self) -> bool {
-        self.kind == ErrorKind::NotFound
+        self.kind() == ErrorKind::NotFound
     }
 
     /// The positive errno the kernel (or the OS) answered with, if any.
     pub fn errno(&self) -> Option<i32> {
-        match self.source.as_ref()? {
-            Source::Netlink(rtnetlink::Error::NetlinkError(msg)) => {
-                msg.code.map(|c| c.get().checked_abs().unwrap_or(i32::MAX))
-            }
-            Source::Io(e) => e.raw_os_error(),
+        match self {
+            Error::Netlink {
+                source: rtnetlink::Error::NetlinkError(msg),
+                ..
+            } => msg.code.map(|c| c.get().checked_abs().unwrap_or(i32::MAX)),
+            Error::Io { source, .. } => source.raw_os_error(),
             _ => None,
         }
     }
@@ -125,37 +150,14 @@ impl Error {
     /// CNI error code: 104 when the namespace is the problem, 103 for a
     /// failed netlink request, 100 for other internal failures.
     pub fn cni_code(&self) -> u32 {
-        match &self.source {
-            Some(Source::Netns(e)) => e.cni_code(),
-            Some(Source::Netlink(_)) => 103,
+        match self {
+            Error::Netns { source, .. } => source.cni_code(),
             // A lookup that came back empty is a netlink answer too.
-            None if self.kind == ErrorKind::NotFound => 103,
-            _ => 100,
+            Error::Netlink { .. } | Error::NotFound { .. } => 103,
+            Error::Io { .. } | Error::Other { .. } => 100,
         }
     }
 }
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: ", self.op)?;
-        match &self.source {
-            Some(Source::Netlink(rtnetlink::Error::NetlinkError(msg))) => {
-                write!(f, "{}", io::Error::from_raw_os_error(msg.raw_code().abs()))
-            }
-            Some(Source::Netlink(e)) => write!(f, "{e}"),
-            Some(Source::Netns(e)) => write!(f, "{e}"),
-            Some(Source::Io(e)) => write!(f, "{e}"),
-            Some(Source::Message(m)) => f.write_str(m),
-            None => f.write_str(match self.kind {
-                ErrorKind::Exists => "already exists",
-                ErrorKind::NotFound => "not found",
-                ErrorKind::Other => "failed",
-            }),
-        }
-    }
-}
-
-impl std::error::Error for Error {}
 
 impl From<Error> for rcni_cni::CniError {
     fn from(e: Error) -> Self {
@@ -208,5 +210,34 @@ mod tests {
         let e = Error::netlink("x", rtnetlink::Error::RequestFailed);
         assert_eq!(e.cni_code(), 103);
         assert_eq!(e.errno(), None);
+        let e = Error::io("x", io::Error::from_raw_os_error(libc::ENOENT));
+        assert!(e.is_not_found());
+        assert_eq!(e.cni_code(), 100);
+    }
+
+    #[test]
+    fn the_cause_is_the_source() {
+        use std::error::Error as _;
+        let e = Error::netlink("add route", nl_err(libc::EEXIST));
+        let src = e.source().expect("source");
+        match src.downcast_ref::<rtnetlink::Error>() {
+            Some(rtnetlink::Error::NetlinkError(m)) => assert_eq!(m.raw_code(), -libc::EEXIST),
+            other => panic!("{other:?}"),
+        }
+        let e = Error::io("open", io::Error::from_raw_os_error(libc::EPERM));
+        let io = e.source().and_then(|s| s.downcast_ref::<io::Error>());
+        assert_eq!(io.and_then(io::Error::raw_os_error), Some(libc::EPERM));
+        let e = Error::netns("connect", rcni_netns::Error::NotFound("/x".into()));
+        let ns = e
+            .source()
+            .and_then(|s| s.downcast_ref::<rcni_netns::Error>());
+        assert!(ns.is_some_and(rcni_netns::Error::is_not_found));
+        assert_eq!(
+            e.to_string(),
+            "connect: network namespace /x does not exist"
+        );
+        assert!(Error::not_found("x").source().is_none());
+        assert!(Error::other("x", "why").source().is_none());
+        assert_eq!(Error::other("x", "why").to_string(), "x: why");
     }
 }

@@ -2,15 +2,14 @@
 
 use std::os::fd::{AsFd, AsRawFd};
 
-use futures::TryStreamExt;
 use rcni_netns::NetNs;
 use rtnetlink::packet_route::link::{
-    InfoData, InfoIpVlan, InfoKind, InfoMacVlan, IpVlanMode, LinkAttribute, LinkInfo, LinkMessage,
-    MacVlanMode,
+    InfoData, InfoIpVlan, InfoKind, InfoMacVlan, IpVlanMode, LinkAttribute, LinkInfo, MacVlanMode,
 };
 use rtnetlink::{LinkMessageBuilder, LinkUnspec};
 
-use crate::{Error, IpvlanMode, MacAddr, MacvlanMode, Netlink, Result, describe_ns};
+use crate::links::info_data;
+use crate::{IpvlanMode, Link, MacAddr, MacvlanMode, Netlink, Result, describe_ns};
 
 /// What a macvlan or ipvlan link is created with besides its lower device.
 #[derive(Debug, Default, Clone, Copy)]
@@ -39,6 +38,13 @@ fn macvlan_mode(mode: MacvlanMode) -> MacVlanMode {
 }
 
 impl Netlink {
+    /// Create a macvlan on top of `master` (down).
+    pub async fn create_macvlan(&self, name: &str, master: u32, mode: MacvlanMode) -> Result<Link> {
+        self.create_macvlan_with(name, master, mode, LowerOpts::default())
+            .await?;
+        self.link_by_name(name).await
+    }
+
     /// Creates macvlan `name` (down) on `lower`, a link of this namespace.
     pub async fn create_macvlan_with(
         &self,
@@ -134,24 +140,4 @@ impl Netlink {
             _ => None,
         }))
     }
-
-    async fn link_message(&self, index: u32) -> Result<LinkMessage> {
-        let op = || format!("get link {index}");
-        let mut stream = self.handle.link().get().match_index(index).execute();
-        match stream.try_next().await {
-            Ok(Some(m)) => Ok(m),
-            Ok(None) => Err(Error::not_found(op())),
-            Err(e) => Err(Error::netlink(op(), e)),
-        }
-    }
-}
-
-fn info_data(msg: &LinkMessage) -> Option<&InfoData> {
-    msg.attributes.iter().find_map(|a| match a {
-        LinkAttribute::LinkInfo(infos) => infos.iter().find_map(|i| match i {
-            LinkInfo::Data(d) => Some(d),
-            _ => None,
-        }),
-        _ => None,
-    })
 }

@@ -7,6 +7,7 @@
 
 use std::os::fd::AsRawFd;
 
+use nix::sys::socket::{MsgFlags, recv, send};
 use rcni_netns::NetNs;
 
 use crate::{Error, Family, Result, detach};
@@ -28,18 +29,15 @@ pub fn forwarding(ns: &NetNs, family: Family) -> Result<bool> {
     } as u8;
     let sock = detach::netlink_socket(ns, libc::NETLINK_ROUTE, op)?;
     let req = request(af);
-    // SAFETY: send(2)/recv(2) on an owned socket with local buffers.
-    let sent = unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
-    if sent != req.len() as isize {
-        return Err(Error::io(op, std::io::Error::last_os_error()));
+    let sent =
+        send(sock.as_raw_fd(), &req, MsgFlags::empty()).map_err(|e| Error::io(op, e.into()))?;
+    if sent != req.len() {
+        return Err(Error::other(op, "short send"));
     }
     let mut buf = [0u8; 1024];
-    // SAFETY: as above.
-    let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n < 0 {
-        return Err(Error::io(op, std::io::Error::last_os_error()));
-    }
-    parse(&buf[..n as usize]).map_err(|e| match e {
+    let n =
+        recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(|e| Error::io(op, e.into()))?;
+    parse(&buf[..n]).map_err(|e| match e {
         Parsed::Errno(errno) => Error::io(op, std::io::Error::from_raw_os_error(errno)),
         Parsed::Malformed(what) => Error::other(op, what),
     })

@@ -4,7 +4,7 @@
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::IpVersion;
-use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST};
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL};
 use rtnetlink::packet_route::route::RouteHeader;
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
@@ -138,10 +138,10 @@ impl Netlink {
 
     /// Adds `rule`; an identical one is an error with `is_exists()`.
     pub async fn add_rule(&self, rule: &Rule) -> Result<()> {
-        self.route_request(
-            format!("add rule {rule}"),
+        self.acked_request(
+            &format!("add rule {rule}"),
             RouteNetlinkMessage::NewRule(message(rule)),
-            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL,
+            NLM_F_CREATE | NLM_F_EXCL,
         )
         .await
     }
@@ -149,10 +149,10 @@ impl Netlink {
     /// Deletes the rule matching `rule`'s source, table and (when set)
     /// priority; a missing one is an error with `is_not_found()`.
     pub async fn del_rule(&self, rule: &Rule) -> Result<()> {
-        self.route_request(
-            format!("delete rule {rule}"),
+        self.acked_request(
+            &format!("delete rule {rule}"),
             RouteNetlinkMessage::DelRule(message(rule)),
-            NLM_F_REQUEST | NLM_F_ACK,
+            0,
         )
         .await
     }

@@ -12,9 +12,7 @@
 use crate::{Error, Link, Netlink, Result};
 use futures::StreamExt;
 use rtnetlink::LinkIfb;
-use rtnetlink::packet_core::{
-    DefaultNla, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload,
-};
+use rtnetlink::packet_core::{DefaultNla, NLM_F_CREATE, NLM_F_EXCL};
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcMessage, TcOption};
 
@@ -222,21 +220,6 @@ impl Netlink {
         Ok(out)
     }
 
-    async fn tc_request(&self, op: &str, msg: RouteNetlinkMessage, flags: u16) -> Result<()> {
-        let mut req = NetlinkMessage::from(msg);
-        req.header.flags = NLM_F_REQUEST | NLM_F_ACK | flags;
-        let mut h = self.handle.clone();
-        let mut resp = h.request(req).map_err(|e| Error::netlink(op, e))?;
-        while let Some(m) = resp.next().await {
-            if let NetlinkPayload::Error(e) = m.payload
-                && e.code.is_some()
-            {
-                return Err(Error::netlink(op, rtnetlink::Error::NetlinkError(e)));
-            }
-        }
-        Ok(())
-    }
-
     /// `tc qdisc add dev <index> root handle 1: tbf ...`.
     pub async fn add_tbf(&self, index: u32, tbf: Tbf) -> Result<()> {
         let mut msg = TcMessage::default();
@@ -252,7 +235,7 @@ impl Netlink {
         }
         msg.attributes.push(TcAttribute::Kind("tbf".into()));
         msg.attributes.push(TcAttribute::Options(opts));
-        self.tc_request(
+        self.acked_request(
             &format!("add tbf qdisc to link {index}"),
             RouteNetlinkMessage::NewQueueDiscipline(msg),
             NLM_F_CREATE | NLM_F_EXCL,
@@ -302,7 +285,7 @@ impl Netlink {
         msg.header.parent = TcHandle::from(parent);
         msg.header.handle = TcHandle::from(handle);
         match self
-            .tc_request(
+            .acked_request(
                 &format!("delete qdisc {handle:#x} of link {index}"),
                 RouteNetlinkMessage::DelQueueDiscipline(msg),
                 0,
@@ -367,7 +350,7 @@ impl Netlink {
         // whole priority.
         msg.header.info = u32::from(priority) << 16;
         match self
-            .tc_request(
+            .acked_request(
                 &format!("delete filters of priority {priority} of link {index}"),
                 RouteNetlinkMessage::DelTrafficFilter(msg),
                 0,

@@ -17,24 +17,15 @@ impl MacAddr {
     /// `eth_random_addr`), from `getrandom(2)`.
     pub fn random_local() -> MacAddr {
         let mut b = [0u8; 6];
-        let mut filled = 0;
-        while filled < b.len() {
-            // SAFETY: writes at most `len - filled` bytes into `b[filled..]`.
-            let n =
-                unsafe { libc::getrandom(b[filled..].as_mut_ptr().cast(), b.len() - filled, 0) };
-            if n > 0 {
-                filled += n as usize;
-            } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-                // getrandom cannot fail for 6 bytes on Linux >= 3.17 except
-                // by EINTR; fall back to something unique rather than panic.
-                let t = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0)
-                    ^ u128::from(std::process::id());
-                b.copy_from_slice(&t.to_le_bytes()[..6]);
-                break;
-            }
+        if getrandom::fill(&mut b).is_err() {
+            // getrandom cannot fail for 6 bytes on Linux >= 3.17; fall back
+            // to something unique rather than panic.
+            let t = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0)
+                ^ u128::from(std::process::id());
+            b.copy_from_slice(&t.to_le_bytes()[..6]);
         }
         b[0] = (b[0] & 0xfe) | 0x02;
         MacAddr(b)

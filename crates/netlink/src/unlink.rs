@@ -2,10 +2,14 @@
 //! kernel has finished freeing it.
 
 use crate::{Error, Netlink, Result, detach};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{MsgFlags, recv, send};
+use nix::sys::wait::waitpid;
+use nix::unistd::Pid;
 use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage};
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::link::LinkMessage;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// How long to wait for the kernel to unlist a link before waiting for the
@@ -37,8 +41,9 @@ impl Netlink {
             match read_answer(&answer, t0.elapsed() > UNLIST_WAIT) {
                 Answer::Pending => {}
                 Answer::Errno(errno) => {
-                    // SAFETY: our own child, which has answered and exits.
-                    unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+                    // Our own child, which has answered and exits: reaped
+                    // here, it leaves no zombie behind for the plugin's life.
+                    let _ = waitpid(pid, None);
                     return match errno {
                         0 => Ok(()),
                         e => Err(Error::io(op(), std::io::Error::from_raw_os_error(e))),
@@ -60,7 +65,7 @@ impl Netlink {
     /// Forks the child that deletes `index`: its socket is created in this
     /// connection's namespace, and it writes the kernel's errno (0 for
     /// success) to the returned pipe.
-    fn spawn_delete(&self, index: u32) -> Result<Option<(OwnedFd, libc::pid_t)>> {
+    fn spawn_delete(&self, index: u32) -> Result<Option<(OwnedFd, Pid)>> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         let mut req = NetlinkMessage::from(RouteNetlinkMessage::DelLink(msg));
@@ -72,26 +77,26 @@ impl Netlink {
         let sock =
             detach::netlink_socket(self.netns(), libc::NETLINK_ROUTE, "open rtnetlink socket")?;
         let (r, w) = detach::pipe().map_err(|e| Error::io("make a pipe", e))?;
-        let (s, wfd) = (sock.as_raw_fd(), w.as_raw_fd());
+        let s = sock.as_raw_fd();
         let mut ack = [0u8; 512];
         // SAFETY: the child only sends, receives into and writes from
-        // buffers prepared here, then _exits.
+        // buffers prepared here (nix's calls are bare syscalls that do not
+        // allocate), then _exits.
         let pid = unsafe {
-            detach::fork_child(&[s, wfd], || {
+            detach::fork_child(&[s, w.as_raw_fd()], || {
                 let mut errno: i32 = libc::EIO;
-                if libc::send(s, buf.as_ptr().cast(), buf.len(), 0) == buf.len() as isize {
-                    let n = libc::recv(s, ack.as_mut_ptr().cast(), ack.len(), 0);
+                if send(s, &buf, MsgFlags::empty()) == Ok(buf.len()) {
+                    let n = recv(s, &mut ack, MsgFlags::empty()).unwrap_or(0);
                     // nlmsghdr (16 bytes) of type NLMSG_ERROR (2), then the
                     // negative errno, 0 for an ACK.
                     if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == 2 {
                         errno = -i32::from_ne_bytes([ack[16], ack[17], ack[18], ack[19]]);
                     }
                 }
-                let b = errno.to_ne_bytes();
-                libc::write(wfd, b.as_ptr().cast(), b.len());
+                let _ = nix::unistd::write(&w, &errno.to_ne_bytes());
             })
         };
-        Ok(pid.map(|pid| (r, pid)))
+        Ok(pid.map(|pid| (r, Pid::from_raw(pid))))
     }
 }
 
@@ -103,19 +108,18 @@ enum Answer {
 
 /// The child's errno, if it has written it; `block` waits for it.
 fn read_answer(r: &OwnedFd, block: bool) -> Answer {
-    let mut pfd = libc::pollfd {
-        fd: r.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
+    let mut pfd = [PollFd::new(r.as_fd(), PollFlags::POLLIN)];
+    let timeout = if block {
+        PollTimeout::NONE
+    } else {
+        PollTimeout::ZERO
     };
-    // SAFETY: one valid pollfd.
-    if unsafe { libc::poll(&mut pfd, 1, if block { -1 } else { 0 }) } <= 0 {
+    if !matches!(poll(&mut pfd, timeout), Ok(n) if n > 0) {
         return Answer::Pending;
     }
     let mut b = [0u8; 4];
-    // SAFETY: reads at most 4 bytes into b.
-    match unsafe { libc::read(r.as_raw_fd(), b.as_mut_ptr().cast(), 4) } {
-        4 => Answer::Errno(i32::from_ne_bytes(b)),
+    match nix::unistd::read(r, &mut b) {
+        Ok(4) => Answer::Errno(i32::from_ne_bytes(b)),
         _ => Answer::Lost,
     }
 }

@@ -13,8 +13,7 @@ use rcni_netlink::{
 use rcni_netns::NetNs;
 
 fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !nix::unistd::geteuid().is_root() {
         panic!("kernel tests of rcni-netlink must run as root (they create network namespaces)");
     }
 }
@@ -719,4 +718,124 @@ async fn forwarding_over_netconf_matches_the_sysctl_files() {
     assert!(!forwarding(&ns, Family::V6).unwrap());
     sysctl::set(&ns, "net/ipv6/conf/all/forwarding", "1").unwrap();
     assert!(forwarding(&ns, Family::V6).unwrap());
+}
+
+/// What a cross-node agent programs on a VXLAN device: owned routes (only
+/// its protocol's, only the main table), permanent neighbours, FDB entries.
+#[tokio::test]
+async fn overlay_routes_neighbours_and_fdb() {
+    use rcni_netlink::overlay::{FdbEntry, OwnedRoute, VxlanSpec};
+    const PROTO: u8 = 199;
+    let (_ns, nl) = fresh().await;
+    let under = nl.create_veth("u0", "u1", None, None).await.unwrap();
+    nl.add_address(under.index, net("192.168.77.1/24"))
+        .await
+        .unwrap();
+    nl.set_up(under.index).await.unwrap();
+    let mac: MacAddr = "02:00:00:00:77:01".parse().unwrap();
+    let spec = VxlanSpec {
+        name: "vx0".into(),
+        vni: 7,
+        port: 8472,
+        local: ip("192.168.77.1"),
+        dev: under.index,
+        mtu: 1450,
+        mac,
+    };
+    nl.create_vxlan(&spec).await.unwrap();
+    let vx = nl.link_by_name("vx0").await.unwrap();
+    assert_eq!(vx.mac, Some(mac));
+    let info = nl.vxlan_info(vx.index).await.unwrap().unwrap();
+    assert!(info.matches(&spec), "{info:?}");
+    assert_eq!(nl.vxlan_info(under.index).await.unwrap(), None);
+    nl.set_up(vx.index).await.unwrap();
+
+    // Owned routes: onlink via the peer's VTEP address.
+    let r = OwnedRoute {
+        dst: net("10.244.3.0/24"),
+        gateway: Some(ip("10.244.3.0")),
+        oif: Some(vx.index),
+        onlink: true,
+    };
+    nl.replace_owned_route(&r, PROTO).await.unwrap();
+    nl.replace_owned_route(&r, PROTO).await.unwrap();
+    // Another program's route, and one in another table: not ours.
+    nl.add_route(
+        &Route::new(net("10.245.0.0/24"))
+            .oif(vx.index)
+            .scope(SCOPE_LINK),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        nl.owned_routes(false, PROTO).await.unwrap(),
+        std::slice::from_ref(&r)
+    );
+    assert!(nl.owned_routes(true, PROTO).await.unwrap().is_empty());
+    assert!(nl.owned_routes(false, PROTO + 1).await.unwrap().is_empty());
+    // A route of another protocol is not deleted as ours.
+    let theirs = OwnedRoute {
+        dst: net("10.245.0.0/24"),
+        gateway: None,
+        oif: Some(vx.index),
+        onlink: false,
+    };
+    let err = nl.del_owned_route(&theirs, PROTO).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+    nl.del_owned_route(&r, PROTO).await.unwrap();
+    assert!(nl.owned_routes(false, PROTO).await.unwrap().is_empty());
+    let err = nl.del_owned_route(&r, PROTO).await.unwrap_err();
+    assert!(err.is_not_found(), "{err}");
+
+    // Permanent neighbours, IPv4 and IPv6.
+    let peer: MacAddr = "02:00:00:00:77:02".parse().unwrap();
+    for addr in [ip("10.244.3.0"), ip("fd00:244:3::")] {
+        nl.replace_permanent_neighbour(vx.index, addr, peer)
+            .await
+            .unwrap();
+        nl.replace_permanent_neighbour(vx.index, addr, peer)
+            .await
+            .unwrap();
+    }
+    let ns: Vec<_> = nl.neighbours(Some(vx.index)).await.unwrap();
+    for addr in [ip("10.244.3.0"), ip("fd00:244:3::")] {
+        let n = ns.iter().find(|n| n.ip == addr).expect("neighbour");
+        assert_eq!(n.mac, Some(peer));
+        assert_eq!(n.state, rcni_netlink::NUD_PERMANENT);
+        nl.del_neighbour(vx.index, addr).await.unwrap();
+        let err = nl.del_neighbour(vx.index, addr).await.unwrap_err();
+        assert!(err.is_not_found(), "{err}");
+    }
+
+    // FDB entries toward two remotes, deleted one at a time.
+    nl.replace_fdb(vx.index, peer, ip("192.168.77.2"))
+        .await
+        .unwrap();
+    let other: MacAddr = "02:00:00:00:77:03".parse().unwrap();
+    nl.replace_fdb(vx.index, other, ip("192.168.77.3"))
+        .await
+        .unwrap();
+    let mut fdb = nl.fdb_entries(vx.index).await.unwrap();
+    fdb.sort();
+    let want = [
+        FdbEntry {
+            mac: peer,
+            dst: Some(ip("192.168.77.2")),
+        },
+        FdbEntry {
+            mac: other,
+            dst: Some(ip("192.168.77.3")),
+        },
+    ];
+    assert!(want.iter().all(|w| fdb.contains(w)), "{fdb:?}");
+    nl.del_fdb(vx.index, peer, Some(ip("192.168.77.2")))
+        .await
+        .unwrap();
+    let fdb = nl.fdb_entries(vx.index).await.unwrap();
+    assert!(!fdb.contains(&want[0]) && fdb.contains(&want[1]), "{fdb:?}");
+    let err = nl
+        .del_fdb(vx.index, peer, Some(ip("192.168.77.2")))
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err}");
 }

@@ -31,8 +31,9 @@ const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
 
 /// Errors of this crate.
 ///
-/// `Display` is a complete sentence for operators, including the OS error;
-/// the OS error is therefore not repeated as `source()`.
+/// `Display` is a complete sentence for operators, including the OS error,
+/// which is also the `source()` of the variants that carry one (for callers
+/// that inspect it; a printer that walks the chain sees its text twice).
 #[derive(thiserror::Error, Debug)]
 pub enum Error {
     #[error("network namespace {} does not exist", .0.display())]
@@ -44,11 +45,16 @@ pub enum Error {
     #[error("invalid network namespace name {name:?}: {reason}")]
     InvalidName { name: String, reason: &'static str },
     #[error("cannot enter network namespace {target}: {error}")]
-    Setns { target: String, error: io::Error },
+    Setns {
+        target: String,
+        #[source]
+        error: io::Error,
+    },
     #[error("{op}{}: {error}", fmt_path(path))]
     Io {
         op: &'static str,
         path: Option<PathBuf>,
+        #[source]
         error: io::Error,
     },
 }
@@ -201,7 +207,8 @@ impl NetNs {
         let fd = self.fd.as_raw_fd();
         // SAFETY: between fork and exec only async-signal-safe calls are
         // allowed; setns(2) is a plain syscall on an fd the child inherited
-        // (CLOEXEC closes it only at exec).
+        // (CLOEXEC closes it only at exec). `pre_exec` is unsafe by nature;
+        // no crate offers a safe hook between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
                 if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
@@ -285,7 +292,10 @@ fn check_netns(fd: BorrowedFd<'_>, path: &Path) -> Result<(), Error> {
     if fs_type != NSFS_MAGIC && fs_type != PROC_SUPER_MAGIC {
         return Err(Error::NotNetns(path.to_path_buf()));
     }
-    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd.
+    // SAFETY: NS_GET_NSTYPE takes no argument and only reads the fd. No
+    // crate wraps this ioctl (the functions nix's ioctl macros generate are
+    // unsafe to call as well), and the fd's /proc link names a bind-mounted
+    // namespace by its path, not its type.
     let ty = unsafe { libc::ioctl(fd.as_raw_fd(), NS_GET_NSTYPE as _) };
     if ty == libc::CLONE_NEWNET {
         return Ok(());

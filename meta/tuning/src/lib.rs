@@ -19,6 +19,7 @@
 pub mod conf;
 
 use conf::{ALLOWLIST, Conf, read_allowlist};
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, sendto, socket};
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, version};
 use rcni_netlink::{Link, MacAddr, Netlink};
@@ -27,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::net::IpAddr;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 pub struct Tuning;
@@ -294,40 +296,27 @@ fn gratuitous_arp(ns: &NetNs, index: u32, mac: MacAddr, ips: &[IpAddr]) {
     }
     let _ = ns.run(|| {
         const ETH_P_ARP: u16 = 0x0806;
-        // SAFETY: a packet socket, used with correctly sized buffers and
-        // closed below.
-        unsafe {
-            let fd = libc::socket(
-                libc::AF_PACKET,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                i32::from(ETH_P_ARP.to_be()),
-            );
-            if fd < 0 {
-                return;
-            }
-            let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-            sll.sll_family = libc::AF_PACKET as u16;
-            sll.sll_protocol = ETH_P_ARP.to_be();
-            sll.sll_ifindex = index as i32;
-            sll.sll_halen = 6;
-            sll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
-            for ip in &v4 {
-                let mut p = Vec::with_capacity(28);
-                p.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
-                p.extend_from_slice(&mac.0);
-                p.extend_from_slice(ip);
-                p.extend_from_slice(&[0xff; 6]);
-                p.extend_from_slice(ip);
-                libc::sendto(
-                    fd,
-                    p.as_ptr().cast(),
-                    p.len(),
-                    0,
-                    (&sll as *const libc::sockaddr_ll).cast(),
-                    std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-                );
-            }
-            libc::close(fd);
+        // Protocol 0: the socket only sends (the frame's type comes from
+        // the address), so the kernel queues no received frames to it.
+        let Ok(fd) = socket(
+            AddressFamily::Packet,
+            SockType::Datagram,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        ) else {
+            return;
+        };
+        let Ok(to) = rcni_netlink::packet::link_addr(index, ETH_P_ARP, [0xff; 6]) else {
+            return;
+        };
+        for ip in &v4 {
+            let mut p = Vec::with_capacity(28);
+            p.extend_from_slice(&[0, 1, 8, 0, 6, 4, 0, 1]);
+            p.extend_from_slice(&mac.0);
+            p.extend_from_slice(ip);
+            p.extend_from_slice(&[0xff; 6]);
+            p.extend_from_slice(ip);
+            let _ = sendto(fd.as_raw_fd(), &p, &to, MsgFlags::empty());
         }
     });
 }
@@ -590,6 +579,59 @@ impl Plugin for Tuning {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The announcement reaches the peer: with `arp_accept` it learns the
+    /// address from the first one, and the second moves it to the new MAC.
+    /// Needs root (it makes two namespaces).
+    #[test]
+    fn gratuitous_arp_updates_the_peers_neighbour_entry() {
+        let (a, b) = (
+            NetNs::new_anonymous().unwrap(),
+            NetNs::new_anonymous().unwrap(),
+        );
+        let rt = rcni_netlink::runtime().unwrap();
+        let (na, nb) = rt.block_on(async {
+            (
+                Netlink::connect(&a).await.unwrap(),
+                Netlink::connect(&b).await.unwrap(),
+            )
+        });
+        let (ga, gb) = rt.block_on(async {
+            let ga = na.create_veth("g0", "g1", Some(&b), None).await.unwrap();
+            let gb = nb.link_by_name("g1").await.unwrap();
+            na.add_address(ga.index, "10.77.0.1/24".parse().unwrap())
+                .await
+                .unwrap();
+            nb.add_address(gb.index, "10.77.0.2/24".parse().unwrap())
+                .await
+                .unwrap();
+            na.set_up(ga.index).await.unwrap();
+            nb.set_up(gb.index).await.unwrap();
+            (ga, gb)
+        });
+        rcni_netlink::sysctl::set(&b, "net.ipv4.conf.g1.arp_accept", "1").unwrap();
+        let learnt = |mac: MacAddr| {
+            // The peer handles the frame in softirq context, after sendto
+            // returned: poll for it.
+            for _ in 0..500 {
+                let n = rt.block_on(nb.neighbours(Some(gb.index))).unwrap();
+                if n.iter()
+                    .any(|n| n.ip == "10.77.0.1".parse::<IpAddr>().unwrap() && n.mac == Some(mac))
+                {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            false
+        };
+        let ips = ["10.77.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        let first: MacAddr = "02:00:00:00:77:01".parse().unwrap();
+        gratuitous_arp(&a, ga.index, first, &ips);
+        assert!(learnt(first));
+        let second: MacAddr = "02:00:00:00:77:02".parse().unwrap();
+        gratuitous_arp(&a, ga.index, second, &ips);
+        assert!(learnt(second));
+    }
 
     #[test]
     fn backup_file_is_the_references_shape() {
