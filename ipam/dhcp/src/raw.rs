@@ -16,7 +16,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-use nix::sys::socket::{LinkAddr, MsgFlags, SockaddrLike};
+use nix::sys::socket::{LinkAddr, MsgFlags};
 use socket2::{Domain, SockFilter, Socket, Type};
 use tokio::io::Interest;
 use tokio::net::UdpSocket;
@@ -43,28 +43,7 @@ const FILTER: [(u16, u8, u8, u32); 9] = [
 
 /// The link-layer address of `dst` on interface `ifindex`, for IPv4.
 fn link_addr(ifindex: u32, dst: [u8; 6]) -> io::Result<LinkAddr> {
-    let mut sll_addr = [0u8; 8];
-    sll_addr[..6].copy_from_slice(&dst);
-    let sll = libc::sockaddr_ll {
-        sll_family: libc::AF_PACKET as u16,
-        sll_protocol: ETH_P_IP.to_be(),
-        sll_ifindex: ifindex as i32,
-        sll_hatype: 0,
-        sll_pkttype: 0,
-        sll_halen: 6,
-        sll_addr,
-    };
-    // SAFETY: `sll` is a fully initialised sockaddr_ll and the length given
-    // is its size; from_raw copies it out. Neither nix nor socket2 builds an
-    // AF_PACKET address any other way (nix's LinkAddr otherwise only comes
-    // back from the kernel).
-    unsafe {
-        LinkAddr::from_raw(
-            (&raw const sll).cast(),
-            Some(size_of::<libc::sockaddr_ll>() as libc::socklen_t),
-        )
-    }
-    .ok_or_else(|| io::Error::other("not a link-layer address"))
+    rcni_netlink::packet::link_addr(ifindex, ETH_P_IP, dst)
 }
 
 /// Creates the packet socket; call on a thread inside the target namespace.
