@@ -293,6 +293,51 @@ fn understands_rules_written_by_upstream_nft_backend() {
     assert!(left[0].contains("net: other"), "{left:?}");
 }
 
+/// Our rules, written over nfnetlink, are byte for byte what nft makes of
+/// upstream's rule text: `nft list` prints the same table for both (dual
+/// stack, a subnet on a byte boundary and one that is not).
+#[test]
+fn nft_lists_our_table_as_upstreams() {
+    let (ours, theirs) = (TestNs::new(), TestNs::new());
+    let addrs = ips(&["10.22.0.2/16", "10.30.0.9/20", "fd00:22::2/64"]);
+    setup(&ours.ns, Backend::Nftables, &masq("ctr1", "eth0", &addrs)).unwrap();
+    let t = "inet cni_plugins_masquerade";
+    let c = rcni_netfilter::nft_comment("mynet", "eth0", "ctr1");
+    let script = format!(
+        "add table {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}\n\
+         add chain {t} masq_checks {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}\n\
+         add chain {t} postrouting {{ type nat hook postrouting priority srcnat ; }}\n\
+         flush chain {t} postrouting\n\
+         add rule {t} postrouting ip daddr == 224.0.0.0/4  return\n\
+         add rule {t} postrouting ip6 daddr == ff00::/8  return\n\
+         add rule {t} postrouting goto masq_checks\n\
+         add rule {t} masq_checks ip saddr == 10.22.0.2 ip daddr != 10.22.0.0/16 masquerade comment \"{c}\"\n\
+         add rule {t} masq_checks ip saddr == 10.30.0.9 ip daddr != 10.30.0.0/20 masquerade comment \"{c}\"\n\
+         add rule {t} masq_checks ip6 saddr == fd00:22::2 ip6 daddr != fd00:22::/64 masquerade comment \"{c}\"\n"
+    );
+    let mut child = theirs
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    let list = |ns: &TestNs| sh(ns, "nft", &["list", "table", "inet", rcni_netfilter::NFT_TABLE]);
+    assert_eq!(list(&ours), list(&theirs));
+    // And the debug view: the same expressions, register by register.
+    let debug = |ns: &TestNs| {
+        sh(ns, "nft", &["--debug=netlink", "list", "table", "inet", rcni_netfilter::NFT_TABLE])
+    };
+    assert_eq!(debug(&ours), debug(&theirs));
+}
+
 #[test]
 fn default_backend_is_iptables_where_it_works() {
     let ns = TestNs::new();
