@@ -128,7 +128,6 @@ impl Nfnl {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -254,7 +254,10 @@ pub fn dnat(ip: IpAddr, port: u16) -> Vec<Expr> {
     let family: u32 = if ip.is_ipv6() { 10 } else { 2 };
     vec![
         immediate(Register::Reg1, DataAttribute::Value(ip_bytes(ip))),
-        immediate(Register::Reg2, DataAttribute::Value(port.to_be_bytes().to_vec())),
+        immediate(
+            Register::Reg2,
+            DataAttribute::Value(port.to_be_bytes().to_vec()),
+        ),
         other(
             "nat",
             &[
@@ -341,7 +344,9 @@ fn data_value(d: &DataAttribute) -> Option<&[u8]> {
 }
 
 /// The [`Term`]s of a rule's expressions (as listed, or as built here).
-pub fn terms<'a>(exprs: impl IntoIterator<Item = &'a ListAttribute<ExpressionAttribute>>) -> Vec<Term> {
+pub fn terms<'a>(
+    exprs: impl IntoIterator<Item = &'a ListAttribute<ExpressionAttribute>>,
+) -> Vec<Term> {
     let mut out = Vec::new();
     let mut load: Option<Load> = None;
     for elem in exprs {
@@ -515,7 +520,9 @@ mod tests {
         .concat();
         let t = terms_of(&rule);
         assert_eq!(t.len(), 4);
-        assert!(matches!(&t[0], Term::Meta { key: MetaKey::Nfproto, equal: true, value } if value == &[2]));
+        assert!(
+            matches!(&t[0], Term::Meta { key: MetaKey::Nfproto, equal: true, value } if value == &[2])
+        );
         assert_eq!(t[2], Term::Other("masq".into()));
         assert_eq!(
             t[3],

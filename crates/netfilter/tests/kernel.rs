@@ -329,11 +329,27 @@ fn nft_lists_our_table_as_upstreams() {
         .write_all(script.as_bytes())
         .unwrap();
     assert!(child.wait().unwrap().success());
-    let list = |ns: &TestNs| sh(ns, "nft", &["list", "table", "inet", rcni_netfilter::NFT_TABLE]);
+    let list = |ns: &TestNs| {
+        sh(
+            ns,
+            "nft",
+            &["list", "table", "inet", rcni_netfilter::NFT_TABLE],
+        )
+    };
     assert_eq!(list(&ours), list(&theirs));
     // And the debug view: the same expressions, register by register.
     let debug = |ns: &TestNs| {
-        sh(ns, "nft", &["--debug=netlink", "list", "table", "inet", rcni_netfilter::NFT_TABLE])
+        sh(
+            ns,
+            "nft",
+            &[
+                "--debug=netlink",
+                "list",
+                "table",
+                "inet",
+                rcni_netfilter::NFT_TABLE,
+            ],
+        )
     };
     assert_eq!(debug(&ours), debug(&theirs));
 }

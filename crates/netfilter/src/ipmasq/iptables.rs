@@ -158,7 +158,11 @@ pub(crate) fn setup_script(
 /// Chains of `network` whose container is not in `valid`, found by the
 /// comment on their rules (the chain name alone does not say which network
 /// it belongs to). The reference has no iptables GC at all.
-pub(crate) fn stale_chains(t: &SaveTable, network: &str, valid: &HashSet<&str>) -> BTreeSet<String> {
+pub(crate) fn stale_chains(
+    t: &SaveTable,
+    network: &str,
+    valid: &HashSet<&str>,
+) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for r in &t.rules {
         let Some((net, cid)) = r.comment.as_deref().and_then(names::parse_iptables_comment) else {
@@ -342,5 +346,4 @@ COMMIT
         assert!(stale_chains(&t, "mynet", &HashSet::from(["ctr1"])).is_empty());
         assert!(stale_chains(&t, "othernet", &HashSet::new()).is_empty());
     }
-
 }

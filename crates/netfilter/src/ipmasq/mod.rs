@@ -27,9 +27,9 @@ pub mod iptables;
 pub mod nftables;
 
 use crate::Error;
-use crate::nfnl::Nfnl;
 use crate::iptables::Family;
 use crate::names::chain_name;
+use crate::nfnl::Nfnl;
 use ipnetwork::IpNetwork;
 use rcni_netns::NetNs;
 use std::collections::HashSet;

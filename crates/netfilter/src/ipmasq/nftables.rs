@@ -103,9 +103,19 @@ pub(crate) fn problems(
     };
     let mut out = Vec::new();
     match l.chain(POSTROUTING) {
-        Some(c) if c.hook.as_ref().is_some_and(|(t, h)| t == "nat" && *h == Hook::POSTROUTING) => {
-            let have: Vec<&[Term]> = l.rules_in(POSTROUTING).map(|r| r.terms.as_slice()).collect();
-            let want: Vec<Vec<Term>> = postrouting_rules().iter().map(|e| expr::terms_of(e)).collect();
+        Some(c)
+            if c.hook
+                .as_ref()
+                .is_some_and(|(t, h)| t == "nat" && *h == Hook::POSTROUTING) =>
+        {
+            let have: Vec<&[Term]> = l
+                .rules_in(POSTROUTING)
+                .map(|r| r.terms.as_slice())
+                .collect();
+            let want: Vec<Vec<Term>> = postrouting_rules()
+                .iter()
+                .map(|e| expr::terms_of(e))
+                .collect();
             if have != want.iter().map(Vec::as_slice).collect::<Vec<_>>() {
                 out.push(format!(
                     "chain inet {TABLE} {POSTROUTING} is not: multicast returns, then goto {MASQ_CHAIN}"
@@ -443,8 +453,10 @@ mod tests {
             .collect();
         assert_eq!(deleted, [6, 7]);
         let c = names::nft_comment("mynet", "eth0", "ctr1");
-        assert!(matches!(ops.last(), Some(NftOp::AddRule { chain, comment: Some(cm), .. })
-            if chain == MASQ_CHAIN && cm == &c));
+        assert!(
+            matches!(ops.last(), Some(NftOp::AddRule { chain, comment: Some(cm), .. })
+            if chain == MASQ_CHAIN && cm == &c)
+        );
         let other = setup_ops(Some(&l), "mynet", "eth1", "ctr1", &ips());
         assert!(!other.iter().any(|o| matches!(o, NftOp::DeleteRule { .. })));
     }
@@ -455,7 +467,11 @@ mod tests {
         let all = removal_attempts(&l, &[6, 7]);
         assert_eq!(all.len(), 2);
         assert!(matches!(all[0].last(), Some(NftOp::DeleteTable { .. })));
-        assert!(!all[1].iter().any(|o| matches!(o, NftOp::DeleteTable { .. })));
+        assert!(
+            !all[1]
+                .iter()
+                .any(|o| matches!(o, NftOp::DeleteTable { .. }))
+        );
         assert_eq!(removal_attempts(&l, &[6]).len(), 1);
         assert!(removal_attempts(&l, &[]).is_empty());
     }

@@ -6,8 +6,8 @@
 //! text `iptables-save` prints, so what we write and what we read compare
 //! as strings where that is simplest.
 
-use crate::exec;
 use crate::Error;
+use crate::exec;
 use ipnetwork::IpNetwork;
 use rcni_netns::NetNs;
 use std::collections::BTreeSet;

@@ -131,7 +131,6 @@ pub(crate) fn attr(buf: &[u8], ty: u16) -> Option<&[u8]> {
     attrs(buf).find(|(t, _)| *t == ty).map(|(_, v)| v)
 }
 
-
 impl Nfnl {
     /// Opens a socket inside `ns`.
     pub fn open(ns: &NetNs) -> Result<Nfnl> {
@@ -169,7 +168,14 @@ impl Nfnl {
         self.seq
     }
 
-    pub(crate) fn message(&mut self, ty: u16, flags: u16, family: u8, res_id: u16, payload: &[u8]) -> Vec<u8> {
+    pub(crate) fn message(
+        &mut self,
+        ty: u16,
+        flags: u16,
+        family: u8,
+        res_id: u16,
+        payload: &[u8],
+    ) -> Vec<u8> {
         let seq = self.next_seq();
         let len = NLMSG_HDRLEN + 4 + payload.len();
         let mut m = Vec::with_capacity(len);
@@ -275,7 +281,13 @@ impl Nfnl {
 
     /// Runs a non-dump request and returns the attributes of its answer
     /// (`None` without one). `Err` with `is_not_found()` on ENOENT.
-    pub(crate) fn get(&mut self, op: &str, ty: u16, family: u8, payload: &[u8]) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn get(
+        &mut self,
+        op: &str,
+        ty: u16,
+        family: u8,
+        payload: &[u8],
+    ) -> Result<Option<Vec<u8>>> {
         let msg = self.message(ty, NLM_F_REQUEST | NLM_F_ACK, family, 0, payload);
         let seq = self.seq;
         self.send(op, &msg)?;
@@ -340,10 +352,10 @@ impl Nfnl {
 mod tests {
     use super::*;
 
-fn c_string(v: &[u8]) -> String {
-    let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
-    String::from_utf8_lossy(&v[..end]).into_owned()
-}
+    fn c_string(v: &[u8]) -> String {
+        let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
+        String::from_utf8_lossy(&v[..end]).into_owned()
+    }
 
     #[test]
     fn attributes_round_trip() {

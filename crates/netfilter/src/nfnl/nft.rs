@@ -217,9 +217,7 @@ fn udata_comment(mut v: &[u8]) -> Option<String> {
 }
 
 /// The expressions of a listed rule by name, with their data.
-fn elements(
-    exprs: &[ListAttribute<ExpressionAttribute>],
-) -> Vec<(String, Option<&Expressions>)> {
+fn elements(exprs: &[ListAttribute<ExpressionAttribute>]) -> Vec<(String, Option<&Expressions>)> {
     exprs
         .iter()
         .filter_map(|e| match e {
@@ -343,7 +341,10 @@ impl NftOp {
                 hook,
                 comment,
             } => {
-                let mut a = vec![ChainAttribute::Table(s(table)), ChainAttribute::Name(s(chain))];
+                let mut a = vec![
+                    ChainAttribute::Table(s(table)),
+                    ChainAttribute::Name(s(chain)),
+                ];
                 if let Some(h) = hook {
                     a.push(ChainAttribute::Hook(vec![
                         NlHook::Number(HookNumber::Other(h.hook)),
@@ -497,7 +498,8 @@ impl Nfnl {
         let mut chains = Vec::new();
         for (_, a) in msgs {
             let m: ChainMessage = parse("chain", &a)?;
-            let (mut t, mut name, mut hooknum, mut kind, mut comment) = (None, None, None, None, None);
+            let (mut t, mut name, mut hooknum, mut kind, mut comment) =
+                (None, None, None, None, None);
             for a in &m.attributes {
                 match a {
                     ChainAttribute::Table(v) => t = Some(v.as_str()),
@@ -618,7 +620,13 @@ impl Nfnl {
             return Ok(());
         }
         // The batch markers carry the subsystem in nfgenmsg's res_id.
-        let mut buf = self.message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        let mut buf = self.message(
+            NFNL_MSG_BATCH_BEGIN,
+            NLM_F_REQUEST,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+            &[],
+        );
         let mut acked = Vec::new();
         for op in ops {
             let (family, msg, flags) = op.message();
@@ -632,7 +640,13 @@ impl Nfnl {
             acked.push(self.seq);
             buf.extend_from_slice(&m);
         }
-        let end = self.message(NFNL_MSG_BATCH_END, NLM_F_REQUEST, 0, NFNL_SUBSYS_NFTABLES, &[]);
+        let end = self.message(
+            NFNL_MSG_BATCH_END,
+            NLM_F_REQUEST,
+            0,
+            NFNL_SUBSYS_NFTABLES,
+            &[],
+        );
         buf.extend_from_slice(&end);
         let what = format!("nftables transaction of {} changes", ops.len());
         self.spawn_releaser_once();
@@ -674,7 +688,9 @@ impl Nfnl {
                 Err(e) => return Err(e),
             }
         }
-        Err(last.unwrap_or_else(|| io_err("delete nftables rules", std::io::ErrorKind::NotFound.into())))
+        Err(last.unwrap_or_else(|| {
+            io_err("delete nftables rules", std::io::ErrorKind::NotFound.into())
+        }))
     }
 
     /// Whether iptables (family `v6` or not) may hold one of `chains` in
@@ -750,7 +766,10 @@ mod tests {
             v.push(0);
             xt("target", vec![DefaultNla::new(NFTA_TARGET_NAME, v)])
         };
-        assert!(unconditional_drop(&listed(vec![xt("counter", vec![]), target("REJECT")])));
+        assert!(unconditional_drop(&listed(vec![
+            xt("counter", vec![]),
+            target("REJECT")
+        ])));
         assert!(!unconditional_drop(&listed(vec![target("MASQUERADE")])));
     }
 
