@@ -16,6 +16,7 @@
 pub mod nft;
 
 pub use crate::conntrack::{Flow, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+pub use netlink_packet_netfilter::nftables::NfTablesMessage;
 pub use nft::{CREATE, Hook, NftChain, NftFamily, NftOp, NftRule};
 
 use rcni_netlink::{Error, Result};

@@ -421,18 +421,27 @@ fn parse<T: for<'a> Parseable<[u8]>>(what: &str, a: &[u8]) -> Result<T> {
     })
 }
 
-fn rule_parts(m: &RuleMessage) -> (Option<&str>, Option<&str>, Option<u64>, Option<&[u8]>) {
-    let (mut table, mut chain, mut handle, mut udata) = (None, None, None, None);
+/// The attributes of a listed rule that say which it is.
+#[derive(Default)]
+struct RuleParts<'a> {
+    table: Option<&'a str>,
+    chain: Option<&'a str>,
+    handle: Option<u64>,
+    udata: Option<&'a [u8]>,
+}
+
+fn rule_parts(m: &RuleMessage) -> RuleParts<'_> {
+    let mut p = RuleParts::default();
     for a in &m.attributes {
         match a {
-            RuleAttribute::Table(t) => table = Some(t.as_str()),
-            RuleAttribute::Chain(c) => chain = Some(c.as_str()),
-            RuleAttribute::Handle(h) => handle = Some(*h),
-            RuleAttribute::UserData(u) => udata = Some(u.as_slice()),
+            RuleAttribute::Table(t) => p.table = Some(t.as_str()),
+            RuleAttribute::Chain(c) => p.chain = Some(c.as_str()),
+            RuleAttribute::Handle(h) => p.handle = Some(*h),
+            RuleAttribute::UserData(u) => p.udata = Some(u.as_slice()),
             _ => {}
         }
     }
-    (table, chain, handle, udata)
+    p
 }
 
 fn rule_exprs(m: &RuleMessage) -> &[ListAttribute<ExpressionAttribute>] {
@@ -574,8 +583,8 @@ impl Nfnl {
         let mut last = None;
         for (_, a) in msgs {
             let r: RuleMessage = parse("rule", &a)?;
-            let (t, c, _, _) = rule_parts(&r);
-            if t == Some(table) && c == Some(chain) {
+            let p = rule_parts(&r);
+            if p.table == Some(table) && p.chain == Some(chain) {
                 last = Some(r);
             }
         }
@@ -595,15 +604,15 @@ impl Nfnl {
         let mut rules = Vec::new();
         for (_, a) in msgs {
             let r: RuleMessage = parse("rule", &a)?;
-            let (t, chain, handle, udata) = rule_parts(&r);
-            if t != Some(table) {
+            let p = rule_parts(&r);
+            if p.table != Some(table) {
                 continue;
             }
-            if let (Some(chain), Some(handle)) = (chain, handle) {
+            if let (Some(chain), Some(handle)) = (p.chain, p.handle) {
                 rules.push(NftRule {
                     chain: chain.to_string(),
                     handle,
-                    comment: udata.and_then(udata_comment),
+                    comment: p.udata.and_then(udata_comment),
                     terms: terms(rule_exprs(&r)),
                 });
             }
@@ -786,9 +795,9 @@ mod tests {
         let (_, msg, flags) = op.message();
         assert_eq!(flags, NLM_F_CREATE | NLM_F_APPEND);
         let back: RuleMessage = parse("rule", &emit(&msg)).unwrap();
-        let (t, c, _, u) = rule_parts(&back);
-        assert_eq!((t, c), (Some("t"), Some("c")));
-        assert_eq!(u.and_then(udata_comment).as_deref(), Some("hello"));
+        let p = rule_parts(&back);
+        assert_eq!((p.table, p.chain), (Some("t"), Some("c")));
+        assert_eq!(p.udata.and_then(udata_comment).as_deref(), Some("hello"));
         assert_eq!(
             terms(rule_exprs(&back)),
             expr::terms_of(&[expr::nfproto(false), expr::masquerade()].concat())
