@@ -5,13 +5,10 @@
 //! attribute exactly as the kernel listed it (with its zone), which needs
 //! the raw bytes rather than a decoded model.
 
-use crate::nfnl::{NLA_F_NESTED, Nfnl, attr, push_attr};
+use crate::nfnl::{NLA_F_NESTED, NLM_F_ACK, NLM_F_REQUEST, Nfnl, attr, push_attr};
 use rcni_netlink::Result;
 use std::net::IpAddr;
 
-// <linux/netlink.h>
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
 // <linux/netfilter/nfnetlink.h>
 const NFNL_SUBSYS_CTNETLINK: u16 = 1;
 // <linux/netfilter/nfnetlink_conntrack.h>

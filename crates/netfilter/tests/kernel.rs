@@ -243,33 +243,37 @@ fn check_notices_a_deleted_rule() {
     assert!(!has_rules(&ns));
 }
 
-/// Rules as upstream v1.9.1 writes them through knftables (the hash is
-/// computed independently from upstream's formula), next to a rule of
-/// another network: our CHECK accepts them, GC and teardown remove exactly
-/// the right ones.
-#[test]
-fn understands_rules_written_by_upstream_nft_backend() {
-    let ns = TestNs::new();
+/// What upstream v1.9.1 hands nft (through knftables) to set up its table,
+/// with one masq_checks rule per `(address, subnet, comment)`.
+fn upstream_script(rules: &[(&str, &str, &str)]) -> String {
     let t = "inet cni_plugins_masquerade";
-    let ours = "d23676b4f2d9fe04-7883a6f9ce71eedb, net: mynet, if: eth0, id: ctr1";
-    let script = format!(
+    let mut s = format!(
         "add table {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}\n\
          add chain {t} masq_checks {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}\n\
          add chain {t} postrouting {{ type nat hook postrouting priority srcnat ; }}\n\
          flush chain {t} postrouting\n\
          add rule {t} postrouting ip daddr == 224.0.0.0/4  return\n\
          add rule {t} postrouting ip6 daddr == ff00::/8  return\n\
-         add rule {t} postrouting goto masq_checks\n\
-         add rule {t} masq_checks ip saddr == 10.22.0.2 ip daddr != 10.22.0.0/16 masquerade comment \"{ours}\"\n\
-         add rule {t} masq_checks ip saddr == 10.9.0.2 ip daddr != 10.9.0.0/24 masquerade comment \"0000000000000000-1111111111111111, net: other, if: eth0, id: x\"\n"
+         add rule {t} postrouting goto masq_checks\n"
     );
+    for (ip, net, comment) in rules {
+        let fam = if ip.contains(':') { "ip6" } else { "ip" };
+        s.push_str(&format!(
+            "add rule {t} masq_checks {fam} saddr == {ip} {fam} daddr != {net} masquerade comment \"{comment}\"\n"
+        ));
+    }
+    s
+}
+
+/// Runs `nft -f -` with `script` in `ns`.
+fn nft_f(ns: &TestNs, script: &str) {
+    use std::io::Write;
     let mut child = ns
         .command("nft")
         .args(["-f", "-"])
         .stdin(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    use std::io::Write;
     child
         .stdin
         .take()
@@ -277,7 +281,24 @@ fn understands_rules_written_by_upstream_nft_backend() {
         .write_all(script.as_bytes())
         .unwrap();
     assert!(child.wait().unwrap().success());
+}
 
+/// Rules as upstream v1.9.1 writes them through knftables (the hash is
+/// computed independently from upstream's formula), next to a rule of
+/// another network: our CHECK accepts them, GC and teardown remove exactly
+/// the right ones.
+#[test]
+fn understands_rules_written_by_upstream_nft_backend() {
+    let ns = TestNs::new();
+    let ours = "d23676b4f2d9fe04-7883a6f9ce71eedb, net: mynet, if: eth0, id: ctr1";
+    let other = "0000000000000000-1111111111111111, net: other, if: eth0, id: x";
+    nft_f(
+        &ns,
+        &upstream_script(&[
+            ("10.22.0.2", "10.22.0.0/16", ours),
+            ("10.9.0.2", "10.9.0.0/24", other),
+        ]),
+    );
     let addrs = ips(&["10.22.0.2/16"]);
     let m = masq("ctr1", "eth0", &addrs);
     check(&ns.ns, Backend::Nftables, &m).unwrap();
@@ -301,57 +322,24 @@ fn nft_lists_our_table_as_upstreams() {
     let (ours, theirs) = (TestNs::new(), TestNs::new());
     let addrs = ips(&["10.22.0.2/16", "10.30.0.9/20", "fd00:22::2/64"]);
     setup(&ours.ns, Backend::Nftables, &masq("ctr1", "eth0", &addrs)).unwrap();
-    let t = "inet cni_plugins_masquerade";
     let c = rcni_netfilter::nft_comment("mynet", "eth0", "ctr1");
-    let script = format!(
-        "add table {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}\n\
-         add chain {t} masq_checks {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}\n\
-         add chain {t} postrouting {{ type nat hook postrouting priority srcnat ; }}\n\
-         flush chain {t} postrouting\n\
-         add rule {t} postrouting ip daddr == 224.0.0.0/4  return\n\
-         add rule {t} postrouting ip6 daddr == ff00::/8  return\n\
-         add rule {t} postrouting goto masq_checks\n\
-         add rule {t} masq_checks ip saddr == 10.22.0.2 ip daddr != 10.22.0.0/16 masquerade comment \"{c}\"\n\
-         add rule {t} masq_checks ip saddr == 10.30.0.9 ip daddr != 10.30.0.0/20 masquerade comment \"{c}\"\n\
-         add rule {t} masq_checks ip6 saddr == fd00:22::2 ip6 daddr != fd00:22::/64 masquerade comment \"{c}\"\n"
+    nft_f(
+        &theirs,
+        &upstream_script(&[
+            ("10.22.0.2", "10.22.0.0/16", &c),
+            ("10.30.0.9", "10.30.0.0/20", &c),
+            ("fd00:22::2", "fd00:22::/64", &c),
+        ]),
     );
-    let mut child = theirs
-        .command("nft")
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success());
-    let list = |ns: &TestNs| {
-        sh(
-            ns,
-            "nft",
-            &["list", "table", "inet", rcni_netfilter::NFT_TABLE],
-        )
-    };
-    assert_eq!(list(&ours), list(&theirs));
-    // And the debug view: the same expressions, register by register.
-    let debug = |ns: &TestNs| {
-        sh(
-            ns,
-            "nft",
-            &[
-                "--debug=netlink",
-                "list",
-                "table",
-                "inet",
-                rcni_netfilter::NFT_TABLE,
-            ],
-        )
-    };
-    assert_eq!(debug(&ours), debug(&theirs));
+    // The listing, and the debug view: the same expressions, register by
+    // register.
+    for debug in [&[][..], &["--debug=netlink"][..]] {
+        let list = |ns: &TestNs| {
+            let table = ["list", "table", "inet", rcni_netfilter::NFT_TABLE];
+            sh(ns, "nft", &[debug, &table[..]].concat())
+        };
+        assert_eq!(list(&ours), list(&theirs));
+    }
 }
 
 /// A message the ops do not model (a set, as the policy plugin writes)

@@ -26,8 +26,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 // <linux/netlink.h>
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 pub(crate) const NLA_F_NESTED: u16 = 0x8000;
@@ -242,18 +242,20 @@ impl Nfnl {
             .unwrap_or(0)
     }
 
-    /// Runs a dump and returns each message's attributes (after nfgenmsg),
-    /// with the message's family. `Err` with `is_not_found()` when the
-    /// kernel answers ENOENT (a table that does not exist).
-    pub(crate) fn dump(
+    /// Sends one request and collects its answers until the end of a
+    /// dump (`NLMSG_DONE`) or the ack of a plain request: each message's
+    /// family and attributes (after nfgenmsg). `Err` with `is_not_found()`
+    /// when the kernel answers ENOENT (a table that does not exist).
+    fn request(
         &mut self,
         op: &str,
         ty: u16,
+        flags: u16,
         family: u8,
         res_id: u16,
         payload: &[u8],
     ) -> Result<Dumped> {
-        let msg = self.message(ty, NLM_F_REQUEST | NLM_F_DUMP, family, res_id, payload);
+        let msg = self.message(ty, NLM_F_REQUEST | flags, family, res_id, payload);
         let seq = self.seq;
         self.send(op, &msg)?;
         let mut out = Vec::new();
@@ -266,18 +268,30 @@ impl Nfnl {
                 }
                 match ty {
                     NLMSG_DONE => return Ok(out),
-                    NLMSG_ERROR => {
-                        let code = Self::error_code(p);
-                        if code == 0 {
-                            continue;
+                    // A plain request's answer comes first, then the ack.
+                    NLMSG_ERROR => match Self::error_code(p) {
+                        0 => return Ok(out),
+                        code => {
+                            return Err(io_err(op, std::io::Error::from_raw_os_error(-code)));
                         }
-                        return Err(io_err(op, std::io::Error::from_raw_os_error(-code)));
-                    }
+                    },
                     _ if p.len() >= 4 => out.push((p[0], p[4..].to_vec())),
                     _ => {}
                 }
             }
         }
+    }
+
+    /// Runs a dump (see [`Nfnl::request`]).
+    pub(crate) fn dump(
+        &mut self,
+        op: &str,
+        ty: u16,
+        family: u8,
+        res_id: u16,
+        payload: &[u8],
+    ) -> Result<Dumped> {
+        self.request(op, ty, NLM_F_DUMP, family, res_id, payload)
     }
 
     /// Runs a non-dump request and returns the attributes of its answer
@@ -289,31 +303,8 @@ impl Nfnl {
         family: u8,
         payload: &[u8],
     ) -> Result<Option<Vec<u8>>> {
-        let msg = self.message(ty, NLM_F_REQUEST | NLM_F_ACK, family, 0, payload);
-        let seq = self.seq;
-        self.send(op, &msg)?;
-        let mut out = None;
-        let mut buf = vec![0u8; 16 * 1024];
-        loop {
-            let n = self.recv(op, &mut buf)?;
-            for (ty, mseq, p) in Self::messages(&buf[..n]) {
-                if mseq != seq {
-                    continue;
-                }
-                match ty {
-                    // The answer comes first, then the ack.
-                    NLMSG_ERROR => {
-                        let code = Self::error_code(p);
-                        if code == 0 {
-                            return Ok(out);
-                        }
-                        return Err(io_err(op, std::io::Error::from_raw_os_error(-code)));
-                    }
-                    _ if p.len() >= 4 => out = Some(p[4..].to_vec()),
-                    _ => {}
-                }
-            }
-        }
+        let mut answers = self.request(op, ty, NLM_F_ACK, family, 0, payload)?;
+        Ok(answers.pop().map(|(_, a)| a))
     }
 
     /// Sends messages that each request an ack and waits for all answers;

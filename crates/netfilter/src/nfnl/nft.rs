@@ -5,7 +5,7 @@
 //! (tables, chains, rules, sets and the common expressions); only the
 //! expressions it lacks are hand-encoded (see [`crate::expr`]).
 
-use super::{Dumped, Nfnl, io_err};
+use super::{Dumped, NLM_F_ACK, NLM_F_REQUEST, Nfnl, io_err};
 use crate::expr::{Expr, Term, terms};
 use netlink_packet_core::{DefaultNla, Emitable, Nla, Parseable};
 use netlink_packet_netfilter::nftables::{
@@ -18,8 +18,6 @@ use rcni_netns::NetNs;
 use std::net::IpAddr;
 
 // <linux/netlink.h>
-const NLM_F_REQUEST: u16 = 0x1;
-const NLM_F_ACK: u16 = 0x4;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
 // <linux/netfilter/nfnetlink.h>
