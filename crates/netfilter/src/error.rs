@@ -31,7 +31,7 @@ pub enum Error {
         backend: Backend,
         problems: Vec<String>,
     },
-    /// Reading or deleting rules over nfnetlink failed.
+    /// Reading or writing nf_tables (or conntrack) over nfnetlink failed.
     #[error(transparent)]
     Netlink(#[from] rcni_netlink::Error),
     /// Teardown and GC keep going after an error and report them all.
