@@ -222,9 +222,9 @@ impl Nfnl {
         let mut out = Vec::new();
         let mut rest = buf;
         while rest.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes(rest[0..4].try_into().expect("4 bytes")) as usize;
+            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
             let ty = u16::from_ne_bytes([rest[4], rest[5]]);
-            let seq = u32::from_ne_bytes(rest[8..12].try_into().expect("4 bytes"));
+            let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
             if len < NLMSG_HDRLEN || len > rest.len() {
                 break;
             }
@@ -237,8 +237,8 @@ impl Nfnl {
     /// The errno of an `NLMSG_ERROR` payload (0 for an ack).
     fn error_code(payload: &[u8]) -> i32 {
         payload
-            .get(0..4)
-            .map(|b| i32::from_ne_bytes(b.try_into().expect("4 bytes")))
+            .first_chunk::<4>()
+            .map(|b| i32::from_ne_bytes(*b))
             .unwrap_or(0)
     }
 
