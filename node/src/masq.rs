@@ -5,8 +5,8 @@
 //! rule per node, and it must not depend on pods coming and going.
 
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
+use rcni_netfilter::expr;
 use rcni_netfilter::nfnl::{Hook, Nfnl, NftFamily, NftOp};
-use rcni_netfilter::nftexpr;
 use rcni_netns::NetNs;
 
 pub const TABLE: &str = "rcni_node";
@@ -79,7 +79,7 @@ fn ensure_family(
             return Ok(false);
         }
     }
-    let rule = |expr: Vec<nftexpr::Expr>, comment: &str| NftOp::AddRule {
+    let rule = |expr: Vec<expr::Expr>, comment: &str| NftOp::AddRule {
         family,
         table: TABLE.into(),
         chain: CHAIN.into(),
@@ -88,12 +88,12 @@ fn ensure_family(
         insert: false,
     };
     let keep = [
-        nftexpr::addr(true, pods),
-        nftexpr::addr(false, net),
-        nftexpr::accept(),
+        expr::addr(true, pods),
+        expr::addr(false, net),
+        expr::accept(),
     ]
     .concat();
-    let masq = [nftexpr::addr(true, pods), nftexpr::masquerade()].concat();
+    let masq = [expr::addr(true, pods), expr::masquerade()].concat();
     let ops = vec![
         NftOp::AddTable {
             family,
@@ -110,6 +110,7 @@ fn ensure_family(
                 // srcnat
                 priority: 100,
             }),
+            comment: None,
         },
         NftOp::FlushChain {
             family,

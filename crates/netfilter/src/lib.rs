@@ -1,356 +1,46 @@
-//! IP masquerade for `ipMasq` (bridge, ptp): traffic from a container's
-//! address to anywhere outside its subnet leaves with the node's address.
+//! Everything the plugins do with netfilter, in one place:
 //!
-//! Two backends with the reference's exact layouts, so that either
-//! implementation can check and remove what the other made (a drop-in
-//! switch in both directions):
+//! * [`nfnl`]: the `NETLINK_NETFILTER` socket and the one way to write
+//!   nftables, all-or-nothing transactions of [`nfnl::NftOp`]s
+//!   ([`nfnl::Nfnl::nft_apply`]), and listings of tables, chains and rules;
+//! * [`expr`]: rule expressions as nft encodes them, and [`expr::Term`] to
+//!   compare listed rules;
+//! * [`conntrack`]: listing and deleting conntrack entries;
+//! * [`iptables`]: `iptables-save` parsing and `iptables-restore` writing,
+//!   for the reference's iptables layouts;
+//! * [`exec`]: running the tools (iptables, nft) inside a namespace;
+//! * [`names`]: the reference's chain names, hashes and comments, which
+//!   let either implementation find the other's rules;
+//! * [`ipmasq`]: `ipMasq` of bridge and ptp in both reference layouts
+//!   (re-exported at the top: [`setup`], [`check`], [`teardown`], [`gc`]).
 //!
-//! * iptables (the reference's original backend, still its default): a nat
-//!   chain `CNI-<hash(network+containerID)>` per container, see
-//!   [`chain_name`];
-//! * nftables (`ipMasqBackend: "nftables"` in newer upstream releases, v1.9.1
-//!   here): table `inet cni_plugins_masquerade`, one rule per address in
-//!   chain `masq_checks`, see [`nft_comment`].
-//!
-//! Every call runs the tools inside the given namespace (the child setns'
-//! before exec) and makes at most one write per family: one
-//! `iptables-restore --noflush` / `ip6tables-restore --noflush` run, one
-//! `nft -f -` transaction.
-//!
-//! Better than the reference: teardown needs no addresses (it finds the
-//! rules by network and container, so a DEL without netns or prevResult
-//! still cleans up, plugins #810); GC exists for both backends (the
-//! reference's iptables GC is a no-op); CHECK verifies the rules; the
-//! nftables table is removed with its last rule.
+//! Users: ipMasq (bridge, ptp), portmap, firewall, bandwidth (names),
+//! fastpath, policy and the node agent's masquerade.
 
+pub mod conntrack;
+mod error;
 pub mod exec;
-mod iptables;
-mod names;
+pub mod expr;
+pub mod ipmasq;
+pub mod iptables;
+pub mod names;
 pub mod nfnl;
-mod nftables;
-pub mod nftexpr;
 pub mod nftset;
 
-/// The iptables-save reader and iptables-restore writer, shared with the
-/// other plugins that keep iptables rules (portmap, firewall).
-pub mod ipt {
-    pub use crate::iptables::{
-        Family, NatTable as SaveTable, Rule, apply, edit, parse_save, parse_save_table, read,
-        read_table, removal_script, supported, tokenize,
-    };
-}
+pub use error::Error;
+pub use ipmasq::nftables::TABLE as NFT_TABLE;
+pub use ipmasq::{Backend, Masq, check, gc, setup, teardown};
 pub use names::{
     chain_name, chain_name_with_prefix, go_quote, hash_with_prefix, iptables_comment, nft_comment,
     nft_instance_hash, nft_network_hash, parse_iptables_comment,
 };
-pub use nftables::{TABLE as NFT_TABLE, listing_items as nft_listing_items};
 
-use ipnetwork::IpNetwork;
-use iptables::Family;
-use rcni_netns::NetNs;
-use std::collections::HashSet;
-use std::str::FromStr;
-
-/// Which netfilter interface holds the rules (`ipMasqBackend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    Nftables,
-    Iptables,
-}
-
-impl FromStr for Backend {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Backend, Error> {
-        match s {
-            "iptables" => Ok(Backend::Iptables),
-            "nftables" => Ok(Backend::Nftables),
-            other => Err(Error::UnknownBackend(other.to_string())),
-        }
-    }
-}
-
-impl std::fmt::Display for Backend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl Backend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Iptables => "iptables",
-            Backend::Nftables => "nftables",
-        }
-    }
-
-    /// The backend when the config names none, by upstream's rule
-    /// (`SetupIPMasqForNetworks` in v1.9.1): iptables, unless iptables does
-    /// not work in `ns` and nftables does. Keeping iptables as the default
-    /// keeps a host's rules where its other tools (and older plugins) look.
-    /// Unlike upstream's probe (plugins #1280), a present `nft` binary
-    /// counts even if the probe cannot run it, so an iptables-less host
-    /// still picks nftables.
-    pub fn detect(ns: &NetNs) -> Backend {
-        if iptables::supported(ns, Family::V4) {
-            Backend::Iptables
-        } else if nftables::supported(ns) || exec::find_tool("nft").is_some() {
-            Backend::Nftables
-        } else {
-            Backend::Iptables
-        }
-    }
-
-    /// The configured backend, or [`Backend::detect`] when there is none.
-    /// An unknown name is [`Error::UnknownBackend`] (CNI code 2).
-    pub fn from_config(ns: &NetNs, configured: Option<&str>) -> Result<Backend, Error> {
-        match configured {
-            Some(s) => s.parse(),
-            None => Ok(Backend::detect(ns)),
-        }
-    }
-}
-
-/// One attachment's masquerade.
-#[derive(Debug, Clone, Copy)]
-pub struct Masq<'a> {
-    /// The network name (`name` of the config).
-    pub network: &'a str,
-    pub container_id: &'a str,
-    /// The container interface (CNI_IFNAME): part of the nftables key only,
-    /// the iptables chain is per container as in the reference.
-    pub ifname: &'a str,
-    /// The container's addresses with their subnet prefix (`10.1.0.5/16`):
-    /// traffic from the address to outside the subnet is masqueraded.
-    pub ips: &'a [IpNetwork],
-}
-
-/// Errors of this crate; [`Error::cni_code`] gives the CNI code.
-#[derive(thiserror::Error, Debug)]
-pub enum Error {
-    #[error(
-        "unsupported value {0:?} for field \"ipMasqBackend\" (expected \"iptables\" or \"nftables\")"
-    )]
-    UnknownBackend(String),
-    #[error("{tool} not found (searched PATH and the sbin directories)")]
-    ToolMissing { tool: &'static str },
-    #[error("cannot run {tool}: {error}")]
-    Spawn {
-        tool: &'static str,
-        error: std::io::Error,
-    },
-    #[error("{tool} {args} failed ({status}): {stderr}")]
-    ToolFailed {
-        tool: &'static str,
-        args: String,
-        status: String,
-        stderr: String,
-    },
-    #[error("cannot parse the output of {tool}: {msg}")]
-    Parse { tool: &'static str, msg: String },
-    /// CHECK found rules missing or different.
-    #[error("ipMasq rules of {backend} missing: {}", .problems.join("; "))]
-    Missing {
-        backend: Backend,
-        problems: Vec<String>,
-    },
-    /// Reading or deleting rules over nfnetlink failed.
-    #[error(transparent)]
-    Netlink(#[from] rcni_netlink::Error),
-    /// Teardown and GC keep going after an error and report them all.
-    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    Several(Vec<Error>),
-}
-
-impl Error {
-    /// CNI code: 2 for an unknown backend name (a config value), 106 when
-    /// CHECK finds rules missing, 109 when a tool is missing or fails.
-    pub fn cni_code(&self) -> u32 {
-        use rcni_cni::ErrorCode;
-        match self {
-            Error::UnknownBackend(_) => ErrorCode::UnsupportedField.code(),
-            Error::Missing { .. } => ErrorCode::CheckFailed.code(),
-            Error::Netlink(e) => e.cni_code(),
-            Error::Several(v) => v
-                .first()
-                .map_or(ErrorCode::Netfilter.code(), Error::cni_code),
-            _ => ErrorCode::Netfilter.code(),
-        }
-    }
-
-    fn several(mut errors: Vec<Error>) -> Result<(), Error> {
-        match errors.len() {
-            0 => Ok(()),
-            1 => Err(errors.remove(0)),
-            _ => Err(Error::Several(errors)),
-        }
-    }
-}
-
-impl From<Error> for rcni_cni::CniError {
-    fn from(e: Error) -> Self {
-        rcni_cni::CniError::with_code(e.cni_code(), e.to_string())
-    }
-}
-
-/// The addresses of `m` in family `fam`.
-fn of_family(m: &Masq, fam: Family) -> Vec<IpNetwork> {
-    m.ips
-        .iter()
-        .filter(|ip| Family::of(&ip.ip()) == fam)
-        .copied()
-        .collect()
-}
-
-/// Makes the attachment's addresses masqueraded. Idempotent: when the rules
-/// are already complete nothing is written.
-pub fn setup(ns: &NetNs, backend: Backend, m: &Masq) -> Result<(), Error> {
-    match backend {
-        Backend::Iptables => {
-            for fam in Family::BOTH {
-                let ips = of_family(m, fam);
-                if !ips.is_empty() {
-                    iptables::setup(ns, fam, m.network, m.container_id, &ips)?;
-                }
-            }
-            Ok(())
-        }
-        Backend::Nftables => {
-            if m.ips.is_empty() {
-                return Ok(());
-            }
-            nftables::setup(ns, m.network, m.ifname, m.container_id, m.ips)
-        }
-    }
-}
-
-/// Verifies that every address of the attachment is masqueraded by
-/// `backend`; [`Error::Missing`] lists what is not.
-pub fn check(ns: &NetNs, backend: Backend, m: &Masq) -> Result<(), Error> {
-    let mut problems = Vec::new();
-    match backend {
-        Backend::Iptables => {
-            for fam in Family::BOTH {
-                let ips = of_family(m, fam);
-                if !ips.is_empty() {
-                    problems.extend(iptables::check(ns, fam, m.network, m.container_id, &ips)?);
-                }
-            }
-        }
-        Backend::Nftables => {
-            if !m.ips.is_empty() {
-                problems = nftables::check(ns, m.network, m.ifname, m.container_id, m.ips)?;
-            }
-        }
-    }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Missing { backend, problems })
-    }
-}
-
-/// Runs one backend's part of teardown or GC. A missing tool means the
-/// backend cannot hold rules here; a failure of a backend that does not work
-/// in `ns` is ignored, as the reference does (`SupportsIPTables`,
-/// `SupportsNFTables`), so DEL succeeds on hosts with only one of them.
-fn best_effort(errors: &mut Vec<Error>, works: impl FnOnce() -> bool, r: Result<(), Error>) {
-    match r {
-        Ok(()) | Err(Error::ToolMissing { .. }) => {}
-        Err(e) => {
-            if works() {
-                errors.push(e);
-            }
-        }
-    }
-}
-
-/// Removes the attachment's rules of both backends (the config's backend
-/// may have changed since ADD). Works without addresses: the iptables chain
-/// and everything jumping to it are found by network and container ID, the
-/// nftables rules by the hash of network, ifname and container ID. Nothing
-/// to remove is success; errors of one backend do not stop the other.
-///
-/// Because the iptables chain is per container, tearing down one of two
-/// interfaces a container has on the same network removes the iptables
-/// masquerade of both (the reference empties the chain in that case too);
-/// the nftables layout keeps them apart.
-pub fn teardown(ns: &NetNs, m: &Masq) -> Result<(), Error> {
-    let mut errors = Vec::new();
-    // Which iptables families can hold the chain at all, read over
-    // nfnetlink: on a node without such rules DEL starts no iptables-save.
-    let mut nl = crate::nfnl::Nfnl::open(ns).ok();
-    let chain = chain_name(m.network, m.container_id);
-    for fam in Family::BOTH {
-        if let Some(nl) = nl.as_mut()
-            && !nl.iptables_may_hold(ns, fam == Family::V6, "nat", &[chain.as_str()])
-        {
-            continue;
-        }
-        let r = iptables::teardown(ns, fam, m.network, m.container_id);
-        best_effort(&mut errors, || iptables::supported(ns, fam), r);
-    }
-    let r = nftables::teardown(ns, m.network, m.ifname, m.container_id);
-    best_effort(&mut errors, || nftables::supported(ns), r);
-    Error::several(errors)
-}
-
-/// Removes the masquerade rules of `network` whose attachment is not in
-/// `valid` (`(containerID, ifname)` pairs), in both backends. iptables
-/// chains are per container, so one is kept when any of its container's
-/// attachments is valid.
-pub fn gc(ns: &NetNs, network: &str, valid: &[(String, String)]) -> Result<(), Error> {
-    let mut errors = Vec::new();
-    let valid_ids: HashSet<&str> = valid.iter().map(|(cid, _)| cid.as_str()).collect();
-    for fam in Family::BOTH {
-        let r = iptables::gc(ns, fam, network, &valid_ids);
-        best_effort(&mut errors, || iptables::supported(ns, fam), r);
-    }
-    let r = nftables::gc(ns, network, valid);
-    best_effort(&mut errors, || nftables::supported(ns), r);
-    Error::several(errors)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backend_names() {
-        assert_eq!("iptables".parse::<Backend>().unwrap(), Backend::Iptables);
-        assert_eq!("nftables".parse::<Backend>().unwrap(), Backend::Nftables);
-        let e = "ebpf".parse::<Backend>().unwrap_err();
-        assert_eq!(e.cni_code(), 2);
-        let c = rcni_cni::CniError::from(e);
-        assert_eq!(c.code, 2);
-        assert!(
-            c.msg.contains("ipMasqBackend") && c.msg.contains("\"ebpf\""),
-            "{}",
-            c.msg
-        );
-        assert_eq!(Backend::Nftables.to_string(), "nftables");
-    }
-
-    #[test]
-    fn codes() {
-        let missing = Error::Missing {
-            backend: Backend::Iptables,
-            problems: vec!["a".into(), "b".into()],
-        };
-        assert_eq!(missing.cni_code(), 106);
-        assert_eq!(
-            missing.to_string(),
-            "ipMasq rules of iptables missing: a; b"
-        );
-        assert_eq!(Error::ToolMissing { tool: "nft" }.cni_code(), 109);
-        let several = Error::Several(vec![
-            Error::ToolMissing { tool: "nft" },
-            Error::ToolMissing {
-                tool: "iptables-save",
-            },
-        ]);
-        assert_eq!(several.cni_code(), 109);
-        assert!(several.to_string().contains("; iptables-save not found"));
-        assert!(Error::several(vec![]).is_ok());
+/// The items of an `nft -j` listing: its "nftables" array (for the policy
+/// plugin, which still reads nft's output).
+pub fn nft_listing_items(json: &str) -> Result<Vec<serde_json::Value>, String> {
+    let mut v: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+    match v.get_mut("nftables").map(serde_json::Value::take) {
+        Some(serde_json::Value::Array(items)) => Ok(items),
+        _ => Err("no \"nftables\" array".to_string()),
     }
 }

@@ -22,7 +22,7 @@
 //! (that crate has no type for them) are the byteorder expression, the
 //! field lengths inside `NFTA_SET_DESC_CONCAT` and nft's userdata TLVs.
 
-use crate::nftexpr::Expr;
+use crate::expr::Expr;
 use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED, NlasIterator};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, DataAttribute, ExpressionAttribute, Expressions, Hook, HookNumber, Immediate,
@@ -576,7 +576,7 @@ impl Batch {
         ]);
         a.extend(emit(&[DefaultNla::new(4 | NLA_F_NESTED, exprs.0)]));
         if let Some(c) = comment {
-            a.extend(emit(&[RuleAttribute::UserData(crate::nfnl::udata(c))]));
+            a.extend(emit(&[RuleAttribute::UserData(crate::nfnl::nft::udata(c))]));
         }
         self.push(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, a);
     }
@@ -631,8 +631,8 @@ impl Batch {
             .collect();
         self.elements(NFT_MSG_NEWSETELEM, NLM_F_CREATE, name, Some(id), elems);
         let mut e = Exprs::new();
-        e.nftexpr(&crate::nftexpr::nfproto(true));
-        e.nftexpr(&crate::nftexpr::l4proto(58));
+        e.nftexpr(&crate::expr::nfproto(true));
+        e.nftexpr(&crate::expr::l4proto(58));
         e.payload(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 1, Register::Reg1);
         e.push(Expressions::Lookup(vec![
             Lookup::Set(name.to_string()),
@@ -657,10 +657,10 @@ impl Exprs {
             .extend(emit(&[ListAttribute::<ExpressionAttribute>::from(e)]));
     }
 
-    /// Appends expressions of [`crate::nftexpr`].
+    /// Appends expressions of [`crate::expr`].
     pub fn nftexpr(&mut self, e: &[Expr]) -> &mut Exprs {
         for x in e {
-            self.0.extend_from_slice(x.bytes());
+            self.0.extend(emit(std::slice::from_ref(&x.0)));
         }
         self
     }
@@ -677,7 +677,7 @@ impl Exprs {
     /// Loads the source (or destination) address into register 1, after
     /// `meta nfproto` (an `inet` table sees both families).
     fn addr(&mut self, v6: bool, src: bool) {
-        self.nftexpr(&crate::nftexpr::nfproto(v6));
+        self.nftexpr(&crate::expr::nfproto(v6));
         let (s, d, len) = if v6 { (8, 24, 16) } else { (12, 16, 4) };
         self.payload(
             NFT_PAYLOAD_NETWORK_HEADER,

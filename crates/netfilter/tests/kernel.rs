@@ -243,33 +243,37 @@ fn check_notices_a_deleted_rule() {
     assert!(!has_rules(&ns));
 }
 
-/// Rules as upstream v1.9.1 writes them through knftables (the hash is
-/// computed independently from upstream's formula), next to a rule of
-/// another network: our CHECK accepts them, GC and teardown remove exactly
-/// the right ones.
-#[test]
-fn understands_rules_written_by_upstream_nft_backend() {
-    let ns = TestNs::new();
+/// What upstream v1.9.1 hands nft (through knftables) to set up its table,
+/// with one masq_checks rule per `(address, subnet, comment)`.
+fn upstream_script(rules: &[(&str, &str, &str)]) -> String {
     let t = "inet cni_plugins_masquerade";
-    let ours = "d23676b4f2d9fe04-7883a6f9ce71eedb, net: mynet, if: eth0, id: ctr1";
-    let script = format!(
+    let mut s = format!(
         "add table {t} {{ comment \"Masquerading for plugins from github.com/containernetworking/plugins\" ; }}\n\
          add chain {t} masq_checks {{ comment \"Masquerade traffic from certain IPs to any (non-multicast) IP outside their subnet\" ; }}\n\
          add chain {t} postrouting {{ type nat hook postrouting priority srcnat ; }}\n\
          flush chain {t} postrouting\n\
          add rule {t} postrouting ip daddr == 224.0.0.0/4  return\n\
          add rule {t} postrouting ip6 daddr == ff00::/8  return\n\
-         add rule {t} postrouting goto masq_checks\n\
-         add rule {t} masq_checks ip saddr == 10.22.0.2 ip daddr != 10.22.0.0/16 masquerade comment \"{ours}\"\n\
-         add rule {t} masq_checks ip saddr == 10.9.0.2 ip daddr != 10.9.0.0/24 masquerade comment \"0000000000000000-1111111111111111, net: other, if: eth0, id: x\"\n"
+         add rule {t} postrouting goto masq_checks\n"
     );
+    for (ip, net, comment) in rules {
+        let fam = if ip.contains(':') { "ip6" } else { "ip" };
+        s.push_str(&format!(
+            "add rule {t} masq_checks {fam} saddr == {ip} {fam} daddr != {net} masquerade comment \"{comment}\"\n"
+        ));
+    }
+    s
+}
+
+/// Runs `nft -f -` with `script` in `ns`.
+fn nft_f(ns: &TestNs, script: &str) {
+    use std::io::Write;
     let mut child = ns
         .command("nft")
         .args(["-f", "-"])
         .stdin(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    use std::io::Write;
     child
         .stdin
         .take()
@@ -277,7 +281,24 @@ fn understands_rules_written_by_upstream_nft_backend() {
         .write_all(script.as_bytes())
         .unwrap();
     assert!(child.wait().unwrap().success());
+}
 
+/// Rules as upstream v1.9.1 writes them through knftables (the hash is
+/// computed independently from upstream's formula), next to a rule of
+/// another network: our CHECK accepts them, GC and teardown remove exactly
+/// the right ones.
+#[test]
+fn understands_rules_written_by_upstream_nft_backend() {
+    let ns = TestNs::new();
+    let ours = "d23676b4f2d9fe04-7883a6f9ce71eedb, net: mynet, if: eth0, id: ctr1";
+    let other = "0000000000000000-1111111111111111, net: other, if: eth0, id: x";
+    nft_f(
+        &ns,
+        &upstream_script(&[
+            ("10.22.0.2", "10.22.0.0/16", ours),
+            ("10.9.0.2", "10.9.0.0/24", other),
+        ]),
+    );
     let addrs = ips(&["10.22.0.2/16"]);
     let m = masq("ctr1", "eth0", &addrs);
     check(&ns.ns, Backend::Nftables, &m).unwrap();
@@ -291,6 +312,70 @@ fn understands_rules_written_by_upstream_nft_backend() {
     let left = nft_masq_comments(&ns);
     assert_eq!(left.len(), 1);
     assert!(left[0].contains("net: other"), "{left:?}");
+}
+
+/// Our rules, written over nfnetlink, are byte for byte what nft makes of
+/// upstream's rule text: `nft list` prints the same table for both (dual
+/// stack, a subnet on a byte boundary and one that is not).
+#[test]
+fn nft_lists_our_table_as_upstreams() {
+    let (ours, theirs) = (TestNs::new(), TestNs::new());
+    let addrs = ips(&["10.22.0.2/16", "10.30.0.9/20", "fd00:22::2/64"]);
+    setup(&ours.ns, Backend::Nftables, &masq("ctr1", "eth0", &addrs)).unwrap();
+    let c = rcni_netfilter::nft_comment("mynet", "eth0", "ctr1");
+    nft_f(
+        &theirs,
+        &upstream_script(&[
+            ("10.22.0.2", "10.22.0.0/16", &c),
+            ("10.30.0.9", "10.30.0.0/20", &c),
+            ("fd00:22::2", "fd00:22::/64", &c),
+        ]),
+    );
+    // The listing, and the debug view: the same expressions, register by
+    // register.
+    for debug in [&[][..], &["--debug=netlink"][..]] {
+        let list = |ns: &TestNs| {
+            let table = ["list", "table", "inet", rcni_netfilter::NFT_TABLE];
+            sh(ns, "nft", &[debug, &table[..]].concat())
+        };
+        assert_eq!(list(&ours), list(&theirs));
+    }
+}
+
+/// A message the ops do not model (a set, as the policy plugin writes)
+/// goes through [`NftOp::Message`] in the same transaction as the rest.
+#[test]
+fn transaction_carries_prebuilt_messages() {
+    use netlink_packet_netfilter::nftables::{SetAttribute, SetMessage};
+    use rcni_netfilter::nfnl::{CREATE, NfTablesMessage, Nfnl, NftFamily, NftOp};
+    let ns = TestNs::new();
+    let family = NftFamily::Inet;
+    let set = NfTablesMessage::NewSet(SetMessage {
+        attributes: vec![
+            SetAttribute::Table("t".into()),
+            SetAttribute::Name("addrs".into()),
+            // ipv4_addr, 4 bytes; the id ties the set within the batch.
+            SetAttribute::KeyType(7),
+            SetAttribute::KeyLen(4),
+            SetAttribute::Id(1),
+        ],
+    });
+    let mut nl = Nfnl::open(&ns.ns).unwrap();
+    nl.nft_apply(&[
+        NftOp::AddTable {
+            family,
+            table: "t".into(),
+            comment: None,
+        },
+        NftOp::Message {
+            family,
+            message: set,
+            flags: CREATE,
+        },
+    ])
+    .unwrap();
+    let listed = sh(&ns, "nft", &["list", "set", "inet", "t", "addrs"]);
+    assert!(listed.contains("type ipv4_addr"), "{listed}");
 }
 
 #[test]

@@ -14,7 +14,7 @@ use crate::{firewalld, ipt, nft};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use rcni_cni::rollback::Rollback;
-use rcni_netfilter::ipt::Family;
+use rcni_netfilter::iptables::Family;
 use rcni_netfilter::nfnl::{Nfnl, NftFamily};
 use rcni_netns::NetNs;
 use std::cell::RefCell;
@@ -141,7 +141,7 @@ impl FirewallBackend for Iptables {
                 continue;
             }
             if let Err(e) = ipt::teardown(c.ns, fam, &fips)
-                && rcni_netfilter::ipt::supported(c.ns, fam)
+                && rcni_netfilter::iptables::supported(c.ns, fam)
             {
                 return Err(e);
             }
@@ -221,7 +221,7 @@ impl FirewallBackend for Firewalld {
 
 /// Whether iptables works in `ns` (the same probe as ipMasq's default).
 fn iptables_usable(ns: &NetNs) -> bool {
-    rcni_netfilter::ipt::supported(ns, Family::V4)
+    rcni_netfilter::iptables::supported(ns, Family::V4)
 }
 
 /// The backend of ADD and CHECK: the configured one, else firewalld if it

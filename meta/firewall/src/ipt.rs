@@ -26,7 +26,7 @@ use crate::conf::{Conf, IngressPolicy};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use rcni_netfilter::go_quote;
-use rcni_netfilter::ipt::{Family, SaveTable};
+use rcni_netfilter::iptables::{Family, SaveTable};
 use rcni_netns::NetNs;
 use std::fmt::Write;
 
@@ -177,7 +177,7 @@ pub fn setup_script(t: &SaveTable, conf: &Conf, ips: &[IpNetwork], bridge: Optio
 /// Only the isolation rules of `bridge` (the firewalld backend's ingress
 /// policy, as the reference's).
 pub fn setup_isolation(ns: &NetNs, conf: &Conf, fam: Family, bridge: &str) -> Result<(), CniError> {
-    rcni_netfilter::ipt::edit(ns, fam, "filter", |t| {
+    rcni_netfilter::iptables::edit(ns, fam, "filter", |t| {
         Some(script(t, conf, false, &[], Some(bridge)))
     })
     .map_err(|e| CniError::from(e).context("unable to set up iptables ingress policy rules"))
@@ -190,7 +190,7 @@ pub fn check_isolation(
     fam: Family,
     bridge: &str,
 ) -> Result<Vec<String>, CniError> {
-    let t = rcni_netfilter::ipt::read_table(ns, fam, "filter")?;
+    let t = rcni_netfilter::iptables::read_table(ns, fam, "filter")?;
     Ok(missing(&t, wanted(conf, false, &[], Some(bridge))))
 }
 
@@ -209,7 +209,7 @@ pub fn setup(
     ips: &[IpNetwork],
     bridge: Option<&str>,
 ) -> Result<(), CniError> {
-    rcni_netfilter::ipt::edit(ns, fam, "filter", |t| {
+    rcni_netfilter::iptables::edit(ns, fam, "filter", |t| {
         Some(setup_script(t, conf, ips, bridge))
     })
     .map_err(|e| CniError::from(e).context("unable to set up iptables firewall rules"))
@@ -232,7 +232,7 @@ pub fn check(
     ips: &[IpNetwork],
     bridge: Option<&str>,
 ) -> Result<Vec<String>, CniError> {
-    let t = rcni_netfilter::ipt::read_table(ns, fam, "filter")?;
+    let t = rcni_netfilter::iptables::read_table(ns, fam, "filter")?;
     Ok(problems(&t, conf, ips, bridge))
 }
 
@@ -250,7 +250,7 @@ pub fn teardown_script(t: &SaveTable, ips: &[IpNetwork]) -> Option<String> {
 }
 
 pub fn teardown(ns: &NetNs, fam: Family, ips: &[IpNetwork]) -> Result<(), CniError> {
-    Ok(rcni_netfilter::ipt::edit(ns, fam, "filter", |t| {
+    Ok(rcni_netfilter::iptables::edit(ns, fam, "filter", |t| {
         teardown_script(t, ips)
     })?)
 }
@@ -290,7 +290,7 @@ COMMIT
 
     #[test]
     fn the_references_rules_are_complete_for_us() {
-        let t = rcni_netfilter::ipt::parse_save_table(REFERENCE, "filter").unwrap();
+        let t = rcni_netfilter::iptables::parse_save_table(REFERENCE, "filter").unwrap();
         let ips = vec!["10.88.0.5/24".parse().unwrap()];
         assert!(problems(&t, &conf("same-bridge"), &ips, Some("cni0")).is_empty());
         assert_eq!(
@@ -311,7 +311,7 @@ COMMIT
 
     #[test]
     fn fresh_table() {
-        let t = rcni_netfilter::ipt::parse_save_table(
+        let t = rcni_netfilter::iptables::parse_save_table(
             "*filter\n:FORWARD ACCEPT [0:0]\nCOMMIT\n",
             "filter",
         )

@@ -101,12 +101,6 @@ fn pod_addresses(args: &CmdArgs) -> Vec<IpNetwork> {
     .unwrap_or_default()
 }
 
-fn prev_required(args: &CmdArgs) -> Result<CniResult, CniError> {
-    args.conf
-        .prev_result()?
-        .ok_or_else(|| CniError::config("missing prevResult from earlier plugin"))
-}
-
 impl Plugin for Firewall {
     fn about(&self) -> About {
         About {
@@ -118,7 +112,9 @@ impl Plugin for Firewall {
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let conf = Conf::load(args)?;
-        let prev = prev_required(args)?;
+        let prev = args
+            .conf
+            .required_prev_result("missing prevResult from earlier plugin")?;
         let a = attachment(args, &conf, Some(&prev))?;
         let ns = NetNs::current()?;
         let ctx = Ctx::new(&ns, &conf, a, addresses(&prev));
@@ -160,7 +156,9 @@ impl Plugin for Firewall {
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
-        let prev = prev_required(args)?;
+        let prev = args
+            .conf
+            .required_prev_result("missing prevResult from earlier plugin")?;
         let a = attachment(args, &conf, Some(&prev))?;
         let ns = NetNs::current()?;
         let ctx = Ctx::new(&ns, &conf, a, addresses(&prev));

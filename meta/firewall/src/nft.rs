@@ -39,8 +39,8 @@
 use crate::conf::{Conf, IngressPolicy};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
+use rcni_netfilter::expr::{self, Expr};
 use rcni_netfilter::nfnl::{Hook, Nfnl, NftFamily, NftOp, NftRule};
-use rcni_netfilter::nftexpr::{self, Expr};
 use std::collections::BTreeSet;
 
 pub const TABLE: &str = "cni_firewall";
@@ -119,6 +119,7 @@ pub fn setup_ops(
         table: TABLE.into(),
         chain: name.into(),
         hook,
+        comment: None,
     };
     let rule = |family, chain: &str, expr: Vec<Expr>, comment: Option<&str>| NftOp::AddRule {
         family,
@@ -151,9 +152,9 @@ pub fn setup_ops(
             table: TABLE.into(),
             chain: "forward".into(),
         },
-        rule(inet, "forward", nftexpr::jump(STAGE1), None),
-        rule(inet, "forward", nftexpr::jump(admin), None),
-        rule(inet, "forward", nftexpr::jump(CONTAINERS), None),
+        rule(inet, "forward", expr::jump(STAGE1), None),
+        rule(inet, "forward", expr::jump(admin), None),
+        rule(inet, "forward", expr::jump(CONTAINERS), None),
     ];
     if a.policy == IngressPolicy::Isolated {
         let bridge = NftFamily::Bridge;
@@ -179,19 +180,14 @@ pub fn setup_ops(
         let v6 = ip.is_ipv6();
         let host = IpNetwork::from(ip.ip());
         let inbound = [
-            nftexpr::nfproto(v6),
-            nftexpr::addr(false, host),
-            nftexpr::ct_established(),
-            nftexpr::accept(),
+            expr::nfproto(v6),
+            expr::addr(false, host),
+            expr::ct_established(),
+            expr::accept(),
         ]
         .concat();
         ops.push(rule(inet, CONTAINERS, inbound, Some(&c)));
-        let outbound = [
-            nftexpr::nfproto(v6),
-            nftexpr::addr(true, host),
-            nftexpr::accept(),
-        ]
-        .concat();
+        let outbound = [expr::nfproto(v6), expr::addr(true, host), expr::accept()].concat();
         ops.push(rule(inet, CONTAINERS, outbound, Some(&c)));
     }
     if let Some(b) = a.bridge.as_deref()
@@ -199,20 +195,20 @@ pub fn setup_ops(
     {
         let bc = bridge_comment(b);
         let stage1 = [
-            nftexpr::ifname(true, b, true),
-            nftexpr::ifname(false, b, false),
-            nftexpr::jump(STAGE2),
+            expr::ifname(true, b, true),
+            expr::ifname(false, b, false),
+            expr::jump(STAGE2),
         ]
         .concat();
         ops.push(rule(inet, STAGE1, stage1, Some(&bc)));
-        let stage2 = [nftexpr::ifname(false, b, true), nftexpr::drop()].concat();
+        let stage2 = [expr::ifname(false, b, true), expr::drop()].concat();
         ops.push(rule(inet, STAGE2, stage2, Some(&bc)));
     }
     if a.policy == IngressPolicy::Isolated
         && let Some(port) = a.host_port
     {
         for input in [true, false] {
-            let e = [nftexpr::ifname(input, port, true), nftexpr::drop()].concat();
+            let e = [expr::ifname(input, port, true), expr::drop()].concat();
             ops.push(rule(NftFamily::Bridge, "forward", e, Some(&c)));
         }
     }

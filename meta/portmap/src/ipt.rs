@@ -23,7 +23,7 @@
 use crate::conf::{Conf, Proto};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
-use rcni_netfilter::ipt::{Family, SaveTable};
+use rcni_netfilter::iptables::{Family, SaveTable};
 use rcni_netfilter::{chain_name_with_prefix, go_quote, parse_iptables_comment};
 use rcni_netns::NetNs;
 use std::collections::{BTreeMap, BTreeSet};
@@ -244,7 +244,7 @@ pub fn setup(
     container_id: &str,
     ip: &IpNetwork,
 ) -> Result<(), CniError> {
-    rcni_netfilter::ipt::edit(ns, family(ip), "nat", |t| {
+    rcni_netfilter::iptables::edit(ns, family(ip), "nat", |t| {
         Some(setup_script(t, conf, network, container_id, ip))
     })
     .map_err(|e| CniError::from(e).context("unable to set up iptables rules for port mappings"))
@@ -287,14 +287,14 @@ pub fn check(
     container_id: &str,
     ip: &IpNetwork,
 ) -> Result<Vec<String>, CniError> {
-    let t = rcni_netfilter::ipt::read(ns, family(ip))?;
+    let t = rcni_netfilter::iptables::read(ns, family(ip))?;
     Ok(problems(&t, conf, network, container_id, ip))
 }
 
 /// Removes `chains` and every rule jumping to them, in one restore run.
 fn remove_chains(ns: &NetNs, fam: Family, chains: &BTreeSet<String>) -> Result<(), CniError> {
-    Ok(rcni_netfilter::ipt::edit(ns, fam, "nat", |t| {
-        rcni_netfilter::ipt::removal_script(t, chains)
+    Ok(rcni_netfilter::iptables::edit(ns, fam, "nat", |t| {
+        rcni_netfilter::iptables::removal_script(t, chains)
     })?)
 }
 
@@ -334,8 +334,8 @@ pub fn stale_chains(t: &SaveTable, network: &str, valid: &BTreeSet<&str>) -> BTr
 }
 
 pub fn gc(ns: &NetNs, fam: Family, network: &str, valid: &BTreeSet<&str>) -> Result<(), CniError> {
-    Ok(rcni_netfilter::ipt::edit(ns, fam, "nat", |t| {
-        rcni_netfilter::ipt::removal_script(t, &stale_chains(t, network, valid))
+    Ok(rcni_netfilter::iptables::edit(ns, fam, "nat", |t| {
+        rcni_netfilter::iptables::removal_script(t, &stale_chains(t, network, valid))
     })?)
 }
 
@@ -383,7 +383,7 @@ COMMIT
 
     #[test]
     fn the_references_rules_pass_our_check() {
-        let t = rcni_netfilter::ipt::parse_save(REFERENCE_V4).unwrap();
+        let t = rcni_netfilter::iptables::parse_save(REFERENCE_V4).unwrap();
         let ip: IpNetwork = "10.88.0.5/24".parse().unwrap();
         assert_eq!(
             problems(&t, &conf(), "mynet", "ctr1", &ip),
@@ -399,7 +399,8 @@ COMMIT
         assert!(s.contains("-D CNI-HOSTPORT-DNAT -p tcp"));
         assert!(s.contains("-F CNI-DN-5145007e2a8415ce07579\n"));
         let empty =
-            rcni_netfilter::ipt::parse_save("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n").unwrap();
+            rcni_netfilter::iptables::parse_save("*nat\n:PREROUTING ACCEPT [0:0]\nCOMMIT\n")
+                .unwrap();
         let s = setup_script(&empty, &conf(), "mynet", "ctr1", &ip);
         assert!(s.contains(":CNI-HOSTPORT-SETMARK - [0:0]\n"));
         assert!(s.contains(":CNI-DN-5145007e2a8415ce07579 - [0:0]\n"));
@@ -409,7 +410,7 @@ COMMIT
 
     #[test]
     fn gc_finds_stale_chains_by_comment() {
-        let t = rcni_netfilter::ipt::parse_save(REFERENCE_V4).unwrap();
+        let t = rcni_netfilter::iptables::parse_save(REFERENCE_V4).unwrap();
         let stale = stale_chains(&t, "mynet", &BTreeSet::new());
         assert_eq!(
             stale.into_iter().collect::<Vec<_>>(),
@@ -418,7 +419,8 @@ COMMIT
         assert!(stale_chains(&t, "mynet", &["ctr1"].into_iter().collect()).is_empty());
         assert!(stale_chains(&t, "other", &BTreeSet::new()).is_empty());
         let script =
-            rcni_netfilter::ipt::removal_script(&t, &attachment_chains("mynet", "ctr1")).unwrap();
+            rcni_netfilter::iptables::removal_script(&t, &attachment_chains("mynet", "ctr1"))
+                .unwrap();
         assert!(script.contains("-X CNI-DN-5145007e2a8415ce07579"));
     }
 

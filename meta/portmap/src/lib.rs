@@ -14,16 +14,16 @@
 //! early and leaks them), and also flushes UDP conntrack; GC exists; CHECK
 //! fails with a code of its own.
 
+pub mod backend;
 pub mod conf;
 pub mod ipt;
 pub mod nft;
 
-use conf::{Backend, Conf, Proto, container_ips};
+use backend::Ctx;
+use conf::{Conf, Proto, container_ips};
 use ipnetwork::IpNetwork;
-use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, version};
-use rcni_netfilter::ipt::Family;
 use rcni_netfilter::nfnl::{IPPROTO_UDP, Nfnl};
 use rcni_netlink::{Netlink, TABLE_MAIN};
 use rcni_netns::NetNs;
@@ -31,12 +31,6 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 pub struct Portmap;
-
-fn prev_result(args: &CmdArgs, missing: &str) -> Result<CniResult, CniError> {
-    args.conf
-        .prev_result()?
-        .ok_or_else(|| CniError::config(missing.to_string()))
-}
 
 fn owner(args: &CmdArgs) -> nft::Owner<'_> {
     nft::Owner {
@@ -102,41 +96,6 @@ fn udp_ports(conf: &Conf) -> BTreeSet<u16> {
         .collect()
 }
 
-/// Whether iptables of `fam` may hold one of `chains` in its nat table
-/// (see [`Nfnl::iptables_may_hold`]).
-fn iptables_may_hold(ns: &NetNs, nl: &mut Nfnl, fam: Family, chains: &BTreeSet<String>) -> bool {
-    let chains: Vec<&str> = chains.iter().map(String::as_str).collect();
-    nl.iptables_may_hold(ns, fam == Family::V6, "nat", &chains)
-}
-
-/// Runs an iptables step of teardown or GC; failures of a family whose
-/// iptables does not work at all are not errors (the reference's
-/// `maybeGetIptables`).
-fn iptables_best_effort(
-    ns: &NetNs,
-    fam: Family,
-    errors: &mut Vec<CniError>,
-    r: Result<(), CniError>,
-) {
-    if let Err(e) = r
-        && rcni_netfilter::ipt::supported(ns, fam)
-    {
-        errors.push(e);
-    }
-}
-
-fn joined(mut errors: Vec<CniError>) -> Result<(), CniError> {
-    match errors.len() {
-        0 => Ok(()),
-        1 => Err(errors.remove(0)),
-        _ => {
-            let code = errors[0].code;
-            let msg: Vec<String> = errors.iter().map(ToString::to_string).collect();
-            Err(CniError::with_code(code, msg.join("; ")))
-        }
-    }
-}
-
 impl Plugin for Portmap {
     fn about(&self) -> About {
         About {
@@ -148,7 +107,9 @@ impl Plugin for Portmap {
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let conf = Conf::load(args)?;
-        let prev = prev_result(args, "must be called as chained plugin")?;
+        let prev = args
+            .conf
+            .required_prev_result("must be called as chained plugin")?;
         if conf.mappings.is_empty() {
             return Ok(prev);
         }
@@ -158,26 +119,13 @@ impl Plugin for Portmap {
             return Ok(prev);
         }
         let ns = NetNs::current()?;
-        let owner = owner(args);
         if conf.snat
             && let Some(v4) = v4
         {
             enable_localnet_routing(&ns, v4.ip())?;
         }
-        let mut undo = Rollback::new();
-        match conf.backend(&ns) {
-            Backend::Nftables => nft::setup(&ns, &conf, &owner, &ips)?,
-            Backend::Iptables => {
-                for ip in &ips {
-                    ipt::setup(&ns, &conf, &args.conf.name, &args.container_id, ip)?;
-                    let (ns, fam) = (&ns, if ip.is_ipv4() { Family::V4 } else { Family::V6 });
-                    undo.push("iptables port mappings", move || {
-                        ipt::teardown(ns, fam, &args.conf.name, &args.container_id)
-                    });
-                }
-            }
-        }
-        undo.commit();
+        let ctx = Ctx::new(&ns, owner(args));
+        backend::select(&ns, &conf).add(&ctx, &conf, &ips)?;
         // After the rules, so new datagrams take the new path.
         flush_udp_conntrack(&ns, &udp_ports(&conf), &[]);
         Ok(prev)
@@ -189,18 +137,8 @@ impl Plugin for Portmap {
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
         let ns = NetNs::current()?;
-        let mut errors = Vec::new();
-        let mut nl = Nfnl::open(&ns)?;
-        if let Err(e) = nft::teardown(&mut nl, &owner(args)) {
-            errors.push(e);
-        }
-        let chains = ipt::attachment_chains(&args.conf.name, &args.container_id);
-        for fam in Family::BOTH {
-            if iptables_may_hold(&ns, &mut nl, fam, &chains) {
-                let r = ipt::teardown(&ns, fam, &args.conf.name, &args.container_id);
-                iptables_best_effort(&ns, fam, &mut errors, r);
-            }
-        }
+        let ctx = Ctx::new(&ns, owner(args));
+        let removed = rcni_cni::first_error(backend::ALL.map(|b| b.del(&ctx)));
         let container: Vec<IpAddr> = args
             .conf
             .prev_result()
@@ -212,37 +150,22 @@ impl Plugin for Portmap {
             })
             .unwrap_or_default();
         flush_udp_conntrack(&ns, &udp_ports(&conf), &container);
-        joined(errors)
+        removed
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
-        let prev = prev_result(args, "Required prevResult missing")?;
+        let prev = args
+            .conf
+            .required_prev_result("Required prevResult missing")?;
         if conf.mappings.is_empty() {
             return Ok(());
         }
         let (v4, v6) = container_ips(&prev, &args.ifname);
         let ips: Vec<IpNetwork> = [v4, v6].into_iter().flatten().collect();
         let ns = NetNs::current()?;
-        let problems = match conf.backend(&ns) {
-            Backend::Nftables => {
-                let mut nl = Nfnl::open(&ns)?;
-                nft::problems(&mut nl, &conf, &owner(args), &ips)?
-            }
-            Backend::Iptables => {
-                let mut out = Vec::new();
-                for ip in &ips {
-                    out.extend(ipt::check(
-                        &ns,
-                        &conf,
-                        &args.conf.name,
-                        &args.container_id,
-                        ip,
-                    )?);
-                }
-                out
-            }
-        };
+        let ctx = Ctx::new(&ns, owner(args));
+        let problems = backend::select(&ns, &conf).check(&ctx, &conf, &ips)?;
         CniError::check_problems("portmap rules", &problems)
     }
 
@@ -251,19 +174,7 @@ impl Plugin for Portmap {
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
         let valid = args.conf.gc_valid_pairs();
         let ns = NetNs::current()?;
-        let mut errors = Vec::new();
-        let mut nl = Nfnl::open(&ns)?;
-        if let Err(e) = nft::gc(&mut nl, &args.conf.name, &valid) {
-            errors.push(e);
-        }
-        let valid_ids: BTreeSet<&str> = valid.iter().map(|(c, _)| c.as_str()).collect();
-        let top: BTreeSet<String> = [ipt::DNAT_CHAIN.to_string()].into_iter().collect();
-        for fam in Family::BOTH {
-            if iptables_may_hold(&ns, &mut nl, fam, &top) {
-                let r = ipt::gc(&ns, fam, &args.conf.name, &valid_ids);
-                iptables_best_effort(&ns, fam, &mut errors, r);
-            }
-        }
-        joined(errors)
+        let ctx = Ctx::new(&ns, owner(args));
+        rcni_cni::first_error(backend::ALL.map(|b| b.gc(&ctx, &valid)))
     }
 }

@@ -41,9 +41,9 @@
 
 use crate::conf::{Conf, Mapping};
 use ipnetwork::IpNetwork;
-use rcni_cni::CniError;
+use rcni_cni::{CniError, subnet};
+use rcni_netfilter::expr::{self, Expr};
 use rcni_netfilter::nfnl::{Hook, Nfnl, NftFamily, NftOp, NftRule};
-use rcni_netfilter::nftexpr::{self, Expr};
 use rcni_netns::NetNs;
 use std::fmt::Write;
 
@@ -79,10 +79,6 @@ impl Owner<'_> {
 
 fn fam_of(ip: &IpNetwork) -> NftFamily {
     NftFamily::of(&ip.ip())
-}
-
-fn subnet(ip: &IpNetwork) -> IpNetwork {
-    IpNetwork::new(ip.network(), ip.prefix()).expect("prefix of a valid network")
 }
 
 fn dnat_target(ip: &IpNetwork, port: u16) -> String {
@@ -241,6 +237,7 @@ pub fn setup_ops(
             table: TABLE.into(),
             chain: name.into(),
             hook,
+            comment: None,
         };
         let rule = |chain: &str, expr: Vec<Expr>, comment: Option<&str>| NftOp::AddRule {
             family,
@@ -271,8 +268,8 @@ pub fn setup_ops(
                 table: TABLE.into(),
                 chain: base.into(),
             });
-            ops.push(rule(base, nftexpr::jump(HOSTIP_HOSTPORTS), None));
-            let local = [nftexpr::fib_daddr_local(), nftexpr::jump(HOSTPORTS)].concat();
+            ops.push(rule(base, expr::jump(HOSTIP_HOSTPORTS), None));
+            let local = [expr::fib_daddr_local(), expr::jump(HOSTPORTS)].concat();
             ops.push(rule(base, local, None));
         }
         if conf.snat {
@@ -281,11 +278,11 @@ pub fn setup_ops(
         for m in conf.mappings.iter().filter(|m| m.applies_to(v6)) {
             let mut e = Vec::new();
             if let Some(h) = m.host_ip {
-                e.extend(nftexpr::addr(false, IpNetwork::from(h)));
+                e.extend(expr::addr(false, IpNetwork::from(h)));
             }
-            e.extend(nftexpr::l4proto(m.proto.number()));
-            e.extend(nftexpr::th_dport(m.host_port));
-            e.extend(nftexpr::dnat(ip.ip(), m.container_port));
+            e.extend(expr::l4proto(m.proto.number()));
+            e.extend(expr::th_dport(m.host_port));
+            e.extend(expr::dnat(ip.ip(), m.container_port));
             let chain = if m.host_ip.is_some() {
                 HOSTIP_HOSTPORTS
             } else {
@@ -294,17 +291,17 @@ pub fn setup_ops(
             ops.push(rule(chain, e, Some(&comment)));
         }
         if conf.snat {
-            let dst = nftexpr::addr(false, IpNetwork::from(ip.ip()));
-            let tail = [nftexpr::ct_status_dnat(), nftexpr::masquerade()].concat();
+            let dst = expr::addr(false, IpNetwork::from(ip.ip()));
+            let tail = [expr::ct_status_dnat(), expr::masquerade()].concat();
             let hairpin = if conf.masq_all {
                 [dst.clone(), tail.clone()].concat()
             } else {
-                [nftexpr::addr(true, subnet(ip)), dst.clone(), tail.clone()].concat()
+                [expr::addr(true, subnet(ip)), dst.clone(), tail.clone()].concat()
             };
             ops.push(rule(MASQUERADING, hairpin, Some(&comment)));
             if !v6 && !conf.masq_all {
                 let lo = IpNetwork::from(std::net::IpAddr::from([127, 0, 0, 1]));
-                let local = [nftexpr::addr(true, lo), dst, tail].concat();
+                let local = [expr::addr(true, lo), dst, tail].concat();
                 ops.push(rule(MASQUERADING, local, Some(&comment)));
             }
         }
@@ -317,12 +314,17 @@ pub fn setup_ops(
 /// conditions (nft syntax). A rule deleted by someone else between the
 /// listing and the write fails the transaction atomically; listing again
 /// and retrying once settles that.
-pub fn setup(ns: &NetNs, conf: &Conf, owner: &Owner, ips: &[IpNetwork]) -> Result<(), CniError> {
-    let mut nl = Nfnl::open(ns)?;
+pub fn setup(
+    ns: &NetNs,
+    nl: &mut Nfnl,
+    conf: &Conf,
+    owner: &Owner,
+    ips: &[IpNetwork],
+) -> Result<(), CniError> {
     let with_nft = !conf.conditions_v4.is_empty() || !conf.conditions_v6.is_empty();
     let mut last = None;
     for _ in 0..2 {
-        let stale: Vec<(NftFamily, String, u64)> = owned_rules(&mut nl, &|c| owner.owns(c))?
+        let stale: Vec<(NftFamily, String, u64)> = owned_rules(nl, &|c| owner.owns(c))?
             .into_iter()
             .map(|(f, r)| (f, r.chain, r.handle))
             .collect();

@@ -2,7 +2,7 @@
 //! one transaction (encoders in `rcni_netfilter::nftset`).
 
 use super::model::{Op, Rule, VMAPS, set_decl};
-use rcni_netfilter::nftexpr;
+use rcni_netfilter::expr as nftexpr;
 use rcni_netfilter::nftset::{Batch, Elem, Exprs, INET, Key, SetDecl};
 use std::net::IpAddr;
 

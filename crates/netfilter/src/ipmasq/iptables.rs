@@ -8,248 +8,19 @@
 //! -A CNI-<hash> ! -d 224.0.0.0/4 -m comment --comment "..." -j MASQUERADE
 //! ```
 //!
-//! We read the nat table once with `iptables-save`, decide what is missing,
-//! and write all changes of a call in one `iptables-restore --noflush` run
-//! per family (the reference runs one `iptables` process per rule and
-//! check). Rules are written in the exact text `iptables-save` prints, so
-//! what we write and what we read compare as strings where that is simplest.
+//! One `iptables-save` read and at most one `iptables-restore --noflush`
+//! write per family and call (see [`crate::iptables`]).
 
-use crate::exec;
+use crate::iptables::{Family, Rule, SaveTable, apply, read, removal_script};
 use crate::{Error, names};
 use ipnetwork::IpNetwork;
+use rcni_cni::subnet;
 use rcni_netns::NetNs;
 use std::collections::{BTreeSet, HashSet};
-use std::net::IpAddr;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    pub const BOTH: [Family; 2] = [Family::V4, Family::V6];
-
-    pub fn of(ip: &IpAddr) -> Family {
-        if ip.is_ipv4() { Family::V4 } else { Family::V6 }
-    }
-
-    fn save_tool(self) -> &'static str {
-        match self {
-            Family::V4 => "iptables-save",
-            Family::V6 => "ip6tables-save",
-        }
-    }
-
-    fn restore_tool(self) -> &'static str {
-        match self {
-            Family::V4 => "iptables-restore",
-            Family::V6 => "ip6tables-restore",
-        }
-    }
-
-    pub fn iptables_tool(self) -> &'static str {
-        match self {
-            Family::V4 => "iptables",
-            Family::V6 => "ip6tables",
-        }
-    }
-
-    /// Multicast is never masqueraded, so pods can use it on the local
-    /// network.
-    fn multicast(self) -> &'static str {
-        match self {
-            Family::V4 => "224.0.0.0/4",
-            Family::V6 => "ff00::/8",
-        }
-    }
-}
-
-/// One `-A` line of `iptables-save`, with the parts we look at.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Rule {
-    pub chain: String,
-    /// `(negated, value)` of `-s`.
-    pub src: Option<(bool, String)>,
-    /// `(negated, value)` of `-d`.
-    pub dst: Option<(bool, String)>,
-    pub comment: Option<String>,
-    pub target: Option<String>,
-    /// Any other match or option: such a rule is not one of ours.
-    pub other: bool,
-    /// The line as printed, for deleting it (`-A` becomes `-D`).
-    pub raw: String,
-}
-
-impl Rule {
-    fn src_net(&self) -> Option<IpNetwork> {
-        match &self.src {
-            Some((false, s)) => s.parse().ok(),
-            _ => None,
-        }
-    }
-
-    fn dst_net(&self, negated: bool) -> Option<IpNetwork> {
-        match &self.dst {
-            Some((n, s)) if *n == negated => s.parse().ok(),
-            _ => None,
-        }
-    }
-
-    /// The `iptables-restore` line that deletes this rule.
-    pub fn delete_line(&self) -> String {
-        match self.raw.strip_prefix("-A ") {
-            Some(rest) => format!("-D {rest}"),
-            None => self.raw.clone(),
-        }
-    }
-}
-
-/// The nat table as `iptables-save -t nat` prints it.
-#[derive(Debug, Clone, Default)]
-pub struct NatTable {
-    /// Every chain declared (`:NAME POLICY [p:b]`), built-in ones included.
-    pub chains: Vec<String>,
-    pub rules: Vec<Rule>,
-}
-
-impl NatTable {
-    pub fn has_chain(&self, chain: &str) -> bool {
-        self.chains.iter().any(|c| c == chain)
-    }
-
-    pub fn rules_in<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
-        self.rules.iter().filter(move |r| r.chain == chain)
-    }
-
-    /// Rules elsewhere that jump to `chain`.
-    pub fn references<'a>(&'a self, chain: &'a str) -> impl Iterator<Item = &'a Rule> + 'a {
-        self.rules
-            .iter()
-            .filter(move |r| r.chain != chain && r.target.as_deref() == Some(chain))
-    }
-}
-
-/// Splits an `iptables-save` line into words: double quotes group, and a
-/// backslash escapes the next character inside them (how comments are
-/// printed).
-pub fn tokenize(line: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut in_word = false;
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => {
-                in_word = true;
-                loop {
-                    match chars.next() {
-                        Some('\\') => match chars.next() {
-                            Some(e) => cur.push(e),
-                            None => return Err(format!("dangling escape in {line:?}")),
-                        },
-                        Some('"') => break,
-                        Some(c) => cur.push(c),
-                        None => return Err(format!("unterminated quote in {line:?}")),
-                    }
-                }
-            }
-            c if c.is_whitespace() => {
-                if in_word {
-                    out.push(std::mem::take(&mut cur));
-                    in_word = false;
-                }
-            }
-            c => {
-                in_word = true;
-                cur.push(c);
-            }
-        }
-    }
-    if in_word {
-        out.push(cur);
-    }
-    Ok(out)
-}
-
-/// Parses `iptables-save -t nat` output.
-pub fn parse_save(text: &str) -> Result<NatTable, String> {
-    parse_save_table(text, "nat")
-}
-
-/// Parses the part of `iptables-save` output that lists `table`.
-pub fn parse_save_table(text: &str, table: &str) -> Result<NatTable, String> {
-    let mut t = NatTable::default();
-    let mut in_nat = false;
-    for line in text.lines() {
-        let line = line.trim_end();
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        if let Some(name) = line.strip_prefix('*') {
-            in_nat = name == table;
-            continue;
-        }
-        if !in_nat || line == "COMMIT" {
-            continue;
-        }
-        if let Some(decl) = line.strip_prefix(':') {
-            if let Some(name) = decl.split_whitespace().next() {
-                t.chains.push(name.to_string());
-            }
-            continue;
-        }
-        if !line.starts_with("-A ") {
-            continue;
-        }
-        let words = tokenize(line)?;
-        let mut rule = Rule {
-            raw: line.to_string(),
-            ..Rule::default()
-        };
-        let mut negate = false;
-        let mut i = 0;
-        let value = |i: &mut usize| -> Result<String, String> {
-            *i += 1;
-            words
-                .get(*i)
-                .cloned()
-                .ok_or_else(|| format!("option without value in {line:?}"))
-        };
-        while i < words.len() {
-            match words[i].as_str() {
-                "-A" => rule.chain = value(&mut i)?,
-                "!" => {
-                    negate = true;
-                    i += 1;
-                    continue;
-                }
-                "-s" | "--source" => rule.src = Some((negate, value(&mut i)?)),
-                "-d" | "--destination" => rule.dst = Some((negate, value(&mut i)?)),
-                "-j" | "--jump" => rule.target = Some(value(&mut i)?),
-                "-m" | "--match" => {
-                    if value(&mut i)? != "comment" {
-                        rule.other = true;
-                    }
-                }
-                "--comment" => rule.comment = Some(value(&mut i)?),
-                _ => rule.other = true,
-            }
-            negate = false;
-            i += 1;
-        }
-        t.rules.push(rule);
-    }
-    Ok(t)
-}
 
 fn host_net(ip: &IpNetwork) -> IpNetwork {
     let len = if ip.is_ipv4() { 32 } else { 128 };
     IpNetwork::new(ip.ip(), len).expect("full-length prefix is valid")
-}
-
-fn subnet(ip: &IpNetwork) -> IpNetwork {
-    IpNetwork::new(ip.network(), ip.prefix()).expect("prefix taken from a valid network")
 }
 
 fn accept_line(chain: &str, subnet: &IpNetwork, comment: &str) -> String {
@@ -277,7 +48,7 @@ fn postrouting_line(chain: &str, ip: &IpNetwork, comment: &str) -> String {
 
 /// What is missing for `ips` (all of family `fam`) in `t`; empty when the
 /// attachment's masquerade is complete.
-pub(crate) fn problems(t: &NatTable, fam: Family, chain: &str, ips: &[IpNetwork]) -> Vec<String> {
+pub(crate) fn problems(t: &SaveTable, fam: Family, chain: &str, ips: &[IpNetwork]) -> Vec<String> {
     let mut out = Vec::new();
     if !t.has_chain(chain) {
         out.push(format!(
@@ -338,7 +109,7 @@ pub(crate) fn problems(t: &NatTable, fam: Family, chain: &str, ips: &[IpNetwork]
 /// subnets of one family, which masquerades the second subnet; we keep all
 /// ACCEPTs first. POSTROUTING rules are only added where missing.
 pub(crate) fn setup_script(
-    t: &NatTable,
+    t: &SaveTable,
     fam: Family,
     chain: &str,
     comment: &str,
@@ -384,33 +155,14 @@ pub(crate) fn setup_script(
     Some(s)
 }
 
-/// The input that removes `chains` entirely: every rule jumping to them
-/// (whatever its source: older reference versions used `-s <ip>/<prefix>`),
-/// then the chains. `None` when none of them exists.
-pub fn removal_script(t: &NatTable, chains: &BTreeSet<String>) -> Option<String> {
-    let mut body = String::new();
-    for chain in chains {
-        for r in t.references(chain) {
-            body.push_str(&r.delete_line());
-            body.push('\n');
-        }
-    }
-    for chain in chains {
-        if t.has_chain(chain) {
-            body.push_str(&format!("-F {chain}\n-X {chain}\n"));
-        }
-    }
-    if body.is_empty() {
-        None
-    } else {
-        Some(format!("*nat\n{body}COMMIT\n"))
-    }
-}
-
 /// Chains of `network` whose container is not in `valid`, found by the
 /// comment on their rules (the chain name alone does not say which network
 /// it belongs to). The reference has no iptables GC at all.
-pub(crate) fn stale_chains(t: &NatTable, network: &str, valid: &HashSet<&str>) -> BTreeSet<String> {
+pub(crate) fn stale_chains(
+    t: &SaveTable,
+    network: &str,
+    valid: &HashSet<&str>,
+) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for r in &t.rules {
         let Some((net, cid)) = r.comment.as_deref().and_then(names::parse_iptables_comment) else {
@@ -427,57 +179,6 @@ pub(crate) fn stale_chains(t: &NatTable, network: &str, valid: &HashSet<&str>) -
         }
     }
     out
-}
-
-/// Reads the nat table of `fam` in `ns`.
-pub fn read(ns: &NetNs, fam: Family) -> Result<NatTable, Error> {
-    read_table(ns, fam, "nat")
-}
-
-/// Reads `table` (nat, filter, ...) of `fam` in `ns`.
-pub fn read_table(ns: &NetNs, fam: Family, table: &str) -> Result<NatTable, Error> {
-    let tool = fam.save_tool();
-    let out = exec::run_ok(ns, tool, &["-t", table], None)?;
-    parse_save_table(&out, table).map_err(|msg| Error::Parse { tool, msg })
-}
-
-/// Reads `table` of `fam`, lets `script` decide the restore input from
-/// what is there (`None`: nothing to change) and applies it: one read and
-/// at most one write.
-pub fn edit(
-    ns: &NetNs,
-    fam: Family,
-    table: &str,
-    script: impl FnOnce(&NatTable) -> Option<String>,
-) -> Result<(), Error> {
-    let t = read_table(ns, fam, table)?;
-    match script(&t) {
-        Some(s) if !s.is_empty() => apply(ns, fam, &s),
-        _ => Ok(()),
-    }
-}
-
-/// Applies a script with one `iptables-restore --noflush` (waiting for the
-/// xtables lock like the reference's `iptables --wait`).
-pub fn apply(ns: &NetNs, fam: Family, script: &str) -> Result<(), Error> {
-    exec::run_ok(ns, fam.restore_tool(), &["-w", "--noflush"], Some(script)).map(|_| ())
-}
-
-/// Whether iptables of this family works in `ns` at all, with the
-/// reference's probe (`SupportsIPTables`: can the filter INPUT chain be
-/// listed). Teardown and GC ignore errors of a backend that cannot work.
-pub fn supported(ns: &NetNs, fam: Family) -> bool {
-    match exec::run(
-        ns,
-        fam.iptables_tool(),
-        &["-w", "-t", "filter", "-n", "-L", "INPUT"],
-        None,
-    ) {
-        // go-iptables' ChainExists: exit 1 means "no such chain", still a
-        // working iptables.
-        Ok(out) => out.success || out.code == Some(1),
-        Err(_) => false,
-    }
 }
 
 /// Makes `ips` (all of family `fam`) masqueraded with the reference's chain.
@@ -540,6 +241,7 @@ pub(crate) fn gc(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::iptables::parse_save;
 
     /// `iptables-save -t nat` after the reference bridge (v1.1.1) ran with
     /// ipMasq for network "mynet", container "ctr1".
@@ -643,26 +345,5 @@ COMMIT
         assert_eq!(stale, BTreeSet::from([names::chain_name("mynet", "ctr1")]));
         assert!(stale_chains(&t, "mynet", &HashSet::from(["ctr1"])).is_empty());
         assert!(stale_chains(&t, "othernet", &HashSet::new()).is_empty());
-    }
-
-    #[test]
-    fn tokenizer() {
-        assert_eq!(
-            tokenize(r#"-A X -m comment --comment "a \"b\" c" -j Y"#).unwrap(),
-            [
-                "-A",
-                "X",
-                "-m",
-                "comment",
-                "--comment",
-                r#"a "b" c"#,
-                "-j",
-                "Y"
-            ]
-        );
-        assert_eq!(tokenize(r#"--comment """#).unwrap(), ["--comment", ""]);
-        assert!(tokenize(r#"--comment "open"#).is_err());
-        let t = parse_save("*nat\n-A POSTROUTING -o eth0 -j MASQUERADE\nCOMMIT\n").unwrap();
-        assert!(t.rules[0].other);
     }
 }
