@@ -20,7 +20,7 @@ use ipnetwork::IpNetwork;
 use rcni_cni::invoke::{PendingAdd, PendingCmd, delegate_cmd};
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig};
+use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig, first_error};
 use rcni_netlink::{Family, Link, MacAddr, Netlink, SCOPE_LINK, sysctl};
 use rcni_netns::NetNs;
 use std::net::IpAddr;
@@ -268,8 +268,6 @@ pub fn finish_add(
     }
     result
 }
-
-pub use rcni_cni::first_error;
 
 /// The `mtu` key of a veth plugin (bridge, ptp): 0 leaves the kernel's
 /// default; a value no link can have is unsupported (code 2).

@@ -5,10 +5,10 @@
 //! once the pod's link exists; DEL.
 
 use crate::{
-    Dad, Namespaces, configure_iface, delete_container_link, finish_add, first_error,
-    in_container_for_del, interface, random_temp_name, sandbox, start_ipam_del, undo_link,
-    wait_ipam,
+    Dad, Namespaces, configure_iface, delete_container_link, finish_add, in_container_for_del,
+    interface, random_temp_name, sandbox, start_ipam_del, undo_link, wait_ipam,
 };
+use rcni_cni::first_error;
 use rcni_cni::invoke::PendingAdd;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::CmdArgs;

@@ -221,8 +221,7 @@ impl Plugin for Sbr {
         let conf = Conf::load(args)?;
         let prev = args
             .conf
-            .prev_result()?
-            .ok_or_else(|| CniError::config("This plugin must be called as chained plugin"))?;
+            .required_prev_result("This plugin must be called as chained plugin")?;
         let ips = ips_of(&args.ifname, &prev)?;
         let path = args
             .netns

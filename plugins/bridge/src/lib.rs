@@ -10,9 +10,9 @@ use rcni_attach::check;
 use rcni_attach::masq::Masq;
 use rcni_attach::{
     Attachment, Dad, Namespaces, configure_iface, delete_veth, enable_forwarding, finish_add,
-    first_error, interface, ipam_config, random_veth_name, rt, sandbox, start_ipam_add,
-    sysctl_best_effort,
+    interface, ipam_config, random_veth_name, rt, sandbox, start_ipam_add, sysctl_best_effort,
 };
+use rcni_cni::first_error;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult, Route};
@@ -402,7 +402,7 @@ impl Attachment for Bridge {
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
-        let prev = check::prev_result(args)?;
+        let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         let ns = Namespaces::open(args)?;
         let sandbox = sandbox(args);
         ns.rt.block_on(async {

@@ -88,7 +88,7 @@ impl Attachment for Macvlan {
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
-        let prev = check::prev_result(args)?;
+        let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         let ns = Namespaces::open(args)?;
         let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
         ns.rt.block_on(async {

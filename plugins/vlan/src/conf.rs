@@ -47,16 +47,15 @@ impl AttachConf for Conf {
                 raw.vlan_id
             )));
         }
-        if !(0..=65535).contains(&raw.mtu) {
-            return Err(CniError::config(format!(
-                "invalid MTU {}, must be [0, master MTU]",
-                raw.mtu
-            )));
-        }
+        // The veth plugins' bounds, but vlan's wording and code (a bad
+        // vlan config is code 7, as the reference's loadConf error).
+        let mtu = rcni_attach::mtu(raw.mtu).map_err(|_| {
+            CniError::config(format!("invalid MTU {}, must be [0, master MTU]", raw.mtu))
+        })?;
         Ok(Conf {
             master: raw.master,
             vlan_id: raw.vlan_id as u16,
-            mtu: (raw.mtu > 0).then_some(raw.mtu as u32),
+            mtu,
             link_in_container: raw.link_in_container,
             ipam: rcni_attach::ipam_type(args),
         })
