@@ -150,19 +150,14 @@ impl Namespaces {
 
     /// ADD's veth pair (see [`create_veth`]), its removal registered on
     /// `undo`. Returns (host end, container end).
-    pub fn setup_veth<'a>(
+    pub async fn setup_veth<'a>(
         &'a self,
         undo: &mut Rollback<'a>,
         ifname: &str,
         mtu: Option<u32>,
     ) -> Result<(Link, Link), CniError> {
-        let (host_veth, ct_veth) = self.rt.block_on(create_veth(
-            &self.host,
-            &self.ct,
-            &self.host_ns,
-            ifname,
-            mtu,
-        ))?;
+        let (host_veth, ct_veth) =
+            create_veth(&self.host, &self.ct, &self.host_ns, ifname, mtu).await?;
         let what = format!("veth {ifname}");
         undo_link(undo, what, &self.rt, &self.ct, ct_veth.index);
         Ok((host_veth, ct_veth))
