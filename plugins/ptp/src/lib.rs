@@ -146,9 +146,9 @@ impl Attachment for Ptp {
         let mut ipam = PendingAdd::start(ipam, &args.stdin, &args.path, args.version());
         let mut undo = Rollback::new();
 
-        let (host_veth, ct_veth) = ns
-            .rt
-            .block_on(ns.setup_veth(&mut undo, &args.ifname, conf.mtu))?;
+        let (host_veth, ct_veth) =
+            ns.rt
+                .block_on(ns.setup_veth(&mut undo, &args.ifname, conf.mtu))?;
 
         // Both ends own their addresses by construction, so no duplicate
         // address detection: the global addresses are added without it (a
