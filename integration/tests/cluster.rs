@@ -4,14 +4,12 @@
 //! attached with our bridge plugin from the config the agent wrote, and
 //! real traffic between pods on different nodes.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{ip, nl};
+use rcni_integration::{ip, nl};
 use rcni_netlink::NUD_PERMANENT;
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, TestNs, bin, command_in, stdout_of};
@@ -83,7 +81,7 @@ impl ClusterNode {
             .stdin(&self.plugin_conf())
             .run_in(&self.ns.ns)
             .ok();
-        let a = common::addr_of(&r, true);
+        let a = rcni_integration::addr_of(&r, true);
         (pod, a)
     }
 
@@ -96,7 +94,10 @@ impl ClusterNode {
             .stdin(&self.plugin_conf())
             .run_in(&self.ns.ns)
             .ok();
-        let (a4, a6) = (common::addr_of(&r, true), common::addr_of(&r, false));
+        let (a4, a6) = (
+            rcni_integration::addr_of(&r, true),
+            rcni_integration::addr_of(&r, false),
+        );
         (pod, a4, a6)
     }
 
@@ -263,7 +264,7 @@ impl Cluster {
     }
 
     fn address(&self, i: usize) -> String {
-        common::addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
+        rcni_integration::addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
             .split('/')
             .next()
             .unwrap()
@@ -309,7 +310,7 @@ fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
 }
 
 fn link_json(ns: &NetNs, dev: &str) -> Value {
-    common::ip_link_json(ns, dev)
+    rcni_integration::ip_link_json(ns, dev)
 }
 
 #[test]
@@ -330,7 +331,10 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     );
     assert_eq!(d["learning"], false, "{l}");
     assert_eq!(l["mtu"], 1450);
-    assert_eq!(common::addrs_of(&n1.ns.ns, VTEP), ["10.244.1.0/32"]);
+    assert_eq!(
+        rcni_integration::addrs_of(&n1.ns.ns, VTEP),
+        ["10.244.1.0/32"]
+    );
     // /proc/sys/net shows the reader's namespace.
     let rp =
         stdout_of(command_in(&n1.ns.ns, "cat").arg("/proc/sys/net/ipv4/conf/rcni.1/rp_filter"));
@@ -442,7 +446,11 @@ fn host_gw_on_one_l2_routes_via_the_node() {
             "10.244.3.0/24 via 192.168.50.3".to_string()
         ])
     );
-    assert!(common::link_names(&n1.ns.ns).iter().all(|l| l != VTEP));
+    assert!(
+        rcni_integration::link_names(&n1.ns.ns)
+            .iter()
+            .all(|l| l != VTEP)
+    );
     assert_eq!(n1.plugin_conf()["mtu"], 1500);
     let (p1, a1) = n1.pod("p1");
     let (p3, a3) = c.nodes[2].pod("p3");
@@ -561,7 +569,11 @@ fn bad_cluster_files_and_unknown_nodes_are_refused_clearly() {
         }
     }
     // Nothing was programmed and no config written.
-    assert!(common::link_names(&n1.ns.ns).iter().all(|l| l != VTEP));
+    assert!(
+        rcni_integration::link_names(&n1.ns.ns)
+            .iter()
+            .all(|l| l != VTEP)
+    );
     assert!(!n1.conf_dir().join("10-rcni.conflist").exists());
 }
 
@@ -678,9 +690,9 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
     assert_eq!(d["learning"], false, "{l}");
     assert_eq!(l["mtu"], 1430, "{l}");
     assert!(
-        common::addrs_of(&n1.ns.ns, VTEP6).contains(&"fd00:0:0:1::/128".to_string()),
+        rcni_integration::addrs_of(&n1.ns.ns, VTEP6).contains(&"fd00:0:0:1::/128".to_string()),
         "{:?}",
-        common::addrs_of(&n1.ns.ns, VTEP6)
+        rcni_integration::addrs_of(&n1.ns.ns, VTEP6)
     );
     assert_ne!(l["address"], link_json(&n1.ns.ns, VTEP)["address"]);
     let conf = n1.plugin_conf();
@@ -761,7 +773,11 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
             "fd00:0:0:3::/64 via fd50::3".to_string()
         ])
     );
-    assert!(common::link_names(&n1.ns.ns).iter().all(|l| l != VTEP6));
+    assert!(
+        rcni_integration::link_names(&n1.ns.ns)
+            .iter()
+            .all(|l| l != VTEP6)
+    );
     assert!(ping6(&p1.ns, &b3));
     assert!(ping6(&p3.ns, &b1));
 

@@ -3,9 +3,7 @@
 //! kernel state at 0.3.1 and 1.0.0, config errors, rollback, DEL without
 //! master or netns, CHECK after damage, STATUS and GC reaching IPAM.
 
-mod common;
-
-use common::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
+use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::MacvlanMode;
 use rcni_testkit::{Call, PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
 use serde_json::{Value, json};
@@ -195,7 +193,7 @@ fn default_master_and_link_in_container() {
         "10.64.1.1/24",
         json!({"linkInContainer": true}),
     );
-    let p = common::lower_in_container(&node, "macvlan", &c);
+    let p = rcni_integration::lower_in_container(&node, "macvlan", &c);
     assert_eq!(link_names(&p.ns), ["lo", "inner1", "inner0"]);
     assert!(node_macvlans(&node).is_empty());
 }
@@ -346,10 +344,10 @@ fn del_without_master_or_netns_and_check_after_damage() {
         &bin("macvlan"),
         &c,
         &[
-            ("address removed", common::remove_pod_address),
-            ("link deleted", common::delete_pod_eth0),
+            ("address removed", rcni_integration::remove_pod_address),
+            ("link deleted", rcni_integration::delete_pod_eth0),
             ("route removed", |_, pod, _| {
-                common::remove_route(pod, |r| r.dst.to_string() == "10.99.0.0/16")
+                rcni_integration::remove_route(pod, |r| r.dst.to_string() == "10.99.0.0/16")
             }),
             ("MAC changed", |_, pod, _| {
                 ip(pod, "link set eth0 address 02:00:00:67:00:09")

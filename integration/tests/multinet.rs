@@ -4,9 +4,7 @@
 //! from the record after the macvlan conflist is gone; a failing network
 //! rolling back the others; default-route requests.
 
-mod common;
-
-use common::multinet_lab::{Lab, addr_on};
+use rcni_integration::multinet_lab::{Lab, addr_on};
 use rcni_testkit::{TestNs, bin, ping, reservations, stdout_of};
 use serde_json::json;
 

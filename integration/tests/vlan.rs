@@ -2,9 +2,7 @@
 //! has none; vm_vlan.rs has the packets): config errors, DEL without master
 //! or netns, STATUS and GC reaching IPAM.
 
-mod common;
-
-use common::{Node, ip, link_names, merged};
+use rcni_integration::{Node, ip, link_names, merged};
 use rcni_testkit::{Call, PersistentNs, TestNs, bin, reference_bin};
 use serde_json::{Value, json};
 

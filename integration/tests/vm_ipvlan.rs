@@ -2,9 +2,7 @@
 //! ipvlan; scripts/test runs this binary under ../shared/tools/vm-run
 //! (Debian's full kernel).
 
-mod common;
-
-use common::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
+use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::IpvlanMode;
 use rcni_testkit::{PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
 use serde_json::{Value, json};
@@ -242,7 +240,7 @@ fn chained_check_errors_rollback_and_del() {
         "10.74.2.1/24",
         json!({"linkInContainer": true}),
     );
-    let _lic = common::lower_in_container(&node, "ipvlan", &c);
+    let _lic = rcni_integration::lower_in_container(&node, "ipvlan", &c);
 
     // DEL: twice, without the netns, without the master.
     let c = hl(json!({}));

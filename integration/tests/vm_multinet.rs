@@ -4,9 +4,7 @@
 //! only, and DEL leaves nothing on any network, also with the extra
 //! networks' conflists deleted between ADD and DEL.
 
-mod common;
-
-use common::multinet_lab::{Lab, addr_on};
+use rcni_integration::multinet_lab::{Lab, addr_on};
 use rcni_testkit::{TestNs, ip, ping, reservations};
 use serde_json::json;
 

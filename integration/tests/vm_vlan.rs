@@ -2,9 +2,7 @@
 //! 802.1Q; scripts/test runs this binary under ../shared/tools/vm-run
 //! (Debian's full kernel).
 
-mod common;
-
-use common::{
+use rcni_integration::{
     Node, addrs_of, ip, ipv6_addrs, link_names, merged, nl, ours_and_reference, routes_of,
 };
 use rcni_testkit::{TestNs, bin, normalized_result, ping, reference_bin};

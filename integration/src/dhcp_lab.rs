@@ -1,9 +1,8 @@
 //! A DHCP lab for the dhcp tests: a node namespace, a server namespace
 //! running dnsmasq, the daemon, and pods, all with files in one temporary
 //! directory. Guards stop dnsmasq and the daemon however a test ends.
-#![allow(dead_code)]
 
-use crate::common::{ip, nl};
+use crate::{ip, nl};
 use rcni_testkit::{Call, Output, TestNs, bin};
 use serde_json::{Value, json};
 use std::fs::File;

@@ -3,7 +3,6 @@
 //! plugin, the chain run the way a runtime runs it, and real TCP/UDP
 //! traffic between the namespaces (sockets created inside a namespace stay
 //! there, so the test process talks from any of them).
-#![allow(dead_code)]
 
 use rcni_netlink::Netlink;
 use rcni_netns::NetNs;
