@@ -15,6 +15,62 @@ use rcni_cni::skel::CmdArgs;
 use rcni_cni::{CniError, CniResult};
 use rcni_netlink::{Family, IPV4_DEVCONF_ARP_NOTIFY, Link, Netlink};
 use rcni_netns::NetNs;
+use serde::Deserialize;
+
+/// The keys every link on a lower device takes (macvlan, ipvlan, vlan):
+/// where its master is, and IPAM. Each plugin reads its own keys (mode,
+/// MTU, ...) beside these.
+#[derive(Debug)]
+pub struct LowerConf {
+    /// As configured; empty: the interface of the default route (macvlan,
+    /// ipvlan; vlan requires a master).
+    pub master: String,
+    /// The master lives in the container's namespace, not the node's.
+    pub link_in_container: bool,
+    /// IPAM plugin type; `None` is an L2-only attachment (ipvlan, chained:
+    /// `prevResult`'s addresses).
+    pub ipam: Option<String>,
+}
+
+impl LowerConf {
+    pub fn load(args: &CmdArgs) -> Result<LowerConf, CniError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Keys {
+            #[serde(default)]
+            master: String,
+            #[serde(default)]
+            link_in_container: bool,
+        }
+        let keys: Keys = args.conf.plugin_conf()?;
+        Ok(LowerConf {
+            master: keys.master,
+            link_in_container: keys.link_in_container,
+            ipam: crate::ipam_type(args),
+        })
+    }
+
+    /// The master `name` (the default route's interface when empty), looked
+    /// up in the namespace the config says it lives in.
+    pub async fn find_master(&self, ns: &Namespaces, name: &str) -> Result<Link, CniError> {
+        let nl = if self.link_in_container {
+            &ns.ct
+        } else {
+            &ns.host
+        };
+        find_master(nl, name).await
+    }
+}
+
+/// The `mode` key: `modes` names each mode, the first also the default (an
+/// empty or absent key); any other name is unsupported (code 2).
+pub fn mode<M: Copy>(name: &str, modes: &[(&str, M)]) -> Result<M, CniError> {
+    match modes.iter().find(|(n, _)| *n == name) {
+        Some((_, m)) => Ok(*m),
+        None if name.is_empty() => Ok(modes[0].1),
+        None => Err(CniError::unsupported("mode", format!("{name:?}"))),
+    }
+}
 
 /// The interface of the first default route of the main table (IPv4
 /// before IPv6), as the reference's `getDefaultRouteInterfaceName`.

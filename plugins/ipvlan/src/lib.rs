@@ -26,17 +26,6 @@ pub struct Ipvlan;
 /// The ipvlan link is the result's only interface.
 const IDX_CONTAINER: usize = 0;
 
-/// The master named `name` (the default route's interface for `None`),
-/// looked up where the config says it lives.
-async fn find_master(ns: &Namespaces, conf: &Conf, name: Option<&str>) -> Result<Link, CniError> {
-    let nl = if conf.link_in_container {
-        &ns.ct
-    } else {
-        &ns.host
-    };
-    lower::find_master(nl, name.unwrap_or("")).await
-}
-
 impl Attachment for Ipvlan {
     type Conf = Conf;
 
@@ -45,7 +34,7 @@ impl Attachment for Ipvlan {
     }
 
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
-        let from_prev = match conf.ipam {
+        let from_prev = match conf.lower.ipam {
             Some(_) => None,
             None => Some(conf.prev_with_ips().ok_or_else(|| {
                 CniError::config(
@@ -54,21 +43,22 @@ impl Attachment for Ipvlan {
             })?),
         };
         let ns = Namespaces::open(args)?;
-        let master = ns
-            .rt
-            .block_on(find_master(&ns, conf, conf.master_for_add()?))?;
+        let master = ns.rt.block_on(
+            conf.lower
+                .find_master(&ns, conf.master_for_add()?.unwrap_or("")),
+        )?;
         let mtu = lower::check_mtu(conf.mtu, &master)?;
         ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
         // Declared before the rollback: dropped after it, so a failed ADD
         // releases its addresses after removing the link that used them.
-        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let mut ipam = start_ipam_add(conf.lower.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
         let link = create_lower_link(
             &ns,
             args,
             "ipvlan",
-            conf.link_in_container,
+            conf.lower.link_in_container,
             &mut undo,
             async |nl, name, target| {
                 let opts = LowerOpts {
@@ -104,11 +94,11 @@ impl Attachment for Ipvlan {
     /// IPAM's release alongside the link's removal if the netns is still
     /// there; a missing master, netns or link is success.
     fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        del_lower(args, conf.ipam.as_deref())
+        del_lower(args, conf.lower.ipam.as_deref())
     }
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
+        rcni_attach::delegate_ipam(conf.lower.ipam.as_deref(), "CHECK", args)?;
         let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         let ns = Namespaces::open(args)?;
         let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
@@ -116,10 +106,11 @@ impl Attachment for Ipvlan {
             // Without `master` the one ADD used is not known any more (the
             // prevResult ADD took it from is gone): the lower device is not
             // checked then.
-            let master = match conf.master.as_str() {
+            let master = match conf.lower.master.as_str() {
                 "" => None,
                 name => Some(
-                    find_master(&ns, conf, Some(name))
+                    conf.lower
+                        .find_master(&ns, name)
                         .await
                         .map_err(|e| CniError::check_failed(e.msg))?,
                 ),

@@ -24,16 +24,6 @@ pub struct Macvlan;
 /// The macvlan link is the result's only interface.
 const IDX_CONTAINER: usize = 0;
 
-/// The master, looked up where the config says it lives.
-async fn find_master(ns: &Namespaces, conf: &Conf) -> Result<Link, CniError> {
-    let nl = if conf.link_in_container {
-        &ns.ct
-    } else {
-        &ns.host
-    };
-    lower::find_master(nl, &conf.master).await
-}
-
 impl Attachment for Macvlan {
     type Conf = Conf;
 
@@ -47,19 +37,21 @@ impl Attachment for Macvlan {
         args.args.check_known(&["MAC"])?;
         let mac = conf.mac()?;
         let ns = Namespaces::open(args)?;
-        let master = ns.rt.block_on(find_master(&ns, conf))?;
+        let master = ns
+            .rt
+            .block_on(conf.lower.find_master(&ns, &conf.lower.master))?;
         let mtu = lower::check_mtu(conf.mtu, &master)?;
         ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
         // Declared before the rollback: dropped after it, so a failed ADD
         // releases its addresses after removing the link that used them.
-        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let mut ipam = start_ipam_add(conf.lower.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
         let link = create_lower_link(
             &ns,
             args,
             "macvlan",
-            conf.link_in_container,
+            conf.lower.link_in_container,
             &mut undo,
             async |nl, name, target| {
                 let opts = LowerOpts {
@@ -83,16 +75,18 @@ impl Attachment for Macvlan {
     /// IPAM's release alongside the link's removal if the netns is still
     /// there; a missing master, netns or link is success.
     fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        del_lower(args, conf.ipam.as_deref())
+        del_lower(args, conf.lower.ipam.as_deref())
     }
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
+        rcni_attach::delegate_ipam(conf.lower.ipam.as_deref(), "CHECK", args)?;
         let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         let ns = Namespaces::open(args)?;
         let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
         ns.rt.block_on(async {
-            let master = find_master(&ns, conf)
+            let master = conf
+                .lower
+                .find_master(&ns, &conf.lower.master)
                 .await
                 .map_err(|e| CniError::check_failed(e.msg))?;
             let link = check::validate_link(&ns.ct, ct_if, Some("macvlan")).await?;

@@ -18,23 +18,11 @@ use rcni_attach::{
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult};
-use rcni_netlink::{Link, Netlink};
 
 pub struct Vlan;
 
 /// The vlan link is the result's only interface.
 const IDX_CONTAINER: usize = 0;
-
-/// The master, looked up where the config says it lives.
-async fn find_master(host: &Netlink, ct: &Netlink, conf: &Conf) -> Result<Link, CniError> {
-    let nl = if conf.link_in_container { ct } else { host };
-    nl.find_link(&conf.master).await?.ok_or_else(|| {
-        CniError::config(format!(
-            "failed to lookup master {:?}: link not found",
-            conf.master
-        ))
-    })
-}
 
 impl Attachment for Vlan {
     type Conf = Conf;
@@ -45,20 +33,22 @@ impl Attachment for Vlan {
 
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
         let ns = Namespaces::open(args)?;
-        let master = ns.rt.block_on(find_master(&ns.host, &ns.ct, conf))?;
+        let master = ns
+            .rt
+            .block_on(conf.lower.find_master(&ns, &conf.lower.master))?;
         conf.check_mtu(master.mtu)?;
         ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
         // Once the config is known good, IPAM runs alongside the link work.
         // Declared before the rollback: dropped after it, so a failed ADD
         // releases its addresses after removing the link that used them.
-        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let mut ipam = start_ipam_add(conf.lower.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
         let link = create_lower_link(
             &ns,
             args,
             "vlan",
-            conf.link_in_container,
+            conf.lower.link_in_container,
             &mut undo,
             async |nl, name, target| {
                 nl.create_vlan(name, master.index, conf.vlan_id, conf.mtu, target)
@@ -76,23 +66,25 @@ impl Attachment for Vlan {
     /// IPAM's release alongside the link's removal if the netns is still
     /// there; a missing master, netns or link is success.
     fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        del_lower(args, conf.ipam.as_deref())
+        del_lower(args, conf.lower.ipam.as_deref())
     }
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
+        rcni_attach::delegate_ipam(conf.lower.ipam.as_deref(), "CHECK", args)?;
         let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         let ns = Namespaces::open(args)?;
         let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
         ns.rt.block_on(async {
-            let master = find_master(&ns.host, &ns.ct, conf)
+            let master = conf
+                .lower
+                .find_master(&ns, &conf.lower.master)
                 .await
                 .map_err(|e| CniError::check_failed(e.msg))?;
             let link = check::validate_link(&ns.ct, ct_if, Some("vlan")).await?;
             if link.link != Some(master.index) {
                 return Err(CniError::check_failed(format!(
                     "vlan: {} is not on master {}",
-                    link.name, conf.master
+                    link.name, conf.lower.master
                 )));
             }
             let id = ns.ct.vlan_id(link.index).await?;
