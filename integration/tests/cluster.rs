@@ -9,10 +9,10 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use rcni_integration::{ip, nl};
+use rcni_integration::{addr_of, addrs_of, ip, ip_link_json, nl};
 use rcni_netlink::NUD_PERMANENT;
 use rcni_netns::NetNs;
-use rcni_testkit::{Call, TestNs, bin, command_in, stdout_of};
+use rcni_testkit::{Call, TestNs, bin, command_in, ping, stdout_of};
 use serde_json::{Value, json};
 
 /// The agent's route protocol (agent::RTPROT_RCNI).
@@ -72,8 +72,8 @@ impl ClusterNode {
         c
     }
 
-    /// A pod on this node: its namespace and IPv4 address.
-    fn pod(&self, cid: &str) -> (TestNs, String) {
+    /// A pod on this node: its namespace and ADD's result.
+    fn add_pod(&self, cid: &str) -> (TestNs, Value) {
         let pod = TestNs::new();
         let r = Call::new(bin("bridge"), "ADD")
             .env("CNI_CONTAINERID", cid)
@@ -81,24 +81,19 @@ impl ClusterNode {
             .stdin(&self.plugin_conf())
             .run_in(&self.ns.ns)
             .ok();
-        let a = rcni_integration::addr_of(&r, true);
-        (pod, a)
+        (pod, r)
+    }
+
+    /// A pod on this node: its namespace and IPv4 address.
+    fn pod(&self, cid: &str) -> (TestNs, String) {
+        let (pod, r) = self.add_pod(cid);
+        (pod, addr_of(&r, true))
     }
 
     /// A dual-stack pod: its namespace, IPv4 and IPv6 addresses.
     fn pod_dual(&self, cid: &str) -> (TestNs, String, String) {
-        let pod = TestNs::new();
-        let r = Call::new(bin("bridge"), "ADD")
-            .env("CNI_CONTAINERID", cid)
-            .netns(&pod.path())
-            .stdin(&self.plugin_conf())
-            .run_in(&self.ns.ns)
-            .ok();
-        let (a4, a6) = (
-            rcni_integration::addr_of(&r, true),
-            rcni_integration::addr_of(&r, false),
-        );
-        (pod, a4, a6)
+        let (pod, r) = self.add_pod(cid);
+        (pod, addr_of(&r, true), addr_of(&r, false))
     }
 
     /// (permanent neighbours, FDB entries) on the VTEP and the agent's
@@ -264,7 +259,7 @@ impl Cluster {
     }
 
     fn address(&self, i: usize) -> String {
-        rcni_integration::addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
+        addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
             .split('/')
             .next()
             .unwrap()
@@ -276,10 +271,6 @@ impl Cluster {
             n.reconcile(&self.file);
         }
     }
-}
-
-fn ping(from: &NetNs, to: &str) -> bool {
-    rcni_testkit::ping(from, to)
 }
 
 /// `ping -M do -s <size>` once: (success, output).
@@ -309,8 +300,23 @@ fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
     )
 }
 
-fn link_json(ns: &NetNs, dev: &str) -> Value {
-    rcni_integration::ip_link_json(ns, dev)
+/// The source address the router's `addr` sees for a TCP connection from
+/// `pod` (a server there writes back its peer's address).
+fn source_seen_by_router(c: &Cluster, pod: &NetNs, addr: &str) -> String {
+    let seen = rcni_testkit::tcp_server(&c.router.ns, addr.parse().unwrap(), |mut s| {
+        let peer = s.peer_addr().unwrap().ip().to_string();
+        let _ = s.write_all(peer.as_bytes());
+    });
+    pod.run(move || {
+        let mut s = std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
+            .expect("connect to the router from a pod");
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut b = String::new();
+        s.read_to_string(&mut b).unwrap();
+        b
+    })
+    .unwrap()
 }
 
 #[test]
@@ -322,7 +328,7 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
 
     // flannel's device: VNI 1, port 8472, learning off, MTU uplink - 50,
     // the pod subnet's .0 as /32, loose rp_filter.
-    let l = link_json(&n1.ns.ns, VTEP);
+    let l = ip_link_json(&n1.ns.ns, VTEP);
     let d = &l["linkinfo"]["info_data"];
     assert_eq!(
         (d["id"].as_u64(), d["port"].as_u64()),
@@ -331,10 +337,7 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     );
     assert_eq!(d["learning"], false, "{l}");
     assert_eq!(l["mtu"], 1450);
-    assert_eq!(
-        rcni_integration::addrs_of(&n1.ns.ns, VTEP),
-        ["10.244.1.0/32"]
-    );
+    assert_eq!(addrs_of(&n1.ns.ns, VTEP), ["10.244.1.0/32"]);
     // /proc/sys/net shows the reader's namespace.
     let rp =
         stdout_of(command_in(&n1.ns.ns, "cat").arg("/proc/sys/net/ipv4/conf/rcni.1/rp_filter"));
@@ -370,26 +373,9 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     );
 
     // Pod traffic leaving the cluster network is masqueraded: the router
-    // sees the node's address.
-    let seen =
-        rcni_testkit::tcp_server(&c.router.ns, "192.168.50.254".parse().unwrap(), |mut s| {
-            let peer = s.peer_addr().unwrap().ip().to_string();
-            let _ = s.write_all(peer.as_bytes());
-        });
-    let peer = p1
-        .ns
-        .run(move || {
-            // Unmasqueraded, the router could not answer: no route back.
-            let mut s =
-                std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
-                    .expect("connect to the router from a pod");
-            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-                .unwrap();
-            let mut b = String::new();
-            s.read_to_string(&mut b).unwrap();
-            b
-        })
-        .unwrap();
+    // sees the node's address (unmasqueraded, it could not answer: it has
+    // no route back to the pods).
+    let peer = source_seen_by_router(&c, &p1.ns, "192.168.50.254");
     assert_eq!(peer, "192.168.50.1");
 
     // The same file again: nothing changes, nothing is flushed.
@@ -680,7 +666,7 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
     // A second VXLAN device for IPv6 (flannel's flannel-v6.<VNI>): same
     // VNI and port over the IPv6 underlay, MTU uplink - 70, the IPv6 pod
     // subnet's ::0 as /128; the pods get the smaller MTU of both paths.
-    let l = link_json(&n1.ns.ns, VTEP6);
+    let l = ip_link_json(&n1.ns.ns, VTEP6);
     let d = &l["linkinfo"]["info_data"];
     assert_eq!(
         (d["id"].as_u64(), d["port"].as_u64()),
@@ -690,11 +676,11 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
     assert_eq!(d["learning"], false, "{l}");
     assert_eq!(l["mtu"], 1430, "{l}");
     assert!(
-        rcni_integration::addrs_of(&n1.ns.ns, VTEP6).contains(&"fd00:0:0:1::/128".to_string()),
+        addrs_of(&n1.ns.ns, VTEP6).contains(&"fd00:0:0:1::/128".to_string()),
         "{:?}",
-        rcni_integration::addrs_of(&n1.ns.ns, VTEP6)
+        addrs_of(&n1.ns.ns, VTEP6)
     );
-    assert_ne!(l["address"], link_json(&n1.ns.ns, VTEP)["address"]);
+    assert_ne!(l["address"], ip_link_json(&n1.ns.ns, VTEP)["address"]);
     let conf = n1.plugin_conf();
     assert_eq!(conf["mtu"], 1430);
     assert_eq!(conf["ipam"]["ranges"][1][0]["subnet"], "fd00:0:0:1::/64");
@@ -723,23 +709,7 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
 
     // IPv6 pod traffic leaving network6 is masqueraded to the node's
     // address6 (the router has no route back to the pods).
-    let seen = rcni_testkit::tcp_server(&c.router.ns, "fd50::fe".parse().unwrap(), |mut s| {
-        let peer = s.peer_addr().unwrap().ip().to_string();
-        let _ = s.write_all(peer.as_bytes());
-    });
-    let peer = p1
-        .ns
-        .run(move || {
-            let mut s =
-                std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
-                    .expect("connect to the router from a pod over IPv6");
-            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-                .unwrap();
-            let mut b = String::new();
-            s.read_to_string(&mut b).unwrap();
-            b
-        })
-        .unwrap();
+    let peer = source_seen_by_router(&c, &p1.ns, "fd50::fe");
     assert_eq!(peer, "fd50::1");
 
     let again = n1.reconcile(&c.file);
