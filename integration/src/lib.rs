@@ -197,6 +197,44 @@ impl Node {
     }
 
     /// host-local's reservations for the network `podnet`.
+    /// A node with two masters on one wire: its veth pair m1 <-> m2 (the
+    /// lower device of macvlan, ipvlan and vlan pods).
+    pub fn with_wire() -> Node {
+        let node = Node::new();
+        ip(&node.ns.ns, "link add m1 type veth peer name m2");
+        ip(&node.ns.ns, "link set m1 up");
+        ip(&node.ns.ns, "link set m2 up");
+        node
+    }
+
+    /// STATUS and GC of a plugin that hands both to IPAM (macvlan, vlan),
+    /// with `conf`'s IPAM replaced by host-local on `<net>.0/24`: of two
+    /// reservations GC keeps only the valid one; STATUS passes, and is 50
+    /// once a /30 of `net` has its one address taken.
+    pub fn ipam_status_and_gc(&self, plugin: &str, conf: &Value, net: &str) {
+        let ipam = |prefix: u8| {
+            json!({"ipam": {"type": "host-local", "dataDir": self.data.path(),
+                "ranges": [[{"subnet": format!("{net}.0/{prefix}")}]]}})
+        };
+        let c = merged(conf.clone(), ipam(24));
+        let pod = TestNs::new();
+        for cid in ["keep", "stale"] {
+            Call::new(bin("host-local"), "ADD")
+                .env("CNI_CONTAINERID", cid)
+                .netns(&pod.path())
+                .stdin(&c)
+                .run_in(&self.ns.ns)
+                .ok();
+        }
+        let valid = json!([{"containerID": "keep", "ifname": "eth0"}]);
+        self.gc(&bin(plugin), &c, valid).ok();
+        assert_eq!(self.reservations(), [format!("{net}.2")]);
+        self.status(&bin(plugin), &c).ok();
+        let small = merged(c, ipam(30));
+        let (code, _) = self.status(&bin(plugin), &small).err();
+        assert_eq!(code, 50, "the /30's one address is taken");
+    }
+
     pub fn reservations(&self) -> Vec<String> {
         rcni_testkit::reservations(&self.data.path().join("podnet"))
     }

@@ -16,15 +16,6 @@ fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
     merged(c, extra)
 }
 
-/// Two masters on one wire: the node's veth pair m1 <-> m2.
-fn node_with_wire() -> Node {
-    let node = Node::new();
-    ip(&node.ns.ns, "link add m1 type veth peer name m2");
-    ip(&node.ns.ns, "link set m1 up");
-    ip(&node.ns.ns, "link set m2 up");
-    node
-}
-
 /// macvlan links left in the node namespace.
 fn node_macvlans(node: &Node) -> Vec<String> {
     nl(&node.ns.ns, async |n| n.links().await.unwrap())
@@ -37,7 +28,7 @@ fn node_macvlans(node: &Node) -> Vec<String> {
 /// Pods `a` and `b` on m1, `c` on m2 (bridge mode), `mode` on m1.
 /// Returns whether a reaches b and whether a reaches c across the wire.
 fn reach(mode: &str) -> (bool, bool) {
-    let node = node_with_wire();
+    let node = Node::with_wire();
     let pods: Vec<(TestNs, Value, Value)> = [
         ("m1", mode, "10.62.0.1/24"),
         ("m1", mode, "10.62.0.2/24"),
@@ -168,7 +159,7 @@ fn result_and_kernel_state_match_the_reference() {
 
 #[test]
 fn default_master_and_link_in_container() {
-    let node = node_with_wire();
+    let node = Node::with_wire();
     // No master: the interface of the node's default route.
     ip(&node.ns.ns, "addr add 10.64.0.1/24 dev m2");
     ip(&node.ns.ns, "route add default via 10.64.0.254 dev m2");
@@ -200,7 +191,7 @@ fn default_master_and_link_in_container() {
 
 #[test]
 fn config_errors_touch_nothing() {
-    let node = node_with_wire();
+    let node = Node::with_wire();
     let pod = TestNs::new();
     let hl = |extra: Value| {
         merged(
@@ -270,7 +261,7 @@ fn config_errors_touch_nothing() {
 
 #[test]
 fn failed_add_rolls_back() {
-    let node = node_with_wire();
+    let node = Node::with_wire();
     // Addressing fails after the link exists and IPAM reserved: both undone.
     let p = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "macvlan", "master": "m1",
@@ -306,7 +297,7 @@ fn failed_add_rolls_back() {
 
 #[test]
 fn del_without_master_or_netns_and_check_after_damage() {
-    let node = node_with_wire();
+    let node = Node::with_wire();
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "macvlan", "master": "m1",
         "ipam": {"type": "host-local", "dataDir": node.data.path(), "ranges": [[{"subnet": "10.67.0.0/24"}]]}});
     let p = TestNs::new();
@@ -334,7 +325,7 @@ fn del_without_master_or_netns_and_check_after_damage() {
     node.call(&bin("macvlan"), "DEL", "", "g", &with).ok();
     assert!(node.reservations().is_empty());
 
-    let node = node_with_wire();
+    let node = Node::with_wire();
     let c = merged(
         c,
         json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
@@ -362,27 +353,7 @@ fn del_without_master_or_netns_and_check_after_damage() {
 
 #[test]
 fn status_and_gc_reach_ipam() {
-    let node = node_with_wire();
-    let c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "macvlan", "master": "m1",
-        "ipam": {"type": "host-local", "dataDir": node.data.path(), "ranges": [[{"subnet": "10.68.0.0/24"}]]}});
-    let pod = TestNs::new();
-    for cid in ["keep", "stale"] {
-        Call::new(bin("host-local"), "ADD")
-            .env("CNI_CONTAINERID", cid)
-            .netns(&pod.path())
-            .stdin(&c)
-            .run_in(&node.ns.ns)
-            .ok();
-    }
-    let valid = json!([{"containerID": "keep", "ifname": "eth0"}]);
-    node.gc(&bin("macvlan"), &c, valid).ok();
-    assert_eq!(node.reservations(), ["10.68.0.2"]);
-    node.status(&bin("macvlan"), &c).ok();
-    let small = merged(
-        c,
-        json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
-            "ranges": [[{"subnet": "10.68.0.0/30"}]]}}),
-    );
-    let (code, _) = node.status(&bin("macvlan"), &small).err();
-    assert_eq!(code, 50, "the /30's one address is taken");
+    let node = Node::with_wire();
+    let c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "macvlan", "master": "m1"});
+    node.ipam_status_and_gc("macvlan", &c, "10.68.0");
 }

@@ -15,18 +15,9 @@ fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
     merged(c, extra)
 }
 
-/// Two masters on one wire: the node's veth pair m1 <-> m2.
-fn node_with_wire() -> Node {
-    let node = Node::new();
-    ip(&node.ns.ns, "link add m1 type veth peer name m2");
-    ip(&node.ns.ns, "link set m1 up");
-    ip(&node.ns.ns, "link set m2 up");
-    node
-}
-
 #[test]
 fn every_mode_with_packets_check_and_del() {
-    let node = node_with_wire();
+    let node = Node::with_wire();
     for (i, mode) in ["l2", "l3", "l3s"].into_iter().enumerate() {
         let pods: Vec<(TestNs, Value, Value, String)> = [1, 2]
             .into_iter()
@@ -173,7 +164,7 @@ fn result_and_kernel_state_match_the_reference() {
 
 #[test]
 fn chained_check_errors_rollback_and_del() {
-    let node = node_with_wire();
+    let node = Node::with_wire();
     // Chained without master: our CHECK passes, the reference's cannot.
     let p = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "ipv", "type": "ipvlan",
