@@ -200,6 +200,17 @@ impl Lab {
     }
 }
 
+/// The names of a result's interfaces in the pod (those with a sandbox).
+pub fn pod_ifnames(r: &Value) -> Vec<&str> {
+    r["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i.get("sandbox").is_some())
+        .map(|i| i["name"].as_str().unwrap())
+        .collect()
+}
+
 pub fn addr_on(pod: &TestNs, dev: &str) -> String {
     let out = stdout_of(
         pod.command("ip")

@@ -300,6 +300,21 @@ fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
     )
 }
 
+/// The VXLAN device `dev` as flannel makes it (VNI 1, port 8472, learning
+/// off) with `mtu`; its `ip -j link` object.
+fn flannel_vtep(ns: &NetNs, dev: &str, mtu: u64) -> Value {
+    let l = ip_link_json(ns, dev);
+    let d = &l["linkinfo"]["info_data"];
+    assert_eq!(
+        (d["id"].as_u64(), d["port"].as_u64()),
+        (Some(1), Some(8472)),
+        "{l}"
+    );
+    assert_eq!(d["learning"], false, "{l}");
+    assert_eq!(l["mtu"], mtu, "{l}");
+    l
+}
+
 /// The source address the router's `addr` sees for a TCP connection from
 /// `pod` (a server there writes back its peer's address).
 fn source_seen_by_router(c: &Cluster, pod: &NetNs, addr: &str) -> String {
@@ -328,15 +343,7 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
 
     // flannel's device: VNI 1, port 8472, learning off, MTU uplink - 50,
     // the pod subnet's .0 as /32, loose rp_filter.
-    let l = ip_link_json(&n1.ns.ns, VTEP);
-    let d = &l["linkinfo"]["info_data"];
-    assert_eq!(
-        (d["id"].as_u64(), d["port"].as_u64()),
-        (Some(1), Some(8472)),
-        "{l}"
-    );
-    assert_eq!(d["learning"], false, "{l}");
-    assert_eq!(l["mtu"], 1450);
+    flannel_vtep(&n1.ns.ns, VTEP, 1450);
     assert_eq!(addrs_of(&n1.ns.ns, VTEP), ["10.244.1.0/32"]);
     // /proc/sys/net shows the reader's namespace.
     let rp =
@@ -666,15 +673,7 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
     // A second VXLAN device for IPv6 (flannel's flannel-v6.<VNI>): same
     // VNI and port over the IPv6 underlay, MTU uplink - 70, the IPv6 pod
     // subnet's ::0 as /128; the pods get the smaller MTU of both paths.
-    let l = ip_link_json(&n1.ns.ns, VTEP6);
-    let d = &l["linkinfo"]["info_data"];
-    assert_eq!(
-        (d["id"].as_u64(), d["port"].as_u64()),
-        (Some(1), Some(8472)),
-        "{l}"
-    );
-    assert_eq!(d["learning"], false, "{l}");
-    assert_eq!(l["mtu"], 1430, "{l}");
+    let l = flannel_vtep(&n1.ns.ns, VTEP6, 1430);
     assert!(
         addrs_of(&n1.ns.ns, VTEP6).contains(&"fd00:0:0:1::/128".to_string()),
         "{:?}",
