@@ -19,6 +19,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use ipnetwork::IpNetwork;
+use rcni_attach::open_container_for_del;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, IpConfig, version};
 use rcni_netlink::{Family, Netlink, Route, Rule, TABLE_MAIN};
@@ -252,15 +253,8 @@ impl Plugin for Sbr {
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
         let prev = args.conf.prev_result().ok().flatten();
-        let Some(path) = args.netns.as_deref() else {
+        let (Some(ns), Some(path)) = (open_container_for_del(args)?, args.netns.as_deref()) else {
             return Ok(());
-        };
-        let ns = match NetNs::open(path) {
-            Ok(ns) => ns,
-            Err(e) if e.is_not_found() || matches!(e, rcni_netns::Error::NotNetns(_)) => {
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
         };
         let _lock = lock(path)?;
         let rt = rcni_netlink::runtime()?;
