@@ -349,15 +349,7 @@ impl Lab {
     }
 
     pub fn state_files(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.state_dir())
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        rcni_testkit::file_names(&self.state_dir())
     }
 
     pub fn daemon_log(&self) -> String {

@@ -147,6 +147,18 @@ pub fn command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
     ns.command(program)
 }
 
+/// The names of the files in `dir`, sorted; none when it does not exist.
+pub fn file_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 /// Runs `cmd`, which must succeed (its stderr is the failure message), and
 /// returns its stdout.
 pub fn stdout_of(cmd: &mut Command) -> String {
