@@ -21,7 +21,7 @@ use std::path::Path;
 use ipnetwork::IpNetwork;
 use rcni_attach::open_container_for_del;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, IpConfig, version};
+use rcni_cni::{CniError, CniResult, ErrorCode, IpConfig};
 use rcni_netlink::{Family, Netlink, Route, Rule, TABLE_MAIN};
 use rcni_netns::NetNs;
 use serde::Deserialize;
@@ -211,11 +211,7 @@ async fn setup_tables(
 
 impl Plugin for Sbr {
     fn about(&self) -> About {
-        About {
-            name: "sbr",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        About::all_versions("sbr", env!("CARGO_PKG_VERSION"))
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
