@@ -253,6 +253,23 @@ pub fn check_lower(
     })
 }
 
+/// CHECK of the link's mode (`got`, `None` when the kernel named none)
+/// against the config's; `what` names the kind as the reference's message
+/// does ("macvlan", "IPVlan").
+pub fn check_mode<M: PartialEq + std::fmt::Display>(
+    what: &str,
+    got: Option<M>,
+    want: M,
+) -> Result<(), CniError> {
+    if got.as_ref() == Some(&want) {
+        return Ok(());
+    }
+    Err(CniError::check_failed(format!(
+        "Container {what} mode {} does not match expected value: {want}",
+        got.map_or("unknown".into(), |m| m.to_string()),
+    )))
+}
+
 /// DEL: IPAM's release alongside the link's removal if the netns is still
 /// there; a missing master, netns or link is success.
 pub fn del_lower(args: &CmdArgs, ipam: Option<&str>) -> Result<(), CniError> {

@@ -93,15 +93,7 @@ impl Attachment for Ipvlan {
     /// checked then.
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         check_lower(args, &conf.lower, "ipvlan", true, async |ct, link| {
-            let mode = ct.ipvlan_mode(link.index).await?;
-            if mode != Some(conf.mode) {
-                return Err(CniError::check_failed(format!(
-                    "Container IPVlan mode {} does not match expected value: {}",
-                    mode.map_or("unknown".into(), |m| m.to_string()),
-                    conf.mode
-                )));
-            }
-            Ok(())
+            lower::check_mode("IPVlan", ct.ipvlan_mode(link.index).await?, conf.mode)
         })
     }
 }

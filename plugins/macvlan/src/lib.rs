@@ -69,15 +69,7 @@ impl Attachment for Macvlan {
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         check_lower(args, &conf.lower, "macvlan", false, async |ct, link| {
-            let mode = ct.macvlan_mode(link.index).await?;
-            if mode != Some(conf.mode) {
-                return Err(CniError::check_failed(format!(
-                    "Container macvlan mode {} does not match expected value: {}",
-                    mode.map_or("unknown".into(), |m| m.to_string()),
-                    conf.mode
-                )));
-            }
-            Ok(())
+            lower::check_mode("macvlan", ct.macvlan_mode(link.index).await?, conf.mode)
         })
     }
 }
