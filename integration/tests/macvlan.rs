@@ -357,3 +357,43 @@ fn status_and_gc_reach_ipam() {
     let c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "macvlan", "master": "m1"});
     node.ipam_status_and_gc("macvlan", &c, "10.68.0");
 }
+
+/// A failed ADD removes the pod's link before IPAM releases its address:
+/// IPAM is a script whose DEL records whether the link is still in the pod
+/// when it runs, and ADD fails after IPAM (a route via a gateway the pod
+/// cannot reach).
+#[test]
+fn failed_add_removes_the_link_before_ipam_releases() {
+    let ipam = tempfile::tempdir().unwrap();
+    let log = ipam.path().join("del.log");
+    let script = ipam.path().join("fake-ipam");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+cat >/dev/null
+case "$CNI_COMMAND" in
+ADD) echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.70.0.5/24"}}],"routes":[{{"dst":"10.80.0.0/16","gw":"10.99.0.1"}}]}}' ;;
+DEL) if nsenter --net="$CNI_NETNS" ip link show "$CNI_IFNAME" >/dev/null 2>&1; then echo present; else echo gone; fi >>{} ;;
+esac
+"#,
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let node = Node::with_path(format!(
+        "{}:{}",
+        ipam.path().display(),
+        rcni_testkit::bin_dir().display()
+    ));
+    ip(&node.ns.ns, "link add m1 type veth peer name m2");
+    ip(&node.ns.ns, "link set m1 up");
+    let pod = TestNs::new();
+    let c = json!({"cniVersion": "1.0.0", "name": "mv", "type": "macvlan", "master": "m1",
+        "ipam": {"type": "fake-ipam"}});
+    node.call(&bin("macvlan"), "ADD", &pod.path(), "ctr", &c)
+        .err();
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "gone\n");
+    assert_eq!(link_names(&pod.ns), ["lo"]);
+}
