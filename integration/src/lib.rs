@@ -197,14 +197,14 @@ impl Node {
     }
 
     /// host-local's reservations for the network `podnet`.
-    /// A node with two masters on one wire: its veth pair m1 <-> m2 (the
-    /// lower device of macvlan, ipvlan and vlan pods).
-    pub fn with_wire() -> Node {
-        let node = Node::new();
-        ip(&node.ns.ns, "link add m1 type veth peer name m2");
-        ip(&node.ns.ns, "link set m1 up");
-        ip(&node.ns.ns, "link set m2 up");
-        node
+    /// This node with two masters on one wire, the lower devices of
+    /// macvlan, ipvlan and vlan pods: its veth pair m1 <-> m2, both up (a
+    /// carrier, or IPv6 DAD never ends).
+    pub fn wired(self) -> Node {
+        ip(&self.ns.ns, "link add m1 type veth peer name m2");
+        ip(&self.ns.ns, "link set m1 up");
+        ip(&self.ns.ns, "link set m2 up");
+        self
     }
 
     /// STATUS and GC of a plugin that hands both to IPAM (macvlan, vlan),

@@ -28,7 +28,7 @@ fn node_macvlans(node: &Node) -> Vec<String> {
 /// Pods `a` and `b` on m1, `c` on m2 (bridge mode), `mode` on m1.
 /// Returns whether a reaches b and whether a reaches c across the wire.
 fn reach(mode: &str) -> (bool, bool) {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     let pods: Vec<(TestNs, Value, Value)> = [
         ("m1", mode, "10.62.0.1/24"),
         ("m1", mode, "10.62.0.2/24"),
@@ -106,11 +106,7 @@ fn result_and_kernel_state_match_the_reference() {
         for (i, case) in cases.iter().enumerate() {
             let mut seen = Vec::new();
             for (plugin, path) in ours_and_reference("macvlan") {
-                let node = Node::with_path(path);
-                ip(&node.ns.ns, "link add m1 type veth peer name m2");
-                ip(&node.ns.ns, "link set m1 up");
-                // A carrier, or IPv6 DAD never ends.
-                ip(&node.ns.ns, "link set m2 up");
+                let node = Node::with_path(path).wired();
                 let pod = TestNs::new();
                 let c = merged(
                     conf("m1", "bridge", "10.63.1.5/24", json!({"cniVersion": v})),
@@ -159,7 +155,7 @@ fn result_and_kernel_state_match_the_reference() {
 
 #[test]
 fn default_master_and_link_in_container() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     // No master: the interface of the node's default route.
     ip(&node.ns.ns, "addr add 10.64.0.1/24 dev m2");
     ip(&node.ns.ns, "route add default via 10.64.0.254 dev m2");
@@ -191,7 +187,7 @@ fn default_master_and_link_in_container() {
 
 #[test]
 fn config_errors_touch_nothing() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     let pod = TestNs::new();
     let hl = |extra: Value| {
         merged(
@@ -261,7 +257,7 @@ fn config_errors_touch_nothing() {
 
 #[test]
 fn failed_add_rolls_back() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     // Addressing fails after the link exists and IPAM reserved: both undone.
     let p = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "macvlan", "master": "m1",
@@ -297,7 +293,7 @@ fn failed_add_rolls_back() {
 
 #[test]
 fn del_without_master_or_netns_and_check_after_damage() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "macvlan", "master": "m1",
         "ipam": {"type": "host-local", "dataDir": node.data.path(), "ranges": [[{"subnet": "10.67.0.0/24"}]]}});
     let p = TestNs::new();
@@ -325,7 +321,7 @@ fn del_without_master_or_netns_and_check_after_damage() {
     node.call(&bin("macvlan"), "DEL", "", "g", &with).ok();
     assert!(node.reservations().is_empty());
 
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     let c = merged(
         c,
         json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
@@ -353,7 +349,7 @@ fn del_without_master_or_netns_and_check_after_damage() {
 
 #[test]
 fn status_and_gc_reach_ipam() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     let c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "macvlan", "master": "m1"});
     node.ipam_status_and_gc("macvlan", &c, "10.68.0");
 }
@@ -386,9 +382,8 @@ esac
         "{}:{}",
         ipam.path().display(),
         rcni_testkit::bin_dir().display()
-    ));
-    ip(&node.ns.ns, "link add m1 type veth peer name m2");
-    ip(&node.ns.ns, "link set m1 up");
+    ))
+    .wired();
     let pod = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "mv", "type": "macvlan", "master": "m1",
         "ipam": {"type": "fake-ipam"}});

@@ -17,7 +17,7 @@ fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
 
 #[test]
 fn every_mode_with_packets_check_and_del() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     for (i, mode) in ["l2", "l3", "l3s"].into_iter().enumerate() {
         let pods: Vec<(TestNs, Value, Value, String)> = [1, 2]
             .into_iter()
@@ -118,10 +118,7 @@ fn result_and_kernel_state_match_the_reference() {
         for (i, case) in cases.iter().enumerate() {
             let mut seen = Vec::new();
             for (plugin, path) in ours_and_reference("ipvlan") {
-                let node = Node::with_path(path);
-                ip(&node.ns.ns, "link add m1 type veth peer name m2");
-                ip(&node.ns.ns, "link set m1 up");
-                ip(&node.ns.ns, "link set m2 up");
+                let node = Node::with_path(path).wired();
                 let pod = TestNs::new();
                 let mut c = merged(
                     conf("m1", "", "10.73.1.5/24", json!({"cniVersion": v})),
@@ -164,7 +161,7 @@ fn result_and_kernel_state_match_the_reference() {
 
 #[test]
 fn chained_check_errors_rollback_and_del() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     // Chained without master: our CHECK passes, the reference's cannot.
     let p = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "ipv", "type": "ipvlan",

@@ -18,7 +18,7 @@ fn conf(master: &str, vlan: u32, addr: &str, extra: Value) -> Value {
 
 #[test]
 fn pods_on_one_vlan_reach_each_other_and_not_other_vlans() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     // A kernel allows one link per (master, VLAN ID): the same VLAN on both
     // ends of the wire.
     let pods: Vec<(TestNs, Value, Value)> = [
@@ -95,7 +95,7 @@ fn pods_on_one_vlan_reach_each_other_and_not_other_vlans() {
 
 #[test]
 fn mtu_ipv6_link_in_container_and_check_after_damage() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     // MTU below the master's; IPv6 with duplicate address detection done
     // before ADD returns (the VLAN is a shared segment).
     let p = TestNs::new();
@@ -164,7 +164,7 @@ fn mtu_ipv6_link_in_container_and_check_after_damage() {
 
 #[test]
 fn failed_add_rolls_back_and_del_survives_a_missing_master() {
-    let node = Node::with_wire();
+    let node = Node::new().wired();
     // Addressing fails after the link exists and IPAM reserved: both undone.
     let p = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "vlan", "master": "m1", "vlanId": 50,
