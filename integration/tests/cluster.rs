@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use rcni_integration::{addr_of, addrs_of, ip, ip_link_json, nl};
+use rcni_integration::{addr_of, addrs_of, ip, ip_link_json, link_names, nl};
 use rcni_netlink::NUD_PERMANENT;
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, TestNs, bin, command_in, ping, stdout_of};
@@ -105,6 +105,16 @@ impl ClusterNode {
     /// The same for IPv6: the IPv6 VTEP and the agent's IPv6 routes.
     fn entries6(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
         self.entries_of(VTEP6, true)
+    }
+
+    /// host-gw for one family: no VTEP and no entries of one, only the
+    /// agent's `routes`.
+    fn assert_host_gw(&self, v6: bool, routes: &[&str]) {
+        let vtep = if v6 { VTEP6 } else { VTEP };
+        let (neigh, fdb, got) = self.entries_of(vtep, v6);
+        assert!(neigh.is_empty() && fdb.is_empty());
+        assert_eq!(got, routes.iter().map(|r| r.to_string()).collect());
+        assert!(link_names(&self.ns.ns).iter().all(|l| l != vtep));
     }
 
     fn entries_of(
@@ -430,19 +440,12 @@ fn host_gw_on_one_l2_routes_via_the_node() {
     c.write("host-gw", &[0, 1, 2]);
     c.reconcile_all();
     let n1 = &c.nodes[0];
-    let (neigh, fdb, routes) = n1.entries();
-    assert!(neigh.is_empty() && fdb.is_empty());
-    assert_eq!(
-        routes,
-        BTreeSet::from([
-            "10.244.2.0/24 via 192.168.50.2".to_string(),
-            "10.244.3.0/24 via 192.168.50.3".to_string()
-        ])
-    );
-    assert!(
-        rcni_integration::link_names(&n1.ns.ns)
-            .iter()
-            .all(|l| l != VTEP)
+    n1.assert_host_gw(
+        false,
+        &[
+            "10.244.2.0/24 via 192.168.50.2",
+            "10.244.3.0/24 via 192.168.50.3",
+        ],
     );
     assert_eq!(n1.plugin_conf()["mtu"], 1500);
     let (p1, a1) = n1.pod("p1");
@@ -562,11 +565,7 @@ fn bad_cluster_files_and_unknown_nodes_are_refused_clearly() {
         }
     }
     // Nothing was programmed and no config written.
-    assert!(
-        rcni_integration::link_names(&n1.ns.ns)
-            .iter()
-            .all(|l| l != VTEP)
-    );
+    assert!(link_names(&n1.ns.ns).iter().all(|l| l != VTEP));
     assert!(!n1.conf_dir().join("10-rcni.conflist").exists());
 }
 
@@ -733,19 +732,9 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
     // host-gw: IPv6 routes via the peers' address6, no IPv6 VTEP.
     c.write_dual("host-gw", &[0, 1, 2]);
     c.reconcile_all();
-    let (neigh, fdb, routes) = n1.entries6();
-    assert!(neigh.is_empty() && fdb.is_empty());
-    assert_eq!(
-        routes,
-        BTreeSet::from([
-            "fd00:0:0:2::/64 via fd50::2".to_string(),
-            "fd00:0:0:3::/64 via fd50::3".to_string()
-        ])
-    );
-    assert!(
-        rcni_integration::link_names(&n1.ns.ns)
-            .iter()
-            .all(|l| l != VTEP6)
+    n1.assert_host_gw(
+        true,
+        &["fd00:0:0:2::/64 via fd50::2", "fd00:0:0:3::/64 via fd50::3"],
     );
     assert!(ping6(&p1.ns, &b3));
     assert!(ping6(&p3.ns, &b1));
