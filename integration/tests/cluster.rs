@@ -9,7 +9,8 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use rcni_integration::{addr_of, addrs_of, ip, ip_link_json, link_names, nl};
+use rcni_integration::ip_link_json as link_json;
+use rcni_integration::{addr_of, addrs_of, ip, link_names, nl};
 use rcni_netlink::NUD_PERMANENT;
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, TestNs, bin, command_in, ping, stdout_of};
@@ -313,7 +314,7 @@ fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
 /// The VXLAN device `dev` as flannel makes it (VNI 1, port 8472, learning
 /// off) with `mtu`; its `ip -j link` object.
 fn flannel_vtep(ns: &NetNs, dev: &str, mtu: u64) -> Value {
-    let l = ip_link_json(ns, dev);
+    let l = link_json(ns, dev);
     let d = &l["linkinfo"]["info_data"];
     assert_eq!(
         (d["id"].as_u64(), d["port"].as_u64()),
@@ -678,7 +679,7 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
         "{:?}",
         addrs_of(&n1.ns.ns, VTEP6)
     );
-    assert_ne!(l["address"], ip_link_json(&n1.ns.ns, VTEP)["address"]);
+    assert_ne!(l["address"], link_json(&n1.ns.ns, VTEP)["address"]);
     let conf = n1.plugin_conf();
     assert_eq!(conf["mtu"], 1430);
     assert_eq!(conf["ipam"]["ranges"][1][0]["subnet"], "fd00:0:0:1::/64");
