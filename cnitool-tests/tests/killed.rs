@@ -6,21 +6,9 @@
 //! temporary of one, no tuning backup, the sysctl and `lo` as before.
 
 use rcni_cnitool_tests::{Harness, Plugins};
-use rcni_testkit::TestNs;
 use rcni_testkit::killpoints::{Ending, at_every_point};
+use rcni_testkit::{TestNs, file_names};
 use serde_json::json;
-use std::path::Path;
-
-fn files(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 #[test]
 fn a_killed_add_leaves_del_nothing_to_trip_on() {
@@ -59,7 +47,7 @@ fn a_killed_add_leaves_del_nothing_to_trip_on() {
         |k, ending| {
             if let Ending::Finished { code, .. } = ending {
                 assert_eq!(*code, 0, "the unkilled ADD failed");
-                added = state() != before && files(&results).len() == 1;
+                added = state() != before && file_names(&results).len() == 1;
             }
             h.cnitool(&["del", "killnet", &pod.path()]).ok();
             assert_eq!(
@@ -68,7 +56,7 @@ fn a_killed_add_leaves_del_nothing_to_trip_on() {
                 "killed at {k} ({ending:?}): DEL left a change"
             );
             assert_eq!(
-                (files(&results), files(tuning.path())),
+                (file_names(&results), file_names(tuning.path())),
                 (vec![], vec![]),
                 "killed at {k} ({ending:?}): DEL left files"
             );

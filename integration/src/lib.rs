@@ -1,1 +1,536 @@
-//! Privileged integration tests live in tests/; this crate has no library code.
+//! Helpers shared by the privileged integration tests in tests/: a node
+//! namespace with pods on one bridge ([`Node`]), kernel state read back
+//! (addresses, routes, links, masquerade rules), and the labs of tests that
+//! need more: [`chain`] (chained meta plugins with real traffic),
+//! [`dhcp_lab`] (dnsmasq and the DHCP daemon), [`multinet_lab`] (a node
+//! with two networks). A library so that each test binary takes what it
+//! uses and nothing counts as dead code.
+
+use rcni_netlink::{Family, Netlink, Route};
+use rcni_netns::NetNs;
+use rcni_testkit::{
+    Call, Output, PersistentNs, REFERENCE_DIR, TestNs, bin, bin_dir, reference_bin,
+};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+pub use rcni_testkit::ip;
+
+pub mod chain;
+pub mod dhcp_lab;
+pub mod multinet_lab;
+
+/// A node namespace, a host-local data dir, and pods attached to one bridge.
+pub struct Node {
+    pub ns: TestNs,
+    pub data: tempfile::TempDir,
+    pub cni_path: String,
+}
+
+impl Default for Node {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Node {
+    pub fn new() -> Node {
+        Node::with_path(bin_dir().display().to_string())
+    }
+
+    pub fn with_path(cni_path: String) -> Node {
+        Node {
+            ns: TestNs::new(),
+            data: tempfile::tempdir().unwrap(),
+            cni_path,
+        }
+    }
+
+    /// A bridge config; `extra` keys are merged in.
+    pub fn conf(&self, version: &str, extra: Value) -> Value {
+        let c = json!({
+            "cniVersion": version, "name": "podnet", "type": "bridge", "bridge": "cni0",
+            "isGateway": true, "isDefaultGateway": true,
+            "ipam": {"type": "host-local", "dataDir": self.data.path(),
+                     "ranges": [[{"subnet": "10.88.0.0/24"}], [{"subnet": "fd88::/64"}]]}
+        });
+        merged(c, extra)
+    }
+
+    pub fn call(&self, bin: &Path, cmd: &str, pod: &str, cid: &str, conf: &Value) -> Output {
+        Call::new(bin, cmd)
+            .env("CNI_PATH", &self.cni_path)
+            .env("CNI_CONTAINERID", cid)
+            .netns(pod)
+            .stdin(conf)
+            .run_in(&self.ns.ns)
+    }
+
+    /// Our cnitool with NETCONFPATH, CNI_PATH, a cache dir and `env`, run
+    /// in the node namespace (none of the test's own CNI_* variables).
+    pub fn cnitool(
+        &self,
+        confdir: &Path,
+        cache: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Output {
+        let mut cmd = rcni_testkit::command_in(&self.ns.ns, bin("cnitool"));
+        for (k, _) in std::env::vars() {
+            if k.starts_with("CNI_") || k == "NETCONFPATH" || k == "CAP_ARGS" {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.arg("--cache-dir")
+            .arg(cache)
+            .args(args)
+            .env("NETCONFPATH", confdir)
+            .env("CNI_PATH", bin_dir())
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+            .into()
+    }
+
+    pub fn add(&self, pod: &TestNs, cid: &str, conf: &Value) -> Value {
+        self.call(&bin("bridge"), "ADD", &pod.path(), cid, conf)
+            .ok()
+    }
+
+    /// GC of `conf`'s network with the valid set `valid`, as a runtime
+    /// sends it: no container, no interface.
+    pub fn gc(&self, plugin: &Path, conf: &Value, valid: Value) -> Output {
+        let mut gc = conf.clone();
+        gc["cni.dev/valid-attachments"] = valid;
+        Call::new(plugin, "GC")
+            .env("CNI_PATH", &self.cni_path)
+            .env("CNI_CONTAINERID", "")
+            .env("CNI_IFNAME", "")
+            .stdin(&gc)
+            .run_in(&self.ns.ns)
+    }
+
+    pub fn status(&self, plugin: &Path, conf: &Value) -> Output {
+        Call::new(plugin, "STATUS")
+            .env("CNI_PATH", &self.cni_path)
+            .stdin(conf)
+            .run_in(&self.ns.ns)
+    }
+
+    /// CHECK of a fresh attachment passes, and fails with 106 after each
+    /// `damage`; without prevResult it is a config error (7). Each
+    /// attachment is deleted again.
+    pub fn check_catches(&self, plugin: &Path, conf: &Value, damage: &[(&str, Damage)]) {
+        for (what, f) in damage {
+            let pod = TestNs::new();
+            let r = self.call(plugin, "ADD", &pod.path(), "ctr", conf).ok();
+            let with = Node::with_prev(conf, &r);
+            self.call(plugin, "CHECK", &pod.path(), "ctr", &with).ok();
+            f(&self.ns.ns, &pod.ns, &r);
+            let (code, msg) = self.call(plugin, "CHECK", &pod.path(), "ctr", &with).err();
+            assert_eq!(code, 106, "{what}: {msg}");
+            self.call(plugin, "DEL", &pod.path(), "ctr", &with).ok();
+        }
+        let pod = TestNs::new();
+        self.call(plugin, "ADD", &pod.path(), "ctr", conf).ok();
+        let (code, msg) = self.call(plugin, "CHECK", &pod.path(), "ctr", conf).err();
+        assert_eq!(code, 7, "CHECK without prevResult: {msg}");
+        self.call(plugin, "DEL", &pod.path(), "ctr", conf).ok();
+    }
+
+    /// DEL twice succeeds, and so does DEL after the netns is deleted, with
+    /// and without prevResult: the addresses are released and no host
+    /// veth is left behind.
+    pub fn del_survives_repeats_and_a_deleted_netns(&self, plugin: &Path, conf: &Value) {
+        let pod = TestNs::new();
+        let r = self.call(plugin, "ADD", &pod.path(), "twice", conf).ok();
+        let with = Node::with_prev(conf, &r);
+        self.call(plugin, "DEL", &pod.path(), "twice", &with).ok();
+        self.call(plugin, "DEL", &pod.path(), "twice", &with).ok();
+
+        let gone = PersistentNs::new();
+        let path = gone.path.display().to_string();
+        let r = self.call(plugin, "ADD", &path, "gone", conf).ok();
+        gone.delete();
+        self.call(plugin, "DEL", &path, "gone", &Node::with_prev(conf, &r))
+            .ok();
+        self.call(plugin, "DEL", &path, "gone", conf).ok();
+        self.assert_nothing_left();
+    }
+
+    /// CHECK, then DEL, of an attachment ADD made: both succeed.
+    pub fn check_and_del(&self, plugin: &Path, pod: &TestNs, cid: &str, conf: &Value, r: &Value) {
+        let with = Node::with_prev(conf, r);
+        self.call(plugin, "CHECK", &pod.path(), cid, &with).ok();
+        self.call(plugin, "DEL", &pod.path(), cid, &with).ok();
+    }
+
+    /// After the last DEL: no reservation, no host veth.
+    pub fn assert_nothing_left(&self) {
+        assert_eq!(
+            self.reservations(),
+            Vec::<String>::new(),
+            "reservations left"
+        );
+        assert_eq!(
+            self.host_veths(),
+            Vec::<String>::new(),
+            "host veths left on the node"
+        );
+    }
+
+    pub fn with_prev(conf: &Value, prev: &Value) -> Value {
+        let mut c = conf.clone();
+        c["prevResult"] = prev.clone();
+        c
+    }
+
+    /// veth links in the node namespace (pods' host ends), sorted.
+    pub fn host_veths(&self) -> Vec<String> {
+        let mut v: Vec<String> = nl(&self.ns.ns, async |n| n.links().await.unwrap())
+            .into_iter()
+            .filter(|l| l.kind.as_deref() == Some("veth"))
+            .map(|l| l.name)
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// host-local's reservations for the network `podnet`.
+    /// This node with two masters on one wire, the lower devices of
+    /// macvlan, ipvlan and vlan pods: its veth pair m1 <-> m2, both up (a
+    /// carrier, or IPv6 DAD never ends).
+    pub fn wired(self) -> Node {
+        ip(&self.ns.ns, "link add m1 type veth peer name m2");
+        ip(&self.ns.ns, "link set m1 up");
+        ip(&self.ns.ns, "link set m2 up");
+        self
+    }
+
+    /// STATUS and GC of a plugin that hands both to IPAM (macvlan, vlan),
+    /// with `conf`'s IPAM replaced by host-local on `<net>.0/24`: of two
+    /// reservations GC keeps only the valid one; STATUS passes, and is 50
+    /// once a /30 of `net` has its one address taken.
+    pub fn ipam_status_and_gc(&self, plugin: &str, conf: &Value, net: &str) {
+        let ipam = |prefix: u8| {
+            json!({"ipam": {"type": "host-local", "dataDir": self.data.path(),
+                "ranges": [[{"subnet": format!("{net}.0/{prefix}")}]]}})
+        };
+        let c = merged(conf.clone(), ipam(24));
+        let pod = TestNs::new();
+        for cid in ["keep", "stale"] {
+            Call::new(bin("host-local"), "ADD")
+                .env("CNI_CONTAINERID", cid)
+                .netns(&pod.path())
+                .stdin(&c)
+                .run_in(&self.ns.ns)
+                .ok();
+        }
+        let valid = json!([{"containerID": "keep", "ifname": "eth0"}]);
+        self.gc(&bin(plugin), &c, valid).ok();
+        assert_eq!(self.reservations(), [format!("{net}.2")]);
+        self.status(&bin(plugin), &c).ok();
+        let small = merged(c, ipam(30));
+        let (code, _) = self.status(&bin(plugin), &small).err();
+        assert_eq!(code, 50, "the /30's one address is taken");
+    }
+
+    pub fn reservations(&self) -> Vec<String> {
+        rcni_testkit::reservations(&self.data.path().join("podnet"))
+    }
+}
+
+/// `base` with the keys of `extra` set: a test's variation of a config.
+pub fn merged(mut base: Value, extra: Value) -> Value {
+    for (k, v) in extra.as_object().expect("extra keys") {
+        base[k] = v.clone();
+    }
+    base
+}
+
+/// Our plugin `name` with our plugins as CNI_PATH, then the reference's with
+/// the reference's: what a side-by-side test runs.
+pub fn ours_and_reference(name: &str) -> [(PathBuf, String); 2] {
+    [
+        (bin(name), bin_dir().display().to_string()),
+        (reference_bin(name), REFERENCE_DIR.to_string()),
+    ]
+}
+
+/// ipMasq over two attachments' lives, with each backend: ADD puts rules
+/// for the addresses of `pod_ips` (pod a's, pod b's) in place and CHECK
+/// finds them; DEL without CNI_NETNS still removes a's (the reference leaks
+/// them); GC with an empty valid set removes b's and reaches IPAM, after
+/// which CHECK of b fails.
+pub fn masq_follows_attachments(
+    plugin: &str,
+    conf: impl Fn(&Node, Value) -> Value,
+    pod_ips: [&[&str]; 2],
+) {
+    let plugin = bin(plugin);
+    for backend in ["iptables", "nftables"] {
+        let node = Node::new();
+        let c = conf(&node, json!({"ipMasq": true, "ipMasqBackend": backend}));
+        let (a, b) = (TestNs::new(), TestNs::new());
+        let ra = node.call(&plugin, "ADD", &a.path(), "masq-a", &c).ok();
+        let rb = node.call(&plugin, "ADD", &b.path(), "masq-b", &c).ok();
+        let rules = masq_rules(&node.ns.ns);
+        for ip in pod_ips.concat() {
+            assert!(rules.contains(ip), "{backend}: {ip} in {rules}");
+        }
+        let with_a = Node::with_prev(&c, &ra);
+        node.call(&plugin, "CHECK", &a.path(), "masq-a", &with_a)
+            .ok();
+        node.call(&plugin, "DEL", "", "masq-a", &with_a).ok();
+        let rules = masq_rules(&node.ns.ns);
+        for ip in pod_ips[0] {
+            assert!(
+                !rules.contains(&format!("{ip}/")) && !rules.contains(&format!("{ip} ")),
+                "{backend}: {ip} in {rules}"
+            );
+        }
+        for ip in pod_ips[1] {
+            assert!(rules.contains(ip), "{backend}: the other pod keeps {ip}");
+        }
+        node.gc(&plugin, &c, json!([])).ok();
+        let rules = masq_rules(&node.ns.ns);
+        for ip in pod_ips[1] {
+            assert!(!rules.contains(ip), "{backend}: {ip} in {rules}");
+        }
+        assert!(node.reservations().is_empty(), "GC reached IPAM");
+        let with_b = Node::with_prev(&c, &rb);
+        let (code, msg) = node
+            .call(&plugin, "CHECK", &b.path(), "masq-b", &with_b)
+            .err();
+        assert!(code == 106 || code == 107, "{backend}: {code} {msg}");
+        node.call(&plugin, "DEL", &b.path(), "masq-b", &with_b).ok();
+    }
+}
+
+/// Damage done to an attachment (node namespace, pod namespace, ADD's
+/// result) that CHECK must notice.
+pub type Damage = fn(&NetNs, &NetNs, &Value);
+
+/// The result's first address, removed from the pod's eth0.
+pub fn remove_pod_address(_: &NetNs, pod: &NetNs, r: &Value) {
+    let a = r["ips"][0]["address"].as_str().unwrap().parse().unwrap();
+    nl(pod, async |n| {
+        let l = n.link_by_name("eth0").await.unwrap();
+        n.del_address(l.index, a).await.unwrap();
+    });
+}
+
+pub fn delete_pod_eth0(_: &NetNs, pod: &NetNs, _: &Value) {
+    nl(pod, async |n| {
+        let l = n.link_by_name("eth0").await.unwrap();
+        n.delete_link(l.index).await.unwrap();
+    });
+}
+
+/// Deletes the first IPv4 route of the main table in `ns` that `which`
+/// picks.
+pub fn remove_route(ns: &NetNs, which: impl Fn(&Route) -> bool) {
+    nl(ns, async |n| {
+        let r = n
+            .routes(Family::V4)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|r| which(r))
+            .unwrap();
+        n.del_route(&r).await.unwrap();
+    });
+}
+
+/// The names of the links in `ns`.
+pub fn link_names(ns: &NetNs) -> Vec<String> {
+    nl(ns, async |n| n.links().await.unwrap())
+        .into_iter()
+        .map(|l| l.name)
+        .collect()
+}
+
+/// The addresses of `dev` in `ns` but link-local IPv6, sorted.
+pub fn addrs_of(ns: &NetNs, dev: &str) -> Vec<String> {
+    nl(ns, async |n| {
+        let l = n.link_by_name(dev).await.unwrap();
+        let mut v: Vec<String> = n
+            .addresses(Some(l.index))
+            .await
+            .unwrap()
+            .iter()
+            .filter(|a| !a.addr.ip().to_string().starts_with("fe80"))
+            .map(|a| a.addr.to_string())
+            .collect();
+        v.sort();
+        v
+    })
+}
+
+/// The main table of `ns` but link-local IPv6, as sorted lines with
+/// gateway, preferred source and scope.
+pub fn routes_of(ns: &NetNs) -> Vec<String> {
+    nl(ns, async |n| {
+        let mut v: Vec<String> = n
+            .routes(Family::All)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| !r.dst.ip().to_string().starts_with("fe80"))
+            .map(|r| {
+                let gw = r.gateway.map(|g| format!(" via {g}")).unwrap_or_default();
+                let src = r.src.map(|s| format!(" src {s}")).unwrap_or_default();
+                format!("{}{gw}{src} scope {}", r.dst, r.scope)
+            })
+            .collect();
+        v.sort();
+        v
+    })
+}
+
+pub fn nl<T>(ns: &NetNs, f: impl AsyncFnOnce(&Netlink) -> T) -> T {
+    let rt = rcni_netlink::runtime().unwrap();
+    rt.block_on(async {
+        let n = Netlink::connect(ns).await.unwrap();
+        f(&n).await
+    })
+}
+
+/// The result's first IPv4 (`v4`) or IPv6 address, without its prefix.
+pub fn addr_of(result: &Value, v4: bool) -> String {
+    rcni_testkit::result_ips(result)
+        .into_iter()
+        .find(|a| a.contains('.') == v4)
+        .unwrap()
+}
+
+/// `ip -d -j link show dev` inside a namespace, as JSON.
+pub fn ip_link_json(ns: &NetNs, dev: &str) -> Value {
+    let v = json_out(ns, "ip", &["-d", "-j", "link", "show", "dev", dev]);
+    v.unwrap_or(Value::Null)[0].clone()
+}
+
+/// What `prog args` printed inside a namespace, if it is JSON.
+fn json_out(ns: &NetNs, prog: &str, args: &[&str]) -> Option<Value> {
+    let out = rcni_testkit::command_in(ns, prog)
+        .args(args)
+        .output()
+        .unwrap();
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+pub fn bridge_vlans(ns: &NetNs, dev: &str) -> Vec<(u64, bool)> {
+    let v = json_out(ns, "bridge", &["-j", "vlan", "show", "dev", dev]).unwrap_or(json!([]));
+    let mut res = vec![];
+    for port in v.as_array().into_iter().flatten() {
+        for vl in port["vlans"].as_array().into_iter().flatten() {
+            let flags = vl["flags"]
+                .as_array()
+                .map(|f| f.iter().any(|x| x == "PVID"))
+                .unwrap_or(false);
+            res.push((vl["vlan"].as_u64().unwrap(), flags));
+        }
+    }
+    res
+}
+
+/// (address/prefix, tentative) of the IPv6 global addresses of `dev`.
+pub fn ipv6_addrs(ns: &NetNs, dev: &str) -> Vec<(String, bool)> {
+    let args = ["-j", "-6", "addr", "show", "dev", dev, "scope", "global"];
+    let v = json_out(ns, "ip", &args).unwrap_or(json!([]));
+    let mut res = vec![];
+    for l in v.as_array().into_iter().flatten() {
+        // `ip -j` lists an empty object for an address filtered out.
+        for a in l["addr_info"].as_array().into_iter().flatten() {
+            if let Some(local) = a["local"].as_str() {
+                res.push((
+                    format!("{local}/{}", a["prefixlen"]),
+                    a["tentative"].as_bool().unwrap_or(false),
+                ));
+            }
+        }
+    }
+    res
+}
+
+/// The masquerade rules in `ns` (iptables for both families, and the whole
+/// nftables ruleset), as text.
+pub fn masq_rules(ns: &NetNs) -> String {
+    let mut text = String::new();
+    for (tool, args) in [
+        ("iptables-save", &["-t", "nat"][..]),
+        ("ip6tables-save", &["-t", "nat"][..]),
+        ("nft", &["list", "ruleset"][..]),
+    ] {
+        let out = rcni_testkit::command_in(ns, tool)
+            .args(args)
+            .output()
+            .unwrap();
+        text.push_str(&String::from_utf8_lossy(&out.stdout));
+    }
+    text.lines()
+        .filter(|l| l.contains("masq") || l.contains("MASQ") || l.contains("CNI-"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A pin root of the test's own: an empty directory the plugin mounts a
+/// bpffs on; unmounted (its pins and links vanish) and removed on drop.
+pub struct Bpffs {
+    pub dir: tempfile::TempDir,
+}
+
+impl Default for Bpffs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Bpffs {
+    pub fn new() -> Bpffs {
+        Bpffs {
+            dir: tempfile::Builder::new()
+                .prefix("rcni-bpffs-")
+                .tempdir()
+                .unwrap(),
+        }
+    }
+
+    pub fn root(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        // Detached unmounts until nothing is mounted there (EINVAL).
+        for _ in 0..4 {
+            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// `linkInContainer` for a plugin of a link on a lower device (macvlan,
+/// ipvlan): with `conf` naming the master `inner0`, a veth that lives only
+/// in a fresh pod namespace, ADD puts the pod's `eth0` on it, CHECK passes
+/// and DEL removes it. Returns the pod for the caller's own checks.
+pub fn lower_in_container(node: &Node, plugin: &str, conf: &Value) -> TestNs {
+    let p = TestNs::new();
+    ip(&p.ns, "link add inner0 type veth peer name inner1");
+    ip(&p.ns, "link set inner0 up");
+    let r = node.call(&bin(plugin), "ADD", &p.path(), "lic", conf).ok();
+    let inner = nl(&p.ns, async |n| n.link_by_name("inner0").await.unwrap());
+    nl(&p.ns, async |n| {
+        assert_eq!(
+            n.link_by_name("eth0").await.unwrap().link,
+            Some(inner.index)
+        )
+    });
+    let with = Node::with_prev(conf, &r);
+    node.call(&bin(plugin), "CHECK", &p.path(), "lic", &with)
+        .ok();
+    node.call(&bin(plugin), "DEL", &p.path(), "lic", &with).ok();
+    p
+}

@@ -2,9 +2,7 @@
 //! bridge, pods are fresh namespaces; real packets, kernel state, CHECK
 //! after damage, every DEL path, rollback, and the reference side by side.
 
-mod common;
-
-use common::{
+use rcni_integration::{
     Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip_link_json, nl, ours_and_reference,
     remove_pod_address, remove_route, routes_of,
 };
@@ -555,7 +553,7 @@ fn macspoofchk_drops_frames_from_another_mac() {
 
 #[test]
 fn ip_masq_rules_follow_the_attachment_even_without_netns() {
-    common::masq_follows_attachments(
+    rcni_integration::masq_follows_attachments(
         "bridge",
         |node, extra| node.conf("1.1.0", extra),
         [&["10.88.0.2"], &["10.88.0.3"]],

@@ -4,17 +4,16 @@
 //! attached with our bridge plugin from the config the agent wrote, and
 //! real traffic between pods on different nodes.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::{ip, nl};
+use rcni_integration::ip_link_json as link_json;
+use rcni_integration::{addr_of, addrs_of, ip, link_names, nl};
 use rcni_netlink::NUD_PERMANENT;
 use rcni_netns::NetNs;
-use rcni_testkit::{Call, TestNs, bin, command_in, stdout_of};
+use rcni_testkit::{Call, TestNs, bin, command_in, ping, stdout_of};
 use serde_json::{Value, json};
 
 /// The agent's route protocol (agent::RTPROT_RCNI).
@@ -74,8 +73,8 @@ impl ClusterNode {
         c
     }
 
-    /// A pod on this node: its namespace and IPv4 address.
-    fn pod(&self, cid: &str) -> (TestNs, String) {
+    /// A pod on this node: its namespace and ADD's result.
+    fn add_pod(&self, cid: &str) -> (TestNs, Value) {
         let pod = TestNs::new();
         let r = Call::new(bin("bridge"), "ADD")
             .env("CNI_CONTAINERID", cid)
@@ -83,21 +82,19 @@ impl ClusterNode {
             .stdin(&self.plugin_conf())
             .run_in(&self.ns.ns)
             .ok();
-        let a = common::addr_of(&r, true);
-        (pod, a)
+        (pod, r)
+    }
+
+    /// A pod on this node: its namespace and IPv4 address.
+    fn pod(&self, cid: &str) -> (TestNs, String) {
+        let (pod, r) = self.add_pod(cid);
+        (pod, addr_of(&r, true))
     }
 
     /// A dual-stack pod: its namespace, IPv4 and IPv6 addresses.
     fn pod_dual(&self, cid: &str) -> (TestNs, String, String) {
-        let pod = TestNs::new();
-        let r = Call::new(bin("bridge"), "ADD")
-            .env("CNI_CONTAINERID", cid)
-            .netns(&pod.path())
-            .stdin(&self.plugin_conf())
-            .run_in(&self.ns.ns)
-            .ok();
-        let (a4, a6) = (common::addr_of(&r, true), common::addr_of(&r, false));
-        (pod, a4, a6)
+        let (pod, r) = self.add_pod(cid);
+        (pod, addr_of(&r, true), addr_of(&r, false))
     }
 
     /// (permanent neighbours, FDB entries) on the VTEP and the agent's
@@ -109,6 +106,16 @@ impl ClusterNode {
     /// The same for IPv6: the IPv6 VTEP and the agent's IPv6 routes.
     fn entries6(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
         self.entries_of(VTEP6, true)
+    }
+
+    /// host-gw for one family: no VTEP and no entries of one, only the
+    /// agent's `routes`.
+    fn assert_host_gw(&self, v6: bool, routes: &[&str]) {
+        let vtep = if v6 { VTEP6 } else { VTEP };
+        let (neigh, fdb, got) = self.entries_of(vtep, v6);
+        assert!(neigh.is_empty() && fdb.is_empty());
+        assert_eq!(got, routes.iter().map(|r| r.to_string()).collect());
+        assert!(link_names(&self.ns.ns).iter().all(|l| l != vtep));
     }
 
     fn entries_of(
@@ -263,7 +270,7 @@ impl Cluster {
     }
 
     fn address(&self, i: usize) -> String {
-        common::addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
+        addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
             .split('/')
             .next()
             .unwrap()
@@ -275,10 +282,6 @@ impl Cluster {
             n.reconcile(&self.file);
         }
     }
-}
-
-fn ping(from: &NetNs, to: &str) -> bool {
-    rcni_testkit::ping(from, to)
 }
 
 /// `ping -M do -s <size>` once: (success, output).
@@ -308,8 +311,38 @@ fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
     )
 }
 
-fn link_json(ns: &NetNs, dev: &str) -> Value {
-    common::ip_link_json(ns, dev)
+/// The VXLAN device `dev` as flannel makes it (VNI 1, port 8472, learning
+/// off) with `mtu`; its `ip -j link` object.
+fn flannel_vtep(ns: &NetNs, dev: &str, mtu: u64) -> Value {
+    let l = link_json(ns, dev);
+    let d = &l["linkinfo"]["info_data"];
+    assert_eq!(
+        (d["id"].as_u64(), d["port"].as_u64()),
+        (Some(1), Some(8472)),
+        "{l}"
+    );
+    assert_eq!(d["learning"], false, "{l}");
+    assert_eq!(l["mtu"], mtu, "{l}");
+    l
+}
+
+/// The source address the router's `addr` sees for a TCP connection from
+/// `pod` (a server there writes back its peer's address).
+fn source_seen_by_router(c: &Cluster, pod: &NetNs, addr: &str) -> String {
+    let seen = rcni_testkit::tcp_server(&c.router.ns, addr.parse().unwrap(), |mut s| {
+        let peer = s.peer_addr().unwrap().ip().to_string();
+        let _ = s.write_all(peer.as_bytes());
+    });
+    pod.run(move || {
+        let mut s = std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
+            .expect("connect to the router from a pod");
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let mut b = String::new();
+        s.read_to_string(&mut b).unwrap();
+        b
+    })
+    .unwrap()
 }
 
 #[test]
@@ -321,16 +354,8 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
 
     // flannel's device: VNI 1, port 8472, learning off, MTU uplink - 50,
     // the pod subnet's .0 as /32, loose rp_filter.
-    let l = link_json(&n1.ns.ns, VTEP);
-    let d = &l["linkinfo"]["info_data"];
-    assert_eq!(
-        (d["id"].as_u64(), d["port"].as_u64()),
-        (Some(1), Some(8472)),
-        "{l}"
-    );
-    assert_eq!(d["learning"], false, "{l}");
-    assert_eq!(l["mtu"], 1450);
-    assert_eq!(common::addrs_of(&n1.ns.ns, VTEP), ["10.244.1.0/32"]);
+    flannel_vtep(&n1.ns.ns, VTEP, 1450);
+    assert_eq!(addrs_of(&n1.ns.ns, VTEP), ["10.244.1.0/32"]);
     // /proc/sys/net shows the reader's namespace.
     let rp =
         stdout_of(command_in(&n1.ns.ns, "cat").arg("/proc/sys/net/ipv4/conf/rcni.1/rp_filter"));
@@ -366,26 +391,9 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     );
 
     // Pod traffic leaving the cluster network is masqueraded: the router
-    // sees the node's address.
-    let seen =
-        rcni_testkit::tcp_server(&c.router.ns, "192.168.50.254".parse().unwrap(), |mut s| {
-            let peer = s.peer_addr().unwrap().ip().to_string();
-            let _ = s.write_all(peer.as_bytes());
-        });
-    let peer = p1
-        .ns
-        .run(move || {
-            // Unmasqueraded, the router could not answer: no route back.
-            let mut s =
-                std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
-                    .expect("connect to the router from a pod");
-            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-                .unwrap();
-            let mut b = String::new();
-            s.read_to_string(&mut b).unwrap();
-            b
-        })
-        .unwrap();
+    // sees the node's address (unmasqueraded, it could not answer: it has
+    // no route back to the pods).
+    let peer = source_seen_by_router(&c, &p1.ns, "192.168.50.254");
     assert_eq!(peer, "192.168.50.1");
 
     // The same file again: nothing changes, nothing is flushed.
@@ -433,16 +441,13 @@ fn host_gw_on_one_l2_routes_via_the_node() {
     c.write("host-gw", &[0, 1, 2]);
     c.reconcile_all();
     let n1 = &c.nodes[0];
-    let (neigh, fdb, routes) = n1.entries();
-    assert!(neigh.is_empty() && fdb.is_empty());
-    assert_eq!(
-        routes,
-        BTreeSet::from([
-            "10.244.2.0/24 via 192.168.50.2".to_string(),
-            "10.244.3.0/24 via 192.168.50.3".to_string()
-        ])
+    n1.assert_host_gw(
+        false,
+        &[
+            "10.244.2.0/24 via 192.168.50.2",
+            "10.244.3.0/24 via 192.168.50.3",
+        ],
     );
-    assert!(common::link_names(&n1.ns.ns).iter().all(|l| l != VTEP));
     assert_eq!(n1.plugin_conf()["mtu"], 1500);
     let (p1, a1) = n1.pod("p1");
     let (p3, a3) = c.nodes[2].pod("p3");
@@ -561,7 +566,7 @@ fn bad_cluster_files_and_unknown_nodes_are_refused_clearly() {
         }
     }
     // Nothing was programmed and no config written.
-    assert!(common::link_names(&n1.ns.ns).iter().all(|l| l != VTEP));
+    assert!(link_names(&n1.ns.ns).iter().all(|l| l != VTEP));
     assert!(!n1.conf_dir().join("10-rcni.conflist").exists());
 }
 
@@ -668,19 +673,11 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
     // A second VXLAN device for IPv6 (flannel's flannel-v6.<VNI>): same
     // VNI and port over the IPv6 underlay, MTU uplink - 70, the IPv6 pod
     // subnet's ::0 as /128; the pods get the smaller MTU of both paths.
-    let l = link_json(&n1.ns.ns, VTEP6);
-    let d = &l["linkinfo"]["info_data"];
-    assert_eq!(
-        (d["id"].as_u64(), d["port"].as_u64()),
-        (Some(1), Some(8472)),
-        "{l}"
-    );
-    assert_eq!(d["learning"], false, "{l}");
-    assert_eq!(l["mtu"], 1430, "{l}");
+    let l = flannel_vtep(&n1.ns.ns, VTEP6, 1430);
     assert!(
-        common::addrs_of(&n1.ns.ns, VTEP6).contains(&"fd00:0:0:1::/128".to_string()),
+        addrs_of(&n1.ns.ns, VTEP6).contains(&"fd00:0:0:1::/128".to_string()),
         "{:?}",
-        common::addrs_of(&n1.ns.ns, VTEP6)
+        addrs_of(&n1.ns.ns, VTEP6)
     );
     assert_ne!(l["address"], link_json(&n1.ns.ns, VTEP)["address"]);
     let conf = n1.plugin_conf();
@@ -711,23 +708,7 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
 
     // IPv6 pod traffic leaving network6 is masqueraded to the node's
     // address6 (the router has no route back to the pods).
-    let seen = rcni_testkit::tcp_server(&c.router.ns, "fd50::fe".parse().unwrap(), |mut s| {
-        let peer = s.peer_addr().unwrap().ip().to_string();
-        let _ = s.write_all(peer.as_bytes());
-    });
-    let peer = p1
-        .ns
-        .run(move || {
-            let mut s =
-                std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
-                    .expect("connect to the router from a pod over IPv6");
-            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-                .unwrap();
-            let mut b = String::new();
-            s.read_to_string(&mut b).unwrap();
-            b
-        })
-        .unwrap();
+    let peer = source_seen_by_router(&c, &p1.ns, "fd50::fe");
     assert_eq!(peer, "fd50::1");
 
     let again = n1.reconcile(&c.file);
@@ -752,16 +733,10 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
     // host-gw: IPv6 routes via the peers' address6, no IPv6 VTEP.
     c.write_dual("host-gw", &[0, 1, 2]);
     c.reconcile_all();
-    let (neigh, fdb, routes) = n1.entries6();
-    assert!(neigh.is_empty() && fdb.is_empty());
-    assert_eq!(
-        routes,
-        BTreeSet::from([
-            "fd00:0:0:2::/64 via fd50::2".to_string(),
-            "fd00:0:0:3::/64 via fd50::3".to_string()
-        ])
+    n1.assert_host_gw(
+        true,
+        &["fd00:0:0:2::/64 via fd50::2", "fd00:0:0:3::/64 via fd50::3"],
     );
-    assert!(common::link_names(&n1.ns.ns).iter().all(|l| l != VTEP6));
     assert!(ping6(&p1.ns, &b3));
     assert!(ping6(&p3.ns, &b1));
 

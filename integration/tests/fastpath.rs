@@ -12,9 +12,7 @@
 //! does where /sys/fs/bpf is missing) on a fresh temporary directory and
 //! unmounted on drop: nothing in /sys/fs/bpf is touched.
 
-mod common;
-
-use common::{Bpffs, Node, addr_of, nl};
+use rcni_integration::{Bpffs, Node, addr_of, nl};
 use rcni_netns::NetNs;
 use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping};
 use serde_json::{Value, json};
@@ -499,7 +497,7 @@ fn add_needs_a_prev_result_with_the_pods_veth() {
     let (code, _) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
     assert_eq!(code, 103, "netlink: no such link");
     // An eth0 that is not a veth (a bridge, as dummy needs a module).
-    common::ip(&a.ns, "link add eth0 type bridge");
+    rcni_integration::ip(&a.ns, "link add eth0 type bridge");
     let (code, msg) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
     assert_eq!(code, 7);
     assert!(msg.contains("not a veth"), "{msg}");
@@ -712,7 +710,7 @@ fn iperf_rate(from: &NetNs, to_ns: &NetNs, to: &str, port: u16, reverse: bool) -
 /// shaped like.
 fn chained(node: &Node, plugin: &Path, cmd: &str, pod: Pod, conf: &Value) -> Output {
     let (ns, cid, prev) = pod;
-    let mut c = common::Node::with_prev(conf, prev);
+    let mut c = rcni_integration::Node::with_prev(conf, prev);
     if plugin.starts_with(rcni_testkit::REFERENCE_DIR) {
         c["cniVersion"] = json!("1.0.0");
         c["prevResult"]["cniVersion"] = json!("1.0.0");
@@ -895,7 +893,7 @@ fn check_finds_a_pod_shaped_behind_the_fast_paths_back() {
 /// sender first pins the receiver's MAC in its neighbour table, as a pod
 /// that wants past the bridge's isolation would.
 fn udp_gets_through(from: &NetNs, to_ns: &NetNs, to: &str, to_mac: &str) -> bool {
-    common::ip(
+    rcni_integration::ip(
         from,
         &format!("neigh replace {to} lladdr {to_mac} dev eth0 nud permanent"),
     );
@@ -979,7 +977,7 @@ fn macspoofchk_holds_with_fastpath() {
     assert!(redirected(&node, &fs) >= 20);
     let b_mac = rb["interfaces"][2]["mac"].as_str().unwrap();
     assert!(udp_gets_through(&a.ns, &b.ns, &b_ip, b_mac), "honest MAC");
-    common::ip(&a.ns, "link set eth0 address 02:00:00:00:00:99");
+    rcni_integration::ip(&a.ns, "link set eth0 address 02:00:00:00:00:99");
     let to_b = counter(&list(&node, &fs), &b_ip, "rxPackets");
     assert!(
         !udp_gets_through(&a.ns, &b.ns, &b_ip, b_mac),
@@ -1060,7 +1058,7 @@ fn bandwidth_after_fastpath_out_of_reach_fails_and_rolls_back() {
     });
     assert!(qdiscs.iter().all(|q| q.kind == "noqueue"), "{qdiscs:?}");
     assert!(
-        !common::link_names(&node.ns.ns)
+        !rcni_integration::link_names(&node.ns.ns)
             .iter()
             .any(|l| l.starts_with("bwp"))
     );

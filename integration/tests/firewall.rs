@@ -5,9 +5,7 @@
 //! firewalld) getting pods through iptables' `FORWARD` policy DROP.
 //! firewalld itself: `firewalld.rs`.
 
-mod chain;
-
-use chain::*;
+use rcni_integration::chain::*;
 use rcni_testkit::{TestNs, bin, ping, reference_bin};
 use serde_json::{Value, json};
 use std::path::Path;

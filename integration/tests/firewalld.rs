@@ -14,11 +14,9 @@
 //! the reference's ADD and ours interoperate; a bus without firewalld means
 //! iptables; `"backend": "firewalld"` without firewalld fails.
 
-mod chain;
-
-use chain::*;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use rcni_integration::chain::*;
 use rcni_testkit::{TestNs, bin, ping, reference_bin};
 use serde_json::{Value, json};
 use std::path::Path;

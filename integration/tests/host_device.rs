@@ -3,9 +3,7 @@
 //! one): real packets through the moved device, the device back intact
 //! after DEL, every DEL path, rollback, and the reference side by side.
 
-mod common;
-
-use common::{Node, addrs_of, ip, merged, nl, ours_and_reference, routes_of};
+use rcni_integration::{Node, addrs_of, ip, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::Link;
 use rcni_netns::NetNs;
 use rcni_testkit::{PersistentNs, REFERENCE_DIR, TestNs, bin, normalized_result, ping};

@@ -3,9 +3,7 @@
 //! kernel state at 0.3.1 and 1.0.0, config errors, rollback, DEL without
 //! master or netns, CHECK after damage, STATUS and GC reaching IPAM.
 
-mod common;
-
-use common::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
+use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::MacvlanMode;
 use rcni_testkit::{Call, PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
 use serde_json::{Value, json};
@@ -16,15 +14,6 @@ fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
         "ipam": {"type": "static", "addresses": [{"address": addr}]}
     });
     merged(c, extra)
-}
-
-/// Two masters on one wire: the node's veth pair m1 <-> m2.
-fn node_with_wire() -> Node {
-    let node = Node::new();
-    ip(&node.ns.ns, "link add m1 type veth peer name m2");
-    ip(&node.ns.ns, "link set m1 up");
-    ip(&node.ns.ns, "link set m2 up");
-    node
 }
 
 /// macvlan links left in the node namespace.
@@ -39,7 +28,7 @@ fn node_macvlans(node: &Node) -> Vec<String> {
 /// Pods `a` and `b` on m1, `c` on m2 (bridge mode), `mode` on m1.
 /// Returns whether a reaches b and whether a reaches c across the wire.
 fn reach(mode: &str) -> (bool, bool) {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     let pods: Vec<(TestNs, Value, Value)> = [
         ("m1", mode, "10.62.0.1/24"),
         ("m1", mode, "10.62.0.2/24"),
@@ -117,11 +106,7 @@ fn result_and_kernel_state_match_the_reference() {
         for (i, case) in cases.iter().enumerate() {
             let mut seen = Vec::new();
             for (plugin, path) in ours_and_reference("macvlan") {
-                let node = Node::with_path(path);
-                ip(&node.ns.ns, "link add m1 type veth peer name m2");
-                ip(&node.ns.ns, "link set m1 up");
-                // A carrier, or IPv6 DAD never ends.
-                ip(&node.ns.ns, "link set m2 up");
+                let node = Node::with_path(path).wired();
                 let pod = TestNs::new();
                 let c = merged(
                     conf("m1", "bridge", "10.63.1.5/24", json!({"cniVersion": v})),
@@ -170,7 +155,7 @@ fn result_and_kernel_state_match_the_reference() {
 
 #[test]
 fn default_master_and_link_in_container() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     // No master: the interface of the node's default route.
     ip(&node.ns.ns, "addr add 10.64.0.1/24 dev m2");
     ip(&node.ns.ns, "route add default via 10.64.0.254 dev m2");
@@ -195,14 +180,14 @@ fn default_master_and_link_in_container() {
         "10.64.1.1/24",
         json!({"linkInContainer": true}),
     );
-    let p = common::lower_in_container(&node, "macvlan", &c);
+    let p = rcni_integration::lower_in_container(&node, "macvlan", &c);
     assert_eq!(link_names(&p.ns), ["lo", "inner1", "inner0"]);
     assert!(node_macvlans(&node).is_empty());
 }
 
 #[test]
 fn config_errors_touch_nothing() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     let pod = TestNs::new();
     let hl = |extra: Value| {
         merged(
@@ -272,7 +257,7 @@ fn config_errors_touch_nothing() {
 
 #[test]
 fn failed_add_rolls_back() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     // Addressing fails after the link exists and IPAM reserved: both undone.
     let p = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "macvlan", "master": "m1",
@@ -308,7 +293,7 @@ fn failed_add_rolls_back() {
 
 #[test]
 fn del_without_master_or_netns_and_check_after_damage() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "macvlan", "master": "m1",
         "ipam": {"type": "host-local", "dataDir": node.data.path(), "ranges": [[{"subnet": "10.67.0.0/24"}]]}});
     let p = TestNs::new();
@@ -336,7 +321,7 @@ fn del_without_master_or_netns_and_check_after_damage() {
     node.call(&bin("macvlan"), "DEL", "", "g", &with).ok();
     assert!(node.reservations().is_empty());
 
-    let node = node_with_wire();
+    let node = Node::new().wired();
     let c = merged(
         c,
         json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
@@ -346,10 +331,10 @@ fn del_without_master_or_netns_and_check_after_damage() {
         &bin("macvlan"),
         &c,
         &[
-            ("address removed", common::remove_pod_address),
-            ("link deleted", common::delete_pod_eth0),
+            ("address removed", rcni_integration::remove_pod_address),
+            ("link deleted", rcni_integration::delete_pod_eth0),
             ("route removed", |_, pod, _| {
-                common::remove_route(pod, |r| r.dst.to_string() == "10.99.0.0/16")
+                rcni_integration::remove_route(pod, |r| r.dst.to_string() == "10.99.0.0/16")
             }),
             ("MAC changed", |_, pod, _| {
                 ip(pod, "link set eth0 address 02:00:00:67:00:09")
@@ -364,27 +349,46 @@ fn del_without_master_or_netns_and_check_after_damage() {
 
 #[test]
 fn status_and_gc_reach_ipam() {
-    let node = node_with_wire();
-    let c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "macvlan", "master": "m1",
-        "ipam": {"type": "host-local", "dataDir": node.data.path(), "ranges": [[{"subnet": "10.68.0.0/24"}]]}});
+    let node = Node::new().wired();
+    let c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "macvlan", "master": "m1"});
+    node.ipam_status_and_gc("macvlan", &c, "10.68.0");
+}
+
+/// A failed ADD removes the pod's link before IPAM releases its address:
+/// IPAM is a script whose DEL records whether the link is still in the pod
+/// when it runs, and ADD fails after IPAM (a route via a gateway the pod
+/// cannot reach).
+#[test]
+fn failed_add_removes_the_link_before_ipam_releases() {
+    let ipam = tempfile::tempdir().unwrap();
+    let log = ipam.path().join("del.log");
+    let script = ipam.path().join("fake-ipam");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+cat >/dev/null
+case "$CNI_COMMAND" in
+ADD) echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.70.0.5/24"}}],"routes":[{{"dst":"10.80.0.0/16","gw":"10.99.0.1"}}]}}' ;;
+DEL) if nsenter --net="$CNI_NETNS" ip link show "$CNI_IFNAME" >/dev/null 2>&1; then echo present; else echo gone; fi >>{} ;;
+esac
+"#,
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let node = Node::with_path(format!(
+        "{}:{}",
+        ipam.path().display(),
+        rcni_testkit::bin_dir().display()
+    ))
+    .wired();
     let pod = TestNs::new();
-    for cid in ["keep", "stale"] {
-        Call::new(bin("host-local"), "ADD")
-            .env("CNI_CONTAINERID", cid)
-            .netns(&pod.path())
-            .stdin(&c)
-            .run_in(&node.ns.ns)
-            .ok();
-    }
-    let valid = json!([{"containerID": "keep", "ifname": "eth0"}]);
-    node.gc(&bin("macvlan"), &c, valid).ok();
-    assert_eq!(node.reservations(), ["10.68.0.2"]);
-    node.status(&bin("macvlan"), &c).ok();
-    let small = merged(
-        c,
-        json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
-            "ranges": [[{"subnet": "10.68.0.0/30"}]]}}),
-    );
-    let (code, _) = node.status(&bin("macvlan"), &small).err();
-    assert_eq!(code, 50, "the /30's one address is taken");
+    let c = json!({"cniVersion": "1.0.0", "name": "mv", "type": "macvlan", "master": "m1",
+        "ipam": {"type": "fake-ipam"}});
+    node.call(&bin("macvlan"), "ADD", &pod.path(), "ctr", &c)
+        .err();
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "gone\n");
+    assert_eq!(link_names(&pod.ns), ["lo"]);
 }

@@ -4,9 +4,7 @@
 //! from the record after the macvlan conflist is gone; a failing network
 //! rolling back the others; default-route requests.
 
-mod common;
-
-use common::multinet_lab::{Lab, addr_on};
+use rcni_integration::multinet_lab::{Lab, addr_on, pod_ifnames};
 use rcni_testkit::{TestNs, bin, ping, reservations, stdout_of};
 use serde_json::json;
 
@@ -19,14 +17,7 @@ fn pod_on_bridge_and_macvlan_talks_on_each_and_del_works_after_the_conflist_is_g
     lab.run("add", &other, "pod-b", None).ok();
 
     // The result is the default network's, with net1 listed as well.
-    let names: Vec<&str> = r["interfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i.get("sandbox").is_some())
-        .map(|i| i["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["eth0", "net1"], "{r}");
+    assert_eq!(pod_ifnames(&r), ["eth0", "net1"], "{r}");
     assert!(
         r["ips"].as_array().unwrap().iter().all(|i| i["address"]
             .as_str()

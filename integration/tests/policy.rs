@@ -10,10 +10,8 @@
 //! directory by the plugin, unmounted on drop); nftables tests keep their
 //! table in the node namespace, which goes with it.
 
-mod common;
-
-use common::{Bpffs, Node, addr_of};
 use rcni_ebpf::Datapath;
+use rcni_integration::{Bpffs, Node, addr_of};
 use rcni_netns::NetNs;
 use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping, stdout_of};
 use serde_json::{Value, json};

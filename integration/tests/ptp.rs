@@ -2,9 +2,7 @@
 //! pods; real packets, the kernel layout, CHECK after damage, every DEL
 //! path, rollback, ipMasq, GC and STATUS, and the reference side by side.
 
-mod common;
-
-use common::{
+use rcni_integration::{
     Damage, Node, addr_of, addrs_of, delete_pod_eth0, masq_rules, merged, nl, ours_and_reference,
     remove_pod_address, remove_route, routes_of,
 };
@@ -256,7 +254,7 @@ fn failed_add_rolls_back_link_and_reservation() {
 
 #[test]
 fn ip_masq_rules_follow_the_attachment_even_without_netns() {
-    common::masq_follows_attachments(
+    rcni_integration::masq_follows_attachments(
         "ptp",
         |node, extra| conf(node, "1.1.0", extra),
         [&["10.77.0.2", "fd77::2"], &["10.77.0.3", "fd77::3"]],

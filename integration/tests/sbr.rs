@@ -3,9 +3,7 @@
 //! strict reverse-path filtering), the reference's rules and tables, DEL
 //! without netns or interface, CHECK, and ADD's rollback.
 
-mod common;
-
-use common::{Node, ip, nl};
+use rcni_integration::{Node, ip, nl};
 use rcni_netlink::Family;
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, Output, TestNs, bin, ping, reference_bin};
@@ -74,7 +72,7 @@ fn sbr_conf(prev: &Value) -> Value {
 }
 
 fn addr(r: &Value, v4: bool) -> String {
-    common::addr_of(r, v4)
+    rcni_integration::addr_of(r, v4)
 }
 
 /// `prio: from SRC lookup TABLE` of every rule, both families.
@@ -266,7 +264,7 @@ fn errors_and_rollback() {
             "ADD",
             &pod.path(),
             "net1",
-            &common::merged(sbr_conf(&r1), json!({"table": -1})),
+            &rcni_integration::merged(sbr_conf(&r1), json!({"table": -1})),
         )
         .err();
     assert_eq!(code, 2);
@@ -281,7 +279,7 @@ fn errors_and_rollback() {
     assert_eq!((rules(&pod.ns), tables(&pod.ns)), before, "rolled back");
 
     // `table`: rules only, to that table.
-    let c = common::merged(sbr_conf(&r1), json!({"table": 500}));
+    let c = rcni_integration::merged(sbr_conf(&r1), json!({"table": 500}));
     lab.call(&bin("sbr"), "ADD", &pod.path(), "net1", &c).ok();
     let a1 = addr(&r1, true);
     assert!(rules(&pod.ns).contains(&format!("32765: from {a1}/32 lookup 500")));

@@ -3,11 +3,9 @@
 //! and the reference restores from ours), a failed ADD changes nothing,
 //! the allowlist refuses sysctls, GC drops stale backups.
 
-mod chain;
-
-use chain::*;
+use rcni_integration::chain::*;
 use rcni_netlink::Link;
-use rcni_testkit::{TestNs, bin, reference_bin};
+use rcni_testkit::{TestNs, bin, file_names, reference_bin};
 use serde_json::{Value, json};
 use std::path::Path;
 
@@ -30,17 +28,6 @@ fn full() -> Value {
         "sysctl": {"net.ipv4.conf.IFNAME.arp_filter": "1", "net.core.somaxconn": "512"},
         "mac": "02:aa:bb:cc:dd:ee", "mtu": 1400, "promisc": true, "allmulti": true, "txQLen": 500
     })
-}
-
-fn backups(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]
@@ -75,7 +62,7 @@ fn values_appear_in_the_pod_and_come_back_on_del() {
     assert_eq!(r["ips"], br["ips"]);
     // Traffic still flows with the new MAC.
     assert!(rcni_testkit::ping(&pod.ns, BRIDGE_V4));
-    assert_eq!(backups(data.path()), vec!["pod-t_net1.json"]);
+    assert_eq!(file_names(data.path()), vec!["pod-t_net1.json"]);
 
     c.check(&lan, &pod.path(), "pod-t", "net1", &r)
         .unwrap_or_else(|(i, o)| panic!("CHECK {i}: {}", o.stdout));
@@ -98,7 +85,7 @@ fn values_appear_in_the_pod_and_come_back_on_del() {
     );
     assert_eq!(sysctl(&pod, "net.ipv4.conf.net1.arp_filter"), "0");
     assert_eq!(sysctl(&pod, "net.core.somaxconn"), somaxconn_before);
-    assert!(backups(data.path()).is_empty());
+    assert!(file_names(data.path()).is_empty());
     // Again: nothing to do.
     assert_eq!(on_net1("tuning", "DEL", &c.stdin(1, Some(&r))).code, 0);
     br_only.del(&lan, Some(&pod.path()), "pod-t", "net1", Some(&br));
@@ -126,7 +113,7 @@ fn runtime_config_and_args_override_the_config() {
     // CNI_ARGS MAC loses to runtimeConfig.
     c.check_ok(&lan, &pod, "pod-o", &r);
     c.del_pod(&lan, &pod, "pod-o", &r);
-    assert!(backups(data.path()).is_empty());
+    assert!(file_names(data.path()).is_empty());
 }
 
 #[test]
@@ -149,7 +136,7 @@ fn failed_add_changes_nothing() {
     let after = link(&pod, "eth0");
     assert_eq!((after.mac, after.mtu), (before.mac, before.mtu));
     assert_eq!(sysctl(&pod, "net.ipv4.conf.eth0.arp_filter"), "0");
-    assert!(backups(data.path()).is_empty());
+    assert!(file_names(data.path()).is_empty());
     // Not a net.* key: refused before anything is touched.
     let c = chain(
         &lan,
@@ -251,7 +238,7 @@ fn backups_interoperate_with_the_reference() {
             deleter.display(),
             adder.display()
         );
-        assert!(backups(data.path()).is_empty());
+        assert!(file_names(data.path()).is_empty());
         br_only.del_pod(&lan, &pod, "pod-r", &br);
     }
 }
@@ -265,27 +252,27 @@ fn gc_drops_stale_backups_and_del_without_netns_too() {
     let ra = c.add(&lan, &a.path(), "pod-a", "eth0");
     let rb = c.add(&lan, &b.path(), "pod-b", "eth0");
     assert_eq!(
-        backups(data.path()),
+        file_names(data.path()),
         vec!["pod-a_eth0.json", "pod-b_eth0.json"]
     );
     // A file of another network (or the reference's, naming none) stays.
     std::fs::write(data.path().join("other_eth0.json"), r#"{"mtu":1500}"#).unwrap();
     c.only(1).gc(&lan, &[("pod-a", "eth0")]);
     assert_eq!(
-        backups(data.path()),
+        file_names(data.path()),
         vec!["other_eth0.json", "pod-a_eth0.json"]
     );
     // DEL without a netns removes the backup (nothing to restore).
     let conf = c.stdin(1, Some(&ra));
     assert_success(&lan.call(&bin("tuning"), "DEL", None, "pod-a", "eth0", &conf));
-    assert_eq!(backups(data.path()), vec!["other_eth0.json"]);
+    assert_eq!(file_names(data.path()), vec!["other_eth0.json"]);
     // An ADD killed while writing pod-b's backup left its temporary file:
     // the DEL that follows removes it.
     // (rcni_statefile's temporary name: `.<name>.<pid>.<n>.rcni-tmp`)
     std::fs::write(data.path().join(".pod-b_eth0.json.4242.0.rcni-tmp"), "{").unwrap();
     c.del_pod(&lan, &a, "pod-a", &ra);
     c.del_pod(&lan, &b, "pod-b", &rb);
-    assert_eq!(backups(data.path()), vec!["other_eth0.json"]);
+    assert_eq!(file_names(data.path()), vec!["other_eth0.json"]);
 }
 
 #[test]
@@ -362,7 +349,7 @@ fn a_killed_add_leaves_del_everything_to_undo() {
                 "killed at {k} ({ending:?}): DEL left a changed value"
             );
             assert_eq!(
-                backups(data.path()),
+                file_names(data.path()),
                 Vec::<String>::new(),
                 "killed at {k} ({ending:?}): DEL left files"
             );

@@ -2,9 +2,7 @@
 //! has none; vm_vlan.rs has the packets): config errors, DEL without master
 //! or netns, STATUS and GC reaching IPAM.
 
-mod common;
-
-use common::{Node, ip, link_names, merged};
+use rcni_integration::{Node, ip, link_names, merged};
 use rcni_testkit::{Call, PersistentNs, TestNs, bin, reference_bin};
 use serde_json::{Value, json};
 
@@ -97,25 +95,5 @@ fn del_succeeds_without_master_or_netns_and_releases_ipam() {
 #[test]
 fn status_and_gc_reach_ipam() {
     let node = Node::new();
-    let c = conf(&node, json!({}));
-    let pod = TestNs::new();
-    for cid in ["keep", "stale"] {
-        Call::new(bin("host-local"), "ADD")
-            .env("CNI_CONTAINERID", cid)
-            .netns(&pod.path())
-            .stdin(&c)
-            .run_in(&node.ns.ns)
-            .ok();
-    }
-    let valid = json!([{"containerID": "keep", "ifname": "eth0"}]);
-    node.gc(&bin("vlan"), &c, valid).ok();
-    assert_eq!(node.reservations(), ["10.61.0.2"]);
-    node.status(&bin("vlan"), &c).ok();
-    let small = conf(
-        &node,
-        json!({"ipam": {"type": "host-local", "dataDir": node.data.path(),
-            "ranges": [[{"subnet": "10.61.0.0/30"}]]}}),
-    );
-    let (code, _) = node.status(&bin("vlan"), &small).err();
-    assert_eq!(code, 50, "the /30's one address is taken");
+    node.ipam_status_and_gc("vlan", &conf(&node, json!({})), "10.61.0");
 }

@@ -2,9 +2,7 @@
 //! scripts/test runs this binary under ../shared/tools/vm-run (Debian's
 //! full kernel).
 
-mod common;
-
-use common::{Node, bridge_vlans, ip_link_json};
+use rcni_integration::{Node, bridge_vlans, ip_link_json};
 use rcni_testkit::{TestNs, bin, ping};
 use serde_json::json;
 

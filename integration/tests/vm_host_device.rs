@@ -1,9 +1,7 @@
 //! host-device with a dummy device, which this host's kernel lacks:
 //! scripts/test runs this binary under ../shared/tools/vm-run.
 
-mod common;
-
-use common::{Node, ip, ipv6_addrs, nl};
+use rcni_integration::{Node, ip, ipv6_addrs, nl};
 use rcni_testkit::{Call, TestNs, bin};
 use serde_json::json;
 

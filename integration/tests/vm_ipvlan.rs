@@ -2,9 +2,7 @@
 //! ipvlan; scripts/test runs this binary under ../shared/tools/vm-run
 //! (Debian's full kernel).
 
-mod common;
-
-use common::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
+use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::IpvlanMode;
 use rcni_testkit::{PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
 use serde_json::{Value, json};
@@ -17,18 +15,9 @@ fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
     merged(c, extra)
 }
 
-/// Two masters on one wire: the node's veth pair m1 <-> m2.
-fn node_with_wire() -> Node {
-    let node = Node::new();
-    ip(&node.ns.ns, "link add m1 type veth peer name m2");
-    ip(&node.ns.ns, "link set m1 up");
-    ip(&node.ns.ns, "link set m2 up");
-    node
-}
-
 #[test]
 fn every_mode_with_packets_check_and_del() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     for (i, mode) in ["l2", "l3", "l3s"].into_iter().enumerate() {
         let pods: Vec<(TestNs, Value, Value, String)> = [1, 2]
             .into_iter()
@@ -129,10 +118,7 @@ fn result_and_kernel_state_match_the_reference() {
         for (i, case) in cases.iter().enumerate() {
             let mut seen = Vec::new();
             for (plugin, path) in ours_and_reference("ipvlan") {
-                let node = Node::with_path(path);
-                ip(&node.ns.ns, "link add m1 type veth peer name m2");
-                ip(&node.ns.ns, "link set m1 up");
-                ip(&node.ns.ns, "link set m2 up");
+                let node = Node::with_path(path).wired();
                 let pod = TestNs::new();
                 let mut c = merged(
                     conf("m1", "", "10.73.1.5/24", json!({"cniVersion": v})),
@@ -175,7 +161,7 @@ fn result_and_kernel_state_match_the_reference() {
 
 #[test]
 fn chained_check_errors_rollback_and_del() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     // Chained without master: our CHECK passes, the reference's cannot.
     let p = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "ipv", "type": "ipvlan",
@@ -242,7 +228,7 @@ fn chained_check_errors_rollback_and_del() {
         "10.74.2.1/24",
         json!({"linkInContainer": true}),
     );
-    let _lic = common::lower_in_container(&node, "ipvlan", &c);
+    let _lic = rcni_integration::lower_in_container(&node, "ipvlan", &c);
 
     // DEL: twice, without the netns, without the master.
     let c = hl(json!({}));

@@ -4,9 +4,7 @@
 //! only, and DEL leaves nothing on any network, also with the extra
 //! networks' conflists deleted between ADD and DEL.
 
-mod common;
-
-use common::multinet_lab::{Lab, addr_on};
+use rcni_integration::multinet_lab::{Lab, addr_on, pod_ifnames};
 use rcni_testkit::{TestNs, ip, ping, reservations};
 use serde_json::json;
 
@@ -34,14 +32,7 @@ fn pod_on_bridge_macvlan_and_ipvlan() {
     );
     let pod = TestNs::new();
     let r = lab.run("add", &pod, "pod-a", Some("macnet, ipnet")).ok();
-    let names: Vec<&str> = r["interfaces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|i| i.get("sandbox").is_some())
-        .map(|i| i["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(names, ["eth0", "net1", "net2"], "{r}");
+    assert_eq!(pod_ifnames(&r), ["eth0", "net1", "net2"], "{r}");
     let net1 = addr_on(&pod, "net1");
     let net2 = addr_on(&pod, "net2");
     assert!(net1.starts_with("10.77.0."), "{net1}");

@@ -2,9 +2,7 @@
 //! 802.1Q; scripts/test runs this binary under ../shared/tools/vm-run
 //! (Debian's full kernel).
 
-mod common;
-
-use common::{
+use rcni_integration::{
     Node, addrs_of, ip, ipv6_addrs, link_names, merged, nl, ours_and_reference, routes_of,
 };
 use rcni_testkit::{TestNs, bin, normalized_result, ping, reference_bin};
@@ -18,18 +16,9 @@ fn conf(master: &str, vlan: u32, addr: &str, extra: Value) -> Value {
     merged(c, extra)
 }
 
-/// Two masters on one wire: the node's veth pair m1 <-> m2.
-fn node_with_wire() -> Node {
-    let node = Node::new();
-    ip(&node.ns.ns, "link add m1 type veth peer name m2");
-    ip(&node.ns.ns, "link set m1 up");
-    ip(&node.ns.ns, "link set m2 up");
-    node
-}
-
 #[test]
 fn pods_on_one_vlan_reach_each_other_and_not_other_vlans() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     // A kernel allows one link per (master, VLAN ID): the same VLAN on both
     // ends of the wire.
     let pods: Vec<(TestNs, Value, Value)> = [
@@ -106,7 +95,7 @@ fn pods_on_one_vlan_reach_each_other_and_not_other_vlans() {
 
 #[test]
 fn mtu_ipv6_link_in_container_and_check_after_damage() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     // MTU below the master's; IPv6 with duplicate address detection done
     // before ADD returns (the VLAN is a shared segment).
     let p = TestNs::new();
@@ -175,7 +164,7 @@ fn mtu_ipv6_link_in_container_and_check_after_damage() {
 
 #[test]
 fn failed_add_rolls_back_and_del_survives_a_missing_master() {
-    let node = node_with_wire();
+    let node = Node::new().wired();
     // Addressing fails after the link exists and IPAM reserved: both undone.
     let p = TestNs::new();
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "vlan", "master": "m1", "vlanId": 50,

@@ -3,16 +3,11 @@
 //! wording where it has one.
 
 use ipnetwork::IpNetwork;
-use rcni_cni::skel::CmdArgs;
 use rcni_cni::{CniError, CniResult, Interface, IpConfig, Route};
 use rcni_netlink::{Family, Link, Netlink};
 
-/// CHECK needs the result of ADD.
-pub fn prev_result(args: &CmdArgs) -> Result<CniResult, CniError> {
-    args.conf
-        .prev_result()?
-        .ok_or_else(|| CniError::config("Required prevResult missing"))
-}
+/// The error CHECK gives without the result of ADD (`NetConf::required_prev_result`).
+pub const PREV_RESULT_MISSING: &str = "Required prevResult missing";
 
 /// The container interface of `prev`: named CNI_IFNAME, in CNI_NETNS.
 pub fn container_interface<'a>(

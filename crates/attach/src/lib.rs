@@ -20,7 +20,7 @@ use ipnetwork::IpNetwork;
 use rcni_cni::invoke::{PendingAdd, PendingCmd, delegate_cmd};
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig};
+use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig, first_error};
 use rcni_netlink::{Family, Link, MacAddr, Netlink, SCOPE_LINK, sysctl};
 use rcni_netns::NetNs;
 use std::net::IpAddr;
@@ -150,19 +150,14 @@ impl Namespaces {
 
     /// ADD's veth pair (see [`create_veth`]), its removal registered on
     /// `undo`. Returns (host end, container end).
-    pub fn setup_veth<'a>(
+    pub async fn setup_veth<'a>(
         &'a self,
         undo: &mut Rollback<'a>,
         ifname: &str,
         mtu: Option<u32>,
     ) -> Result<(Link, Link), CniError> {
-        let (host_veth, ct_veth) = self.rt.block_on(create_veth(
-            &self.host,
-            &self.ct,
-            &self.host_ns,
-            ifname,
-            mtu,
-        ))?;
+        let (host_veth, ct_veth) =
+            create_veth(&self.host, &self.ct, &self.host_ns, ifname, mtu).await?;
         let what = format!("veth {ifname}");
         undo_link(undo, what, &self.rt, &self.ct, ct_veth.index);
         Ok((host_veth, ct_veth))
@@ -268,8 +263,6 @@ pub fn finish_add(
     }
     result
 }
-
-pub use rcni_cni::first_error;
 
 /// The `mtu` key of a veth plugin (bridge, ptp): 0 leaves the kernel's
 /// default; a value no link can have is unsupported (code 2).

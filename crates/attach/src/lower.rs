@@ -1,20 +1,80 @@
-//! What the plugins of a link on a lower device share (macvlan and
-//! ipvlan; vlan for the ADD's end and DEL): the master named by the config,
-//! or the interface of the default route when it names none, in the node's
-//! namespace or, with `linkInContainer`, the container's; the end of ADD
-//! once the pod's link exists; DEL.
+//! What the plugins of a link on a lower device share (macvlan, ipvlan,
+//! vlan): their common keys; the master named by the config, or the
+//! interface of the default route when it names none, in the node's
+//! namespace or, with `linkInContainer`, the container's; ADD's first steps,
+//! the pod's link, and the end of ADD once it exists; DEL.
 
 use crate::{
-    Dad, Namespaces, configure_iface, delete_container_link, finish_add, first_error,
-    in_container_for_del, interface, random_temp_name, sandbox, start_ipam_del, undo_link,
-    wait_ipam,
+    Dad, Namespaces, check, configure_iface, delete_container_link, ensure_ifname_free, finish_add,
+    in_container_for_del, interface, ipam_config, random_temp_name, sandbox, start_ipam_del,
+    undo_link, wait_ipam,
 };
+use rcni_cni::first_error;
 use rcni_cni::invoke::PendingAdd;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::CmdArgs;
 use rcni_cni::{CniError, CniResult};
 use rcni_netlink::{Family, IPV4_DEVCONF_ARP_NOTIFY, Link, Netlink};
 use rcni_netns::NetNs;
+use serde::Deserialize;
+
+/// The pod's link is the result's only interface.
+pub const IDX_CONTAINER: usize = 0;
+
+/// The keys every link on a lower device takes (macvlan, ipvlan, vlan):
+/// where its master is, and IPAM. Each plugin reads its own keys (mode,
+/// MTU, ...) beside these.
+#[derive(Debug)]
+pub struct LowerConf {
+    /// As configured; empty: the interface of the default route (macvlan,
+    /// ipvlan; vlan requires a master).
+    pub master: String,
+    /// The master lives in the container's namespace, not the node's.
+    pub link_in_container: bool,
+    /// IPAM plugin type; `None` is an L2-only attachment (ipvlan, chained:
+    /// `prevResult`'s addresses).
+    pub ipam: Option<String>,
+}
+
+impl LowerConf {
+    pub fn load(args: &CmdArgs) -> Result<LowerConf, CniError> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Keys {
+            #[serde(default)]
+            master: String,
+            #[serde(default)]
+            link_in_container: bool,
+        }
+        let keys: Keys = args.conf.plugin_conf()?;
+        Ok(LowerConf {
+            master: keys.master,
+            link_in_container: keys.link_in_container,
+            ipam: crate::ipam_type(args),
+        })
+    }
+
+    /// The master `name` (the default route's interface when empty), looked
+    /// up in the namespace the config says it lives in.
+    pub async fn find_master(&self, ns: &Namespaces, name: &str) -> Result<Link, CniError> {
+        let nl = if self.link_in_container {
+            &ns.ct
+        } else {
+            &ns.host
+        };
+        find_master(nl, name).await
+    }
+}
+
+/// The `mode` key: `modes` names each mode, the first also the default (an
+/// empty or absent key); any other name is unsupported (code 2).
+pub fn mode<M: Copy>(name: &str, modes: &[(&str, M)]) -> Result<M, CniError> {
+    match modes.iter().find(|(n, _)| *n == name) {
+        Some((_, m)) => Ok(*m),
+        None if name.is_empty() => Ok(modes[0].1),
+        None => Err(CniError::unsupported("mode", format!("{name:?}"))),
+    }
+}
 
 /// The interface of the first default route of the main table (IPv4
 /// before IPv6), as the reference's `getDefaultRouteInterfaceName`.
@@ -50,6 +110,23 @@ pub fn check_mtu(mtu: i64, master: &Link) -> Result<Option<u32>, CniError> {
         )));
     }
     Ok((mtu > 0).then_some(mtu as u32))
+}
+
+/// ADD's first steps, in the reference's order: the namespaces, the master
+/// `name` (see [`LowerConf::find_master`]) passed to `validate` (the
+/// plugin's MTU bound), and CNI_IFNAME free in the container. Returns the
+/// namespaces, the master and what `validate` made of it.
+pub fn open_master<T>(
+    args: &CmdArgs,
+    lower: &LowerConf,
+    name: &str,
+    validate: impl FnOnce(&Link) -> Result<T, CniError>,
+) -> Result<(Namespaces, Link, T), CniError> {
+    let ns = Namespaces::open(args)?;
+    let master = ns.rt.block_on(lower.find_master(&ns, name))?;
+    let valid = validate(&master)?;
+    ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+    Ok((ns, master, valid))
 }
 
 /// Makes the pod's link on a lower device and gives it the pod's name:
@@ -90,9 +167,10 @@ pub fn create_lower_link<'a>(
 }
 
 /// The end of ADD once the pod's link exists under its name: configured
-/// from `result` (addresses, routes; other hosts share the segment, so IPv6
-/// addresses go through duplicate address detection, waited for as the
-/// reference does), or only brought up for an L2-only attachment; its
+/// from IPAM's result, or `without_ipam`'s when there is no IPAM (ipvlan's
+/// `prevResult`), with addresses and routes (other hosts share the segment,
+/// so IPv6 addresses go through duplicate address detection, waited for as
+/// the reference does), or only brought up for an L2-only attachment; its
 /// interface in the result; the undo stack committed. With `arp_notify`,
 /// neighbours learn the link's MAC for its addresses at once (best effort,
 /// as the reference's macvlan and ipvlan).
@@ -100,11 +178,17 @@ pub fn finish_lower_add(
     ns: &Namespaces,
     args: &CmdArgs,
     link: &Link,
-    result: Option<CniResult>,
+    without_ipam: Option<CniResult>,
     arp_notify: bool,
+    // Before `undo`: parameters drop in reverse order, so a failure here
+    // removes the link before IPAM releases its addresses.
+    mut ipam: Option<PendingAdd>,
     undo: Rollback<'_>,
-    ipam: Option<PendingAdd>,
 ) -> Result<CniResult, CniError> {
+    let result = match &mut ipam {
+        Some(ipam) => Some(ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?),
+        None => without_ipam,
+    };
     let mut result = match result {
         Some(result) => {
             if arp_notify {
@@ -125,6 +209,65 @@ pub fn finish_lower_add(
     let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
     result.interfaces = vec![interface(&link, &sandbox(args))];
     Ok(finish_add(result, args, undo, ipam))
+}
+
+/// CHECK of the pod's link of `kind` against `prevResult` and the config:
+/// IPAM's CHECK; the master as ADD found it (the default route's interface
+/// when the config names none, or, with `unnamed_unchecked`, no master:
+/// ipvlan's chained ADD took it from a `prevResult` that is gone now); the
+/// link as recorded, on that master; `kind_checks` (mode, VLAN ID, MTU);
+/// the link's addresses and routes.
+pub fn check_lower(
+    args: &CmdArgs,
+    lower: &LowerConf,
+    kind: &str,
+    unnamed_unchecked: bool,
+    kind_checks: impl AsyncFnOnce(&Netlink, &Link) -> Result<(), CniError>,
+) -> Result<(), CniError> {
+    crate::delegate_ipam(lower.ipam.as_deref(), "CHECK", args)?;
+    let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
+    let ns = Namespaces::open(args)?;
+    let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
+    ns.rt.block_on(async {
+        let master = match lower.master.is_empty() && unnamed_unchecked {
+            true => None,
+            false => Some(
+                lower
+                    .find_master(&ns, &lower.master)
+                    .await
+                    .map_err(|e| CniError::check_failed(e.msg))?,
+            ),
+        };
+        let link = check::validate_link(&ns.ct, ct_if, Some(kind)).await?;
+        if let Some(master) = &master
+            && link.link != Some(master.index)
+        {
+            return Err(CniError::check_failed(format!(
+                "{kind}: {} is not on master {}",
+                link.name, master.name
+            )));
+        }
+        kind_checks(&ns.ct, &link).await?;
+        check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
+        check::validate_routes(&ns.ct, &prev.routes).await
+    })
+}
+
+/// CHECK of the link's mode (`got`, `None` when the kernel named none)
+/// against the config's; `what` names the kind as the reference's message
+/// does ("macvlan", "IPVlan").
+pub fn check_mode<M: PartialEq + std::fmt::Display>(
+    what: &str,
+    got: Option<M>,
+    want: M,
+) -> Result<(), CniError> {
+    if got.as_ref() == Some(&want) {
+        return Ok(());
+    }
+    Err(CniError::check_failed(format!(
+        "Container {what} mode {} does not match expected value: {want}",
+        got.map_or("unknown".into(), |m| m.to_string()),
+    )))
 }
 
 /// DEL: IPAM's release alongside the link's removal if the netns is still

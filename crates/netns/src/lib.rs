@@ -3,13 +3,12 @@
 //! `setns(2)` only switches the calling thread, and threads inherit the
 //! namespace of the thread that spawned them. So namespace-bound work runs on
 //! a throwaway thread ([`NetNs::run`]) that exits afterwards: nothing has to be
-//! restored and no other code can observe the switch. [`NsGuard`] switches
-//! the current thread and is meant for tests only.
+//! restored and no other code can observe the switch. (Tests that switch
+//! the current thread itself use `rcni_testkit::NsGuard`.)
 
 use std::ffi::OsStr;
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::marker::PhantomData;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -462,42 +461,6 @@ pub fn list_named() -> Result<Vec<String>, Error> {
     }
     names.sort();
     Ok(names)
-}
-
-/// Switches the current thread into a namespace and back on drop.
-///
-/// For tests only: it is `!Send` so it cannot migrate to another thread, and
-/// it must never be held across an `.await`.
-///
-/// ```compile_fail
-/// fn assert_send<T: Send>() {}
-/// assert_send::<rcni_netns::NsGuard>();
-/// ```
-#[derive(Debug)]
-pub struct NsGuard {
-    previous: OwnedFd,
-    _not_send: PhantomData<*const ()>,
-}
-
-/// Enter `ns` on the current thread until the returned guard is dropped.
-pub fn enter(ns: &NetNs) -> Result<NsGuard, Error> {
-    let previous = NetNs::current()?;
-    nix::sched::setns(ns.as_fd(), CloneFlags::CLONE_NEWNET).map_err(|e| ns.setns_error(e))?;
-    Ok(NsGuard {
-        previous: previous.fd,
-        _not_send: PhantomData,
-    })
-}
-
-impl Drop for NsGuard {
-    fn drop(&mut self) {
-        if let Err(e) = nix::sched::setns(self.previous.as_fd(), CloneFlags::CLONE_NEWNET) {
-            // A thread stuck in the wrong namespace would silently act on the
-            // wrong network; stopping is the only safe option.
-            eprintln!("rcni-netns: cannot restore network namespace: {e}");
-            std::process::abort();
-        }
-    }
 }
 
 impl From<Error> for rcni_cni::CniError {

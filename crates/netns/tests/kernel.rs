@@ -151,7 +151,7 @@ fn guard_enters_and_restores() {
     let ns = NetNs::new_anonymous().unwrap();
     let before = thread_netns_inode();
     {
-        let _guard = rcni_netns::enter(&ns).unwrap();
+        let _guard = rcni_testkit::enter(&ns);
         assert_eq!(thread_netns_inode(), ns.inode());
         assert!(NetNs::current().unwrap().same_as(&ns));
     }

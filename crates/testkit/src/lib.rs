@@ -98,9 +98,65 @@ impl Default for TestNs {
     }
 }
 
+/// Switches the current thread into a namespace and back on drop (most
+/// tests want [`NetNs::run`] or a [`TestNs`] command instead, which leave
+/// the test's thread alone).
+///
+/// `!Send`, so it cannot migrate to another thread; never hold it across an
+/// `.await`.
+///
+/// ```compile_fail
+/// fn assert_send<T: Send>() {}
+/// assert_send::<rcni_testkit::NsGuard>();
+/// ```
+#[derive(Debug)]
+pub struct NsGuard {
+    previous: NetNs,
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+/// Enters `ns` on the current thread until the returned guard is dropped.
+pub fn enter(ns: &NetNs) -> NsGuard {
+    use std::os::fd::AsFd;
+    let previous = NetNs::current().expect("open the current network namespace");
+    nix::sched::setns(ns.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+        .expect("enter the network namespace");
+    NsGuard {
+        previous,
+        _not_send: std::marker::PhantomData,
+    }
+}
+
+impl Drop for NsGuard {
+    fn drop(&mut self) {
+        use std::os::fd::AsFd;
+        if let Err(e) =
+            nix::sched::setns(self.previous.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+        {
+            // A thread stuck in the wrong namespace would silently act on the
+            // wrong network (the next test on it could touch the host's);
+            // stopping is the only safe option.
+            eprintln!("rcni-testkit: cannot restore network namespace: {e}");
+            std::process::abort();
+        }
+    }
+}
+
 /// `program` set up to run inside `ns`.
 pub fn command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
     ns.command(program)
+}
+
+/// The names of the files in `dir`, sorted; none when it does not exist.
+pub fn file_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
 }
 
 /// Runs `cmd`, which must succeed (its stderr is the failure message), and

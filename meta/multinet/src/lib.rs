@@ -359,7 +359,7 @@ impl Plugin for Multinet {
                 format!("multinet DEL: {}", errors.join("; ")),
             ));
         }
-        state::remove_status(&conf.status_dir, &args.container_id, &args.ifname)?;
+        Record::remove(&conf.status_dir, &args.container_id, &args.ifname)?;
         Record::remove(&conf.cache_dir, &args.container_id, &args.ifname)
     }
 
@@ -437,8 +437,7 @@ impl Plugin for Multinet {
             }
             let e = del_all(&rt, &del_args, &record.attachments);
             if e.is_empty() {
-                let _ =
-                    state::remove_status(&conf.status_dir, &record.container_id, &record.ifname);
+                let _ = Record::remove(&conf.status_dir, &record.container_id, &record.ifname);
                 if let Err(e) =
                     Record::remove(&conf.cache_dir, &record.container_id, &record.ifname)
                 {

@@ -92,6 +92,7 @@ impl Record {
         }
     }
 
+    /// Removes the record (or the status file: both are named by `file_of`); absent is fine.
     pub fn remove(dir: &Path, container_id: &str, ifname: &str) -> Result<(), CniError> {
         let path = file_of(dir, container_id, ifname);
         match std::fs::remove_file(&path) {
@@ -170,8 +171,4 @@ pub fn write_status(
     let path = file_of(dir, container_id, ifname);
     let data = serde_json::to_vec_pretty(status).map_err(|e| CniError::internal(e.to_string()))?;
     rcni_statefile::write_replace(&path, &data, 0o644).map_err(|e| io_err("write", &path, e))
-}
-
-pub fn remove_status(dir: &Path, container_id: &str, ifname: &str) -> Result<(), CniError> {
-    Record::remove(dir, container_id, ifname)
 }

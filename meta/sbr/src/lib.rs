@@ -19,8 +19,9 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use ipnetwork::IpNetwork;
+use rcni_attach::open_container_for_del;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, IpConfig, version};
+use rcni_cni::{CniError, CniResult, ErrorCode, IpConfig};
 use rcni_netlink::{Family, Netlink, Route, Rule, TABLE_MAIN};
 use rcni_netns::NetNs;
 use serde::Deserialize;
@@ -210,19 +211,14 @@ async fn setup_tables(
 
 impl Plugin for Sbr {
     fn about(&self) -> About {
-        About {
-            name: "sbr",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        About::all_versions("sbr", env!("CARGO_PKG_VERSION"))
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let conf = Conf::load(args)?;
         let prev = args
             .conf
-            .prev_result()?
-            .ok_or_else(|| CniError::config("This plugin must be called as chained plugin"))?;
+            .required_prev_result("This plugin must be called as chained plugin")?;
         let ips = ips_of(&args.ifname, &prev)?;
         let path = args
             .netns
@@ -253,15 +249,8 @@ impl Plugin for Sbr {
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = Conf::load(args)?;
         let prev = args.conf.prev_result().ok().flatten();
-        let Some(path) = args.netns.as_deref() else {
+        let (Some(ns), Some(path)) = (open_container_for_del(args)?, args.netns.as_deref()) else {
             return Ok(());
-        };
-        let ns = match NetNs::open(path) {
-            Ok(ns) => ns,
-            Err(e) if e.is_not_found() || matches!(e, rcni_netns::Error::NotNetns(_)) => {
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
         };
         let _lock = lock(path)?;
         let rt = rcni_netlink::runtime()?;

@@ -10,9 +10,9 @@ use rcni_attach::check;
 use rcni_attach::masq::Masq;
 use rcni_attach::{
     Attachment, Dad, Namespaces, configure_iface, delete_veth, enable_forwarding, finish_add,
-    first_error, interface, ipam_config, random_veth_name, rt, sandbox, start_ipam_add,
-    sysctl_best_effort,
+    interface, ipam_config, random_veth_name, rt, sandbox, start_ipam_add, sysctl_best_effort,
 };
+use rcni_cni::first_error;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult, Route};
@@ -246,126 +246,120 @@ impl Attachment for Bridge {
         let ns = Namespaces::open(args)?;
         let mut undo = Rollback::new();
 
-        let vlan_filtering = conf.vlan != 0 || !conf.trunk.is_empty();
-        let br = ns.rt.block_on(ns.host.ensure_bridge_with(
-            &conf.bridge,
-            conf.mtu,
-            vlan_filtering,
-        ))?;
-        if conf.promisc && !br.promisc {
-            ns.rt.block_on(ns.host.set_promisc(br.index, true))?;
-        }
-        // Written only where the link says otherwise (IPv6 on and not 0
-        // yet): after the bridge's first pod, no /proc/sys open at all.
-        let br_conf = format!("net/ipv6/conf/{}", br.name);
-        let br_sysctls: Vec<(String, &str)> = [
-            // We own the bridge's routes: router advertisements must not add any.
-            (on(br.ipv6_accept_ra), format!("{br_conf}/accept_ra")),
-            // The gateway address is ours by construction; DAD would only
-            // leave it unusable ("tentative") for the first pod's first second.
-            (on(br.ipv6_accept_dad), format!("{br_conf}/accept_dad")),
-        ]
-        .into_iter()
-        .filter_map(|(w, k)| w.then_some((k, "0")))
-        .collect();
-        sysctl_best_effort(&ns.host_ns, &br_sysctls);
+        // One runtime entry for the whole command: the synchronous steps in
+        // between (sysctls, nft, IPAM's wait) block it as they blocked the
+        // caller before, and nothing else runs on it meanwhile.
+        let result = ns.rt.block_on(async {
+            let vlan_filtering = conf.vlan != 0 || !conf.trunk.is_empty();
+            let br = ns
+                .host
+                .ensure_bridge_with(&conf.bridge, conf.mtu, vlan_filtering)
+                .await?;
+            if conf.promisc && !br.promisc {
+                ns.host.set_promisc(br.index, true).await?;
+            }
+            // Written only where the link says otherwise (IPv6 on and not 0
+            // yet): after the bridge's first pod, no /proc/sys open at all.
+            let br_conf = format!("net/ipv6/conf/{}", br.name);
+            let br_sysctls: Vec<(String, &str)> = [
+                // We own the bridge's routes: router advertisements must not add any.
+                (on(br.ipv6_accept_ra), format!("{br_conf}/accept_ra")),
+                // The gateway address is ours by construction; DAD would only
+                // leave it unusable ("tentative") for the first pod's first second.
+                (on(br.ipv6_accept_dad), format!("{br_conf}/accept_dad")),
+            ]
+            .into_iter()
+            .filter_map(|(w, k)| w.then_some((k, "0")))
+            .collect();
+            sysctl_best_effort(&ns.host_ns, &br_sysctls);
 
-        let (host_veth, ct_veth) = ns.setup_veth(&mut undo, &args.ifname, conf.mtu)?;
-        if let Some(mac) = conf.mac {
-            ns.rt.block_on(ns.ct.set_mac(ct_veth.index, mac))?;
-        }
-        ns.rt.block_on(setup_port(
-            &ns.host,
-            &host_veth,
-            &br,
-            &PortOptions::of(conf),
-        ))?;
+            let (host_veth, ct_veth) = ns.setup_veth(&mut undo, &args.ifname, conf.mtu).await?;
+            if let Some(mac) = conf.mac {
+                ns.ct.set_mac(ct_veth.index, mac).await?;
+            }
+            setup_port(&ns.host, &host_veth, &br, &PortOptions::of(conf)).await?;
 
-        if conf.mac_spoof_chk {
-            let mac = ct_veth.mac.map(|m| m.to_string()).unwrap_or_default();
-            let mac = conf.mac.map(|m| m.to_string()).unwrap_or(mac);
-            spoofchk::setup(&host_veth.name, &mac, &args.container_id, &args.ifname)?;
-            undo.push("macspoofchk rules", || {
-                spoofchk::teardown(&args.container_id, &args.ifname)
-            });
-        }
-        let mut result = CniResult::new(args.version());
-        if let Some(ipam) = &mut ipam {
-            result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
-            let gws = calc_gateways(&mut result, conf)?;
-            let ips: Vec<IpNetwork> = result.ips.iter().map(|i| i.address).collect();
+            if conf.mac_spoof_chk {
+                let mac = ct_veth.mac.map(|m| m.to_string()).unwrap_or_default();
+                let mac = conf.mac.map(|m| m.to_string()).unwrap_or(mac);
+                spoofchk::setup(&host_veth.name, &mac, &args.container_id, &args.ifname)?;
+                undo.push("macspoofchk rules", || {
+                    spoofchk::teardown(&args.container_id, &args.ifname)
+                });
+            }
+            let mut result = CniResult::new(args.version());
+            if let Some(ipam) = &mut ipam {
+                result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
+                let gws = calc_gateways(&mut result, conf)?;
+                let ips: Vec<IpNetwork> = result.ips.iter().map(|i| i.address).collect();
 
-            // DAD delays ADD by seconds; the reference turns it off unless
-            // asked, and when asked waits for it (its SettleAddresses).
-            let ifn = &args.ifname;
-            let (dad, dad_sysctls) = if conf.enable_dad {
-                (
-                    Dad::Wait,
-                    vec![
-                        (format!("net/ipv6/conf/{ifn}/enhanced_dad"), "1"),
-                        (format!("net/ipv6/conf/{ifn}/accept_dad"), "1"),
-                    ],
-                )
-            } else {
-                let key = format!("net/ipv6/conf/{ifn}/accept_dad");
-                let dad_on = on(ct_veth.ipv6_accept_dad);
-                (
-                    Dad::NoWait,
-                    dad_on.then_some((key, "0")).into_iter().collect(),
-                )
-            };
-            sysctl_best_effort(&ns.ct_ns, &dad_sysctls);
-            // Best effort as the reference's write of arp_notify.
-            let _ = ns.rt.block_on(
-                ns.ct
-                    .set_ipv4_devconf(ct_veth.index, &[(rcni_netlink::IPV4_DEVCONF_ARP_NOTIFY, 1)]),
-            );
-            let ct_link = ns.rt.block_on(ns.ct.link_by_index(ct_veth.index))?;
-            ns.rt
-                .block_on(configure_iface(&ns.ct, &ns.ct_ns, &ct_link, &result, dad))?;
-
-            if conf.is_gateway && !gws.is_empty() {
-                let target = if conf.vlan != 0 {
-                    let v = ns.rt.block_on(ensure_vlan_interface(&ns.host, &br, conf))?;
-                    result.interfaces.push(interface(&v, ""));
-                    v
+                // DAD delays ADD by seconds; the reference turns it off unless
+                // asked, and when asked waits for it (its SettleAddresses).
+                let ifn = &args.ifname;
+                let (dad, dad_sysctls) = if conf.enable_dad {
+                    (
+                        Dad::Wait,
+                        vec![
+                            (format!("net/ipv6/conf/{ifn}/enhanced_dad"), "1"),
+                            (format!("net/ipv6/conf/{ifn}/accept_dad"), "1"),
+                        ],
+                    )
                 } else {
-                    br.clone()
+                    let key = format!("net/ipv6/conf/{ifn}/accept_dad");
+                    let dad_on = on(ct_veth.ipv6_accept_dad);
+                    (
+                        Dad::NoWait,
+                        dad_on.then_some((key, "0")).into_iter().collect(),
+                    )
                 };
-                for gw in &gws {
-                    ns.rt.block_on(ensure_gateway_addr(
-                        &ns.host,
-                        &target,
-                        *gw,
-                        conf.force_address,
-                    ))?;
-                }
-                enable_forwarding(&ns.host_ns, &gws)?;
-            }
-            if conf.ip_masq {
-                let m = Masq::of(&ns.host_ns, args, conf.ip_masq_backend.as_deref());
-                m.setup(&ips)?;
-                undo.push("masquerade rules", move || m.teardown());
-            }
-        } else if !conf.disable_container_interface {
-            ns.rt.block_on(ns.ct.set_up(ct_veth.index))?;
-        }
+                sysctl_best_effort(&ns.ct_ns, &dad_sysctls);
+                // Best effort as the reference's write of arp_notify.
+                let _ = ns
+                    .ct
+                    .set_ipv4_devconf(ct_veth.index, &[(rcni_netlink::IPV4_DEVCONF_ARP_NOTIFY, 1)])
+                    .await;
+                let ct_link = ns.ct.link_by_index(ct_veth.index).await?;
+                configure_iface(&ns.ct, &ns.ct_ns, &ct_link, &result, dad).await?;
 
-        let host_veth = if conf.disable_container_interface {
-            ns.rt.block_on(ns.host.link_by_index(host_veth.index))?
-        } else {
-            ns.rt.block_on(wait_port_up(&ns.host, host_veth.index))?
-        };
-        // The bridge's MAC may change when its first port joins.
-        let br = ns.rt.block_on(ns.host.link_by_index(br.index))?;
-        let ct_veth = ns.rt.block_on(ns.ct.link_by_index(ct_veth.index))?;
-        let mut interfaces = vec![
-            interface(&br, ""),
-            interface(&host_veth, ""),
-            interface(&ct_veth, &sandbox(args)),
-        ];
-        interfaces.append(&mut result.interfaces);
-        result.interfaces = interfaces;
+                if conf.is_gateway && !gws.is_empty() {
+                    let target = if conf.vlan != 0 {
+                        let v = ensure_vlan_interface(&ns.host, &br, conf).await?;
+                        result.interfaces.push(interface(&v, ""));
+                        v
+                    } else {
+                        br.clone()
+                    };
+                    for gw in &gws {
+                        ensure_gateway_addr(&ns.host, &target, *gw, conf.force_address).await?;
+                    }
+                    enable_forwarding(&ns.host_ns, &gws)?;
+                }
+                if conf.ip_masq {
+                    let m = Masq::of(&ns.host_ns, args, conf.ip_masq_backend.as_deref());
+                    m.setup(&ips)?;
+                    undo.push("masquerade rules", move || m.teardown());
+                }
+            } else if !conf.disable_container_interface {
+                ns.ct.set_up(ct_veth.index).await?;
+            }
+
+            let host_veth = if conf.disable_container_interface {
+                ns.host.link_by_index(host_veth.index).await?
+            } else {
+                wait_port_up(&ns.host, host_veth.index).await?
+            };
+            // The bridge's MAC may change when its first port joins.
+            let br = ns.host.link_by_index(br.index).await?;
+            let ct_veth = ns.ct.link_by_index(ct_veth.index).await?;
+            let mut interfaces = vec![
+                interface(&br, ""),
+                interface(&host_veth, ""),
+                interface(&ct_veth, &sandbox(args)),
+            ];
+            interfaces.append(&mut result.interfaces);
+            result.interfaces = interfaces;
+            Ok::<_, CniError>(result)
+        })?;
         Ok(finish_add(result, args, undo, ipam))
     }
 
@@ -402,7 +396,7 @@ impl Attachment for Bridge {
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
-        let prev = check::prev_result(args)?;
+        let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         let ns = Namespaces::open(args)?;
         let sandbox = sandbox(args);
         ns.rt.block_on(async {

@@ -19,9 +19,10 @@ mod sysfs;
 use conf::{Conf, Selector};
 use rcni_attach::check;
 use rcni_attach::{
-    Attachment, Dad, Namespaces, configure_iface, ensure_ifname_free, finish_add, first_error,
+    Attachment, Dad, Namespaces, configure_iface, ensure_ifname_free, finish_add,
     in_container_for_del, interface, ipam_config, open_container, rt, sandbox, start_ipam_add,
 };
+use rcni_cni::first_error;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult, Interface};
@@ -267,7 +268,7 @@ impl Attachment for HostDevice {
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
-        let prev = check::prev_result(args)?;
+        let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         if dpdk_device(&Sysfs::default(), &conf.selector)?.is_some() {
             return Ok(());
         }

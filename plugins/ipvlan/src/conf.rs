@@ -4,64 +4,55 @@
 //! interface; without `ipam`, a chained one takes `prevResult`'s addresses.
 
 use rcni_attach::AttachConf;
+use rcni_attach::lower::{self, LowerConf};
 use rcni_cni::skel::CmdArgs;
 use rcni_cni::{CniError, CniResult};
 use rcni_netlink::IpvlanMode;
 use serde::Deserialize;
 
+/// ipvlan's own keys, beside [`LowerConf`]'s.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Raw {
     #[serde(default)]
-    master: String,
-    #[serde(default)]
     mode: String,
     #[serde(default)]
     mtu: i64,
-    #[serde(default)]
-    link_in_container: bool,
 }
 
 /// The validated settings of one call.
 #[derive(Debug)]
 pub struct Conf {
-    /// As configured; empty: see [`Conf::master_for_add`].
-    pub master: String,
+    /// An empty master: see [`Conf::master_for_add`]; no IPAM: `prevResult`'s
+    /// addresses.
+    pub lower: LowerConf,
     pub mode: IpvlanMode,
     /// 0: the master's (the reference sends no MTU for 0 or less either).
     pub mtu: i64,
-    /// The master lives in the container's namespace, not the node's.
-    pub link_in_container: bool,
-    /// IPAM plugin type; `None` takes the addresses of `prevResult`.
-    pub ipam: Option<String>,
     /// The previous plugin's result, when chained.
     pub prev: Option<CniResult>,
 }
 
-fn mode(s: &str) -> Result<IpvlanMode, CniError> {
-    match s {
-        "" | "l2" => Ok(IpvlanMode::L2),
-        "l3" => Ok(IpvlanMode::L3),
-        "l3s" => Ok(IpvlanMode::L3s),
-        _ => Err(CniError::unsupported("mode", format!("{s:?}"))),
-    }
-}
+const MODES: &[(&str, IpvlanMode)] = &[
+    ("l2", IpvlanMode::L2),
+    ("l3", IpvlanMode::L3),
+    ("l3s", IpvlanMode::L3s),
+];
 
 impl AttachConf for Conf {
     fn load(args: &CmdArgs) -> Result<Conf, CniError> {
+        let lower = LowerConf::load(args)?;
         let raw: Raw = args.conf.plugin_conf()?;
         Ok(Conf {
-            master: raw.master,
-            mode: mode(&raw.mode)?,
+            lower,
+            mode: lower::mode(&raw.mode, MODES)?,
             mtu: raw.mtu.max(0),
-            link_in_container: raw.link_in_container,
-            ipam: rcni_attach::ipam_type(args),
             prev: args.conf.prev_result()?,
         })
     }
 
     fn ipam(&self) -> Option<&str> {
-        self.ipam.as_deref()
+        self.lower.ipam.as_deref()
     }
 }
 
@@ -69,8 +60,8 @@ impl Conf {
     /// ADD's master: the configured one; else, chained, the single named
     /// interface of `prevResult`; else `None`, the default route's.
     pub fn master_for_add(&self) -> Result<Option<&str>, CniError> {
-        if !self.master.is_empty() {
-            return Ok(Some(&self.master));
+        if !self.lower.master.is_empty() {
+            return Ok(Some(&self.lower.master));
         }
         let Some(prev) = &self.prev else {
             return Ok(None);
@@ -107,7 +98,7 @@ mod tests {
                 c.master_for_add().unwrap(),
                 c.mode,
                 c.mtu,
-                c.link_in_container
+                c.lower.link_in_container
             ),
             (Some("eth1"), IpvlanMode::L3s, 1400, true)
         );

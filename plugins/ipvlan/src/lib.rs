@@ -12,30 +12,16 @@
 mod conf;
 
 use conf::Conf;
-use rcni_attach::lower::{create_lower_link, del_lower, finish_lower_add};
-use rcni_attach::{
-    Attachment, Namespaces, check, ensure_ifname_free, ipam_config, lower, sandbox, start_ipam_add,
+use rcni_attach::lower::{
+    IDX_CONTAINER, check_lower, create_lower_link, del_lower, finish_lower_add, open_master,
 };
+use rcni_attach::{Attachment, lower, start_ipam_add};
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult, IpConfig};
-use rcni_netlink::{Link, LowerOpts, Netlink};
+use rcni_netlink::LowerOpts;
 
 pub struct Ipvlan;
-
-/// The ipvlan link is the result's only interface.
-const IDX_CONTAINER: usize = 0;
-
-/// The master named `name` (the default route's interface for `None`),
-/// looked up where the config says it lives.
-async fn find_master(ns: &Namespaces, conf: &Conf, name: Option<&str>) -> Result<Link, CniError> {
-    let nl = if conf.link_in_container {
-        &ns.ct
-    } else {
-        &ns.host
-    };
-    lower::find_master(nl, name.unwrap_or("")).await
-}
 
 impl Attachment for Ipvlan {
     type Conf = Conf;
@@ -45,7 +31,7 @@ impl Attachment for Ipvlan {
     }
 
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
-        let from_prev = match conf.ipam {
+        let from_prev = match conf.lower.ipam {
             Some(_) => None,
             None => Some(conf.prev_with_ips().ok_or_else(|| {
                 CniError::config(
@@ -53,22 +39,21 @@ impl Attachment for Ipvlan {
                 )
             })?),
         };
-        let ns = Namespaces::open(args)?;
-        let master = ns
-            .rt
-            .block_on(find_master(&ns, conf, conf.master_for_add()?))?;
-        let mtu = lower::check_mtu(conf.mtu, &master)?;
-        ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+        // The master's name before the namespaces: the reference's loadConf
+        // takes it from prevResult.
+        let name = conf.master_for_add()?.unwrap_or("");
+        let (ns, master, mtu) =
+            open_master(args, &conf.lower, name, |m| lower::check_mtu(conf.mtu, m))?;
         // Declared before the rollback: dropped after it, so a failed ADD
         // releases its addresses after removing the link that used them.
-        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let ipam = start_ipam_add(conf.lower.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
         let link = create_lower_link(
             &ns,
             args,
             "ipvlan",
-            conf.link_in_container,
+            conf.lower.link_in_container,
             &mut undo,
             async |nl, name, target| {
                 let opts = LowerOpts {
@@ -80,80 +65,35 @@ impl Attachment for Ipvlan {
             },
         )?;
 
-        let result = match (&mut ipam, from_prev) {
-            (Some(ipam), _) => ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?,
-            (None, Some(prev)) => {
-                // The previous plugin's result, its addresses now this
-                // link's, as the reference.
-                let mut r = prev.clone();
-                r.cni_version = args.version().to_string();
-                r.interfaces.clear();
-                for ip in &mut r.ips {
-                    *ip = IpConfig {
-                        interface: Some(IDX_CONTAINER),
-                        ..ip.clone()
-                    };
-                }
-                r
+        // The previous plugin's result, its addresses now this link's, as
+        // the reference.
+        let without_ipam = from_prev.map(|prev| {
+            let mut r = prev.clone();
+            r.cni_version = args.version().to_string();
+            r.interfaces.clear();
+            for ip in &mut r.ips {
+                *ip = IpConfig {
+                    interface: Some(IDX_CONTAINER),
+                    ..ip.clone()
+                };
             }
-            (None, None) => unreachable!("checked above"),
-        };
-        finish_lower_add(&ns, args, &link, Some(result), true, undo, ipam)
+            r
+        });
+        finish_lower_add(&ns, args, &link, without_ipam, true, ipam, undo)
     }
 
     /// IPAM's release alongside the link's removal if the netns is still
     /// there; a missing master, netns or link is success.
     fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        del_lower(args, conf.ipam.as_deref())
+        del_lower(args, conf.lower.ipam.as_deref())
     }
 
+    /// Without `master` the one ADD used is not known any more (the
+    /// prevResult ADD took it from is gone): the lower device is not
+    /// checked then.
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
-        let prev = check::prev_result(args)?;
-        let ns = Namespaces::open(args)?;
-        let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
-        ns.rt.block_on(async {
-            // Without `master` the one ADD used is not known any more (the
-            // prevResult ADD took it from is gone): the lower device is not
-            // checked then.
-            let master = match conf.master.as_str() {
-                "" => None,
-                name => Some(
-                    find_master(&ns, conf, Some(name))
-                        .await
-                        .map_err(|e| CniError::check_failed(e.msg))?,
-                ),
-            };
-            let link = check::validate_link(&ns.ct, ct_if, Some("ipvlan")).await?;
-            check_lower(&ns.ct, &link, master.as_ref(), conf).await?;
-            check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
-            check::validate_routes(&ns.ct, &prev.routes).await
+        check_lower(args, &conf.lower, "ipvlan", true, async |ct, link| {
+            lower::check_mode("IPVlan", ct.ipvlan_mode(link.index).await?, conf.mode)
         })
     }
-}
-
-/// CHECK of the link against the config: on the master, in the mode.
-async fn check_lower(
-    ct: &Netlink,
-    link: &Link,
-    master: Option<&Link>,
-    conf: &Conf,
-) -> Result<(), CniError> {
-    if let Some(master) = master
-        && link.link != Some(master.index)
-    {
-        return Err(CniError::check_failed(format!(
-            "ipvlan: {} is not on master {}",
-            link.name, master.name
-        )));
-    }
-    let mode = ct.ipvlan_mode(link.index).await?;
-    if mode != Some(conf.mode) {
-        return Err(CniError::check_failed(format!(
-            "Container IPVlan mode {} does not match expected value: {}",
-            mode.map_or("unknown".into(), |m| m.to_string()),
-            conf.mode
-        )));
-    }
-    Ok(())
 }

@@ -1,28 +1,13 @@
 //! `loopback`: brings `lo` up in the container's namespace. containerd calls
 //! it (at 0.3.1) for every pod; CNI_IFNAME is ignored, as in the reference.
 
+use rcni_attach::{open_container, open_container_for_del};
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode, Interface, IpConfig};
 use rcni_netlink::Netlink;
 use rcni_netns::NetNs;
-use std::path::Path;
 
 pub struct Loopback;
-
-fn netns_error(path: &Path, e: rcni_netns::Error) -> CniError {
-    CniError::from(e).context(format!("failed to open netns {path:?}"))
-}
-
-/// The netns of ADD and CHECK, which the skel guarantees is set.
-fn required_netns(args: &CmdArgs) -> Result<NetNs, CniError> {
-    let path = args.netns.as_deref().ok_or_else(|| {
-        CniError::new(
-            ErrorCode::InvalidEnvironmentVariables,
-            "required env variables [CNI_NETNS] missing",
-        )
-    })?;
-    NetNs::open(path).map_err(|e| netns_error(path, e))
-}
 
 /// Brings `lo` up and returns its addresses. Anything but 127.0.0.0/8 and
 /// ::1 there means this is not the loopback device we think it is (the
@@ -54,7 +39,7 @@ impl Plugin for Loopback {
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
-        let addrs = lo_up(&required_netns(args)?)?;
+        let addrs = lo_up(&open_container(args)?)?;
         // Chained after another plugin: pass its result through unchanged.
         if let Some(prev) = args.conf.prev_result()? {
             return Ok(prev);
@@ -84,17 +69,9 @@ impl Plugin for Loopback {
     }
 
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let Some(path) = args.netns.as_deref() else {
+        // A vanished namespace has nothing left to undo.
+        let Some(ns) = open_container_for_del(args)? else {
             return Ok(());
-        };
-        let ns = match NetNs::open(path) {
-            Ok(ns) => ns,
-            // A vanished namespace (or a stale file whose bind mount is gone) has
-            // nothing left to undo.
-            Err(e) if e.is_not_found() || matches!(e, rcni_netns::Error::NotNetns(_)) => {
-                return Ok(());
-            }
-            Err(e) => return Err(netns_error(path, e)),
         };
         rcni_netlink::runtime()?.block_on(async {
             let nl = Netlink::connect(&ns).await?;
@@ -107,7 +84,7 @@ impl Plugin for Loopback {
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let ns = required_netns(args)?;
+        let ns = open_container(args)?;
         rcni_netlink::runtime()?.block_on(async {
             let nl = Netlink::connect(&ns).await?;
             let lo = nl.link_by_name("lo").await?;

@@ -4,16 +4,16 @@
 //! look up; DEL needs neither.
 
 use rcni_attach::AttachConf;
+use rcni_attach::lower::{self, LowerConf};
 use rcni_cni::CniError;
 use rcni_cni::skel::CmdArgs;
 use rcni_netlink::{MacAddr, MacvlanMode};
 use serde::Deserialize;
 
+/// macvlan's own keys, beside [`LowerConf`]'s.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Raw {
-    #[serde(default)]
-    master: String,
     #[serde(default)]
     mode: String,
     #[serde(default)]
@@ -21,16 +21,13 @@ struct Raw {
     #[serde(default)]
     mac: String,
     #[serde(default)]
-    link_in_container: bool,
-    #[serde(default)]
     bcqueuelen: u32,
 }
 
 /// The validated settings of one call.
 #[derive(Debug)]
 pub struct Conf {
-    /// Empty: the interface of the default route.
-    pub master: String,
+    pub lower: LowerConf,
     pub mode: MacvlanMode,
     /// The `mtu` key as given (0: the master's); bounded by the master's
     /// MTU at ADD.
@@ -38,25 +35,19 @@ pub struct Conf {
     /// `mac`, overridden by CNI_ARGS `MAC`, then by `runtimeConfig.mac`;
     /// parsed by ADD, the only command that uses it.
     pub mac: Option<String>,
-    /// The master lives in the container's namespace, not the node's.
-    pub link_in_container: bool,
     pub bc_queue_len: Option<u32>,
-    /// IPAM plugin type; `None` is an L2-only attachment.
-    pub ipam: Option<String>,
 }
 
-fn mode(s: &str) -> Result<MacvlanMode, CniError> {
-    match s {
-        "" | "bridge" => Ok(MacvlanMode::Bridge),
-        "private" => Ok(MacvlanMode::Private),
-        "vepa" => Ok(MacvlanMode::Vepa),
-        "passthru" => Ok(MacvlanMode::Passthru),
-        _ => Err(CniError::unsupported("mode", format!("{s:?}"))),
-    }
-}
+const MODES: &[(&str, MacvlanMode)] = &[
+    ("bridge", MacvlanMode::Bridge),
+    ("private", MacvlanMode::Private),
+    ("vepa", MacvlanMode::Vepa),
+    ("passthru", MacvlanMode::Passthru),
+];
 
 impl AttachConf for Conf {
     fn load(args: &CmdArgs) -> Result<Conf, CniError> {
+        let lower = LowerConf::load(args)?;
         let raw: Raw = args.conf.plugin_conf()?;
         if raw.mtu < 0 {
             return Err(CniError::config(format!(
@@ -76,18 +67,16 @@ impl AttachConf for Conf {
             mac = Some(m);
         }
         Ok(Conf {
-            master: raw.master,
-            mode: mode(&raw.mode)?,
+            lower,
+            mode: lower::mode(&raw.mode, MODES)?,
             mtu: raw.mtu,
             mac,
-            link_in_container: raw.link_in_container,
             bc_queue_len: (raw.bcqueuelen > 0).then_some(raw.bcqueuelen),
-            ipam: rcni_attach::ipam_type(args),
         })
     }
 
     fn ipam(&self) -> Option<&str> {
-        self.ipam.as_deref()
+        self.lower.ipam.as_deref()
     }
 }
 
@@ -118,23 +107,28 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (c.master.as_str(), c.mode, c.mtu, c.link_in_container),
+            (
+                c.lower.master.as_str(),
+                c.mode,
+                c.mtu,
+                c.lower.link_in_container
+            ),
             ("eth1", MacvlanMode::Vepa, 1400, true)
         );
         assert_eq!(c.mac().unwrap(), Some("02:00:00:00:00:01".parse().unwrap()));
         assert_eq!(
-            (c.bc_queue_len, c.ipam.as_deref()),
+            (c.bc_queue_len, c.lower.ipam.as_deref()),
             (Some(100), Some("static"))
         );
 
         let c = Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "macvlan"}))
             .unwrap();
         assert_eq!(
-            (c.master.as_str(), c.mode, c.mtu),
+            (c.lower.master.as_str(), c.mode, c.mtu),
             ("", MacvlanMode::Bridge, 0)
         );
         assert_eq!(
-            (c.mac().unwrap(), c.ipam, c.bc_queue_len),
+            (c.mac().unwrap(), c.lower.ipam, c.bc_queue_len),
             (None, None, None)
         );
 

@@ -10,29 +10,16 @@
 mod conf;
 
 use conf::Conf;
-use rcni_attach::lower::{create_lower_link, del_lower, finish_lower_add};
-use rcni_attach::{
-    Attachment, Namespaces, check, ensure_ifname_free, ipam_config, lower, sandbox, start_ipam_add,
+use rcni_attach::lower::{
+    check_lower, create_lower_link, del_lower, finish_lower_add, open_master,
 };
+use rcni_attach::{Attachment, lower, start_ipam_add};
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult};
-use rcni_netlink::{Link, LowerOpts, Netlink};
+use rcni_netlink::LowerOpts;
 
 pub struct Macvlan;
-
-/// The macvlan link is the result's only interface.
-const IDX_CONTAINER: usize = 0;
-
-/// The master, looked up where the config says it lives.
-async fn find_master(ns: &Namespaces, conf: &Conf) -> Result<Link, CniError> {
-    let nl = if conf.link_in_container {
-        &ns.ct
-    } else {
-        &ns.host
-    };
-    lower::find_master(nl, &conf.master).await
-}
 
 impl Attachment for Macvlan {
     type Conf = Conf;
@@ -46,20 +33,19 @@ impl Attachment for Macvlan {
         // known, anything else needs IgnoreUnknown.
         args.args.check_known(&["MAC"])?;
         let mac = conf.mac()?;
-        let ns = Namespaces::open(args)?;
-        let master = ns.rt.block_on(find_master(&ns, conf))?;
-        let mtu = lower::check_mtu(conf.mtu, &master)?;
-        ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+        let (ns, master, mtu) = open_master(args, &conf.lower, &conf.lower.master, |m| {
+            lower::check_mtu(conf.mtu, m)
+        })?;
         // Declared before the rollback: dropped after it, so a failed ADD
         // releases its addresses after removing the link that used them.
-        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let ipam = start_ipam_add(conf.lower.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
         let link = create_lower_link(
             &ns,
             args,
             "macvlan",
-            conf.link_in_container,
+            conf.lower.link_in_container,
             &mut undo,
             async |nl, name, target| {
                 let opts = LowerOpts {
@@ -72,57 +58,18 @@ impl Attachment for Macvlan {
                     .await
             },
         )?;
-
-        let result = match &mut ipam {
-            Some(ipam) => Some(ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?),
-            None => None,
-        };
-        finish_lower_add(&ns, args, &link, result, true, undo, ipam)
+        finish_lower_add(&ns, args, &link, None, true, ipam, undo)
     }
 
     /// IPAM's release alongside the link's removal if the netns is still
     /// there; a missing master, netns or link is success.
     fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        del_lower(args, conf.ipam.as_deref())
+        del_lower(args, conf.lower.ipam.as_deref())
     }
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
-        let prev = check::prev_result(args)?;
-        let ns = Namespaces::open(args)?;
-        let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
-        ns.rt.block_on(async {
-            let master = find_master(&ns, conf)
-                .await
-                .map_err(|e| CniError::check_failed(e.msg))?;
-            let link = check::validate_link(&ns.ct, ct_if, Some("macvlan")).await?;
-            check_lower(&ns.ct, &link, &master, conf).await?;
-            check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
-            check::validate_routes(&ns.ct, &prev.routes).await
+        check_lower(args, &conf.lower, "macvlan", false, async |ct, link| {
+            lower::check_mode("macvlan", ct.macvlan_mode(link.index).await?, conf.mode)
         })
     }
-}
-
-/// CHECK of the link against the config: on the master, in the mode.
-async fn check_lower(
-    ct: &Netlink,
-    link: &Link,
-    master: &Link,
-    conf: &Conf,
-) -> Result<(), CniError> {
-    if link.link != Some(master.index) {
-        return Err(CniError::check_failed(format!(
-            "macvlan: {} is not on master {}",
-            link.name, master.name
-        )));
-    }
-    let mode = ct.macvlan_mode(link.index).await?;
-    if mode != Some(conf.mode) {
-        return Err(CniError::check_failed(format!(
-            "Container macvlan mode {} does not match expected value: {}",
-            mode.map_or("unknown".into(), |m| m.to_string()),
-            conf.mode
-        )));
-    }
-    Ok(())
 }

@@ -16,13 +16,13 @@ use rcni_attach::check;
 use rcni_attach::masq::Masq;
 use rcni_attach::{
     Attachment, Dad, Namespaces, configure_iface, delete_veth, enable_forwarding,
-    ensure_ifname_free, finish_add, first_error, interface, ipam_config, rt, sandbox,
-    sysctl_best_effort,
+    ensure_ifname_free, finish_add, interface, ipam_config, rt, sandbox, sysctl_best_effort,
 };
+use rcni_cni::first_error;
 use rcni_cni::invoke::PendingAdd;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
-use rcni_cni::{CniError, CniResult};
+use rcni_cni::{CniError, CniResult, subnet};
 use rcni_netlink::{Family, Link, Netlink, Route, SCOPE_HOST, SCOPE_LINK};
 use rcni_netns::NetNs;
 use std::net::IpAddr;
@@ -36,11 +36,6 @@ const IDX_CONTAINER: usize = 1;
 /// `ip/32` or `ip/128`.
 fn host_prefix(ip: IpAddr) -> IpNetwork {
     IpNetwork::new(ip, if ip.is_ipv4() { 32 } else { 128 }).expect("full-length prefix")
-}
-
-/// The subnet of an address, host bits cleared.
-fn subnet(a: &IpNetwork) -> IpNetwork {
-    IpNetwork::new(a.network(), a.prefix()).expect("same prefix")
 }
 
 /// (address, gateway) of every IP; ptp routes everything through the
@@ -151,7 +146,9 @@ impl Attachment for Ptp {
         let mut ipam = PendingAdd::start(ipam, &args.stdin, &args.path, args.version());
         let mut undo = Rollback::new();
 
-        let (host_veth, ct_veth) = ns.setup_veth(&mut undo, &args.ifname, conf.mtu)?;
+        let (host_veth, ct_veth) =
+            ns.rt
+                .block_on(ns.setup_veth(&mut undo, &args.ifname, conf.mtu))?;
 
         // Both ends own their addresses by construction, so no duplicate
         // address detection: the global addresses are added without it (a
@@ -223,7 +220,7 @@ impl Attachment for Ptp {
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
         rcni_attach::delegate_ipam(Some(conf.required_ipam()?), "CHECK", args)?;
-        let prev = check::prev_result(args)?;
+        let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         let ns = Namespaces::open(args)?;
         let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
         let ips = addresses_with_gateways(&prev).map_err(|e| CniError::check_failed(e.msg))?;

@@ -3,40 +3,36 @@
 //! up anyway; DEL does not need the master at all.
 
 use rcni_attach::AttachConf;
+use rcni_attach::lower::LowerConf;
 use rcni_cni::CniError;
 use rcni_cni::skel::CmdArgs;
 use serde::Deserialize;
 
+/// vlan's own keys, beside [`LowerConf`]'s.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Raw {
     #[serde(default)]
-    master: String,
-    #[serde(default)]
     vlan_id: i64,
     #[serde(default)]
     mtu: i64,
-    #[serde(default)]
-    link_in_container: bool,
 }
 
 /// The validated settings of one call.
 #[derive(Debug)]
 pub struct Conf {
-    pub master: String,
+    /// The master is never empty here.
+    pub lower: LowerConf,
     pub vlan_id: u16,
     /// `None` leaves the kernel's default, the master's MTU.
     pub mtu: Option<u32>,
-    /// The master lives in the container's namespace, not the node's.
-    pub link_in_container: bool,
-    /// IPAM plugin type; `None` is an L2-only attachment.
-    pub ipam: Option<String>,
 }
 
 impl AttachConf for Conf {
     fn load(args: &CmdArgs) -> Result<Conf, CniError> {
+        let lower = LowerConf::load(args)?;
         let raw: Raw = args.conf.plugin_conf()?;
-        if raw.master.is_empty() {
+        if lower.master.is_empty() {
             return Err(CniError::config(
                 "\"master\" field is required. It specifies the host interface name to create the VLAN for",
             ));
@@ -47,23 +43,20 @@ impl AttachConf for Conf {
                 raw.vlan_id
             )));
         }
-        if !(0..=65535).contains(&raw.mtu) {
-            return Err(CniError::config(format!(
-                "invalid MTU {}, must be [0, master MTU]",
-                raw.mtu
-            )));
-        }
+        // The veth plugins' bounds, but vlan's wording and code (a bad
+        // vlan config is code 7, as the reference's loadConf error).
+        let mtu = rcni_attach::mtu(raw.mtu).map_err(|_| {
+            CniError::config(format!("invalid MTU {}, must be [0, master MTU]", raw.mtu))
+        })?;
         Ok(Conf {
-            master: raw.master,
+            lower,
             vlan_id: raw.vlan_id as u16,
-            mtu: (raw.mtu > 0).then_some(raw.mtu as u32),
-            link_in_container: raw.link_in_container,
-            ipam: rcni_attach::ipam_type(args),
+            mtu,
         })
     }
 
     fn ipam(&self) -> Option<&str> {
-        self.ipam.as_deref()
+        self.lower.ipam.as_deref()
     }
 }
 
@@ -91,10 +84,15 @@ mod tests {
             "ipam": {"type": "static"}}))
         .unwrap();
         assert_eq!(
-            (c.master.as_str(), c.vlan_id, c.mtu, c.link_in_container),
+            (
+                c.lower.master.as_str(),
+                c.vlan_id,
+                c.mtu,
+                c.lower.link_in_container
+            ),
             ("eth1", 100, Some(1400), true)
         );
-        assert_eq!(c.ipam.as_deref(), Some("static"));
+        assert_eq!(c.lower.ipam.as_deref(), Some("static"));
         assert!(c.check_mtu(1500).is_ok());
         assert_eq!(c.check_mtu(1300).unwrap_err().code, 7);
 
@@ -102,7 +100,7 @@ mod tests {
             &json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "master": "eth1"}),
         )
         .unwrap();
-        assert_eq!((c.vlan_id, c.mtu, c.ipam), (0, None, None));
+        assert_eq!((c.vlan_id, c.mtu, c.lower.ipam), (0, None, None));
 
         for bad in [
             json!({"cniVersion": "1.0.0", "name": "n", "type": "vlan", "vlanId": 5}),

@@ -10,31 +10,15 @@
 mod conf;
 
 use conf::Conf;
-use rcni_attach::check;
-use rcni_attach::lower::{create_lower_link, del_lower, finish_lower_add};
-use rcni_attach::{
-    Attachment, Namespaces, ensure_ifname_free, ipam_config, sandbox, start_ipam_add,
+use rcni_attach::lower::{
+    check_lower, create_lower_link, del_lower, finish_lower_add, open_master,
 };
+use rcni_attach::{Attachment, start_ipam_add};
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult};
-use rcni_netlink::{Link, Netlink};
 
 pub struct Vlan;
-
-/// The vlan link is the result's only interface.
-const IDX_CONTAINER: usize = 0;
-
-/// The master, looked up where the config says it lives.
-async fn find_master(host: &Netlink, ct: &Netlink, conf: &Conf) -> Result<Link, CniError> {
-    let nl = if conf.link_in_container { ct } else { host };
-    nl.find_link(&conf.master).await?.ok_or_else(|| {
-        CniError::config(format!(
-            "failed to lookup master {:?}: link not found",
-            conf.master
-        ))
-    })
-}
 
 impl Attachment for Vlan {
     type Conf = Conf;
@@ -44,58 +28,38 @@ impl Attachment for Vlan {
     }
 
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
-        let ns = Namespaces::open(args)?;
-        let master = ns.rt.block_on(find_master(&ns.host, &ns.ct, conf))?;
-        conf.check_mtu(master.mtu)?;
-        ns.rt.block_on(ensure_ifname_free(&ns.ct, &args.ifname))?;
+        let (ns, master, ()) = open_master(args, &conf.lower, &conf.lower.master, |m| {
+            conf.check_mtu(m.mtu)
+        })?;
         // Once the config is known good, IPAM runs alongside the link work.
         // Declared before the rollback: dropped after it, so a failed ADD
         // releases its addresses after removing the link that used them.
-        let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
+        let ipam = start_ipam_add(conf.lower.ipam.as_deref(), args);
         let mut undo = Rollback::new();
 
         let link = create_lower_link(
             &ns,
             args,
             "vlan",
-            conf.link_in_container,
+            conf.lower.link_in_container,
             &mut undo,
             async |nl, name, target| {
                 nl.create_vlan(name, master.index, conf.vlan_id, conf.mtu, target)
                     .await
             },
         )?;
-
-        let result = match &mut ipam {
-            Some(ipam) => Some(ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?),
-            None => None,
-        };
-        finish_lower_add(&ns, args, &link, result, false, undo, ipam)
+        finish_lower_add(&ns, args, &link, None, false, ipam, undo)
     }
 
     /// IPAM's release alongside the link's removal if the netns is still
     /// there; a missing master, netns or link is success.
     fn del(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        del_lower(args, conf.ipam.as_deref())
+        del_lower(args, conf.lower.ipam.as_deref())
     }
 
     fn check(&self, args: &CmdArgs, conf: &Conf) -> Result<(), CniError> {
-        rcni_attach::delegate_ipam(conf.ipam.as_deref(), "CHECK", args)?;
-        let prev = check::prev_result(args)?;
-        let ns = Namespaces::open(args)?;
-        let ct_if = check::container_interface(&prev, &args.ifname, &sandbox(args))?;
-        ns.rt.block_on(async {
-            let master = find_master(&ns.host, &ns.ct, conf)
-                .await
-                .map_err(|e| CniError::check_failed(e.msg))?;
-            let link = check::validate_link(&ns.ct, ct_if, Some("vlan")).await?;
-            if link.link != Some(master.index) {
-                return Err(CniError::check_failed(format!(
-                    "vlan: {} is not on master {}",
-                    link.name, conf.master
-                )));
-            }
-            let id = ns.ct.vlan_id(link.index).await?;
+        check_lower(args, &conf.lower, "vlan", false, async |ct, link| {
+            let id = ct.vlan_id(link.index).await?;
             if id != Some(conf.vlan_id) {
                 return Err(CniError::check_failed(format!(
                     "vlan: {} has VLAN ID {}, configured {}",
@@ -112,8 +76,7 @@ impl Attachment for Vlan {
                     link.name, link.mtu
                 )));
             }
-            check::validate_ips(&ns.ct, &link, &prev.ips, IDX_CONTAINER).await?;
-            check::validate_routes(&ns.ct, &prev.routes).await
+            Ok(())
         })
     }
 }

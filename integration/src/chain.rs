@@ -3,7 +3,6 @@
 //! plugin, the chain run the way a runtime runs it, and real TCP/UDP
 //! traffic between the namespaces (sockets created inside a namespace stay
 //! there, so the test process talks from any of them).
-#![allow(dead_code)]
 
 use rcni_netlink::Netlink;
 use rcni_netns::NetNs;
@@ -482,50 +481,25 @@ pub fn tcp_server(ns: &NetNs, port: u16, reply: &str) {
 }
 
 fn socket_v6_only(addr: &str) -> std::io::Result<TcpListener> {
-    use std::os::fd::FromRawFd;
-    let sa: SocketAddr = addr.parse().unwrap();
-    // SAFETY: plain socket/setsockopt/bind/listen on a fresh fd we own.
-    unsafe {
-        let fd = libc::socket(libc::AF_INET6, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let one: libc::c_int = 1;
-        let sz = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        libc::setsockopt(
-            fd,
-            libc::IPPROTO_IPV6,
-            libc::IPV6_V6ONLY,
-            (&one as *const libc::c_int).cast(),
-            sz,
-        );
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_REUSEADDR,
-            (&one as *const libc::c_int).cast(),
-            sz,
-        );
-        let SocketAddr::V6(v6) = sa else {
-            unreachable!()
-        };
-        let mut s: libc::sockaddr_in6 = std::mem::zeroed();
-        s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-        s.sin6_port = v6.port().to_be();
-        s.sin6_addr.s6_addr = v6.ip().octets();
-        if libc::bind(
-            fd,
-            (&s as *const libc::sockaddr_in6).cast(),
-            std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-        ) != 0
-            || libc::listen(fd, 128) != 0
-        {
-            let e = std::io::Error::last_os_error();
-            libc::close(fd);
-            return Err(e);
-        }
-        Ok(TcpListener::from_raw_fd(fd))
-    }
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockType, SockaddrIn6, bind, listen, setsockopt, socket,
+        sockopt,
+    };
+    use std::os::fd::AsRawFd;
+    let SocketAddr::V6(v6) = addr.parse().unwrap() else {
+        panic!("{addr} is not an IPv6 socket address")
+    };
+    let fd = socket(
+        AddressFamily::Inet6,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    setsockopt(&fd, sockopt::Ipv6V6Only, &true)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+    bind(fd.as_raw_fd(), &SockaddrIn6::from(v6))?;
+    listen(&fd, Backlog::new(128)?)?;
+    Ok(TcpListener::from(fd))
 }
 
 /// Connects from `ns` to `addr` ("ip:port" or "[ip6]:port") and returns

@@ -1,9 +1,8 @@
 //! A DHCP lab for the dhcp tests: a node namespace, a server namespace
 //! running dnsmasq, the daemon, and pods, all with files in one temporary
 //! directory. Guards stop dnsmasq and the daemon however a test ends.
-#![allow(dead_code)]
 
-use crate::common::{ip, nl};
+use crate::{ip, nl};
 use rcni_testkit::{Call, Output, TestNs, bin};
 use serde_json::{Value, json};
 use std::fs::File;
@@ -350,15 +349,7 @@ impl Lab {
     }
 
     pub fn state_files(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.state_dir())
-            .map(|rd| {
-                rd.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        rcni_testkit::file_names(&self.state_dir())
     }
 
     pub fn daemon_log(&self) -> String {

@@ -3,7 +3,7 @@
 //! (macnet) on `mv0`, whose other end is in `lan` with 10.77.0.1, and the
 //! runtime's multinet conflist (podnet).
 
-use super::Node;
+use crate::Node;
 use rcni_testkit::{TestNs, bin, bin_dir, ip, reservations, stdout_of};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -17,6 +17,12 @@ pub struct Lab {
     pub state: tempfile::TempDir,
     pub cache: tempfile::TempDir,
     pub mac_data: tempfile::TempDir,
+}
+
+impl Default for Lab {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Lab {
@@ -192,6 +198,17 @@ impl Lab {
         );
         assert!(macvlans.trim().is_empty(), "{macvlans}");
     }
+}
+
+/// The names of a result's interfaces in the pod (those with a sandbox).
+pub fn pod_ifnames(r: &Value) -> Vec<&str> {
+    r["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i.get("sandbox").is_some())
+        .map(|i| i["name"].as_str().unwrap())
+        .collect()
 }
 
 pub fn addr_on(pod: &TestNs, dev: &str) -> String {
