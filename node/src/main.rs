@@ -8,6 +8,7 @@ mod agent;
 mod cluster;
 mod conflist;
 mod desired;
+mod k8s;
 mod masq;
 mod registry;
 
@@ -19,6 +20,9 @@ use clap::{Parser, Subcommand};
 
 use crate::cluster::ClusterError;
 use crate::registry::{FileRegistry, Registry};
+
+/// How long `--once --kubernetes` waits for the first list of Nodes.
+const ONCE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Parser)]
 #[command(
@@ -40,10 +44,27 @@ enum Cmd {
 #[derive(clap::Args)]
 struct RunArgs {
     /// The cluster file (JSON: network, backend, vni, port, nodes).
-    #[arg(long, value_name = "FILE")]
-    cluster: PathBuf,
-    /// This node's name in the cluster file.
-    #[arg(long, value_name = "NAME")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "kubernetes",
+        conflicts_with = "kubernetes"
+    )]
+    cluster: Option<PathBuf>,
+    /// Nodes from the Kubernetes API (Node objects) instead of a cluster
+    /// file; needs --net-conf.
+    #[arg(long, requires = "net_conf")]
+    kubernetes: bool,
+    /// With --kubernetes: the cluster file's JSON without "nodes" (network,
+    /// backend, ebpf, encryption, vni, port), as flannel's net-conf.json.
+    #[arg(long, value_name = "FILE", requires = "kubernetes")]
+    net_conf: Option<PathBuf>,
+    /// With --kubernetes: the kubeconfig to use; without it, the in-cluster
+    /// config (the pod's service account), or KUBECONFIG.
+    #[arg(long, value_name = "FILE", requires = "kubernetes")]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name (in the cluster file, or its Node object's).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     node: String,
     /// Where the node's CNI config (10-rcni.conflist) is written.
     #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
@@ -91,8 +112,15 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut registry = FileRegistry::new(&args.cluster);
     rt.block_on(async move {
+        let mut registry: Box<dyn Registry> = match (&args.cluster, &args.net_conf) {
+            (Some(file), _) => Box::new(FileRegistry::new(file)),
+            (None, Some(net_conf)) => match kube_registry(&args, net_conf).await {
+                Ok(r) => r,
+                Err(code) => return code,
+            },
+            (None, None) => unreachable!("clap requires --cluster or --kubernetes --net-conf"),
+        };
         let opts = agent::Options {
             node: args.node.clone(),
             cni_conf_dir: args.cni_conf_dir.clone(),
@@ -120,8 +148,10 @@ fn run(args: RunArgs) -> ExitCode {
         let mut last_full = Instant::now();
         let mut first = true;
         loop {
-            let status = once(&mut registry, &nl, &opts, &args.state_dir).await;
-            if args.once || (first && status == Some(EXIT_CONFIG_NODE)) {
+            let status = once(&mut *registry, &nl, &opts, &args.state_dir).await;
+            // A Kubernetes node without its Node or podCIDR yet waits for
+            // them; a cluster file that lacks the node is a mistake.
+            if args.once || (first && status == Some(EXIT_CONFIG_NODE) && !args.kubernetes) {
                 return match status {
                     None => ExitCode::SUCCESS,
                     Some(c) => ExitCode::from(c),
@@ -162,8 +192,42 @@ const EXIT_CONFIG_NODE: u8 = 4;
 /// One load and reconcile; `None` on full success, else the exit status
 /// `--once` ends with. A file that cannot be loaded keeps what is
 /// programmed.
+/// The Kubernetes node source, its first list of Nodes in.
+async fn kube_registry(args: &RunArgs, net_conf: &std::path::Path) -> Result<Box<dyn Registry>, ExitCode> {
+    let net = std::fs::read_to_string(net_conf)
+        .map_err(|e| ClusterError::Invalid(format!("cannot read {}: {e}", net_conf.display())))
+        .and_then(|t| cluster::parse_net_conf(&t))
+        .map_err(|e| {
+            log(format!("--net-conf {}: {e}", net_conf.display()));
+            ExitCode::from(match e {
+                ClusterError::NotImplemented(_) => EXIT_NOT_IMPLEMENTED,
+                _ => EXIT_CONFIG,
+            })
+        })?;
+    let client = k8s::client(args.kubeconfig.as_deref()).await.map_err(|e| {
+        log(e);
+        ExitCode::from(EXIT_CONFIG)
+    })?;
+    let registry = k8s::KubeRegistry::start(client, net, args.node.clone());
+    if args.once {
+        if tokio::time::timeout(ONCE_SYNC_TIMEOUT, registry.synced())
+            .await
+            .is_err()
+        {
+            log(format!(
+                "no list of Nodes from the Kubernetes API within {ONCE_SYNC_TIMEOUT:?}"
+            ));
+            return Err(ExitCode::FAILURE);
+        }
+    } else {
+        registry.synced().await;
+    }
+    log("listed the Kubernetes API's Nodes");
+    Ok(Box::new(registry))
+}
+
 async fn once(
-    registry: &mut impl Registry,
+    registry: &mut dyn Registry,
     nl: &rcni_netlink::Netlink,
     opts: &agent::Options,
     state_dir: &std::path::Path,
@@ -171,12 +235,16 @@ async fn once(
     let cluster = match registry.load() {
         Ok(c) => c,
         Err(e @ ClusterError::Invalid(_)) => {
-            log(format!("invalid cluster file, nothing changed: {e}"));
+            log(format!("invalid cluster, nothing changed: {e}"));
             return Some(EXIT_CONFIG);
         }
         Err(e @ ClusterError::NotImplemented(_)) => {
             log(e);
             return Some(EXIT_NOT_IMPLEMENTED);
+        }
+        Err(e @ ClusterError::ThisNode(_)) => {
+            log(format!("this node cannot be programmed yet, nothing changed: {e}"));
+            return Some(EXIT_CONFIG_NODE);
         }
     };
     let t0 = Instant::now();
