@@ -191,7 +191,12 @@ pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
     };
     let mut out = Vec::with_capacity(nodes.len());
     for (i, n) in nodes.iter().enumerate() {
-        out.push(parse_node(&format!("nodes[{i}]"), n, net.network, net.network6)?);
+        out.push(parse_node(
+            &format!("nodes[{i}]"),
+            n,
+            net.network,
+            net.network6,
+        )?);
     }
     net.with_nodes(out)
 }

@@ -153,12 +153,7 @@ impl KubeRegistry {
             synced: tokio::sync::Notify::new(),
         });
         let api: Api<KNode> = Api::all(client);
-        let task = tokio::spawn(watch_nodes(
-            api,
-            shared.clone(),
-            net.clone(),
-            node.clone(),
-        ));
+        let task = tokio::spawn(watch_nodes(api, shared.clone(), net.clone(), node.clone()));
         KubeRegistry {
             net,
             node,
@@ -193,7 +188,8 @@ impl Registry for KubeRegistry {
                 st.nodes.len()
             ))
         })?;
-        let mut nodes = vec![node_of(&self.net, &self.node, me, true).map_err(ClusterError::ThisNode)?];
+        let mut nodes =
+            vec![node_of(&self.net, &self.node, me, true).map_err(ClusterError::ThisNode)?];
         let mut skipped = Vec::new();
         for (name, s) in st.nodes.iter().filter(|(n, _)| **n != self.node) {
             match node_of(&self.net, name, s, false) {

@@ -57,11 +57,13 @@ struct RunArgs {
     kubernetes: bool,
     /// With --kubernetes: the cluster file's JSON without "nodes" (network,
     /// backend, ebpf, encryption, vni, port), as flannel's net-conf.json.
-    #[arg(long, value_name = "FILE", requires = "kubernetes")]
+    // (Not `requires = "kubernetes"`: a flag's implicit `false` satisfies
+    // it; with one of --cluster and --kubernetes required, this is the same.)
+    #[arg(long, value_name = "FILE", conflicts_with = "cluster")]
     net_conf: Option<PathBuf>,
     /// With --kubernetes: the kubeconfig to use; without it, the in-cluster
     /// config (the pod's service account), or KUBECONFIG.
-    #[arg(long, value_name = "FILE", requires = "kubernetes")]
+    #[arg(long, value_name = "FILE", conflicts_with = "cluster")]
     kubeconfig: Option<PathBuf>,
     /// This node's name (in the cluster file, or its Node object's).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
@@ -193,7 +195,10 @@ const EXIT_CONFIG_NODE: u8 = 4;
 /// `--once` ends with. A file that cannot be loaded keeps what is
 /// programmed.
 /// The Kubernetes node source, its first list of Nodes in.
-async fn kube_registry(args: &RunArgs, net_conf: &std::path::Path) -> Result<Box<dyn Registry>, ExitCode> {
+async fn kube_registry(
+    args: &RunArgs,
+    net_conf: &std::path::Path,
+) -> Result<Box<dyn Registry>, ExitCode> {
     let net = std::fs::read_to_string(net_conf)
         .map_err(|e| ClusterError::Invalid(format!("cannot read {}: {e}", net_conf.display())))
         .and_then(|t| cluster::parse_net_conf(&t))
@@ -243,7 +248,9 @@ async fn once(
             return Some(EXIT_NOT_IMPLEMENTED);
         }
         Err(e @ ClusterError::ThisNode(_)) => {
-            log(format!("this node cannot be programmed yet, nothing changed: {e}"));
+            log(format!(
+                "this node cannot be programmed yet, nothing changed: {e}"
+            ));
             return Some(EXIT_CONFIG_NODE);
         }
     };
@@ -289,5 +296,64 @@ async fn once(
             log(e);
             Some(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<RunArgs, String> {
+        let mut v = vec!["rcni-node", "run"];
+        v.extend_from_slice(args);
+        match Cli::try_parse_from(v) {
+            Ok(Cli { cmd: Cmd::Run(a) }) => Ok(a),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn kubernetes_command_line() {
+        let a = parse(&[
+            "--kubernetes",
+            "--net-conf",
+            "/etc/rcni/net-conf.json",
+            "--node",
+            "n1",
+            "--cni-conf-dir",
+            "/d",
+            "--once",
+        ])
+        .unwrap();
+        assert!(a.kubernetes && a.once && a.cluster.is_none() && a.kubeconfig.is_none());
+        assert_eq!(a.node, "n1");
+        let a = parse(&[
+            "--kubernetes",
+            "--net-conf",
+            "n.json",
+            "--kubeconfig",
+            "/k",
+            "--node",
+            "n1",
+        ])
+        .unwrap();
+        assert_eq!(a.kubeconfig.unwrap(), PathBuf::from("/k"));
+        // Either source, not both; --net-conf and --kubeconfig belong to
+        // --kubernetes, which needs --net-conf.
+        let both = parse(&[
+            "--cluster",
+            "c",
+            "--kubernetes",
+            "--net-conf",
+            "n",
+            "--node",
+            "x",
+        ]);
+        assert!(both.is_err());
+        assert!(parse(&["--kubernetes", "--node", "x"]).is_err());
+        assert!(parse(&["--cluster", "c", "--net-conf", "n", "--node", "x"]).is_err());
+        assert!(parse(&["--cluster", "c", "--kubeconfig", "k", "--node", "x"]).is_err());
+        assert!(parse(&["--node", "x"]).is_err());
+        assert!(parse(&["--cluster", "c", "--node", "x"]).is_ok());
     }
 }

@@ -98,7 +98,9 @@ impl FakeApi {
     /// Serves on `listener` (bound by the caller, in whatever network
     /// namespace the clients are) from a thread of its own.
     pub fn start(listener: std::net::TcpListener) -> FakeApi {
-        listener.set_nonblocking(true).expect("nonblocking listener");
+        listener
+            .set_nonblocking(true)
+            .expect("nonblocking listener");
         let addr = listener.local_addr().expect("listener address");
         let inner = Arc::new(Mutex::new(Inner {
             rv: 1,
@@ -172,7 +174,8 @@ impl FakeApi {
         let coll = coll_of::<K>();
         let rv = {
             let mut g = lock(&self.inner);
-            g.list_kinds.insert(coll.clone(), format!("{}List", K::KIND));
+            g.list_kinds
+                .insert(coll.clone(), format!("{}List", K::KIND));
             g.put_value(&coll, &mut v)
         };
         self.changed();
@@ -530,24 +533,24 @@ async fn serve(
         }
         ("GET", None) => {
             let body = {
-            let g = lock(&inner);
-            let items: Vec<Value> = g
-                .objects
-                .get(&t.coll)
-                .into_iter()
-                .flat_map(|m| m.iter())
-                .filter(|((ns, _), _)| t.ns.as_ref().is_none_or(|want| want == ns))
-                .map(|(_, v)| v)
-                .filter(|v| fields_match(q.get("fieldSelector"), v))
-                .cloned()
-                .collect();
-            let kind = g
-                .list_kinds
-                .get(&t.coll)
-                .cloned()
-                .unwrap_or_else(|| "List".into());
-            let api_version = t.coll.rsplit_once('/').map(|(a, _)| a).unwrap_or("v1");
-            json!({"kind": kind, "apiVersion": api_version,
+                let g = lock(&inner);
+                let items: Vec<Value> = g
+                    .objects
+                    .get(&t.coll)
+                    .into_iter()
+                    .flat_map(|m| m.iter())
+                    .filter(|((ns, _), _)| t.ns.as_ref().is_none_or(|want| want == ns))
+                    .map(|(_, v)| v)
+                    .filter(|v| fields_match(q.get("fieldSelector"), v))
+                    .cloned()
+                    .collect();
+                let kind = g
+                    .list_kinds
+                    .get(&t.coll)
+                    .cloned()
+                    .unwrap_or_else(|| "List".into());
+                let api_version = t.coll.rsplit_once('/').map(|(a, _)| a).unwrap_or("v1");
+                json!({"kind": kind, "apiVersion": api_version,
                    "metadata": {"resourceVersion": g.rv.to_string()},
                    "items": items})
             };
@@ -683,7 +686,9 @@ async fn watch(
         let g = lock(&inner);
         let gone = since.is_some_and(|rv| rv < g.compacted);
         let first: Vec<Value> = if gone {
-            vec![json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")})]
+            vec![
+                json!({"type": "ERROR", "object": status(410, "Expired", "too old resource version")}),
+            ]
         } else {
             match since {
                 // From "now": what exists, as ADDED.
@@ -784,11 +789,17 @@ mod tests {
     #[test]
     fn paths_queries_and_patches() {
         let t = target("/api/v1/nodes/n1").unwrap();
-        assert_eq!((t.coll.as_str(), t.ns, t.name.as_deref()), ("v1/nodes", None, Some("n1")));
+        assert_eq!(
+            (t.coll.as_str(), t.ns, t.name.as_deref()),
+            ("v1/nodes", None, Some("n1"))
+        );
         let t = target("/api/v1/namespaces/a/pods").unwrap();
         assert_eq!((t.coll.as_str(), t.ns.as_deref()), ("v1/pods", Some("a")));
         let t = target("/api/v1/namespaces/a").unwrap();
-        assert_eq!((t.coll.as_str(), t.name.as_deref()), ("v1/namespaces", Some("a")));
+        assert_eq!(
+            (t.coll.as_str(), t.name.as_deref()),
+            ("v1/namespaces", Some("a"))
+        );
         let t = target("/apis/networking.k8s.io/v1/networkpolicies").unwrap();
         assert_eq!(t.coll, "networking.k8s.io/v1/networkpolicies");
         let q = query("fieldSelector=spec.nodeName%3Dn1&watch=true");
@@ -797,7 +808,13 @@ mod tests {
         assert!(fields_match(q.get("fieldSelector"), &pod));
         assert!(!fields_match(Some(&"spec.nodeName=n2".to_string()), &pod));
         let mut o = json!({"metadata": {"annotations": {"a": "1", "b": "2"}}});
-        merge_patch(&mut o, &json!({"metadata": {"annotations": {"a": null, "c": "3"}}}));
-        assert_eq!(o, json!({"metadata": {"annotations": {"b": "2", "c": "3"}}}));
+        merge_patch(
+            &mut o,
+            &json!({"metadata": {"annotations": {"a": null, "c": "3"}}}),
+        );
+        assert_eq!(
+            o,
+            json!({"metadata": {"annotations": {"b": "2", "c": "3"}}})
+        );
     }
 }
