@@ -116,6 +116,9 @@ pub struct KubeRegistry {
     seen: u64,
     skipped: Vec<String>,
     task: tokio::task::JoinHandle<()>,
+    /// The policy inputs' watches and socket, when asked for: they live as
+    /// long as the node source.
+    pub policy: Option<crate::k8s_policy::PolicyInputs>,
 }
 
 impl Drop for KubeRegistry {
@@ -161,6 +164,7 @@ impl KubeRegistry {
             seen: 0,
             skipped: Vec::new(),
             task,
+            policy: None,
         }
     }
 
@@ -506,4 +510,4 @@ async fn publish(api: &Api<KNode>, me: &str, patch: Option<Value>) -> Option<Val
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

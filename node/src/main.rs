@@ -9,6 +9,7 @@ mod cluster;
 mod conflist;
 mod desired;
 mod k8s;
+mod k8s_policy;
 mod masq;
 mod registry;
 
@@ -65,6 +66,20 @@ struct RunArgs {
     /// config (the pod's service account), or KUBECONFIG.
     #[arg(long, value_name = "FILE", conflicts_with = "cluster")]
     kubeconfig: Option<PathBuf>,
+    /// With --kubernetes: mirror NetworkPolicy and Namespace objects into
+    /// DIR (the policy plugin's policyDir) and answer this node's pods'
+    /// labels on --agent-socket.
+    #[arg(long, value_name = "DIR", conflicts_with = "cluster")]
+    policy_dir: Option<PathBuf>,
+    /// With --policy-dir: the root-only socket the policy plugin asks for
+    /// a pod's labels.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/run/rcni/agent.sock",
+        requires = "policy_dir"
+    )]
+    agent_socket: PathBuf,
     /// This node's name (in the cluster file, or its Node object's).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     node: String,
@@ -213,7 +228,16 @@ async fn kube_registry(
         log(e);
         ExitCode::from(EXIT_CONFIG)
     })?;
-    let registry = k8s::KubeRegistry::start(client, net, args.node.clone());
+    let mut registry = k8s::KubeRegistry::start(client.clone(), net, args.node.clone());
+    if let Some(dir) = &args.policy_dir {
+        let p = k8s_policy::start(client, dir.clone(), &args.node, &args.agent_socket).map_err(
+            |e| {
+                log(e);
+                ExitCode::FAILURE
+            },
+        )?;
+        registry.policy = Some(p);
+    }
     if args.once {
         if tokio::time::timeout(ONCE_SYNC_TIMEOUT, registry.synced())
             .await

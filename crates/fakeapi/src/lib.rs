@@ -437,6 +437,10 @@ fn status(code: u16, reason: &str, message: &str) -> Value {
            "status": "Failure", "message": message, "reason": reason, "code": code})
 }
 
+fn not_found(name: &str) -> Value {
+    status(404, "NotFound", &format!("{name} not found"))
+}
+
 async fn respond(s: &mut TcpStream, code: u16, body: &Value) {
     let text = body.to_string();
     let reason = match code {
@@ -565,14 +569,7 @@ async fn serve(
                 .cloned();
             match v {
                 Some(v) => respond(&mut s, 200, &v).await,
-                None => {
-                    respond(
-                        &mut s,
-                        404,
-                        &status(404, "NotFound", &format!("{name} not found")),
-                    )
-                    .await
-                }
+                None => respond(&mut s, 404, &not_found(name)).await,
             }
         }
         ("PATCH", Some(name)) => {
@@ -612,14 +609,7 @@ async fn serve(
                     tick.send_modify(|t| *t += 1);
                     respond(&mut s, 200, &obj).await;
                 }
-                None => {
-                    respond(
-                        &mut s,
-                        404,
-                        &status(404, "NotFound", &format!("{name} not found")),
-                    )
-                    .await
-                }
+                None => respond(&mut s, 404, &not_found(name)).await,
             }
         }
         _ => {

@@ -51,7 +51,7 @@ fn net() -> NetConf {
 
 /// Runs `f` with a fake API server on 127.0.0.1 in a fresh network
 /// namespace, on a tokio runtime whose sockets are made in it too.
-fn with_api<F, Fut>(f: F)
+pub(crate) fn with_api<F, Fut>(f: F)
 where
     F: FnOnce(FakeApi, std::path::PathBuf) -> Fut + Send,
     Fut: Future<Output = ()>,
@@ -82,7 +82,7 @@ async fn registry(kubeconfig: &std::path::Path, me: &str) -> KubeRegistry {
 }
 
 /// Polls until `f` holds (bounded: it panics with `what` after ~10 s).
-async fn until(what: &str, mut f: impl FnMut() -> bool) {
+pub(crate) async fn until(what: &str, mut f: impl FnMut() -> bool) {
     for _ in 0..500 {
         if f() {
             return;
