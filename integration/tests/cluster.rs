@@ -1005,3 +1005,77 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
     assert!(ping(&p1.ns, &a2), "after n2 came back: {}", log_of(1));
     assert!(ping(&p2.ns, &a3), "after n2 came back: {}", log_of(1));
 }
+
+#[test]
+fn kubernetes_once_and_a_node_without_a_pod_subnet() {
+    use k8s_openapi::api::core::v1::Node as KNode;
+    let c = Cluster::new(&[0, 0]);
+    let listener = c
+        .router
+        .ns
+        .run(|| std::net::TcpListener::bind("192.168.50.254:0").unwrap())
+        .unwrap();
+    let api = rcni_fakeapi::FakeApi::start(listener);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+    let net_conf = dir.path().join("net-conf.json");
+    std::fs::write(&net_conf, r#"{"network": "10.244.0.0/16"}"#).unwrap();
+    let n1 = &c.nodes[0];
+    let once = || {
+        let out = command_in(&n1.ns.ns, bin("rcni-node"))
+            .args(["run", "--kubernetes", "--once", "--node", "n1"])
+            .arg("--net-conf")
+            .arg(&net_conf)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cni-conf-dir")
+            .arg(n1.conf_dir())
+            .arg("--state-dir")
+            .arg(n1.dir.path().join("state"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // No Node yet, then one without a pod subnet: exit 4, with advice;
+    // nothing programmed.
+    let (code, err) = once();
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("no Node \"n1\""), "{err}");
+    let mut k = knode("n1", &c.address(0), "10.244.1.0/24");
+    k.spec = None;
+    api.put(&k);
+    let (code, err) = once();
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        err.contains("no spec.podCIDRs") && err.contains("--allocate-node-cidrs=true"),
+        "{err}"
+    );
+    assert!(!n1.conf_dir().join("10-rcni.conflist").exists());
+    // Assigned: one reconcile, the conflist on its subnet, and the Node
+    // annotated.
+    api.put(&knode("n1", &c.address(0), "10.244.1.0/24"));
+    api.put(&knode("n2", &c.address(1), "10.244.2.0/24"));
+    let (code, err) = once();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        n1.plugin_conf()["ipam"]["ranges"][0][0]["subnet"],
+        "10.244.1.0/24"
+    );
+    assert_eq!(n1.entries().2.len(), 1);
+    let a = api
+        .get::<KNode>(None, "n1")
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap();
+    assert_eq!(a["rcni.io/public-ip"], c.address(0));
+    // A net-conf with "nodes" is refused (exit 2), naming the mistake.
+    std::fs::write(&net_conf, r#"{"network": "10.244.0.0/16", "nodes": []}"#).unwrap();
+    let (code, err) = once();
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("\"nodes\" does not belong"), "{err}");
+}

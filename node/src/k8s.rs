@@ -98,6 +98,8 @@ struct State {
     generation: u64,
     /// The first full list is in: before it, an empty map means nothing.
     synced: bool,
+    /// This node's annotations are what it publishes (or it has no Node).
+    published: bool,
 }
 
 struct Shared {
@@ -171,9 +173,19 @@ impl KubeRegistry {
     /// Returns once the first full list of Nodes is in: before it, an
     /// empty node list would remove every peer's routes.
     pub async fn synced(&self) {
+        self.until(|s| s.synced).await
+    }
+
+    /// Returns once this node's annotations are published (`--once` exits
+    /// only after peers can see them).
+    pub async fn published(&self) {
+        self.until(|s| s.synced && s.published).await
+    }
+
+    async fn until(&self, f: impl Fn(&State) -> bool) {
         loop {
             let n = self.shared.synced.notified();
-            if lock(&self.shared).synced {
+            if f(&lock(&self.shared)) {
                 return;
             }
             n.await;
@@ -420,6 +432,7 @@ async fn watch_nodes(api: Api<KNode>, shared: Arc<Shared>, net: NetConf, me: Str
                 item = stream.next() => item,
                 _ = retry => {
                     pending = publish(&api, &me, pending.take()).await;
+                    set_published(&shared, pending.is_none());
                     continue;
                 }
             };
@@ -482,12 +495,16 @@ async fn watch_nodes(api: Api<KNode>, shared: Arc<Shared>, net: NetConf, me: Str
                     .nodes
                     .get(&me)
                     .and_then(|s| patch_for(&net, &me, s));
-                if p.is_some() {
-                    pending = publish(&api, &me, p).await;
-                }
+                pending = publish(&api, &me, p).await;
+                set_published(&shared, pending.is_none());
             }
         }
     }
+}
+
+fn set_published(shared: &Shared, done: bool) {
+    lock(shared).published = done;
+    shared.synced.notify_waiters();
 }
 
 /// Applies `patch` to this node's Node; what is still to do (`Some` when

@@ -248,6 +248,9 @@ async fn kube_registry(
             ));
             return Err(ExitCode::FAILURE);
         }
+        // The annotations are not this run's to wait for forever: a
+        // refused patch is logged, and the next run tries again.
+        let _ = tokio::time::timeout(ONCE_SYNC_TIMEOUT, registry.published()).await;
     } else {
         registry.synced().await;
     }
