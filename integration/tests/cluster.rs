@@ -807,6 +807,38 @@ fn knode(name: &str, ip: &str, cidr: &str) -> k8s_openapi::api::core::v1::Node {
     }
 }
 
+/// The stand-in API server, in the router namespace on the underlay
+/// address every node reaches directly, with a kubeconfig for it and a
+/// net-conf file.
+struct KubeApi {
+    api: rcni_fakeapi::FakeApi,
+    kubeconfig: PathBuf,
+    net_conf: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl KubeApi {
+    fn new(c: &Cluster, net_conf: &str) -> KubeApi {
+        let listener = c
+            .router
+            .ns
+            .run(|| std::net::TcpListener::bind("192.168.50.254:0").unwrap())
+            .unwrap();
+        let api = rcni_fakeapi::FakeApi::start(listener);
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+        let path = dir.path().join("net-conf.json");
+        std::fs::write(&path, net_conf).unwrap();
+        KubeApi {
+            api,
+            kubeconfig,
+            net_conf: path,
+            _dir: dir,
+        }
+    }
+}
+
 /// Polls `f` (bounded: panics with `what` after ~10 s).
 fn wait_for(what: &str, f: impl Fn() -> bool) {
     for _ in 0..500 {
@@ -822,23 +854,8 @@ fn wait_for(what: &str, f: impl Fn() -> bool) {
 fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
     use k8s_openapi::api::core::v1::Node as KNode;
     let c = Cluster::new(&[0, 0, 0]);
-    // The API server stands in the router namespace, on the underlay
-    // address every node reaches directly.
-    let listener = c
-        .router
-        .ns
-        .run(|| std::net::TcpListener::bind("192.168.50.254:0").unwrap())
-        .unwrap();
-    let api = rcni_fakeapi::FakeApi::start(listener);
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
-    let net_conf = dir.path().join("net-conf.json");
-    std::fs::write(
-        &net_conf,
-        r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#,
-    )
-    .unwrap();
+    let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
+    let (api, kubeconfig, net_conf) = (&k.api, &k.kubeconfig, &k.net_conf);
     for i in 0..3 {
         api.put(&knode(
             &c.nodes[i].name,
@@ -860,9 +877,9 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
             cmd.arg("run")
                 .arg("--kubernetes")
                 .arg("--net-conf")
-                .arg(&net_conf)
+                .arg(net_conf)
                 .arg("--kubeconfig")
-                .arg(&kubeconfig)
+                .arg(kubeconfig)
                 .arg("--cni-conf-dir")
                 .arg(n.conf_dir())
                 .arg("--state-dir")
@@ -1002,6 +1019,14 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     assert!(republished(), "n2 never republished: {}", log_of(1));
+    // n2's own agent re-makes its VTEP on the new local address and
+    // programs its peers again.
+    wait_for("n2's VTEP on its new address", || {
+        let l = link_json(&n2.ns.ns, VTEP);
+        let (neigh, fdb, routes) = n2.entries();
+        l["linkinfo"]["info_data"]["local"] == "192.168.50.22"
+            && (neigh.len(), fdb.len(), routes.len()) == (2, 2, 2)
+    });
     assert!(ping(&p1.ns, &a2), "after n2 came back: {}", log_of(1));
     assert!(ping(&p2.ns, &a3), "after n2 came back: {}", log_of(1));
 }
@@ -1010,25 +1035,16 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
 fn kubernetes_once_and_a_node_without_a_pod_subnet() {
     use k8s_openapi::api::core::v1::Node as KNode;
     let c = Cluster::new(&[0, 0]);
-    let listener = c
-        .router
-        .ns
-        .run(|| std::net::TcpListener::bind("192.168.50.254:0").unwrap())
-        .unwrap();
-    let api = rcni_fakeapi::FakeApi::start(listener);
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
-    let net_conf = dir.path().join("net-conf.json");
-    std::fs::write(&net_conf, r#"{"network": "10.244.0.0/16"}"#).unwrap();
+    let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16"}"#);
+    let (api, kubeconfig, net_conf) = (&k.api, &k.kubeconfig, &k.net_conf);
     let n1 = &c.nodes[0];
     let once = || {
         let out = command_in(&n1.ns.ns, bin("rcni-node"))
             .args(["run", "--kubernetes", "--once", "--node", "n1"])
             .arg("--net-conf")
-            .arg(&net_conf)
+            .arg(net_conf)
             .arg("--kubeconfig")
-            .arg(&kubeconfig)
+            .arg(kubeconfig)
             .arg("--cni-conf-dir")
             .arg(n1.conf_dir())
             .arg("--state-dir")
@@ -1074,7 +1090,7 @@ fn kubernetes_once_and_a_node_without_a_pod_subnet() {
         .unwrap();
     assert_eq!(a["rcni.io/public-ip"], c.address(0));
     // A net-conf with "nodes" is refused (exit 2), naming the mistake.
-    std::fs::write(&net_conf, r#"{"network": "10.244.0.0/16", "nodes": []}"#).unwrap();
+    std::fs::write(net_conf, r#"{"network": "10.244.0.0/16", "nodes": []}"#).unwrap();
     let (code, err) = once();
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("\"nodes\" does not belong"), "{err}");

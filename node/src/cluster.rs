@@ -1,7 +1,8 @@
 //! The cluster description: which nodes exist, where they are on the
 //! underlay, which pod subnet each owns, and how pod traffic crosses nodes.
-//! Parsed from the cluster file here; the Kubernetes source (issue 18) will
-//! fill the same type from Node objects.
+//! Parsed from the cluster file here; the Kubernetes source (`k8s`) fills
+//! the same type from Node objects, with the network config of a cluster
+//! file without "nodes" (`parse_net_conf`).
 
 use std::collections::BTreeSet;
 use std::fmt;

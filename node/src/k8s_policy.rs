@@ -161,6 +161,31 @@ fn remove(dir: &Path, name: &str) {
     }
 }
 
+/// Follows `api`'s objects: every event to `on`, errors logged and
+/// retried with a backoff (kube's watcher resumes or relists by itself).
+async fn follow<K>(api: Api<K>, config: watcher::Config, what: &str, mut on: impl FnMut(Event<K>))
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut backoff = BACKOFF_MIN;
+    let mut stream = watcher::watcher(api, config).boxed();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(ev) => {
+                backoff = BACKOFF_MIN;
+                on(ev);
+            }
+            Err(e) => {
+                crate::log(format!(
+                    "Kubernetes API ({what}): {e} (retrying in {backoff:?})"
+                ));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
 async fn mirror<K>(api: Api<K>, dir: PathBuf, what: &'static str)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Serialize + 'static,
@@ -174,51 +199,34 @@ where
             m.name.as_deref().unwrap_or_default(),
         )
     };
-    let mut backoff = BACKOFF_MIN;
-    let mut stream = watcher::watcher(api, watcher::Config::default()).boxed();
     let mut listed: Option<BTreeMap<String, Vec<u8>>> = None;
-    while let Some(item) = stream.next().await {
-        let ev = match item {
-            Ok(ev) => {
-                backoff = BACKOFF_MIN;
-                ev
+    follow(api, watcher::Config::default(), what, |ev| match ev {
+        Event::Init => listed = Some(BTreeMap::new()),
+        Event::InitApply(o) => {
+            if let Some(l) = &mut listed {
+                l.insert(name_of(&o), content(&o));
             }
-            Err(e) => {
-                crate::log(format!(
-                    "Kubernetes API ({what}): {e} (retrying in {backoff:?})"
-                ));
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                continue;
-            }
-        };
-        match ev {
-            Event::Init => listed = Some(BTreeMap::new()),
-            Event::InitApply(o) => {
-                if let Some(l) = &mut listed {
-                    l.insert(name_of(&o), content(&o));
-                }
-            }
-            Event::InitDone => {
-                let l = listed.take().unwrap_or_default();
-                for (n, data) in &l {
-                    write(&dir, n, data);
-                }
-                let stale: Vec<String> = std::fs::read_dir(&dir)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .filter(|n| n.starts_with(&own) && n.ends_with(".json") && !l.contains_key(n))
-                    .collect();
-                for n in stale {
-                    remove(&dir, &n);
-                }
-            }
-            Event::Apply(o) => write(&dir, &name_of(&o), &content(&o)),
-            Event::Delete(o) => remove(&dir, &name_of(&o)),
         }
-    }
+        Event::InitDone => {
+            let l = listed.take().unwrap_or_default();
+            for (n, data) in &l {
+                write(&dir, n, data);
+            }
+            let stale: Vec<String> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&own) && n.ends_with(".json") && !l.contains_key(n))
+                .collect();
+            for n in stale {
+                remove(&dir, &n);
+            }
+        }
+        Event::Apply(o) => write(&dir, &name_of(&o), &content(&o)),
+        Event::Delete(o) => remove(&dir, &name_of(&o)),
+    })
+    .await
 }
 
 fn pod_info(p: &Pod) -> PodInfo {
@@ -246,44 +254,27 @@ fn key(p: &Pod) -> (String, String) {
 
 async fn watch_pods(api: Api<Pod>, node: String, pods: Arc<Mutex<Pods>>) {
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut stream = watcher::watcher(api, config).boxed();
     let mut listed: Option<BTreeMap<(String, String), PodInfo>> = None;
-    let mut backoff = BACKOFF_MIN;
-    while let Some(item) = stream.next().await {
-        let ev = match item {
-            Ok(ev) => {
-                backoff = BACKOFF_MIN;
-                ev
-            }
-            Err(e) => {
-                crate::log(format!(
-                    "Kubernetes API (pods): {e} (retrying in {backoff:?})"
-                ));
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
-                continue;
-            }
-        };
-        match ev {
-            Event::Init => listed = Some(BTreeMap::new()),
-            Event::InitApply(p) => {
-                if let Some(l) = &mut listed {
-                    l.insert(key(&p), pod_info(&p));
-                }
-            }
-            Event::InitDone => {
-                let mut g = lock(&pods);
-                g.pods = listed.take().unwrap_or_default();
-                g.synced = true;
-            }
-            Event::Apply(p) => {
-                lock(&pods).pods.insert(key(&p), pod_info(&p));
-            }
-            Event::Delete(p) => {
-                lock(&pods).pods.remove(&key(&p));
+    follow(api, config, "pods", |ev| match ev {
+        Event::Init => listed = Some(BTreeMap::new()),
+        Event::InitApply(p) => {
+            if let Some(l) = &mut listed {
+                l.insert(key(&p), pod_info(&p));
             }
         }
-    }
+        Event::InitDone => {
+            let mut g = lock(&pods);
+            g.pods = listed.take().unwrap_or_default();
+            g.synced = true;
+        }
+        Event::Apply(p) => {
+            lock(&pods).pods.insert(key(&p), pod_info(&p));
+        }
+        Event::Delete(p) => {
+            lock(&pods).pods.remove(&key(&p));
+        }
+    })
+    .await
 }
 
 /// The answer to one request line.

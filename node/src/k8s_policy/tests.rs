@@ -59,18 +59,7 @@ fn pod(ns: &str, name: &str, node: &str, labels: &[(&str, &str)]) -> Pod {
 }
 
 async fn ask(socket: &Path, ns: &str, name: &str) -> Value {
-    let s = tokio::net::UnixStream::connect(socket).await.unwrap();
-    let (r, mut w) = s.into_split();
-    w.write_all(format!("{}\n", json!({"namespace": ns, "name": name})).as_bytes())
-        .await
-        .unwrap();
-    let line = BufReader::new(r)
-        .lines()
-        .next_line()
-        .await
-        .unwrap()
-        .unwrap();
-    serde_json::from_str(&line).unwrap()
+    ask_raw(socket, &json!({"namespace": ns, "name": name}).to_string()).await
 }
 
 fn files(dir: &Path) -> Vec<String> {
