@@ -1,13 +1,15 @@
 //! The cluster description: which nodes exist, where they are on the
 //! underlay, which pod subnet each owns, and how pod traffic crosses nodes.
-//! Parsed from the cluster file here; the Kubernetes source (issue 18) will
-//! fill the same type from Node objects.
+//! Parsed from the cluster file here; the Kubernetes source (`k8s`) fills
+//! the same type from Node objects, with the network config of a cluster
+//! file without "nodes" (`parse_net_conf`).
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
+use rcni_netlink::MacAddr;
 use serde_json::{Map, Value};
 
 /// How pod traffic reaches another node.
@@ -50,6 +52,11 @@ pub struct Node {
     /// carry IPv6 pods.
     pub address6: Option<Ipv6Addr>,
     pub pod_cidr6: Option<Ipv6Network>,
+    /// The VTEP MACs the node published (Kubernetes: its annotations);
+    /// `None` for a cluster file, where every node derives them from the
+    /// name (`desired::vtep_mac`).
+    pub vtep_mac: Option<MacAddr>,
+    pub vtep_mac6: Option<MacAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,12 +83,15 @@ pub enum ClusterError {
     Invalid(String),
     /// The description asks for something this agent does not do yet.
     NotImplemented(String),
+    /// The source is fine but this node is not in it, or has no usable
+    /// lease there (Kubernetes: no Node, no podCIDR).
+    ThisNode(String),
 }
 
 impl fmt::Display for ClusterError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ClusterError::Invalid(m) => f.write_str(m),
+            ClusterError::Invalid(m) | ClusterError::ThisNode(m) => f.write_str(m),
             ClusterError::NotImplemented(m) => write!(f, "{m}: not implemented yet"),
         }
     }
@@ -99,29 +109,100 @@ pub const DEFAULT_PORT: u16 = 8472;
 /// VNIs are 24 bits.
 const MAX_VNI: u32 = (1 << 24) - 1;
 
-/// Parses and checks a cluster file's text.
-pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
+/// The cluster without its nodes: what a Kubernetes cluster's agents share
+/// (flannel's net-conf.json), the node list coming from Node objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetConf {
+    pub network: Ipv4Network,
+    pub network6: Option<Ipv6Network>,
+    pub backend: Backend,
+    pub vni: u32,
+    pub port: u16,
+}
+
+impl NetConf {
+    pub fn with_nodes(&self, nodes: Vec<Node>) -> Result<Cluster, ClusterError> {
+        let cluster = Cluster {
+            network: self.network,
+            network6: self.network6,
+            backend: self.backend,
+            vni: self.vni,
+            port: self.port,
+            nodes,
+        };
+        check_unique(&cluster)?;
+        Ok(cluster)
+    }
+}
+
+/// The keys of a cluster file but "nodes".
+const NET_KEYS: &[&str] = &[
+    "network",
+    "network6",
+    "backend",
+    "ebpf",
+    "encryption",
+    "vni",
+    "port",
+];
+
+fn object(text: &str, what: &str) -> Result<Map<String, Value>, ClusterError> {
     let v: Value =
         serde_json::from_str(text).map_err(|e| invalid(format!("not valid JSON: {e}")))?;
-    let Value::Object(top) = v else {
-        return Err(invalid("the cluster file must be a JSON object"));
-    };
-    const KEYS: &[&str] = &[
-        "network",
-        "network6",
-        "backend",
-        "ebpf",
-        "encryption",
-        "vni",
-        "port",
-        "nodes",
-    ];
-    if let Some(k) = top.keys().find(|k| !KEYS.contains(&k.as_str())) {
-        return Err(invalid(format!(
-            "unknown key {k:?} (known: {})",
-            KEYS.join(", ")
-        )));
+    match v {
+        Value::Object(top) => Ok(top),
+        _ => Err(invalid(format!("the {what} must be a JSON object"))),
     }
+}
+
+fn known_keys(top: &Map<String, Value>, keys: &[&str]) -> Result<(), ClusterError> {
+    match top.keys().find(|k| !keys.contains(&k.as_str())) {
+        Some(k) => Err(invalid(format!(
+            "unknown key {k:?} (known: {})",
+            keys.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Parses and checks a network config (a cluster file without "nodes").
+pub fn parse_net_conf(text: &str) -> Result<NetConf, ClusterError> {
+    let top = object(text, "network config")?;
+    if top.contains_key("nodes") {
+        return Err(invalid(
+            "\"nodes\" does not belong in the network config: with --kubernetes the nodes are the cluster's Node objects",
+        ));
+    }
+    known_keys(&top, NET_KEYS)?;
+    net_conf(&top)
+}
+
+/// Parses and checks a cluster file's text.
+pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
+    let top = object(text, "cluster file")?;
+    let mut keys = NET_KEYS.to_vec();
+    keys.push("nodes");
+    known_keys(&top, &keys)?;
+    let net = net_conf(&top)?;
+    let nodes = match top.get("nodes") {
+        Some(Value::Array(a)) if !a.is_empty() => a,
+        Some(Value::Array(_)) => return Err(invalid("\"nodes\" is empty")),
+        None => return Err(invalid("\"nodes\" is missing")),
+        Some(v) => return Err(invalid(format!("\"nodes\": expected an array, got {v}"))),
+    };
+    let mut out = Vec::with_capacity(nodes.len());
+    for (i, n) in nodes.iter().enumerate() {
+        out.push(parse_node(
+            &format!("nodes[{i}]"),
+            n,
+            net.network,
+            net.network6,
+        )?);
+    }
+    net.with_nodes(out)
+}
+
+fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
     let network = match top.get("network") {
         None => return Err(invalid("\"network\" is missing (e.g. \"10.244.0.0/16\")")),
         Some(v) => match cidr(v, "\"network\"")? {
@@ -197,26 +278,13 @@ pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
             _ => return Err(invalid(format!("\"port\": {v} is not in 1..=65535"))),
         },
     };
-    let nodes = match top.get("nodes") {
-        Some(Value::Array(a)) if !a.is_empty() => a,
-        Some(Value::Array(_)) => return Err(invalid("\"nodes\" is empty")),
-        None => return Err(invalid("\"nodes\" is missing")),
-        Some(v) => return Err(invalid(format!("\"nodes\": expected an array, got {v}"))),
-    };
-    let mut out = Vec::with_capacity(nodes.len());
-    for (i, n) in nodes.iter().enumerate() {
-        out.push(parse_node(i, n, network, network6)?);
-    }
-    let cluster = Cluster {
+    Ok(NetConf {
         network,
         network6,
         backend,
         vni,
         port,
-        nodes: out,
-    };
-    check_unique(&cluster)?;
-    Ok(cluster)
+    })
 }
 
 fn cidr(v: &Value, what: &str) -> Result<IpNetwork, ClusterError> {
@@ -236,25 +304,27 @@ fn cidr(v: &Value, what: &str) -> Result<IpNetwork, ClusterError> {
     Ok(net)
 }
 
-fn parse_node(
-    i: usize,
+/// One node in the cluster file's form; `origin` says where it came from
+/// in messages (`nodes[3]`, or a Kubernetes Node).
+pub fn parse_node(
+    origin: &str,
     v: &Value,
     network: Ipv4Network,
     network6: Option<Ipv6Network>,
 ) -> Result<Node, ClusterError> {
     let Value::Object(o) = v else {
-        return Err(invalid(format!("nodes[{i}]: expected an object, got {v}")));
+        return Err(invalid(format!("{origin}: expected an object, got {v}")));
     };
     let name = match o.get("name") {
         Some(Value::String(s)) if valid_name(s) => s.clone(),
         Some(v) => {
             return Err(invalid(format!(
-                "nodes[{i}]: \"name\": {v} is not a node name (1-253 characters, no whitespace or '/')"
+                "{origin}: \"name\": {v} is not a node name (1-253 characters, no whitespace or '/')"
             )));
         }
-        None => return Err(invalid(format!("nodes[{i}]: \"name\" is missing"))),
+        None => return Err(invalid(format!("{origin}: \"name\" is missing"))),
     };
-    let at = format!("node {name:?} (nodes[{i}])");
+    let at = format!("node {name:?} ({origin})");
     node_keys(o, &at)?;
     let address = match o.get("address") {
         None => return Err(invalid(format!("{at}: \"address\" is missing"))),
@@ -398,6 +468,8 @@ fn parse_node(
         pod_cidr,
         address6,
         pod_cidr6,
+        vtep_mac: None,
+        vtep_mac6: None,
     })
 }
 

@@ -142,14 +142,14 @@ fn far(n: &Node, vni: u32, v6: bool) -> Option<Far> {
             address: IpAddr::V6(a),
             pods: IpNetwork::V6(p),
             gw: IpAddr::V6(vtep_addr6(p)),
-            mac: vtep_mac6(&n.name, vni),
+            mac: n.vtep_mac6.unwrap_or_else(|| vtep_mac6(&n.name, vni)),
         })
     } else {
         Some(Far {
             address: IpAddr::V4(n.address),
             pods: IpNetwork::V4(n.pod_cidr),
             gw: IpAddr::V4(vtep_addr(n.pod_cidr)),
-            mac: vtep_mac(&n.name, vni),
+            mac: n.vtep_mac.unwrap_or_else(|| vtep_mac(&n.name, vni)),
         })
     }
 }

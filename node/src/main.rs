@@ -8,6 +8,8 @@ mod agent;
 mod cluster;
 mod conflist;
 mod desired;
+mod k8s;
+mod k8s_policy;
 mod masq;
 mod registry;
 
@@ -19,6 +21,9 @@ use clap::{Parser, Subcommand};
 
 use crate::cluster::ClusterError;
 use crate::registry::{FileRegistry, Registry};
+
+/// How long `--once --kubernetes` waits for the first list of Nodes.
+const ONCE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Parser)]
 #[command(
@@ -40,10 +45,43 @@ enum Cmd {
 #[derive(clap::Args)]
 struct RunArgs {
     /// The cluster file (JSON: network, backend, vni, port, nodes).
-    #[arg(long, value_name = "FILE")]
-    cluster: PathBuf,
-    /// This node's name in the cluster file.
-    #[arg(long, value_name = "NAME")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "kubernetes",
+        conflicts_with = "kubernetes"
+    )]
+    cluster: Option<PathBuf>,
+    /// Nodes from the Kubernetes API (Node objects) instead of a cluster
+    /// file; needs --net-conf.
+    #[arg(long, requires = "net_conf")]
+    kubernetes: bool,
+    /// With --kubernetes: the cluster file's JSON without "nodes" (network,
+    /// backend, ebpf, encryption, vni, port), as flannel's net-conf.json.
+    // (Not `requires = "kubernetes"`: a flag's implicit `false` satisfies
+    // it; with one of --cluster and --kubernetes required, this is the same.)
+    #[arg(long, value_name = "FILE", conflicts_with = "cluster")]
+    net_conf: Option<PathBuf>,
+    /// With --kubernetes: the kubeconfig to use; without it, the in-cluster
+    /// config (the pod's service account), or KUBECONFIG.
+    #[arg(long, value_name = "FILE", conflicts_with = "cluster")]
+    kubeconfig: Option<PathBuf>,
+    /// With --kubernetes: mirror NetworkPolicy and Namespace objects into
+    /// DIR (the policy plugin's policyDir) and answer this node's pods'
+    /// labels on --agent-socket.
+    #[arg(long, value_name = "DIR", conflicts_with = "cluster")]
+    policy_dir: Option<PathBuf>,
+    /// With --policy-dir: the root-only socket the policy plugin asks for
+    /// a pod's labels.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/run/rcni/agent.sock",
+        requires = "policy_dir"
+    )]
+    agent_socket: PathBuf,
+    /// This node's name (in the cluster file, or its Node object's).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     node: String,
     /// Where the node's CNI config (10-rcni.conflist) is written.
     #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
@@ -91,8 +129,15 @@ fn run(args: RunArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut registry = FileRegistry::new(&args.cluster);
     rt.block_on(async move {
+        let mut registry: Box<dyn Registry> = match (&args.cluster, &args.net_conf) {
+            (Some(file), _) => Box::new(FileRegistry::new(file)),
+            (None, Some(net_conf)) => match kube_registry(&args, net_conf).await {
+                Ok(r) => r,
+                Err(code) => return code,
+            },
+            (None, None) => unreachable!("clap requires --cluster or --kubernetes --net-conf"),
+        };
         let opts = agent::Options {
             node: args.node.clone(),
             cni_conf_dir: args.cni_conf_dir.clone(),
@@ -120,8 +165,10 @@ fn run(args: RunArgs) -> ExitCode {
         let mut last_full = Instant::now();
         let mut first = true;
         loop {
-            let status = once(&mut registry, &nl, &opts, &args.state_dir).await;
-            if args.once || (first && status == Some(EXIT_CONFIG_NODE)) {
+            let status = once(&mut *registry, &nl, &opts, &args.state_dir).await;
+            // A Kubernetes node without its Node or podCIDR yet waits for
+            // them; a cluster file that lacks the node is a mistake.
+            if args.once || (first && status == Some(EXIT_CONFIG_NODE) && !args.kubernetes) {
                 return match status {
                     None => ExitCode::SUCCESS,
                     Some(c) => ExitCode::from(c),
@@ -162,8 +209,57 @@ const EXIT_CONFIG_NODE: u8 = 4;
 /// One load and reconcile; `None` on full success, else the exit status
 /// `--once` ends with. A file that cannot be loaded keeps what is
 /// programmed.
+/// The Kubernetes node source, its first list of Nodes in.
+async fn kube_registry(
+    args: &RunArgs,
+    net_conf: &std::path::Path,
+) -> Result<Box<dyn Registry>, ExitCode> {
+    let net = std::fs::read_to_string(net_conf)
+        .map_err(|e| ClusterError::Invalid(format!("cannot read {}: {e}", net_conf.display())))
+        .and_then(|t| cluster::parse_net_conf(&t))
+        .map_err(|e| {
+            log(format!("--net-conf {}: {e}", net_conf.display()));
+            ExitCode::from(match e {
+                ClusterError::NotImplemented(_) => EXIT_NOT_IMPLEMENTED,
+                _ => EXIT_CONFIG,
+            })
+        })?;
+    let client = k8s::client(args.kubeconfig.as_deref()).await.map_err(|e| {
+        log(e);
+        ExitCode::from(EXIT_CONFIG)
+    })?;
+    let mut registry = k8s::KubeRegistry::start(client.clone(), net, args.node.clone());
+    if let Some(dir) = &args.policy_dir {
+        let p = k8s_policy::start(client, dir.clone(), &args.node, &args.agent_socket).map_err(
+            |e| {
+                log(e);
+                ExitCode::FAILURE
+            },
+        )?;
+        registry.policy = Some(p);
+    }
+    if args.once {
+        if tokio::time::timeout(ONCE_SYNC_TIMEOUT, registry.synced())
+            .await
+            .is_err()
+        {
+            log(format!(
+                "no list of Nodes from the Kubernetes API within {ONCE_SYNC_TIMEOUT:?}"
+            ));
+            return Err(ExitCode::FAILURE);
+        }
+        // The annotations are not this run's to wait for forever: a
+        // refused patch is logged, and the next run tries again.
+        let _ = tokio::time::timeout(ONCE_SYNC_TIMEOUT, registry.published()).await;
+    } else {
+        registry.synced().await;
+    }
+    log("listed the Kubernetes API's Nodes");
+    Ok(Box::new(registry))
+}
+
 async fn once(
-    registry: &mut impl Registry,
+    registry: &mut dyn Registry,
     nl: &rcni_netlink::Netlink,
     opts: &agent::Options,
     state_dir: &std::path::Path,
@@ -171,12 +267,18 @@ async fn once(
     let cluster = match registry.load() {
         Ok(c) => c,
         Err(e @ ClusterError::Invalid(_)) => {
-            log(format!("invalid cluster file, nothing changed: {e}"));
+            log(format!("invalid cluster, nothing changed: {e}"));
             return Some(EXIT_CONFIG);
         }
         Err(e @ ClusterError::NotImplemented(_)) => {
             log(e);
             return Some(EXIT_NOT_IMPLEMENTED);
+        }
+        Err(e @ ClusterError::ThisNode(_)) => {
+            log(format!(
+                "this node cannot be programmed yet, nothing changed: {e}"
+            ));
+            return Some(EXIT_CONFIG_NODE);
         }
     };
     let t0 = Instant::now();
@@ -221,5 +323,64 @@ async fn once(
             log(e);
             Some(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<RunArgs, String> {
+        let mut v = vec!["rcni-node", "run"];
+        v.extend_from_slice(args);
+        match Cli::try_parse_from(v) {
+            Ok(Cli { cmd: Cmd::Run(a) }) => Ok(a),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    #[test]
+    fn kubernetes_command_line() {
+        let a = parse(&[
+            "--kubernetes",
+            "--net-conf",
+            "/etc/rcni/net-conf.json",
+            "--node",
+            "n1",
+            "--cni-conf-dir",
+            "/d",
+            "--once",
+        ])
+        .unwrap();
+        assert!(a.kubernetes && a.once && a.cluster.is_none() && a.kubeconfig.is_none());
+        assert_eq!(a.node, "n1");
+        let a = parse(&[
+            "--kubernetes",
+            "--net-conf",
+            "n.json",
+            "--kubeconfig",
+            "/k",
+            "--node",
+            "n1",
+        ])
+        .unwrap();
+        assert_eq!(a.kubeconfig.unwrap(), PathBuf::from("/k"));
+        // Either source, not both; --net-conf and --kubeconfig belong to
+        // --kubernetes, which needs --net-conf.
+        let both = parse(&[
+            "--cluster",
+            "c",
+            "--kubernetes",
+            "--net-conf",
+            "n",
+            "--node",
+            "x",
+        ]);
+        assert!(both.is_err());
+        assert!(parse(&["--kubernetes", "--node", "x"]).is_err());
+        assert!(parse(&["--cluster", "c", "--net-conf", "n", "--node", "x"]).is_err());
+        assert!(parse(&["--cluster", "c", "--kubeconfig", "k", "--node", "x"]).is_err());
+        assert!(parse(&["--node", "x"]).is_err());
+        assert!(parse(&["--cluster", "c", "--node", "x"]).is_ok());
     }
 }

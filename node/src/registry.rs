@@ -1,5 +1,5 @@
-//! Where the node list comes from. One interface: the cluster file now, the
-//! Kubernetes API (Node objects and their annotations) next.
+//! Where the node list comes from. One interface: the cluster file here,
+//! the Kubernetes API (Node objects and their annotations) in `k8s`.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -57,13 +57,11 @@ impl Registry for FileRegistry {
         let text = std::fs::read_to_string(&self.path).map_err(|e| {
             ClusterError::Invalid(format!("cannot read {}: {e}", self.path.display()))
         })?;
+        let at = |m| format!("{}: {m}", self.path.display());
         cluster::parse(&text).map_err(|e| match e {
-            ClusterError::Invalid(m) => {
-                ClusterError::Invalid(format!("{}: {m}", self.path.display()))
-            }
-            ClusterError::NotImplemented(m) => {
-                ClusterError::NotImplemented(format!("{}: {m}", self.path.display()))
-            }
+            ClusterError::Invalid(m) => ClusterError::Invalid(at(m)),
+            ClusterError::NotImplemented(m) => ClusterError::NotImplemented(at(m)),
+            ClusterError::ThisNode(m) => ClusterError::ThisNode(at(m)),
         })
     }
 

@@ -1,0 +1,322 @@
+//! Policy inputs from the Kubernetes API, the agent's half of issue 18's
+//! "policy from the API" (the policy plugin's half, which asks this agent
+//! at ADD and re-reads on change, is not written yet):
+//!
+//! - every NetworkPolicy (networking.k8s.io/v1) and Namespace, mirrored as
+//!   Kubernetes-object JSON files into a directory the policy plugin reads
+//!   as its `policyDir` (it takes `kind: NetworkPolicy` and `kind:
+//!   Namespace` objects as they are), one file per object, written
+//!   atomically, removed when the object is deleted, and the directory
+//!   made equal to a fresh list after every (re)list;
+//! - this node's Pods (`fieldSelector=spec.nodeName=<node>`), their labels
+//!   and container ports (for named ports) answered on a root-only Unix
+//!   socket: one JSON line `{"namespace", "name"}` in, one out.
+//!
+//! As with Nodes, a lost API server changes nothing: files and answers
+//! stay as last seen.
+
+use std::collections::BTreeMap;
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// Mirrored files' names start with this; other files in the directory
+/// (an admin's own policies) are left alone.
+const PREFIX: &str = "k8s-";
+
+const BACKOFF_MIN: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// A pod on this node, as the policy plugin needs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct PodInfo {
+    labels: BTreeMap<String, String>,
+    /// Named container ports: name -> (protocol, port).
+    ports: BTreeMap<String, (String, i32)>,
+}
+
+#[derive(Default)]
+struct Pods {
+    pods: BTreeMap<(String, String), PodInfo>,
+    synced: bool,
+}
+
+fn lock(m: &Mutex<Pods>) -> MutexGuard<'_, Pods> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+pub struct PolicyInputs {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for PolicyInputs {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Starts the mirrors and the socket (on the current tokio runtime).
+pub fn start(
+    client: kube::Client,
+    dir: PathBuf,
+    node: &str,
+    socket: &Path,
+) -> Result<PolicyInputs, String> {
+    std::fs::create_dir_all(&dir).map_err(|e| format!("policy dir {}: {e}", dir.display()))?;
+    let listener = bind(socket)?;
+    let pods = Arc::new(Mutex::new(Pods::default()));
+    let tasks = vec![
+        tokio::spawn(mirror(
+            Api::<NetworkPolicy>::all(client.clone()),
+            dir.clone(),
+            "netpol",
+        )),
+        tokio::spawn(mirror(Api::<Namespace>::all(client.clone()), dir, "ns")),
+        tokio::spawn(watch_pods(
+            Api::<Pod>::all(client),
+            node.to_string(),
+            pods.clone(),
+        )),
+        tokio::spawn(serve(listener, pods)),
+    ];
+    Ok(PolicyInputs { tasks })
+}
+
+/// The socket, root-only: its directory 0700 when the agent makes it, the
+/// socket itself 0600 (a pod's labels decide what it may reach).
+fn bind(path: &Path) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let at = |e: std::io::Error| format!("socket {}: {e}", path.display());
+    if let Some(parent) = path.parent()
+        && !parent.exists()
+    {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(at)?;
+    }
+    // A socket left by an earlier run.
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(at(e)),
+        _ => {}
+    }
+    let l = tokio::net::UnixListener::bind(path).map_err(at)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(at)?;
+    Ok(l)
+}
+
+/// `k8s-<what>-<namespace>_<name>.json` (namespaces and names have no
+/// `_`), `k8s-<what>-<name>.json` for cluster-scoped objects.
+fn file_name(what: &str, ns: Option<&str>, name: &str) -> String {
+    match ns {
+        Some(ns) => format!("{PREFIX}{what}-{ns}_{name}.json"),
+        None => format!("{PREFIX}{what}-{name}.json"),
+    }
+}
+
+/// The object as the file holds it: without managedFields and status.
+fn content<K: Serialize>(obj: &K) -> Vec<u8> {
+    let mut v = serde_json::to_value(obj).unwrap_or(Value::Null);
+    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.remove("status");
+    }
+    serde_json::to_vec_pretty(&v).unwrap_or_default()
+}
+
+fn write(dir: &Path, name: &str, data: &[u8]) {
+    let path = dir.join(name);
+    if std::fs::read(&path).ok().as_deref() == Some(data) {
+        return;
+    }
+    if let Err(e) = rcni_statefile::write_replace(&path, data, 0o644) {
+        crate::log(format!("write {}: {e}", path.display()));
+    }
+}
+
+fn remove(dir: &Path, name: &str) {
+    let path = dir.join(name);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            crate::log(format!("remove {}: {e}", path.display()))
+        }
+        _ => {}
+    }
+}
+
+/// Follows `api`'s objects: every event to `on`, errors logged and
+/// retried with a backoff (kube's watcher resumes or relists by itself).
+async fn follow<K>(api: Api<K>, config: watcher::Config, what: &str, mut on: impl FnMut(Event<K>))
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let mut backoff = BACKOFF_MIN;
+    let mut stream = watcher::watcher(api, config).boxed();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(ev) => {
+                backoff = BACKOFF_MIN;
+                on(ev);
+            }
+            Err(e) => {
+                crate::log(format!(
+                    "Kubernetes API ({what}): {e} (retrying in {backoff:?})"
+                ));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+async fn mirror<K>(api: Api<K>, dir: PathBuf, what: &'static str)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Serialize + 'static,
+{
+    let own = format!("{PREFIX}{what}-");
+    let name_of = |o: &K| {
+        let m = o.meta();
+        file_name(
+            what,
+            m.namespace.as_deref(),
+            m.name.as_deref().unwrap_or_default(),
+        )
+    };
+    let mut listed: Option<BTreeMap<String, Vec<u8>>> = None;
+    follow(api, watcher::Config::default(), what, |ev| match ev {
+        Event::Init => listed = Some(BTreeMap::new()),
+        Event::InitApply(o) => {
+            if let Some(l) = &mut listed {
+                l.insert(name_of(&o), content(&o));
+            }
+        }
+        Event::InitDone => {
+            let l = listed.take().unwrap_or_default();
+            for (n, data) in &l {
+                write(&dir, n, data);
+            }
+            let stale: Vec<String> = std::fs::read_dir(&dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&own) && n.ends_with(".json") && !l.contains_key(n))
+                .collect();
+            for n in stale {
+                remove(&dir, &n);
+            }
+        }
+        Event::Apply(o) => write(&dir, &name_of(&o), &content(&o)),
+        Event::Delete(o) => remove(&dir, &name_of(&o)),
+    })
+    .await
+}
+
+fn pod_info(p: &Pod) -> PodInfo {
+    let mut ports = BTreeMap::new();
+    for c in p.spec.iter().flat_map(|s| s.containers.iter()) {
+        for port in c.ports.iter().flatten() {
+            if let Some(n) = &port.name {
+                let proto = port.protocol.clone().unwrap_or_else(|| "TCP".into());
+                ports.insert(n.clone(), (proto, port.container_port));
+            }
+        }
+    }
+    PodInfo {
+        labels: p.metadata.labels.clone().unwrap_or_default(),
+        ports,
+    }
+}
+
+fn key(p: &Pod) -> (String, String) {
+    (
+        p.metadata.namespace.clone().unwrap_or_default(),
+        p.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+async fn watch_pods(api: Api<Pod>, node: String, pods: Arc<Mutex<Pods>>) {
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+    let mut listed: Option<BTreeMap<(String, String), PodInfo>> = None;
+    follow(api, config, "pods", |ev| match ev {
+        Event::Init => listed = Some(BTreeMap::new()),
+        Event::InitApply(p) => {
+            if let Some(l) = &mut listed {
+                l.insert(key(&p), pod_info(&p));
+            }
+        }
+        Event::InitDone => {
+            let mut g = lock(&pods);
+            g.pods = listed.take().unwrap_or_default();
+            g.synced = true;
+        }
+        Event::Apply(p) => {
+            lock(&pods).pods.insert(key(&p), pod_info(&p));
+        }
+        Event::Delete(p) => {
+            lock(&pods).pods.remove(&key(&p));
+        }
+    })
+    .await
+}
+
+/// The answer to one request line.
+fn answer(pods: &Mutex<Pods>, line: &str) -> Value {
+    let req: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => return json!({"error": format!("not a JSON request: {e}")}),
+    };
+    let (Some(ns), Some(name)) = (req["namespace"].as_str(), req["name"].as_str()) else {
+        return json!({"error": "a request is {\"namespace\": ..., \"name\": ...}"});
+    };
+    let g = lock(pods);
+    // Before the first list, "not found" would be a guess: the plugin is
+    // to try again later (CNI code 11).
+    if !g.synced {
+        return json!({"synced": false});
+    }
+    match g.pods.get(&(ns.to_string(), name.to_string())) {
+        Some(p) => json!({"synced": true, "found": true, "labels": p.labels, "ports": p.ports}),
+        None => json!({"synced": true, "found": false}),
+    }
+}
+
+async fn serve(listener: tokio::net::UnixListener, pods: Arc<Mutex<Pods>>) {
+    loop {
+        let Ok((s, _)) = listener.accept().await else {
+            continue;
+        };
+        let pods = pods.clone();
+        tokio::spawn(async move {
+            let (r, mut w) = s.into_split();
+            let mut lines = BufReader::new(r).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut out = answer(&pods, &line).to_string();
+                out.push('\n');
+                if w.write_all(out.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests;

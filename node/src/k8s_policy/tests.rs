@@ -1,0 +1,190 @@
+//! The policy inputs against `rcni_fakeapi` with the real `kube` client.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, ContainerPort, Namespace, Pod, PodSpec};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use super::*;
+use crate::k8s::tests::{until, with_api};
+
+fn meta(ns: Option<&str>, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.into()),
+        namespace: ns.map(str::to_string),
+        labels: (!labels.is_empty()).then(|| {
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<BTreeMap<_, _>>()
+        }),
+        ..Default::default()
+    }
+}
+
+fn netpol(ns: &str, name: &str, app: &str) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata: meta(Some(ns), name, &[]),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some([("app".to_string(), app.to_string())].into()),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Ingress".into()]),
+            ..Default::default()
+        }),
+    }
+}
+
+fn pod(ns: &str, name: &str, node: &str, labels: &[(&str, &str)]) -> Pod {
+    Pod {
+        metadata: meta(Some(ns), name, labels),
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                ports: Some(vec![ContainerPort {
+                    name: Some("http".into()),
+                    container_port: 8080,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+async fn ask(socket: &Path, ns: &str, name: &str) -> Value {
+    ask_raw(socket, &json!({"namespace": ns, "name": name}).to_string()).await
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn policies_namespaces_mirrored_and_pod_labels_answered() {
+    with_api(async |api, kc| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("policy.d");
+        let socket = tmp.path().join("run/agent.sock");
+        std::fs::create_dir_all(&dir).unwrap();
+        // An admin's own file, and a stale mirror of a policy deleted
+        // while the agent was not running.
+        std::fs::write(dir.join("local.json"), "[]").unwrap();
+        std::fs::write(dir.join("k8s-netpol-prod_gone.json"), "[]").unwrap();
+        api.put(&netpol("prod", "web", "web"));
+        api.put(&Namespace {
+            metadata: meta(None, "prod", &[("team", "a")]),
+            ..Default::default()
+        });
+        api.put(&pod("prod", "web-1", "n1", &[("app", "web")]));
+        api.put(&pod("prod", "db-1", "n2", &[("app", "db")]));
+
+        let client = crate::k8s::client(Some(&kc)).await.unwrap();
+        let _inputs = start(client, dir.clone(), "n1", &socket).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let m = std::fs::metadata(&socket).unwrap().permissions().mode();
+            assert_eq!(m & 0o777, 0o600);
+        }
+        until("first list mirrored", || {
+            files(&dir) == ["k8s-netpol-prod_web.json", "k8s-ns-prod.json", "local.json"]
+        })
+        .await;
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("k8s-netpol-prod_web.json")).unwrap())
+                .unwrap();
+        assert_eq!(v["kind"], "NetworkPolicy");
+        assert_eq!(v["spec"]["podSelector"]["matchLabels"]["app"], "web");
+        let v: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("k8s-ns-prod.json")).unwrap()).unwrap();
+        assert_eq!(
+            (v["kind"].as_str(), v["metadata"]["labels"]["team"].as_str()),
+            (Some("Namespace"), Some("a"))
+        );
+
+        // Changed, added, deleted: the files follow.
+        api.put(&netpol("prod", "web", "web2"));
+        until("policy changed", || {
+            std::fs::read_to_string(dir.join("k8s-netpol-prod_web.json"))
+                .is_ok_and(|t| t.contains("web2"))
+        })
+        .await;
+        api.put(&netpol("dev", "all", "x"));
+        until("policy added", || {
+            dir.join("k8s-netpol-dev_all.json").exists()
+        })
+        .await;
+        api.delete::<NetworkPolicy>(Some("prod"), "web");
+        until("policy deleted", || {
+            !dir.join("k8s-netpol-prod_web.json").exists()
+        })
+        .await;
+
+        // This node's pods only, with labels and named ports.
+        let mut a = Value::Null;
+        for _ in 0..500 {
+            a = ask(&socket, "prod", "web-1").await;
+            if a["found"] == true {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(a["labels"]["app"], "web", "{a}");
+        assert_eq!(a["ports"]["http"], json!(["TCP", 8080]), "{a}");
+        let b = ask(&socket, "prod", "db-1").await;
+        assert_eq!(
+            (b["synced"].clone(), b["found"].clone()),
+            (json!(true), json!(false)),
+            "{b}"
+        );
+        // A label change reaches the answer, no re-add.
+        api.put(&pod(
+            "prod",
+            "web-1",
+            "n1",
+            &[("app", "web"), ("tier", "front")],
+        ));
+        for _ in 0..500 {
+            a = ask(&socket, "prod", "web-1").await;
+            if a["labels"]["tier"] == "front" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(a["labels"]["tier"], "front", "{a}");
+        assert!(ask(&socket, "x", "y").await["found"] == false);
+        let bad = ask_raw(&socket, "nonsense").await;
+        assert!(bad["error"].is_string(), "{bad}");
+
+        // The API server gone: files and answers stay.
+        api.set_down(true);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(dir.join("k8s-netpol-dev_all.json").exists());
+        assert_eq!(ask(&socket, "prod", "web-1").await["found"], true);
+    });
+}
+
+async fn ask_raw(socket: &Path, line: &str) -> Value {
+    let s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    let (r, mut w) = s.into_split();
+    w.write_all(format!("{line}\n").as_bytes()).await.unwrap();
+    let line = BufReader::new(r)
+        .lines()
+        .next_line()
+        .await
+        .unwrap()
+        .unwrap();
+    serde_json::from_str(&line).unwrap()
+}
