@@ -288,8 +288,9 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
                 let mode = fs::metadata(&target)
                     .map(|m| m.permissions().mode() & 0o7777)
                     .unwrap_or(0o755);
-                place(&backup_dir.join(name), &old, mode)
-                    .map_err(|e| format!("keeping {} before replacing it: {e}", target.display()))?;
+                place(&backup_dir.join(name), &old, mode).map_err(|e| {
+                    format!("keeping {} before replacing it: {e}", target.display())
+                })?;
                 say(
                     CMD,
                     format!(
@@ -367,7 +368,9 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
         ),
     );
     if let Some((n, err)) = failed.first() {
-        return Err(format!("removing {n}, which this version no longer has: {err}"));
+        return Err(format!(
+            "removing {n}, which this version no longer has: {err}"
+        ));
     }
     Ok(())
 }
