@@ -8,6 +8,7 @@ mod agent;
 mod cluster;
 mod conflist;
 mod desired;
+mod install;
 mod k8s;
 mod k8s_policy;
 mod masq;
@@ -40,6 +41,11 @@ struct Cli {
 enum Cmd {
     /// Program this node from the cluster description and keep it so.
     Run(RunArgs),
+    /// Copy the plugin binaries into the host's CNI bin directory (the
+    /// DaemonSet's init container).
+    Install(install::InstallArgs),
+    /// Remove what `install` wrote, and the agent's conflist.
+    Uninstall(install::UninstallArgs),
 }
 
 #[derive(clap::Args)]
@@ -114,6 +120,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
         Cmd::Run(args) => run(args),
+        Cmd::Install(args) => install::install(args),
+        Cmd::Uninstall(args) => install::uninstall(args),
     }
 }
 
