@@ -6,22 +6,49 @@ use sha2::{Digest, Sha256};
 use std::fmt;
 use std::mem::{offset_of, size_of};
 use std::net::IpAddr;
+use zerocopy::{FromBytes, Immutable, IntoBytes};
+
+/// Marks map keys and values as [`aya::Pod`]. aya copies them to and from
+/// the kernel as bytes, which is sound only for a type without padding
+/// (no uninitialized byte goes out) whose every bit pattern is a value (any
+/// bytes may come back): zerocopy's derives prove exactly that, `IntoBytes`
+/// refusing to compile on padding and `FromBytes` on a field with invalid
+/// bit patterns, and `pod!` takes only types that derive both.
+macro_rules! pod {
+    ($($t:ty),* $(,)?) => {$(
+        const _: () = proven_pod::<$t>();
+        // SAFETY: `proven_pod` compiles only for a type that zerocopy
+        // proved padding-free and valid for every bit pattern (see above).
+        unsafe impl aya::Pod for $t {}
+    )*};
+}
+
+const fn proven_pod<T: FromBytes + IntoBytes + Immutable + Copy + 'static>() {}
+
+pod!(
+    EndpointKey,
+    Endpoint,
+    EndpointStats,
+    PortRange,
+    PortSet,
+    PeerKey,
+    CidrData,
+    CtKey
+);
 
 const FAMILY_V4: u32 = 4;
 const FAMILY_V6: u32 = 6;
 
 /// `struct ep_key`: an endpoint address. IPv4 sits in the first four bytes.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, FromBytes, IntoBytes, Immutable,
+)]
 pub struct EndpointKey {
     pub family: u32,
     pub addr: [u8; 16],
 }
 
-// SAFETY: aya copies it to and from the kernel as bytes: repr(C), only
-// integers (any bit pattern is a value), and no padding (4 + 16 bytes, the
-// size asserted below), so no byte is uninitialized.
-unsafe impl aya::Pod for EndpointKey {}
 const _: () = assert!(size_of::<EndpointKey>() == 20);
 
 impl EndpointKey {
@@ -65,7 +92,7 @@ impl From<IpAddr> for EndpointKey {
 /// deliver it) and the policy plugin (who it is, which rules apply) know it.
 /// Both write the same entry, each its own fields and flag.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct Endpoint {
     /// The pod's host-side veth (node namespace).
     pub ifindex: u32,
@@ -90,10 +117,6 @@ pub struct Endpoint {
     pub pad: u32,
 }
 
-// SAFETY: aya copies it to and from the kernel as bytes: repr(C), integers
-// and byte arrays (any bit pattern is a value), and no padding (4 + 4 + 6 +
-// 6 + 4 + 8 + 4 * 4 bytes: owner at offset 24, 48 in all, asserted below).
-unsafe impl aya::Pod for Endpoint {}
 const _: () = {
     assert!(size_of::<Endpoint>() == 48);
     assert!(offset_of!(Endpoint, slot) == 4);
@@ -279,7 +302,7 @@ pub fn free_slot(bits: &mut SlotBitmap, slot: u32) {
 
 /// `struct ep_stats`, per CPU; summed by [`crate::Datapath::stats`].
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct EndpointStats {
     /// Packets redirected to this address.
     pub rx_packets: u64,
@@ -289,9 +312,6 @@ pub struct EndpointStats {
     pub tx_bytes: u64,
 }
 
-// SAFETY: aya copies it to and from the kernel as bytes: repr(C), four u64
-// (any bit pattern is a value), no padding (size asserted below).
-unsafe impl aya::Pod for EndpointStats {}
 const _: () = assert!(size_of::<EndpointStats>() == 32);
 
 impl std::ops::AddAssign for EndpointStats {
@@ -361,7 +381,20 @@ pub const MAX_PORT_RANGES: usize = 32;
 /// `struct port_range`: one protocol's ports `lo..=hi` (host order). A
 /// protocol without ports (ICMP, ...) matches as port 0.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    FromBytes,
+    IntoBytes,
+    Immutable,
+)]
 pub struct PortRange {
     pub proto: u8,
     _pad: u8,
@@ -370,10 +403,6 @@ pub struct PortRange {
     _pad2: u16,
 }
 
-// SAFETY: aya copies it to and from the kernel as bytes: repr(C), only
-// integers (any bit pattern is a value), no padding (1 + 1 + 2 + 2 + 2
-// bytes, asserted below).
-unsafe impl aya::Pod for PortRange {}
 const _: () = {
     assert!(size_of::<PortRange>() == 8);
     assert!(offset_of!(PortRange, lo) == 2);
@@ -392,46 +421,37 @@ impl PortRange {
 
 /// `struct portset`.
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, FromBytes, IntoBytes, Immutable)]
 pub(crate) struct PortSet {
     pub n: u32,
     pub pad: u32,
     pub r: [PortRange; MAX_PORT_RANGES],
 }
 
-// SAFETY: aya copies it to and from the kernel as bytes: repr(C), integers
-// and an array of `PortRange` (itself Pod), no padding (4 + 4 + 32 * 8
-// bytes, asserted below).
-unsafe impl aya::Pod for PortSet {}
 const _: () = assert!(size_of::<PortSet>() == 8 + 8 * MAX_PORT_RANGES);
 
 /// `struct peer_key`: a rule set's entry for a peer identity.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, FromBytes, IntoBytes, Immutable,
+)]
 pub struct PeerKey {
     pub rs: u32,
     pub identity: u32,
 }
 
-// SAFETY: aya copies it to and from the kernel as bytes: repr(C), two u32
-// (any bit pattern is a value), no padding (size asserted below).
-unsafe impl aya::Pod for PeerKey {}
 const _: () = assert!(size_of::<PeerKey>() == 8);
 
 /// `struct cidr_key` after its prefix length (aya's LPM key puts that in
 /// front): rule set, family, address.
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub(crate) struct CidrData {
     pub rs: u32,
     pub family: u32,
     pub addr: [u8; 16],
 }
 
-// SAFETY: aya copies it to and from the kernel as bytes: repr(C), only
-// integers (any bit pattern is a value), no padding (4 + 4 + 16 bytes,
-// asserted below).
-unsafe impl aya::Pod for CidrData {}
 const _: () = {
     assert!(size_of::<CidrData>() == 24);
     // The C `struct cidr_key`, prefix length in front.
@@ -480,7 +500,9 @@ pub const CT_INGRESS: u8 = 2;
 /// `struct ct_key`: one direction of a flow as one point recorded it.
 /// Ports in host order (ICMP echo: the identifier as both; else 0).
 #[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, FromBytes, IntoBytes, Immutable,
+)]
 pub struct CtKey {
     pub family: u8,
     pub proto: u8,
@@ -493,10 +515,6 @@ pub struct CtKey {
     pub daddr: [u8; 16],
 }
 
-// SAFETY: aya copies it to and from the kernel as bytes: repr(C), only
-// integers (any bit pattern is a value), no padding (4 * 1 + 2 * 2 + 2 * 16
-// bytes, asserted below).
-unsafe impl aya::Pod for CtKey {}
 const _: () = {
     assert!(size_of::<CtKey>() == 40);
     assert!(offset_of!(CtKey, sport) == 4);

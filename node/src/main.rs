@@ -343,6 +343,7 @@ mod tests {
         v.extend_from_slice(args);
         match Cli::try_parse_from(v) {
             Ok(Cli { cmd: Cmd::Run(a) }) => Ok(a),
+            Ok(_) => Err("not the run command".into()),
             Err(e) => Err(e.to_string()),
         }
     }

@@ -47,11 +47,12 @@ struct Suite {
 
 /// The CPU time (user + system, µs) of every reaped descendant so far.
 fn reaped_cpu() -> f64 {
-    // SAFETY: getrusage fills a plain struct.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let us = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
-    us(ru.ru_utime) + us(ru.ru_stime)
+    use nix::sys::resource::{UsageWho, getrusage};
+    use nix::sys::time::TimeValLike;
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_CHILDREN) else {
+        return 0.0;
+    };
+    (ru.user_time().num_microseconds() + ru.system_time().num_microseconds()) as f64
 }
 
 fn median_p99(mut v: Vec<f64>) -> (f64, f64) {

@@ -72,6 +72,7 @@ fn run(im: &Impl, cmd: &str, cid: &str, pod: &str, stdin: &[u8]) -> (Vec<u8>, bo
     let mut out = Vec::new();
     child.stdout.take().unwrap().read_to_end(&mut out).unwrap();
     let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value (plain integers).
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: waiting for our own child; rusage is a plain out-parameter.
     let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut ru) };
@@ -95,11 +96,12 @@ fn run(im: &Impl, cmd: &str, cid: &str, pod: &str, stdin: &[u8]) -> (Vec<u8>, bo
 /// which reach ours when we reap the plugin: the delta around one call is
 /// plugin + IPAM.
 fn children_cpu_us() -> f64 {
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: plain out-parameter.
-    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as f64 * 1e6 + t.tv_usec as f64;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
+    use nix::sys::resource::{UsageWho, getrusage};
+    use nix::sys::time::TimeValLike;
+    let Ok(ru) = getrusage(UsageWho::RUSAGE_CHILDREN) else {
+        return 0.0;
+    };
+    (ru.user_time().num_microseconds() + ru.system_time().num_microseconds()) as f64
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {

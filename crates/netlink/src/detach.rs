@@ -10,29 +10,81 @@
 use crate::{Error, Result};
 use nix::fcntl::OFlag;
 use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType};
+use nix::sys::socket::{MsgFlags, recv, send};
+use nix::unistd::Pid;
 use rcni_netns::NetNs;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::time::Duration;
 
-/// Forks. In the child, closes every descriptor but `keep` and runs `child`,
-/// which must make only async-signal-safe calls (the parent may have other
-/// threads), then exits. `None` when fork failed.
-///
-/// # Safety
-/// `child` runs in a forked copy of a possibly multithreaded process: no
-/// allocation, no locks, only raw syscalls on memory prepared before the
-/// call. (No crate makes fork safe: nix's `fork` is `unsafe` for this very
-/// reason.)
-pub unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<libc::pid_t> {
-    // Sorted before the fork: the child may not allocate.
-    let mut ks = [-1i32; 4];
-    assert!(
-        keep.len() <= ks.len(),
-        "fork_child keeps at most 4 descriptors"
-    );
-    ks[..keep.len()].copy_from_slice(keep);
+/// What a forked child may do. Only these jobs run after a fork, so the
+/// fork itself stays behind a safe interface: each is bare syscalls (nix's
+/// wrappers do not allocate) on memory prepared before the fork, which is
+/// all a forked copy of a multithreaded process may do.
+enum Job<'a> {
+    /// Keep `sock` until `eof` reaches end of file, pause `delay`, exit
+    /// (which closes it).
+    Release {
+        sock: BorrowedFd<'a>,
+        eof: BorrowedFd<'a>,
+        delay: Duration,
+    },
+    /// Send `request` on `sock`, read the answer into `ack`, write the
+    /// kernel's errno (0 for an ACK, EIO when none came) to `report`.
+    SendAndReport {
+        sock: BorrowedFd<'a>,
+        request: &'a [u8],
+        ack: &'a mut [u8],
+        report: BorrowedFd<'a>,
+    },
+}
+
+impl Job<'_> {
+    fn keep(&self) -> [RawFd; 2] {
+        match self {
+            Job::Release { sock, eof, .. } => [sock.as_raw_fd(), eof.as_raw_fd()],
+            Job::SendAndReport { sock, report, .. } => [sock.as_raw_fd(), report.as_raw_fd()],
+        }
+    }
+
+    fn run(self) {
+        match self {
+            Job::Release { eof, delay, .. } => {
+                let mut b = [0u8; 1];
+                while nix::unistd::read(eof, &mut b) == Err(nix::errno::Errno::EINTR) {}
+                std::thread::sleep(delay);
+            }
+            Job::SendAndReport {
+                sock,
+                request,
+                ack,
+                report,
+            } => {
+                let s = sock.as_raw_fd();
+                let mut errno: i32 = libc::EIO;
+                if send(s, request, MsgFlags::empty()) == Ok(request.len()) {
+                    let n = recv(s, ack, MsgFlags::empty()).unwrap_or(0);
+                    // nlmsghdr (16 bytes) of type NLMSG_ERROR (2), then the
+                    // negative errno, 0 for an ACK.
+                    if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == 2 {
+                        errno = -i32::from_ne_bytes([ack[16], ack[17], ack[18], ack[19]]);
+                    }
+                }
+                let _ = nix::unistd::write(report, &errno.to_ne_bytes());
+            }
+        }
+    }
+}
+
+/// Forks a child that closes every descriptor but the job's, runs it and
+/// exits; it is never waited for here (re-parented when the plugin exits
+/// first). `None` when fork failed.
+fn fork_job(job: Job<'_>) -> Option<Pid> {
+    let mut ks = job.keep();
     ks.sort_unstable();
-    // SAFETY: the caller promises `child` is async-signal-safe; before it
-    // the child only calls close_range.
+    // SAFETY: the child runs only a `Job` (bare syscalls on memory prepared
+    // before the fork, see `Job`) after close_range, then _exits; the parent
+    // returns at once. No crate makes fork safe (nix's `fork` is unsafe for
+    // this very reason).
     unsafe {
         match libc::fork() {
             0 => {
@@ -44,13 +96,45 @@ pub unsafe fn fork_child(keep: &[i32], child: impl FnOnce()) -> Option<libc::pid
                     next = fd as u32 + 1;
                 }
                 libc::syscall(libc::SYS_close_range, next, u32::MAX, 0);
-                child();
+                job.run();
                 libc::_exit(0)
             }
-            pid if pid > 0 => Some(pid),
+            pid if pid > 0 => Some(Pid::from_raw(pid)),
             _ => None,
         }
     }
+}
+
+/// Makes a child that holds a reference to `sock` and releases it only
+/// `delay` after this process has closed its own copy (when the returned
+/// pipe write end is closed), so that the caller never waits for the
+/// release. `None` when no child could be made (the caller then closes the
+/// socket itself, waiting as before).
+pub fn spawn_releaser(sock: &impl AsFd, delay: Duration) -> Option<OwnedFd> {
+    let (r, w) = pipe().ok()?;
+    let job = Job::Release {
+        sock: sock.as_fd(),
+        eof: r.as_fd(),
+        delay,
+    };
+    fork_job(job).map(|_| w)
+}
+
+/// Forks a child that sends `request` on `sock`, reads the answer into
+/// `ack` and writes the kernel's errno (4 bytes, native order; 0 for
+/// success) to `report`. The child's pid, or `None` when fork failed.
+pub fn spawn_send_and_report(
+    sock: &impl AsFd,
+    request: &[u8],
+    ack: &mut [u8],
+    report: &impl AsFd,
+) -> Option<Pid> {
+    fork_job(Job::SendAndReport {
+        sock: sock.as_fd(),
+        request,
+        ack,
+        report: report.as_fd(),
+    })
 }
 
 /// A raw netlink socket of protocol `proto` (`NETLINK_ROUTE`,

@@ -3,13 +3,12 @@
 
 use crate::{Error, Netlink, Result, detach};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::socket::{MsgFlags, recv, send};
 use nix::sys::wait::waitpid;
 use nix::unistd::Pid;
 use rtnetlink::packet_core::{NLM_F_ACK, NLM_F_REQUEST, NetlinkMessage};
 use rtnetlink::packet_route::RouteNetlinkMessage;
 use rtnetlink::packet_route::link::LinkMessage;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 /// How long to wait for the kernel to unlist a link before waiting for the
@@ -77,26 +76,9 @@ impl Netlink {
         let sock =
             detach::netlink_socket(self.netns(), libc::NETLINK_ROUTE, "open rtnetlink socket")?;
         let (r, w) = detach::pipe().map_err(|e| Error::io("make a pipe", e))?;
-        let s = sock.as_raw_fd();
         let mut ack = [0u8; 512];
-        // SAFETY: the child only sends, receives into and writes from
-        // buffers prepared here (nix's calls are bare syscalls that do not
-        // allocate), then _exits.
-        let pid = unsafe {
-            detach::fork_child(&[s, w.as_raw_fd()], || {
-                let mut errno: i32 = libc::EIO;
-                if send(s, &buf, MsgFlags::empty()) == Ok(buf.len()) {
-                    let n = recv(s, &mut ack, MsgFlags::empty()).unwrap_or(0);
-                    // nlmsghdr (16 bytes) of type NLMSG_ERROR (2), then the
-                    // negative errno, 0 for an ACK.
-                    if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == 2 {
-                        errno = -i32::from_ne_bytes([ack[16], ack[17], ack[18], ack[19]]);
-                    }
-                }
-                let _ = nix::unistd::write(&w, &errno.to_ne_bytes());
-            })
-        };
-        Ok(pid.map(|pid| (r, Pid::from_raw(pid))))
+        let pid = detach::spawn_send_and_report(&sock, &buf, &mut ack, &w);
+        Ok(pid.map(|pid| (r, pid)))
     }
 }
 

@@ -51,7 +51,7 @@ pub struct Nfnl {
 
 /// How long the releaser child keeps the socket after the plugin closed
 /// it (see [`spawn_releaser`]).
-const RELEASE_DELAY_NS: libc::c_long = 300_000_000;
+const RELEASE_DELAY: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Makes a child that holds a reference to the socket `sock` and releases
 /// it only after this process has closed its own (when the pipe whose
@@ -69,30 +69,8 @@ const RELEASE_DELAY_NS: libc::c_long = 300_000_000;
 /// after the plugin is done, when the grace periods of the chain's commits
 /// are long over. Without a child (fork failed), the plugin closes the
 /// socket itself, waiting as before.
-fn spawn_releaser(sock: i32) -> Option<OwnedFd> {
-    let (r, w) = rcni_netlink::detach::pipe().ok()?;
-    let rfd = r.as_raw_fd();
-    // SAFETY: the child makes only async-signal-safe calls (read, close,
-    // _exit) on descriptors it kept.
-    let pid = unsafe {
-        rcni_netlink::detach::fork_child(&[sock, rfd], || {
-            let mut b = [0u8; 1];
-            while libc::read(rfd, b.as_mut_ptr().cast(), 1) < 0
-                && *libc::__errno_location() == libc::EINTR
-            {}
-            // Later than a grace period after the chain's commits, the
-            // flush has nothing to wait for; right away, it would hold the
-            // namespace's nf_tables commit lock for a grace period and so
-            // stall the next plugin of the chain instead.
-            let pause = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: RELEASE_DELAY_NS,
-            };
-            libc::nanosleep(&pause, std::ptr::null_mut());
-            libc::close(sock);
-        })
-    };
-    pid.map(|_| w)
+fn spawn_releaser(sock: &OwnedFd) -> Option<OwnedFd> {
+    rcni_netlink::detach::spawn_releaser(sock, RELEASE_DELAY)
 }
 
 pub(crate) fn io_err(op: impl Into<String>, e: std::io::Error) -> Error {
@@ -139,20 +117,9 @@ impl Nfnl {
         let fd = rcni_netlink::detach::netlink_socket(ns, libc::NETLINK_NETFILTER, op)?;
         // A reply that never comes (a kernel without the subsystem) must not
         // hang a plugin forever.
-        let tv = libc::timeval {
-            tv_sec: 5,
-            tv_usec: 0,
-        };
-        // SAFETY: setsockopt with a correctly sized timeval.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&tv as *const libc::timeval).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            );
-        }
+        let tv = nix::sys::time::TimeVal::new(5, 0);
+        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
+            .map_err(|e| io_err(op, e.into()))?;
         Ok(Nfnl {
             fd,
             seq: 1,
@@ -193,26 +160,19 @@ impl Nfnl {
     }
 
     fn send(&self, op: &str, buf: &[u8]) -> Result<()> {
-        // SAFETY: buf is a valid slice; the kernel is the default
-        // destination of a netlink socket.
-        let n = unsafe { libc::send(self.raw_fd(), buf.as_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            return Err(io_err(op, std::io::Error::last_os_error()));
-        }
-        Ok(())
+        // The kernel is the default destination of a netlink socket.
+        nix::sys::socket::send(self.raw_fd(), buf, nix::sys::socket::MsgFlags::empty())
+            .map(|_| ())
+            .map_err(|e| io_err(op, e.into()))
     }
 
     /// Receives one datagram (possibly several messages).
     fn recv(&self, op: &str, buf: &mut [u8]) -> Result<usize> {
         loop {
-            // SAFETY: buf is valid for writes of its length.
-            let n = unsafe { libc::recv(self.raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n >= 0 {
-                return Ok(n as usize);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(io_err(op, e));
+            match nix::sys::socket::recv(self.raw_fd(), buf, nix::sys::socket::MsgFlags::empty()) {
+                Ok(n) => return Ok(n),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => return Err(io_err(op, e.into())),
             }
         }
     }
@@ -335,7 +295,7 @@ impl Nfnl {
     /// Starts the releaser child before the first transaction.
     pub(crate) fn spawn_releaser_once(&mut self) {
         if self.releaser.is_none() {
-            self.releaser = spawn_releaser(self.raw_fd());
+            self.releaser = spawn_releaser(&self.fd);
         }
     }
 }
