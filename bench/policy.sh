@@ -11,14 +11,8 @@
 # Usage: bench/policy.sh [polbench options, e.g. --rounds 10 --tput-secs 3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# BENCH_BIN=DIR benchmarks the plugins in DIR instead (e.g. an earlier build,
-# for a before/after table); the drivers still come from this build.
-bin=${BENCH_BIN:-target/bench-bin}
-if [ -z "${BENCH_BIN:-}" ]; then
-  scripts/install --bin-dir "$bin" >/dev/null
-else
-  host=$(rustc -vV | sed -n 's/^host: //p')
-  [ -x "target/$host/release/cnitool" ] || scripts/install --bin-dir target/bench-bin >/dev/null
-fi
+# BENCH_BIN=DIR benchmarks the plugins in DIR instead (see bench/lib.sh).
+. bench/lib.sh
+bench_bin
 host=$(rustc -vV | sed -n 's/^host: //p')
 exec "target/$host/release/polbench" --ours "$bin" "$@"

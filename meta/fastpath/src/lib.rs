@@ -27,7 +27,7 @@ mod conf;
 use conf::Conf;
 use rcni_attach::podveth;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, version};
+use rcni_cni::{CniError, CniResult, ErrorCode};
 use rcni_ebpf::{AttachmentId, Datapath, EP_FASTPATH, Endpoint, EndpointKey, Hook, bpffs};
 use rcni_netlink::{Link, Netlink};
 use std::collections::BTreeSet;
@@ -359,11 +359,7 @@ impl Fastpath {
 
 impl Plugin for Fastpath {
     fn about(&self) -> About {
-        About {
-            name: "fastpath",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        About::all_versions("fastpath", env!("CARGO_PKG_VERSION"))
     }
 
     /// Attaches and registers the pod; passes prevResult through unchanged.

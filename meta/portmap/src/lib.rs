@@ -23,7 +23,7 @@ use backend::Ctx;
 use conf::{Conf, Proto, container_ips};
 use ipnetwork::IpNetwork;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, version};
+use rcni_cni::{CniError, CniResult};
 use rcni_netfilter::nfnl::{IPPROTO_UDP, Nfnl};
 use rcni_netlink::{Netlink, TABLE_MAIN};
 use rcni_netns::NetNs;
@@ -98,11 +98,7 @@ fn udp_ports(conf: &Conf) -> BTreeSet<u16> {
 
 impl Plugin for Portmap {
     fn about(&self) -> About {
-        About {
-            name: "portmap",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        About::all_versions("portmap", env!("CARGO_PKG_VERSION"))
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {

@@ -21,7 +21,7 @@ pub mod conf;
 use conf::{ALLOWLIST, Conf, read_allowlist};
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, sendto, socket};
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, version};
+use rcni_cni::{CniError, CniResult, ErrorCode};
 use rcni_netlink::{Link, MacAddr, Netlink};
 use rcni_netns::NetNs;
 use serde::{Deserialize, Serialize};
@@ -414,11 +414,7 @@ impl Tuning {
 
 impl Plugin for Tuning {
     fn about(&self) -> About {
-        About {
-            name: "tuning",
-            version: env!("CARGO_PKG_VERSION"),
-            supported_versions: version::ALL,
-        }
+        About::all_versions("tuning", env!("CARGO_PKG_VERSION"))
     }
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
