@@ -172,15 +172,17 @@ impl WgCluster {
     /// Counters in the router's forward hook: plain pod packets (pod
     /// addresses visible on the wire) and WireGuard packets.
     fn count_on_wire(&self) {
+        // Named counters are declared before the rules that use them.
         let rules = format!(
-            "table inet wgtest {{
-               chain fwd {{ type filter hook forward priority 0; policy accept;
-                 ip saddr 10.244.0.0/16 counter name plain
-                 udp dport {WG_PORT} counter name wg
-               }}
-               counter plain {{}}
-               counter wg {{}}
-             }}"
+            "table inet wgtest {{\n\
+             counter plain {{ }}\n\
+             counter wg {{ }}\n\
+             chain count {{\n\
+             type filter hook forward priority 0; policy accept;\n\
+             ip saddr 10.244.0.0/16 counter name \"plain\"\n\
+             udp dport {WG_PORT} counter name \"wg\"\n\
+             }}\n\
+             }}\n"
         );
         let path = self._dir.path().join("count.nft");
         std::fs::write(&path, rules).unwrap();
@@ -213,7 +215,9 @@ fn pods_talk_across_nodes_only_through_wireguard() {
     // device, and programs no peer it has no key for.
     c.write(&[0, 1, 2], false);
     for n in &c.nodes {
-        let log = n.reconcile(&c.file);
+        // Refused peers make --once exit non-zero, as host-gw's do.
+        let out = n.agent(&c.file).output().unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
         assert!(log.contains("no WireGuard public key"), "{log}");
         let key = n.state().join("wireguard.key");
         use std::os::unix::fs::PermissionsExt;
@@ -237,21 +241,20 @@ fn pods_talk_across_nodes_only_through_wireguard() {
     );
     let mut peers = c.nodes[0].peers();
     peers.sort();
-    assert_eq!(
-        peers,
-        [
-            (
-                c.nodes[1].public_key(),
-                format!("192.168.60.2:{WG_PORT}"),
-                "10.244.2.0/24".to_string()
-            ),
-            (
-                c.nodes[2].public_key(),
-                format!("192.168.70.3:{WG_PORT}"),
-                "10.244.3.0/24".to_string()
-            ),
-        ]
-    );
+    let mut want = vec![
+        (
+            c.nodes[1].public_key(),
+            format!("192.168.60.2:{WG_PORT}"),
+            "10.244.2.0/24".to_string(),
+        ),
+        (
+            c.nodes[2].public_key(),
+            format!("192.168.70.3:{WG_PORT}"),
+            "10.244.3.0/24".to_string(),
+        ),
+    ];
+    want.sort();
+    assert_eq!(peers, want);
     let routes = c.nodes[0].routes();
     assert!(
         routes.contains("10.244.2.0/24 dev rcni-wg")
