@@ -353,7 +353,7 @@ mod tests {
         // b goes (its removal first), and a stranger's peer goes too.
         let stranger = peer(9, "192.168.50.9:51820", &[]);
         assert_eq!(
-            diff(&[a.clone()], &[a.clone(), b, stranger]),
+            diff(std::slice::from_ref(&a), &[a.clone(), b, stranger]),
             [PeerOp::Remove([2; KEY_LEN]), PeerOp::Remove([9; KEY_LEN])]
         );
     }
