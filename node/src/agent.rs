@@ -10,9 +10,9 @@ use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use rcni_netlink::overlay::VxlanSpec;
 use rcni_netlink::{NUD_PERMANENT, Netlink};
 
-use crate::cluster::{Cluster, Node};
+use crate::cluster::{Cluster, Encryption, Node};
 use crate::desired::{self, Actual, Op, Uplink};
-use crate::{conflist, masq};
+use crate::{conflist, masq, wg, wgkey};
 
 /// The route protocol that marks the agent's routes (`ip route show proto
 /// 0x52`): unassigned in iproute2's rt_protos.
@@ -29,6 +29,8 @@ pub struct Options {
     pub node: String,
     pub cni_conf_dir: PathBuf,
     pub ipam_data_dir: Option<PathBuf>,
+    /// The agent's state: its WireGuard key lives there.
+    pub state_dir: PathBuf,
 }
 
 #[derive(Debug, Default)]
@@ -96,6 +98,10 @@ pub async fn reconcile(
         rcni_netlink::sysctl::set(nl.netns(), "net.ipv4.ip_forward", "1").map_err(kernel)?;
         report.log.push("net.ipv4.ip_forward = 1".into());
     }
+    if cluster.encryption == Encryption::WireGuard {
+        return reconcile_wireguard(nl, cluster, opts, me, &uplink, six, report).await;
+    }
+    drop_wg(nl, &mut report).await?;
     let mut mtu = desired::pod_mtu(cluster.backend, uplink.mtu);
     let vtep = if cluster.backend.uses_vxlan() {
         let spec = VxlanSpec {
@@ -181,7 +187,28 @@ pub async fn reconcile(
         }
     }
 
-    let pods6 = six.as_ref().map(|(_, _, p6)| *p6);
+    finish(
+        nl,
+        cluster,
+        opts,
+        me,
+        six.as_ref().map(|(_, _, p6)| *p6),
+        mtu,
+        report,
+    )
+    .await
+}
+
+/// Masquerade and the node's conflist: the same for every backend.
+async fn finish(
+    nl: &Netlink,
+    cluster: &Cluster,
+    opts: &Options,
+    me: &Node,
+    pods6: Option<Ipv6Network>,
+    mtu: u32,
+    mut report: Report,
+) -> Result<Report, AgentError> {
     let masq6 = match (pods6, cluster.network6) {
         (Some(p6), Some(n6)) => Some((p6, n6)),
         _ => None,
@@ -222,10 +249,12 @@ async fn program(
 ) -> Result<(), AgentError> {
     let peers = desired::peers(cluster, me, uplink, vtep, v6);
     report.refused.extend(peers.refused);
-    let actual = read_actual(nl, vtep, v6).await?;
+    // The WireGuard device has no neighbour or FDB entries of ours.
+    let tunnel = vtep.filter(|_| cluster.encryption != Encryption::WireGuard);
+    let actual = read_actual(nl, tunnel, v6).await?;
     for change in desired::diff(&peers.entries, &actual) {
         for op in &change.ops {
-            apply(nl, vtep, op).await?;
+            apply(nl, tunnel, op).await?;
             report.changes += 1;
         }
         report.log.push(format!(
@@ -239,6 +268,166 @@ async fn program(
                 .collect::<Vec<_>>()
                 .join(", ")
         ));
+    }
+    Ok(())
+}
+
+/// WireGuard as the tunnel for every peer: no VXLAN devices; the
+/// WireGuard device with the node's key; a peer per keyed node owning its
+/// pod subnets; routes to those subnets into the device.
+async fn reconcile_wireguard(
+    nl: &Netlink,
+    cluster: &Cluster,
+    opts: &Options,
+    me: &Node,
+    uplink: &Uplink,
+    six: Option<(Uplink, std::net::Ipv6Addr, Ipv6Network)>,
+    mut report: Report,
+) -> Result<Report, AgentError> {
+    let why = "encryption wireguard";
+    drop_vtep(nl, &desired::vtep_name(cluster.vni), why, &mut report).await?;
+    drop_vtep(nl, &desired::vtep_name6(cluster.vni), why, &mut report).await?;
+    let keys = wgkey::load_or_create(&opts.state_dir).map_err(AgentError::Config)?;
+    if let Some(k) = me.wireguard_key
+        && k != keys.public
+    {
+        report.refused.push(format!(
+            "node {:?}: the cluster's \"wireguardPublicKey\" {} is not this node's key {} ({}): peers cannot reach this node until it is updated",
+            me.name,
+            wgkey::encode(&k),
+            wgkey::encode(&keys.public),
+            opts.state_dir.join(wgkey::KEY_FILE).display()
+        ));
+    }
+    // Peers' endpoints are IPv4: the overhead is IPv4's for both families
+    // of pod traffic.
+    let mtu = desired::wg_mtu(uplink.mtu);
+    let index = ensure_wg(nl, mtu, &mut report).await?;
+
+    let (want, refused) = desired::wg_peers(cluster, me);
+    report.refused.extend(refused);
+    let port = cluster.wireguard_port;
+    let names: std::collections::BTreeMap<wg::Key, String> = cluster
+        .nodes
+        .iter()
+        .filter_map(|n| Some((n.wireguard_key?, n.name.clone())))
+        .collect();
+    let private = keys.private;
+    let public = keys.public;
+    let (ops, key_set) = nl
+        .netns()
+        .run(move || -> Result<(Vec<wg::PeerOp>, bool), String> {
+            let mut sock = wg::WgSocket::open()?;
+            let dev = sock.get(index)?;
+            let key_port = (dev.public_key != Some(public) || dev.listen_port != port)
+                .then_some((private, port));
+            let ops = wg::diff(&want, &dev.peers);
+            sock.set(index, key_port, &ops)?;
+            Ok((ops, key_port.is_some()))
+        })
+        .map_err(kernel)?
+        .map_err(AgentError::Kernel)?;
+    if key_set {
+        report.changes += 1;
+        report.log.push(format!(
+            "{} key {} listen-port {port}",
+            desired::WG_NAME,
+            wgkey::encode(&public)
+        ));
+    }
+    for op in &ops {
+        report.changes += 1;
+        report.log.push(match op {
+            wg::PeerOp::Set(p) => format!(
+                "{}: wireguard peer {} endpoint {} allowed-ips {}",
+                names.get(&p.key).map_or("?", String::as_str),
+                wgkey::encode(&p.key),
+                p.endpoint.map(|e| e.to_string()).unwrap_or_default(),
+                p.allowed
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            wg::PeerOp::Remove(k) => format!("gone: wireguard peer {}", wgkey::encode(k)),
+        });
+    }
+    // Routes after peers: a route never points into the device before the
+    // peer that owns its subnet exists.
+    program(nl, cluster, me, uplink, Some(index), false, &mut report).await?;
+    let pods6 = six.as_ref().map(|(_, _, p6)| *p6);
+    if pods6.is_some()
+        && rcni_netlink::sysctl::get(nl.netns(), "net.ipv6.conf.all.forwarding")
+            .ok()
+            .as_deref()
+            != Some("1")
+    {
+        rcni_netlink::sysctl::set(nl.netns(), "net.ipv6.conf.all.forwarding", "1")
+            .map_err(kernel)?;
+        report.log.push("net.ipv6.conf.all.forwarding = 1".into());
+    }
+    let none = Uplink {
+        index: 0,
+        mtu: 0,
+        nets: Vec::new(),
+    };
+    let uplink6 = six.as_ref().map_or(&none, |(u, _, _)| u);
+    if pods6.is_some() {
+        program(nl, cluster, me, uplink6, Some(index), true, &mut report).await?;
+    } else {
+        let empty = Cluster {
+            nodes: Vec::new(),
+            ..cluster.clone()
+        };
+        program(nl, &empty, me, &none, Some(index), true, &mut report).await?;
+    }
+    finish(nl, cluster, opts, me, pods6, mtu, report).await
+}
+
+/// The WireGuard device, MTU as given, up. Returns its index.
+async fn ensure_wg(nl: &Netlink, mtu: u32, report: &mut Report) -> Result<u32, AgentError> {
+    let name = desired::WG_NAME;
+    let link = match nl.find_link(name).await.map_err(kernel)? {
+        Some(l) if l.kind.as_deref() != Some("wireguard") => {
+            return Err(AgentError::Config(format!(
+                "a link named {name} exists and is not a WireGuard device"
+            )));
+        }
+        Some(l) => {
+            if l.mtu != mtu {
+                nl.set_mtu(l.index, mtu).await.map_err(kernel)?;
+                report.changes += 1;
+                report.log.push(format!("{name} mtu {mtu}"));
+            }
+            l
+        }
+        None => {
+            nl.create_wireguard(name, mtu).await.map_err(|e| {
+                AgentError::Kernel(format!(
+                    "{e} (\"encryption\": \"wireguard\" needs the kernel's wireguard module)"
+                ))
+            })?;
+            report.changes += 1;
+            report.log.push(format!("created {name} (mtu {mtu})"));
+            nl.link_by_name(name).await.map_err(kernel)?
+        }
+    };
+    if !link.admin_up {
+        nl.set_up(link.index).await.map_err(kernel)?;
+    }
+    Ok(link.index)
+}
+
+/// The WireGuard device goes when encryption is off (its routes with it).
+async fn drop_wg(nl: &Netlink, report: &mut Report) -> Result<(), AgentError> {
+    if let Some(l) = nl.find_link(desired::WG_NAME).await.map_err(kernel)?
+        && l.kind.as_deref() == Some("wireguard")
+    {
+        nl.delete_link(l.index).await.map_err(kernel)?;
+        report.changes += 1;
+        report
+            .log
+            .push(format!("deleted {} (encryption none)", desired::WG_NAME));
     }
     Ok(())
 }

@@ -57,7 +57,23 @@ pub struct Node {
     /// name (`desired::vtep_mac`).
     pub vtep_mac: Option<MacAddr>,
     pub vtep_mac6: Option<MacAddr>,
+    /// The node's WireGuard public key (`"wireguardPublicKey"`, or its
+    /// Node annotation); `None` until it is known.
+    pub wireguard_key: Option<[u8; 32]>,
 }
+
+/// How node-to-node pod traffic is protected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encryption {
+    None,
+    /// Every peer through the node's WireGuard device, whatever the
+    /// backend says: WireGuard is the tunnel (VXLAN is not nested inside
+    /// it, and host-gw's direct routes would bypass it).
+    WireGuard,
+}
+
+/// WireGuard's customary port.
+pub const DEFAULT_WIREGUARD_PORT: u16 = 51820;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
@@ -68,6 +84,8 @@ pub struct Cluster {
     pub backend: Backend,
     pub vni: u32,
     pub port: u16,
+    pub encryption: Encryption,
+    pub wireguard_port: u16,
     pub nodes: Vec<Node>,
 }
 
@@ -118,6 +136,8 @@ pub struct NetConf {
     pub backend: Backend,
     pub vni: u32,
     pub port: u16,
+    pub encryption: Encryption,
+    pub wireguard_port: u16,
 }
 
 impl NetConf {
@@ -128,6 +148,8 @@ impl NetConf {
             backend: self.backend,
             vni: self.vni,
             port: self.port,
+            encryption: self.encryption,
+            wireguard_port: self.wireguard_port,
             nodes,
         };
         check_unique(&cluster)?;
@@ -144,6 +166,7 @@ const NET_KEYS: &[&str] = &[
     "encryption",
     "vni",
     "port",
+    "wireguardPort",
 ];
 
 fn object(text: &str, what: &str) -> Result<Map<String, Value>, ClusterError> {
@@ -250,20 +273,27 @@ fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
             )));
         }
     }
-    match top.get("encryption") {
-        None => {}
-        Some(Value::String(s)) if s == "none" => {}
-        Some(Value::String(s)) if s == "wireguard" => {
-            return Err(ClusterError::NotImplemented(
-                "\"encryption\": \"wireguard\"".into(),
-            ));
-        }
+    let encryption = match top.get("encryption") {
+        None => Encryption::None,
+        Some(Value::String(s)) if s == "none" => Encryption::None,
+        Some(Value::String(s)) if s == "wireguard" => Encryption::WireGuard,
         Some(v) => {
             return Err(invalid(format!(
                 "\"encryption\": {v} is not one of \"none\", \"wireguard\""
             )));
         }
-    }
+    };
+    let wireguard_port = match top.get("wireguardPort") {
+        None => DEFAULT_WIREGUARD_PORT,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=65535).contains(&n) => n as u16,
+            _ => {
+                return Err(invalid(format!(
+                    "\"wireguardPort\": {v} is not in 1..=65535"
+                )));
+            }
+        },
+    };
     let vni = match top.get("vni") {
         None => DEFAULT_VNI,
         Some(v) => match v.as_u64() {
@@ -284,6 +314,8 @@ fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
         backend,
         vni,
         port,
+        encryption,
+        wireguard_port,
     })
 }
 
@@ -443,6 +475,19 @@ pub fn parse_node(
             Some(n)
         }
     };
+    let wireguard_key = match o.get("wireguardPublicKey") {
+        None => None,
+        Some(Value::String(s)) => Some(crate::wgkey::decode(s).map_err(|e| {
+            invalid(format!(
+                "{at}: \"wireguardPublicKey\": {s:?} is not a WireGuard key: {e}"
+            ))
+        })?),
+        Some(v) => {
+            return Err(invalid(format!(
+                "{at}: \"wireguardPublicKey\": expected a base64 string, got {v}"
+            )));
+        }
+    };
     let pod_cidr = pod_cidr.map(|(_, n)| n);
     let Some(pod_cidr) = pod_cidr else {
         return Err(match pod_cidr6 {
@@ -470,11 +515,19 @@ pub fn parse_node(
         pod_cidr6,
         vtep_mac: None,
         vtep_mac6: None,
+        wireguard_key,
     })
 }
 
 fn node_keys(o: &Map<String, Value>, at: &str) -> Result<(), ClusterError> {
-    const KEYS: &[&str] = &["name", "address", "podCIDR", "podCIDRs", "address6"];
+    const KEYS: &[&str] = &[
+        "name",
+        "address",
+        "podCIDR",
+        "podCIDRs",
+        "address6",
+        "wireguardPublicKey",
+    ];
     match o.keys().find(|k| !KEYS.contains(&k.as_str())) {
         Some(k) => Err(invalid(format!(
             "{at}: unknown key {k:?} (known: {})",
@@ -654,7 +707,7 @@ mod tests {
 
     #[test]
     fn unimplemented_features_say_so() {
-        for extra in [r#", "ebpf": true"#, r#", "encryption": "wireguard""#] {
+        for extra in [r#", "ebpf": true"#] {
             match parse(&file(extra, TWO)) {
                 Err(e @ ClusterError::NotImplemented(_)) => {
                     assert!(e.to_string().ends_with("not implemented yet"), "{e}")
@@ -668,6 +721,42 @@ mod tests {
             parse(&file(r#", "network6": "fd00::/48""#, v6only)),
             Err(ClusterError::NotImplemented(_))
         ));
+    }
+
+    #[test]
+    fn wireguard_keys_and_port() {
+        let key = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+        let nodes = format!(
+            r#"{{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24", "wireguardPublicKey": "{key}"}},
+               {{"name": "n2", "address": "192.168.50.2", "podCIDR": "10.244.2.0/24"}}"#
+        );
+        let c = parse(&file(r#", "encryption": "wireguard""#, &nodes)).unwrap();
+        assert_eq!(c.encryption, Encryption::WireGuard);
+        assert_eq!(c.wireguard_port, DEFAULT_WIREGUARD_PORT);
+        assert_eq!(
+            c.node("n1").unwrap().wireguard_key,
+            Some(crate::wgkey::decode(key).unwrap())
+        );
+        assert_eq!(c.node("n2").unwrap().wireguard_key, None);
+        let c = parse(&file(r#", "wireguardPort": 4500"#, TWO)).unwrap();
+        assert_eq!((c.encryption, c.wireguard_port), (Encryption::None, 4500));
+        assert!(err(&file(r#", "wireguardPort": 0"#, TWO)).contains("\"wireguardPort\""));
+        assert!(err(&file(r#", "encryption": "ipsec""#, TWO)).contains("\"encryption\""));
+        let bad = |k: &str| {
+            err(&file(
+                "",
+                &format!(
+                    r#"{{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24", "wireguardPublicKey": {k}}}"#
+                ),
+            ))
+        };
+        let m = bad(r#""c2hvcnQ=""#);
+        assert!(
+            m.contains("node \"n1\"") && m.contains("wireguardPublicKey") && m.contains("5 bytes"),
+            "{m}"
+        );
+        assert!(bad(r#""not base64!""#).contains("not base64"));
+        assert!(bad("42").contains("expected a base64 string"));
     }
 
     const DUAL: &str = r#", "network6": "fd00::/48""#;

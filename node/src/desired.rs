@@ -9,7 +9,8 @@ use rcni_netlink::MacAddr;
 use rcni_netlink::overlay::{FdbEntry, OwnedRoute};
 use sha2::{Digest, Sha256};
 
-use crate::cluster::{Backend, Cluster, Node};
+use crate::cluster::{Backend, Cluster, Encryption, Node};
+use crate::wg;
 
 /// VXLAN's encapsulation: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner
 /// Ethernet (14) bytes, flannel's `MTU - 50`.
@@ -62,6 +63,51 @@ pub fn vtep_addr6(pod_cidr6: Ipv6Network) -> Ipv6Addr {
     pod_cidr6.network()
 }
 
+/// WireGuard's encapsulation over an IPv4 underlay: outer IPv4 (20) + UDP
+/// (8) + WireGuard header (16) + authentication tag (16).
+pub const WIREGUARD_OVERHEAD: u32 = 60;
+// An IPv6 underlay would cost 80 bytes; node addresses are IPv4 today
+// (cluster.rs refuses an IPv6 "address"), so every endpoint is IPv4.
+
+/// The WireGuard device's name.
+pub const WG_NAME: &str = "rcni-wg";
+
+/// The pods' MTU with WireGuard: its overhead over the (IPv4) underlay the
+/// peers' endpoints are on.
+pub fn wg_mtu(uplink_mtu: u32) -> u32 {
+    uplink_mtu.saturating_sub(WIREGUARD_OVERHEAD)
+}
+
+/// The peers the WireGuard device should hold: every other node with a
+/// published key, at its IPv4 address, owning its pod subnets (both
+/// families). Peers without a key yet are refused (not reachable until
+/// they publish one).
+pub fn wg_peers(cluster: &Cluster, me: &Node) -> (Vec<wg::Peer>, Vec<String>) {
+    let mut peers = Vec::new();
+    let mut refused = Vec::new();
+    for n in cluster.nodes.iter().filter(|n| n.name != me.name) {
+        let Some(key) = n.wireguard_key else {
+            refused.push(format!(
+                "node {:?}: no WireGuard public key (\"wireguardPublicKey\" in the cluster file, or its Node annotation) yet",
+                n.name
+            ));
+            continue;
+        };
+        let mut allowed = vec![IpNetwork::V4(n.pod_cidr)];
+        allowed.extend(n.pod_cidr6.map(IpNetwork::V6));
+        allowed.sort();
+        peers.push(wg::Peer {
+            key,
+            endpoint: Some(std::net::SocketAddr::new(
+                IpAddr::V4(n.address),
+                cluster.wireguard_port,
+            )),
+            allowed,
+        });
+    }
+    (peers, refused)
+}
+
 /// What the node knows about its uplink.
 #[derive(Debug, Clone)]
 pub struct Uplink {
@@ -105,6 +151,7 @@ pub fn pod_mtu6(backend: Backend, uplink_mtu: u32) -> u32 {
 pub enum Via {
     Vxlan,
     HostGw,
+    WireGuard,
 }
 
 /// Everything the node programs for one remote node.
@@ -157,13 +204,34 @@ fn far(n: &Node, vni: u32, v6: bool) -> Option<Far> {
 /// Entries for every node but `me`, for one family (`v6`: the peers'
 /// IPv6 pod subnets over their `address6`; peers without one are
 /// single-stack and get no IPv6 entries). `vtep` is that family's VXLAN
-/// device's index when the backend uses it.
+/// device's index when the backend uses it, or, with WireGuard, the
+/// WireGuard device's: then every peer with a key is routed into it.
 pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>, v6: bool) -> Peers {
     let mut out = Peers::default();
     for n in cluster.nodes.iter().filter(|n| n.name != me.name) {
         let Some(f) = far(n, cluster.vni, v6) else {
             continue;
         };
+        if cluster.encryption == Encryption::WireGuard {
+            // A peer without a key has no WireGuard peer entry: no route
+            // either, so its pods' traffic is never sent in the clear
+            // (`wg_peers` reports it).
+            if let (Some(wg), Some(_)) = (vtep, n.wireguard_key) {
+                out.entries.push(PeerEntries {
+                    name: n.name.clone(),
+                    via: Via::WireGuard,
+                    neighbour: None,
+                    fdb: None,
+                    route: OwnedRoute {
+                        dst: f.pods,
+                        gateway: None,
+                        oif: Some(wg),
+                        onlink: false,
+                    },
+                });
+            }
+            continue;
+        }
         let on_link = uplink.on_link(f.address);
         let via = match cluster.backend {
             Backend::Vxlan => Via::Vxlan,
@@ -210,6 +278,7 @@ pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>, v
                     .push(format!("node {:?}: no VXLAN device", n.name));
                 continue;
             }
+            (Via::WireGuard, _) => unreachable!("WireGuard peers are made above"),
             (Via::HostGw, _) => PeerEntries {
                 name: n.name.clone(),
                 via,

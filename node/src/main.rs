@@ -13,6 +13,8 @@ mod k8s;
 mod k8s_policy;
 mod masq;
 mod registry;
+mod wg;
+mod wgkey;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -150,6 +152,7 @@ fn run(args: RunArgs) -> ExitCode {
             node: args.node.clone(),
             cni_conf_dir: args.cni_conf_dir.clone(),
             ipam_data_dir: args.ipam_data_dir.clone(),
+            state_dir: args.state_dir.clone(),
         };
         let nl = match rcni_netlink::Netlink::connect_current().await {
             Ok(nl) => nl,

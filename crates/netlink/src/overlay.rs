@@ -6,11 +6,11 @@
 use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
-use rtnetlink::LinkVxlan;
 use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
 use rtnetlink::packet_route::link::{InfoData, InfoVxlan};
 use rtnetlink::packet_route::route::{RouteFlags, RouteMessage, RouteProtocol};
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::{LinkVxlan, LinkWireguard};
 
 use crate::links::info_data;
 use crate::routes::{parse_route, route_message};
@@ -113,6 +113,18 @@ impl Netlink {
                 e,
             )
         })
+    }
+
+    /// Creates a WireGuard device, down, with no key or peers (those are set
+    /// through the `wireguard` generic netlink family).
+    pub async fn create_wireguard(&self, name: &str, mtu: u32) -> Result<()> {
+        let msg = LinkWireguard::new(name).mtu(mtu).build();
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(|e| Error::netlink(format!("create wireguard {name}"), e))
     }
 
     /// The VXLAN attributes of link `index`; `None` if it is not VXLAN.

@@ -1,0 +1,376 @@
+//! The WireGuard device's peers through the kernel's `wireguard` generic
+//! netlink family (no `wg` tool at run time), and the pure peer diff.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+use ipnetwork::IpNetwork;
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload, NetlinkSerializable,
+};
+use netlink_packet_generic::GenlMessage;
+use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
+use netlink_packet_generic::ctrl::{GenlCtrl, GenlCtrlCmd};
+use netlink_packet_wireguard::{
+    WireguardAddressFamily, WireguardAllowedIp, WireguardAllowedIpAttr, WireguardAttribute,
+    WireguardCmd, WireguardMessage, WireguardPeer, WireguardPeerAttribute, WireguardPeerFlags,
+};
+use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_GENERIC};
+
+use crate::wgkey::KEY_LEN;
+
+pub type Key = [u8; KEY_LEN];
+
+/// One peer as the device should hold it (or holds it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub key: Key,
+    pub endpoint: Option<SocketAddr>,
+    /// Sorted, so kernel order does not count as a difference.
+    pub allowed: Vec<IpNetwork>,
+}
+
+/// What the device holds.
+#[derive(Debug, Clone, Default)]
+pub struct Device {
+    pub public_key: Option<Key>,
+    pub listen_port: u16,
+    pub peers: Vec<Peer>,
+}
+
+/// One peer change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerOp {
+    /// Create or update: endpoint and allowed IPs replaced.
+    Set(Peer),
+    Remove(Key),
+}
+
+/// Only the peers that differ; peers no longer wanted are removed.
+/// Allowed IPs move between peers correctly because removals go first (the
+/// kernel moves an allowed IP to the last peer that claims it).
+pub fn diff(desired: &[Peer], actual: &[Peer]) -> Vec<PeerOp> {
+    let have: BTreeMap<Key, &Peer> = actual.iter().map(|p| (p.key, p)).collect();
+    let want: BTreeMap<Key, &Peer> = desired.iter().map(|p| (p.key, p)).collect();
+    let mut out: Vec<PeerOp> = actual
+        .iter()
+        .filter(|p| !want.contains_key(&p.key))
+        .map(|p| PeerOp::Remove(p.key))
+        .collect();
+    for p in desired {
+        if have.get(&p.key).copied() != Some(p) {
+            out.push(PeerOp::Set(p.clone()));
+        }
+    }
+    out
+}
+
+fn err(op: &str, e: impl std::fmt::Display) -> String {
+    format!("{op}: {e}")
+}
+
+/// A generic netlink socket in the calling thread's namespace, with the
+/// `wireguard` family resolved.
+pub struct WgSocket {
+    sock: Socket,
+    family: u16,
+    seq: u32,
+}
+
+impl WgSocket {
+    pub fn open() -> Result<WgSocket, String> {
+        let mut sock =
+            Socket::new(NETLINK_GENERIC).map_err(|e| err("generic netlink socket", e))?;
+        sock.bind_auto()
+            .map_err(|e| err("bind generic netlink socket", e))?;
+        sock.connect(&NlAddr::new(0, 0))
+            .map_err(|e| err("connect generic netlink socket", e))?;
+        let mut s = WgSocket {
+            sock,
+            family: 0,
+            seq: 0,
+        };
+        let mut req = GenlMessage::from_payload(GenlCtrl {
+            cmd: GenlCtrlCmd::GetFamily,
+            nlas: vec![GenlCtrlAttrs::FamilyName("wireguard".into())],
+        });
+        req.finalize();
+        let replies = s.request(req, NLM_F_REQUEST | NLM_F_ACK).map_err(|e| {
+            err(
+                "resolve the wireguard netlink family (is the wireguard module available?)",
+                e,
+            )
+        })?;
+        s.family = replies
+            .iter()
+            .flat_map(|m: &GenlMessage<GenlCtrl>| m.payload.nlas.iter())
+            .find_map(|a| match a {
+                GenlCtrlAttrs::FamilyId(id) => Some(*id),
+                _ => None,
+            })
+            .ok_or("resolve the wireguard netlink family: no id in the answer")?;
+        Ok(s)
+    }
+
+    /// Sends one request (with `NLM_F_ACK` or `NLM_F_DUMP`, so the answer
+    /// ends with an ACK or Done) and collects the answer's messages.
+    fn request<I, O>(&mut self, payload: I, flags: u16) -> Result<Vec<O>, String>
+    where
+        I: NetlinkSerializable,
+        O: NetlinkDeserializable,
+    {
+        self.seq += 1;
+        let mut header = NetlinkHeader::default();
+        header.flags = flags;
+        header.sequence_number = self.seq;
+        let mut msg = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(payload));
+        msg.finalize();
+        let mut buf = vec![0u8; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        self.sock.send(&buf, 0).map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        loop {
+            let (data, _) = self.sock.recv_from_full().map_err(|e| e.to_string())?;
+            let mut off = 0;
+            while off < data.len() {
+                let m = NetlinkMessage::<O>::deserialize(&data[off..])
+                    .map_err(|e| format!("bad netlink answer: {e}"))?;
+                let len = m.header.length as usize;
+                if len == 0 {
+                    return Err("bad netlink answer: zero length".into());
+                }
+                off += (len + 3) & !3;
+                if m.header.sequence_number != self.seq {
+                    continue;
+                }
+                match m.payload {
+                    NetlinkPayload::Done(_) => return Ok(out),
+                    NetlinkPayload::Error(e) => match e.code {
+                        // An ACK: the answer is complete (a dump ends with
+                        // Done instead).
+                        None => return Ok(out),
+                        Some(_) => return Err(e.to_io().to_string()),
+                    },
+                    NetlinkPayload::InnerMessage(inner) => out.push(inner),
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn wg(&mut self, msg: WireguardMessage, flags: u16) -> Result<Vec<WireguardMessage>, String> {
+        let mut req = GenlMessage::from_payload(msg);
+        req.set_resolved_family_id(self.family);
+        Ok(self
+            .request::<_, GenlMessage<WireguardMessage>>(req, flags)?
+            .into_iter()
+            .map(|m| m.payload)
+            .collect())
+    }
+
+    /// The device's key, port and peers (a dump: the kernel splits a large
+    /// peer list, even one peer's allowed IPs, over several messages).
+    pub fn get(&mut self, ifindex: u32) -> Result<Device, String> {
+        let answers = self
+            .wg(
+                WireguardMessage {
+                    cmd: WireguardCmd::GetDevice,
+                    attributes: vec![WireguardAttribute::IfIndex(ifindex)],
+                },
+                NLM_F_REQUEST | NLM_F_DUMP,
+            )
+            .map_err(|e| err("read the WireGuard device", e))?;
+        let mut dev = Device::default();
+        let mut peers: Vec<Peer> = Vec::new();
+        for m in answers {
+            for a in m.attributes {
+                match a {
+                    WireguardAttribute::PublicKey(k) => dev.public_key = Some(k),
+                    WireguardAttribute::ListenPort(p) => dev.listen_port = p,
+                    WireguardAttribute::Peers(list) => {
+                        for p in list {
+                            merge_peer(&mut peers, p);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for p in &mut peers {
+            p.allowed.sort();
+        }
+        dev.peers = peers;
+        Ok(dev)
+    }
+
+    /// Sets the private key and port (when given) and applies `ops`, in
+    /// messages of a bounded size.
+    pub fn set(
+        &mut self,
+        ifindex: u32,
+        key_port: Option<(Key, u16)>,
+        ops: &[PeerOp],
+    ) -> Result<(), String> {
+        let mut first = true;
+        for chunk in ops
+            .chunks(16)
+            .map(Some)
+            .chain(ops.is_empty().then_some(None))
+        {
+            let mut attributes = vec![WireguardAttribute::IfIndex(ifindex)];
+            if first && let Some((key, port)) = key_port {
+                attributes.push(WireguardAttribute::PrivateKey(key));
+                attributes.push(WireguardAttribute::ListenPort(port));
+            }
+            first = false;
+            if let Some(chunk) = chunk {
+                attributes.push(WireguardAttribute::Peers(
+                    chunk.iter().map(peer_attrs).collect(),
+                ));
+            } else if key_port.is_none() {
+                return Ok(());
+            }
+            self.wg(
+                WireguardMessage {
+                    cmd: WireguardCmd::SetDevice,
+                    attributes,
+                },
+                NLM_F_REQUEST | NLM_F_ACK,
+            )
+            .map_err(|e| err("configure the WireGuard device", e))?;
+        }
+        Ok(())
+    }
+}
+
+fn merge_peer(peers: &mut Vec<Peer>, p: WireguardPeer) {
+    let mut key = None;
+    let mut endpoint = None;
+    let mut allowed = Vec::new();
+    for a in p.0 {
+        match a {
+            WireguardPeerAttribute::PublicKey(k) => key = Some(k),
+            WireguardPeerAttribute::Endpoint(e) => endpoint = Some(e),
+            WireguardPeerAttribute::AllowedIps(ips) => {
+                allowed.extend(ips.iter().filter_map(allowed_ip));
+            }
+            _ => {}
+        }
+    }
+    let Some(key) = key else { return };
+    match peers.iter_mut().find(|q| q.key == key) {
+        Some(q) => {
+            q.allowed.extend(allowed);
+            if endpoint.is_some() {
+                q.endpoint = endpoint;
+            }
+        }
+        None => peers.push(Peer {
+            key,
+            endpoint,
+            allowed,
+        }),
+    }
+}
+
+fn allowed_ip(a: &WireguardAllowedIp) -> Option<IpNetwork> {
+    let mut ip = None;
+    let mut cidr = None;
+    for x in &a.0 {
+        match x {
+            WireguardAllowedIpAttr::IpAddr(i) => ip = Some(*i),
+            WireguardAllowedIpAttr::Cidr(c) => cidr = Some(*c),
+            _ => {}
+        }
+    }
+    IpNetwork::new(ip?, cidr?).ok()
+}
+
+fn peer_attrs(op: &PeerOp) -> WireguardPeer {
+    match op {
+        PeerOp::Remove(k) => WireguardPeer(vec![
+            WireguardPeerAttribute::PublicKey(*k),
+            WireguardPeerAttribute::Flags(WireguardPeerFlags::RemoveMe),
+        ]),
+        PeerOp::Set(p) => {
+            let mut v = vec![
+                WireguardPeerAttribute::PublicKey(p.key),
+                WireguardPeerAttribute::Flags(WireguardPeerFlags::ReplaceAllowedIps),
+            ];
+            if let Some(e) = p.endpoint {
+                v.push(WireguardPeerAttribute::Endpoint(e));
+            }
+            v.push(WireguardPeerAttribute::AllowedIps(
+                p.allowed
+                    .iter()
+                    .map(|n| {
+                        let family = match n.ip() {
+                            IpAddr::V4(_) => WireguardAddressFamily::Ipv4,
+                            IpAddr::V6(_) => WireguardAddressFamily::Ipv6,
+                        };
+                        WireguardAllowedIp(vec![
+                            WireguardAllowedIpAttr::Family(family),
+                            WireguardAllowedIpAttr::IpAddr(n.network()),
+                            WireguardAllowedIpAttr::Cidr(n.prefix()),
+                        ])
+                    })
+                    .collect(),
+            ));
+            WireguardPeer(v)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(k: u8, ep: &str, allowed: &[&str]) -> Peer {
+        Peer {
+            key: [k; KEY_LEN],
+            endpoint: Some(ep.parse().unwrap()),
+            allowed: allowed.iter().map(|a| a.parse().unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn diff_touches_only_changed_peers() {
+        let a = peer(1, "192.168.50.2:51820", &["10.244.2.0/24"]);
+        let b = peer(2, "192.168.50.3:51820", &["10.244.3.0/24"]);
+        let want = [a.clone(), b.clone()];
+        assert!(diff(&want, &want).is_empty());
+        assert_eq!(
+            diff(&want, &[]),
+            [PeerOp::Set(a.clone()), PeerOp::Set(b.clone())]
+        );
+        // b moves; a untouched.
+        let moved = peer(2, "192.168.50.33:51820", &["10.244.3.0/24"]);
+        assert_eq!(
+            diff(&[a.clone(), moved.clone()], &want),
+            [PeerOp::Set(moved)]
+        );
+        // b goes (its removal first), and a stranger's peer goes too.
+        let stranger = peer(9, "192.168.50.9:51820", &[]);
+        assert_eq!(
+            diff(std::slice::from_ref(&a), &[a.clone(), b, stranger]),
+            [PeerOp::Remove([2; KEY_LEN]), PeerOp::Remove([9; KEY_LEN])]
+        );
+    }
+
+    #[test]
+    fn peer_message_carries_replace_and_allowed_ips() {
+        let p = peer(
+            1,
+            "192.168.50.2:51820",
+            &["10.244.2.0/24", "fd00:0:0:2::/64"],
+        );
+        let WireguardPeer(attrs) = peer_attrs(&PeerOp::Set(p.clone()));
+        assert!(attrs.contains(&WireguardPeerAttribute::Flags(
+            WireguardPeerFlags::ReplaceAllowedIps
+        )));
+        let mut back = Vec::new();
+        merge_peer(&mut back, WireguardPeer(attrs));
+        assert_eq!(back, [p]);
+    }
+}
