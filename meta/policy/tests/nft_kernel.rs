@@ -80,6 +80,12 @@ impl Lab {
         ip(&ns.ns, &format!("addr add {v4}/24 dev eth0"));
         ip(&ns.ns, &format!("addr add {v6}/64 dev eth0 nodad"));
         ip(&ns.ns, "link set eth0 up");
+        // Carrier-on reaches the bridge port through the kernel's linkwatch,
+        // which may defer it by up to a second after any other link event
+        // on the machine (parallel tests make many): until then the port
+        // drops frames, and a first connection attempt would be lost.
+        wait_up(&self.node, &host);
+        wait_up(&ns, "eth0");
         for port in PORTS {
             serve(&ns.ns, port);
         }
@@ -182,6 +188,19 @@ impl Lab {
 
 /// A TCP server on `[::]:port` (IPv4 too) in `ns` answering "ok" to every
 /// connection, for the rest of the process.
+/// Waits (up to 10 s) until `dev` in `ns` is operationally up.
+fn wait_up(ns: &TestNs, dev: &str) {
+    for _ in 0..200 {
+        let out =
+            rcni_testkit::stdout_of(ns.command("ip").args(["-o", "link", "show", "dev", dev]));
+        if out.contains("state UP") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{dev} did not come up");
+}
+
 fn serve(ns: &NetNs, port: u16) {
     let l = ns
         .run(move || TcpListener::bind(("::", port)))
