@@ -152,13 +152,26 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
 
 impl KubeRegistry {
     /// Starts watching every Node (on the current tokio runtime).
-    pub fn start(client: kube::Client, net: NetConf, node: String) -> KubeRegistry {
+    /// `wireguard_key`: this node's WireGuard public key (base64) to publish
+    /// as [`ANN_WIREGUARD_KEY`], when the cluster encrypts.
+    pub fn start(
+        client: kube::Client,
+        net: NetConf,
+        node: String,
+        wireguard_key: Option<String>,
+    ) -> KubeRegistry {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             synced: tokio::sync::Notify::new(),
         });
         let api: Api<KNode> = Api::all(client);
-        let task = tokio::spawn(watch_nodes(api, shared.clone(), net.clone(), node.clone()));
+        let task = tokio::spawn(watch_nodes(
+            api,
+            shared.clone(),
+            net.clone(),
+            node.clone(),
+            wireguard_key,
+        ));
         KubeRegistry {
             net,
             node,
@@ -314,6 +327,10 @@ fn node_of(net: &NetConf, name: &str, s: &Seen, own: bool) -> Result<Node, Strin
         .filter(|c| net.network6.is_some() || !c.contains(':'))
         .collect();
     let mut o = json!({"name": name, "address": address, "podCIDRs": cidrs});
+    // Peers' keys are checked as a cluster file's `wireguardPublicKey` is.
+    if let Some(k) = ann(s, &[ANN_WIREGUARD_KEY]) {
+        o["wireguardPublicKey"] = json!(k);
+    }
     if let Some(a6) = address6
         && net.network6.is_some()
     {
@@ -350,8 +367,16 @@ fn node_of(net: &NetConf, name: &str, s: &Seen, own: bool) -> Result<Node, Strin
 }
 
 /// The annotations this node publishes (only those it can know now).
-fn wanted(net: &NetConf, name: &str, s: &Seen) -> BTreeMap<String, String> {
+fn wanted(
+    net: &NetConf,
+    name: &str,
+    s: &Seen,
+    wireguard_key: Option<&str>,
+) -> BTreeMap<String, String> {
     let mut w = BTreeMap::new();
+    if let Some(k) = wireguard_key {
+        w.insert(ANN_WIREGUARD_KEY.to_string(), k.to_string());
+    }
     let (a, a6) = own_addresses(s);
     w.insert(ANN_BACKEND.to_string(), net.backend.as_str().to_string());
     if let Some(a) = a {
@@ -379,8 +404,8 @@ fn wanted(net: &NetConf, name: &str, s: &Seen) -> BTreeMap<String, String> {
 
 /// The merge patch that makes the node's annotations `wanted`, if any is
 /// needed.
-fn patch_for(net: &NetConf, name: &str, s: &Seen) -> Option<Value> {
-    let w = wanted(net, name, s);
+fn patch_for(net: &NetConf, name: &str, s: &Seen, wireguard_key: Option<&str>) -> Option<Value> {
+    let w = wanted(net, name, s, wireguard_key);
     let mut ann = serde_json::Map::new();
     for (k, v) in &w {
         if s.annotations.get(k) != Some(v) {
@@ -389,7 +414,12 @@ fn patch_for(net: &NetConf, name: &str, s: &Seen) -> Option<Value> {
     }
     // Ours that no longer apply (the IPv6 ones of a node gone
     // single-stack, the MAC of a host-gw node) are removed.
-    for k in [ANN_PUBLIC_IP6, ANN_VTEP_MAC, ANN_VTEP_MAC6] {
+    for k in [
+        ANN_PUBLIC_IP6,
+        ANN_VTEP_MAC,
+        ANN_VTEP_MAC6,
+        ANN_WIREGUARD_KEY,
+    ] {
         if s.annotations.contains_key(k) && !w.contains_key(k) {
             ann.insert(k.to_string(), Value::Null);
         }
@@ -407,7 +437,13 @@ fn gone_on_start(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 410)
 }
 
-async fn watch_nodes(api: Api<KNode>, shared: Arc<Shared>, net: NetConf, me: String) {
+async fn watch_nodes(
+    api: Api<KNode>,
+    shared: Arc<Shared>,
+    net: NetConf,
+    me: String,
+    wireguard_key: Option<String>,
+) {
     let mut backoff = BACKOFF_MIN;
     // The patch still to make when the last one failed.
     let mut pending: Option<Value> = None;
@@ -494,7 +530,7 @@ async fn watch_nodes(api: Api<KNode>, shared: Arc<Shared>, net: NetConf, me: Str
                 let p = lock(&shared)
                     .nodes
                     .get(&me)
-                    .and_then(|s| patch_for(&net, &me, s));
+                    .and_then(|s| patch_for(&net, &me, s, wireguard_key.as_deref()));
                 pending = publish(&api, &me, p).await;
                 set_published(&shared, pending.is_none());
             }

@@ -239,7 +239,20 @@ async fn kube_registry(
         log(e);
         ExitCode::from(EXIT_CONFIG)
     })?;
-    let mut registry = k8s::KubeRegistry::start(client.clone(), net, args.node.clone());
+    // Made (or read) before the agent's first pass makes the device, so
+    // peers learn the key from the Node as early as possible.
+    let wireguard_key = match net.encryption {
+        cluster::Encryption::WireGuard => {
+            let keys = wgkey::load_or_create(&args.state_dir).map_err(|e| {
+                log(e);
+                ExitCode::FAILURE
+            })?;
+            Some(wgkey::encode(&keys.public))
+        }
+        cluster::Encryption::None => None,
+    };
+    let mut registry =
+        k8s::KubeRegistry::start(client.clone(), net, args.node.clone(), wireguard_key);
     if let Some(dir) = &args.policy_dir {
         let p = k8s_policy::start(client, dir.clone(), &args.node, &args.agent_socket).map_err(
             |e| {

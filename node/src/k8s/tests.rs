@@ -76,7 +76,7 @@ where
 
 async fn registry(kubeconfig: &std::path::Path, me: &str) -> KubeRegistry {
     let client = client(Some(kubeconfig)).await.unwrap();
-    let r = KubeRegistry::start(client, net(), me.into());
+    let r = KubeRegistry::start(client, net(), me.into(), None);
     r.synced().await;
     r
 }
@@ -348,7 +348,44 @@ fn net_conf_is_the_cluster_file_without_nodes() {
         Some("10.244.1.0/24"),
         &[(ANN_VTEP_MAC, "02:00:00:00:00:01")],
     ));
-    let p = patch_for(&n, "n1", &s).unwrap();
+    let p = patch_for(&n, "n1", &s, None).unwrap();
     assert_eq!(p["metadata"]["annotations"][ANN_VTEP_MAC], Value::Null);
     assert_eq!(p["metadata"]["annotations"][ANN_BACKEND], "host-gw");
+}
+
+#[test]
+fn wireguard_keys_published_and_read_from_annotations() {
+    let n = net();
+    let key = "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw=";
+    let s = seen(&knode("n1", "192.168.50.1", Some("10.244.1.0/24"), &[]));
+    let p = patch_for(&n, "n1", &s, Some(key)).unwrap();
+    assert_eq!(p["metadata"]["annotations"][ANN_WIREGUARD_KEY], key);
+    // Published once, nothing more to patch for it; removed when the
+    // cluster stops encrypting.
+    let s = seen(&knode(
+        "n1",
+        "192.168.50.1",
+        Some("10.244.1.0/24"),
+        &[(ANN_WIREGUARD_KEY, key)],
+    ));
+    let again = patch_for(&n, "n1", &s, Some(key));
+    assert!(
+        again.as_ref().is_none_or(|p| p["metadata"]["annotations"]
+            .get(ANN_WIREGUARD_KEY)
+            .is_none()),
+        "{again:?}"
+    );
+    let p = patch_for(&n, "n1", &s, None).unwrap();
+    assert_eq!(p["metadata"]["annotations"][ANN_WIREGUARD_KEY], Value::Null);
+    // A peer's key comes from its annotation, checked as the cluster file's.
+    let peer = node_of(&n, "n1", &s, false).unwrap();
+    assert_eq!(peer.wireguard_key, Some(crate::wgkey::decode(key).unwrap()));
+    let bad = seen(&knode(
+        "n2",
+        "192.168.50.2",
+        Some("10.244.2.0/24"),
+        &[(ANN_WIREGUARD_KEY, "not base64")],
+    ));
+    let e = node_of(&n, "n2", &bad, false).unwrap_err();
+    assert!(e.contains("wireguardPublicKey"), "{e}");
 }
