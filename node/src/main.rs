@@ -86,6 +86,22 @@ struct RunArgs {
         requires = "policy_dir"
     )]
     agent_socket: PathBuf,
+    /// With --policy-dir: the directory holding the `policy` plugin, run
+    /// as `policy sync` after a NetworkPolicy, Namespace or Pod label
+    /// change (in the DaemonSet, the image's copy). --policy-dir and
+    /// --agent-socket go into the conflist as they are: the node must see
+    /// them at the same paths.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/opt/cni/bin",
+        requires = "policy_dir"
+    )]
+    cni_bin_dir: PathBuf,
+    /// With --policy-dir: the policy plugin's dataDir (its default,
+    /// /var/lib/cni/rcni-policy, when unset).
+    #[arg(long, value_name = "DIR", requires = "policy_dir")]
+    policy_data_dir: Option<PathBuf>,
     /// This node's name (in the cluster file, or its Node object's).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     node: String,
@@ -150,6 +166,11 @@ fn run(args: RunArgs) -> ExitCode {
             node: args.node.clone(),
             cni_conf_dir: args.cni_conf_dir.clone(),
             ipam_data_dir: args.ipam_data_dir.clone(),
+            policy: args.policy_dir.as_ref().map(|d| conflist::PolicyPlugin {
+                policy_dir: d.clone(),
+                agent_socket: args.agent_socket.clone(),
+                data_dir: args.policy_data_dir.clone(),
+            }),
         };
         let nl = match rcni_netlink::Netlink::connect_current().await {
             Ok(nl) => nl,
@@ -238,12 +259,22 @@ async fn kube_registry(
     })?;
     let mut registry = k8s::KubeRegistry::start(client.clone(), net, args.node.clone());
     if let Some(dir) = &args.policy_dir {
-        let p = k8s_policy::start(client, dir.clone(), &args.node, &args.agent_socket).map_err(
-            |e| {
-                log(e);
-                ExitCode::FAILURE
-            },
-        )?;
+        let sync = k8s_policy::SyncCommand {
+            bin: args.cni_bin_dir.join("policy"),
+            network: conflist::NETWORK_NAME.into(),
+            data_dir: args.policy_data_dir.clone(),
+        };
+        let p = k8s_policy::start(
+            client,
+            dir.clone(),
+            &args.node,
+            &args.agent_socket,
+            Some(sync),
+        )
+        .map_err(|e| {
+            log(e);
+            ExitCode::FAILURE
+        })?;
         registry.policy = Some(p);
     }
     if args.once {

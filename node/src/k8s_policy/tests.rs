@@ -92,7 +92,7 @@ fn policies_namespaces_mirrored_and_pod_labels_answered() {
         api.put(&pod("prod", "db-1", "n2", &[("app", "db")]));
 
         let client = crate::k8s::client(Some(&kc)).await.unwrap();
-        let _inputs = start(client, dir.clone(), "n1", &socket).unwrap();
+        let _inputs = start(client, dir.clone(), "n1", &socket, None).unwrap();
         {
             use std::os::unix::fs::PermissionsExt;
             let m = std::fs::metadata(&socket).unwrap().permissions().mode();
