@@ -1331,7 +1331,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with("10.244."))
         .collect();
-    assert_eq!(leases, [web_addr.clone()], "{ipam_dir:?}");
+    assert_eq!(leases, [web_addr.as_str()], "{ipam_dir:?}");
     // Back: the same pod goes in.
     agents[1] = Some(agent(&c.nodes[1]));
     wait_for("n2's agent back", || {

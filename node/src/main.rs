@@ -40,7 +40,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Program this node from the cluster description and keep it so.
-    Run(RunArgs),
+    // Boxed: the other commands' arguments are small.
+    Run(Box<RunArgs>),
     /// Copy the plugin binaries into the host's CNI bin directory (the
     /// DaemonSet's init container).
     Install(install::InstallArgs),
@@ -135,7 +136,7 @@ const EXIT_NOT_IMPLEMENTED: u8 = 3;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Run(args) => run(args),
+        Cmd::Run(args) => run(*args),
         Cmd::Install(args) => install::install(args),
         Cmd::Uninstall(args) => install::uninstall(args),
     }
@@ -373,7 +374,8 @@ mod tests {
         let mut v = vec!["rcni-node", "run"];
         v.extend_from_slice(args);
         match Cli::try_parse_from(v) {
-            Ok(Cli { cmd: Cmd::Run(a) }) => Ok(a),
+            Ok(Cli { cmd: Cmd::Run(a) }) => Ok(*a),
+            Ok(_) => Err("not `run`".into()),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -421,5 +423,17 @@ mod tests {
         assert!(parse(&["--cluster", "c", "--kubeconfig", "k", "--node", "x"]).is_err());
         assert!(parse(&["--node", "x"]).is_err());
         assert!(parse(&["--cluster", "c", "--node", "x"]).is_ok());
+    }
+
+    #[test]
+    fn policy_flags() {
+        let k = ["--kubernetes", "--net-conf", "n", "--node", "x"];
+        let a = parse(&[&k[..], &["--policy-dir", "/run/rcni/policy.d"]].concat()).unwrap();
+        assert_eq!(a.cni_bin_dir, PathBuf::from("/opt/cni/bin"));
+        assert_eq!(a.agent_socket, PathBuf::from("/run/rcni/agent.sock"));
+        assert!(a.policy_data_dir.is_none());
+        // Meaningless without the policy inputs.
+        assert!(parse(&[&k[..], &["--cni-bin-dir", "/b"]].concat()).is_err());
+        assert!(parse(&[&k[..], &["--policy-data-dir", "/d"]].concat()).is_err());
     }
 }
