@@ -148,6 +148,10 @@ if agents:
             "/etc/rcni/net-conf.json",
             "--cni-conf-dir",
             "/host/etc/cni/net.d",
+            "--policy-dir",
+            "/run/rcni/policy.d",
+            "--cni-bin-dir",
+            "/opt/rcni/bin",
         ]
         and not agent.get("args"),
         f"DaemonSet rcni-node: the agent runs {agent.get('command')} {agent.get('args', '')}",

@@ -1070,3 +1070,274 @@ fn kubernetes_once_and_a_node_without_a_pod_subnet() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("\"nodes\" does not belong"), "{err}");
 }
+
+/// A Pod object on `node` as the scheduler leaves it: labels, and a
+/// container port named `http` (8080).
+fn kpod(name: &str, node: &str, app: &str) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::{Container, ContainerPort, Pod, PodSpec};
+    Pod {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("default".into()),
+            labels: Some([("app".to_string(), app.to_string())].into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            node_name: Some(node.into()),
+            containers: vec![Container {
+                name: "c".into(),
+                ports: Some(vec![ContainerPort {
+                    name: Some("http".into()),
+                    container_port: 8080,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// A NetworkPolicy in `default` for app=web: ingress from the cluster
+/// network on `port` (a number or a container port's name). Pods on other
+/// nodes have no identity here, so the peer is an ipBlock.
+fn knetpol(port: Value) -> k8s_openapi::api::networking::v1::NetworkPolicy {
+    serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"ipBlock": {"cidr": "10.244.0.0/16"}}],
+                              "ports": [{"port": port}]}]}
+    }))
+    .unwrap()
+}
+
+/// A TCP server in `ns` on every address, `port`, writing "ok".
+fn listen_ok(ns: &NetNs, port: u16) {
+    let l = ns
+        .run(move || std::net::TcpListener::bind(("0.0.0.0", port)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let _ = s.write_all(b"ok");
+        }
+    });
+}
+
+/// Whether a client in `ns` gets "ok" from `addr:port`.
+fn talks(ns: &NetNs, addr: &str, port: u16) -> bool {
+    let to = std::net::SocketAddr::new(addr.parse().unwrap(), port);
+    ns.run(move || {
+        let t = std::time::Duration::from_millis(300);
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&to, t) else {
+            return false;
+        };
+        s.set_read_timeout(Some(t)).unwrap();
+        let mut buf = [0u8; 2];
+        s.read_exact(&mut buf).is_ok() && &buf == b"ok"
+    })
+    .unwrap()
+}
+
+/// The Canal-style node: its conflist's bridge and policy plugins, the
+/// policy plugin on a private bpffs (never the host's).
+struct PolicyNode<'a> {
+    n: &'a ClusterNode,
+    fs: rcni_integration::Bpffs,
+}
+
+impl PolicyNode<'_> {
+    fn plugins(&self) -> (Value, Value) {
+        let text = std::fs::read(self.n.conf_dir().join("10-rcni.conflist")).unwrap();
+        let list: Value = serde_json::from_slice(&text).unwrap();
+        let with = |mut c: Value| {
+            c["cniVersion"] = list["cniVersion"].clone();
+            c["name"] = list["name"].clone();
+            c
+        };
+        assert_eq!(list["plugins"][1]["type"], "policy", "{list}");
+        let mut pol = with(list["plugins"][1].clone());
+        pol["pinRoot"] = json!(self.fs.root());
+        (with(list["plugins"][0].clone()), pol)
+    }
+
+    fn call(
+        &self,
+        plugin: &str,
+        cmd: &str,
+        pod: &TestNs,
+        cid: &str,
+        name: &str,
+        conf: &Value,
+    ) -> rcni_testkit::Output {
+        Call::new(bin(plugin), cmd)
+            .env("CNI_CONTAINERID", cid)
+            .env(
+                "CNI_ARGS",
+                &format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"),
+            )
+            .netns(&pod.path())
+            .stdin(conf)
+            .run_in(&self.n.ns.ns)
+    }
+
+    /// bridge then policy, as a runtime runs the chain; on policy's
+    /// failure the runtime's DEL of the chain. Ok(address) or Err((code,
+    /// message)).
+    fn add(&self, pod: &TestNs, cid: &str, name: &str) -> Result<String, (u64, String)> {
+        let (br, pol) = self.plugins();
+        let r = self.call("bridge", "ADD", pod, cid, name, &br).ok();
+        let mut with = pol.clone();
+        with["prevResult"] = r.clone();
+        let out = self.call("policy", "ADD", pod, cid, name, &with);
+        if out.code == 0 {
+            return Ok(addr_of(&r, true));
+        }
+        let e = out.err();
+        self.call("policy", "DEL", pod, cid, name, &with).ok();
+        let mut brd = br.clone();
+        brd["prevResult"] = r;
+        self.call("bridge", "DEL", pod, cid, name, &brd).ok();
+        Err(e)
+    }
+
+    /// The policy plugin's pods (attachment keys) on this node.
+    fn policed(&self) -> Vec<String> {
+        let out = command_in(&self.n.ns.ns, bin("policy"))
+            .args(["show", "--network", "rcni", "--json", "--data-dir"])
+            .arg(self.n.dir.path().join("policy-state"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["pods"].as_object().unwrap().keys().cloned().collect()
+    }
+}
+
+#[test]
+fn network_policies_from_the_api_reach_running_pods_across_nodes() {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let c = Cluster::new(&[0, 0, 0]);
+    let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
+    let api = &k.api;
+    for i in 0..3 {
+        api.put(&knode(
+            &c.nodes[i].name,
+            &c.address(i),
+            &format!("10.244.{}.0/24", i + 1),
+        ));
+    }
+    let bin_dir = bin("policy").parent().unwrap().to_path_buf();
+    let agent = |n: &ClusterNode| {
+        let mut cmd = command_in(&n.ns.ns, bin("rcni-node"));
+        cmd.arg("run")
+            .arg("--kubernetes")
+            .arg("--net-conf")
+            .arg(&k.net_conf)
+            .arg("--kubeconfig")
+            .arg(&k.kubeconfig)
+            .arg("--cni-conf-dir")
+            .arg(n.conf_dir())
+            .arg("--state-dir")
+            .arg(n.dir.path().join("state"))
+            .arg("--ipam-data-dir")
+            .arg(n.dir.path().join("ipam"))
+            .arg("--policy-dir")
+            .arg(n.dir.path().join("policy.d"))
+            .arg("--agent-socket")
+            .arg(n.dir.path().join("run/agent.sock"))
+            .arg("--policy-data-dir")
+            .arg(n.dir.path().join("policy-state"))
+            .arg("--cni-bin-dir")
+            .arg(&bin_dir)
+            .args(["--poll-ms", "20", "--node", &n.name])
+            .stderr(std::fs::File::create(n.dir.path().join("agent.log")).unwrap());
+        Agent(cmd.spawn().unwrap())
+    };
+    let mut agents: Vec<Option<Agent>> = c.nodes.iter().map(|n| Some(agent(n))).collect();
+    for n in &c.nodes {
+        wait_for(&format!("{}'s conflist and peers", n.name), || {
+            n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
+        });
+    }
+    let nodes: Vec<PolicyNode> = c
+        .nodes
+        .iter()
+        .map(|n| PolicyNode {
+            n,
+            fs: rcni_integration::Bpffs::new(),
+        })
+        .collect();
+    let log = |i: usize| {
+        std::fs::read_to_string(c.nodes[i].dir.path().join("agent.log")).unwrap_or_default()
+    };
+
+    // The Pods are in the API before their sandboxes, as the kubelet
+    // runs them: a client on n1, the web pod on n2.
+    api.put(&kpod("client", "n1", "client"));
+    api.put(&kpod("web", "n2", "web"));
+    let client = TestNs::new();
+    let web = TestNs::new();
+    nodes[0].add(&client, "c-client", "client").unwrap();
+    let web_addr = nodes[1].add(&web, "c-web", "web").unwrap();
+    listen_ok(&web.ns, 8080);
+    listen_ok(&web.ns, 9090);
+    let policed = nodes[1].policed();
+    assert_eq!(policed, ["c-web/eth0"]);
+    let expect = |what: &str, http: bool, other: bool| {
+        wait_for(what, || {
+            talks(&client.ns, &web_addr, 8080) == http
+                && talks(&client.ns, &web_addr, 9090) == other
+        });
+    };
+    expect("no policy: all open", true, true);
+
+    // Created, with the named port "http": only the web pod's 8080.
+    api.put(&knetpol(json!("http")));
+    expect("the policy with its named port", true, false);
+    // Changed: 9090 by number.
+    api.put(&knetpol(json!(9090)));
+    expect("the changed policy", false, true);
+    // The pod's label changes: no policy selects it any more.
+    api.put(&kpod("web", "n2", "api"));
+    expect("web relabeled out of the policy", true, true);
+    api.put(&kpod("web", "n2", "web"));
+    expect("web relabeled back", false, true);
+    // Deleted: open again.
+    assert!(api.delete::<NetworkPolicy>(Some("default"), "web"));
+    expect("the policy deleted", true, true);
+    // All of it without a re-add: the same attachment, and syncs did it.
+    assert_eq!(nodes[1].policed(), policed);
+    assert!(log(1).contains("policy sync: network rcni"), "{}", log(1));
+
+    // n2's agent stops: a new pod is refused with "try again later", and
+    // nothing of it stays (no veth, no address, no policy record).
+    api.put(&kpod("late", "n2", "web"));
+    agents[1] = None;
+    let links_before = link_names(&c.nodes[1].ns.ns);
+    let late = TestNs::new();
+    let (code, msg) = nodes[1].add(&late, "c-late", "late").unwrap_err();
+    assert_eq!(code, 11, "{msg}");
+    assert!(msg.contains("rcni-node"), "{msg}");
+    assert_eq!(link_names(&c.nodes[1].ns.ns), links_before);
+    assert_eq!(nodes[1].policed(), policed);
+    let ipam_dir = c.nodes[1].dir.path().join("ipam/rcni");
+    let leases: Vec<String> = std::fs::read_dir(&ipam_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("10.244."))
+        .collect();
+    assert_eq!(leases, [web_addr.as_str()], "{ipam_dir:?}");
+    // Back: the same pod goes in.
+    agents[1] = Some(agent(&c.nodes[1]));
+    wait_for("n2's agent back", || {
+        c.nodes[1].dir.path().join("run/agent.sock").exists()
+    });
+    let late_addr = nodes[1].add(&late, "c-late", "late");
+    assert!(late_addr.is_ok(), "{late_addr:?}");
+    drop(agents);
+}

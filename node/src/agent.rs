@@ -31,6 +31,8 @@ pub struct Options {
     pub ipam_data_dir: Option<PathBuf>,
     /// The agent's state: its WireGuard key lives there.
     pub state_dir: PathBuf,
+    /// The policy plugin's entry in the written conflist (--policy-dir).
+    pub policy: Option<conflist::PolicyPlugin>,
 }
 
 #[derive(Debug, Default)]
@@ -227,7 +229,13 @@ async fn finish(
             None => "masquerade: IPv6 table removed".into(),
         });
     }
-    let conf = conflist::render(me.pod_cidr, pods6, mtu, opts.ipam_data_dir.as_deref());
+    let conf = conflist::render(
+        me.pod_cidr,
+        pods6,
+        mtu,
+        opts.ipam_data_dir.as_deref(),
+        opts.policy.as_ref(),
+    );
     let (path, wrote) = conflist::write(&opts.cni_conf_dir, &conf)
         .map_err(|e| kernel(format!("write {}: {e}", opts.cni_conf_dir.display())))?;
     if wrote {

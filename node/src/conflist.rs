@@ -1,6 +1,8 @@
 //! The node's CNI network: bridge + host-local on the node's pod subnet,
 //! then portmap, as flannel's CNI plugin delegates it (the agent masquerades,
-//! so the bridge doesn't).
+//! so the bridge doesn't). With the policy inputs from the API (the
+//! Canal-style preset), the policy plugin follows the bridge, reading the
+//! agent's mirror of NetworkPolicies and asking it for pods' labels.
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +13,30 @@ pub const FILE_NAME: &str = "10-rcni.conflist";
 pub const NETWORK_NAME: &str = "rcni";
 pub const BRIDGE: &str = "cni0";
 
+/// The policy plugin's entry: paths as the node (the runtime running the
+/// plugin) sees them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyPlugin {
+    pub policy_dir: PathBuf,
+    pub agent_socket: PathBuf,
+    /// The plugin's dataDir (its default when unset).
+    pub data_dir: Option<PathBuf>,
+}
+
+impl PolicyPlugin {
+    fn render(&self) -> Value {
+        let mut v = json!({
+            "type": "policy",
+            "policyDir": self.policy_dir,
+            "agentSocket": self.agent_socket,
+        });
+        if let Some(d) = &self.data_dir {
+            v["dataDir"] = json!(d);
+        }
+        v
+    }
+}
+
 /// A dual-stack node gets a second range (host-local gives the pod one
 /// address from each), and the bridge a default route per family.
 pub fn render(
@@ -18,6 +44,7 @@ pub fn render(
     pod_cidr6: Option<Ipv6Network>,
     mtu: u32,
     ipam_data_dir: Option<&Path>,
+    policy: Option<&PolicyPlugin>,
 ) -> Value {
     let mut ranges = vec![json!([{"subnet": pod_cidr.to_string()}])];
     if let Some(p6) = pod_cidr6 {
@@ -30,21 +57,22 @@ pub fn render(
     if let Some(d) = ipam_data_dir {
         ipam["dataDir"] = json!(d);
     }
+    let mut plugins = vec![json!({
+        "type": "bridge",
+        "bridge": BRIDGE,
+        "isGateway": true,
+        "isDefaultGateway": true,
+        "hairpinMode": true,
+        "mtu": mtu,
+        "ipam": ipam,
+    })];
+    // Right after the bridge: it needs the pod's veth from prevResult.
+    plugins.extend(policy.map(PolicyPlugin::render));
+    plugins.push(json!({"type": "portmap", "capabilities": {"portMappings": true}}));
     json!({
         "cniVersion": "1.0.0",
         "name": NETWORK_NAME,
-        "plugins": [
-            {
-                "type": "bridge",
-                "bridge": BRIDGE,
-                "isGateway": true,
-                "isDefaultGateway": true,
-                "hairpinMode": true,
-                "mtu": mtu,
-                "ipam": ipam,
-            },
-            {"type": "portmap", "capabilities": {"portMappings": true}},
-        ],
+        "plugins": plugins,
     })
 }
 
@@ -69,7 +97,7 @@ mod tests {
 
     #[test]
     fn conflist_and_rewrite_only_on_change() {
-        let c = render("10.244.1.0/24".parse().unwrap(), None, 1450, None);
+        let c = render("10.244.1.0/24".parse().unwrap(), None, 1450, None, None);
         assert_eq!(c["plugins"][0]["mtu"], 1450);
         assert_eq!(
             c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
@@ -85,6 +113,7 @@ mod tests {
             Some("fd00:0:0:1::/64".parse().unwrap()),
             1430,
             None,
+            None,
         );
         assert_eq!(
             d6["plugins"][0]["ipam"]["ranges"][1][0]["subnet"],
@@ -95,12 +124,32 @@ mod tests {
         let sub = d.path().join("net.d");
         assert!(write(&sub, &c).unwrap().1);
         assert!(!write(&sub, &c).unwrap().1);
-        let c2 = render("10.244.1.0/24".parse().unwrap(), None, 1500, None);
+        let c2 = render("10.244.1.0/24".parse().unwrap(), None, 1500, None, None);
         let (p, wrote) = write(&sub, &c2).unwrap();
         assert!(wrote);
         let back: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
         assert_eq!(back, c2);
         // No temporary left beside it.
         assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn the_policy_plugin_follows_the_bridge() {
+        let p = PolicyPlugin {
+            policy_dir: "/run/rcni/policy.d".into(),
+            agent_socket: "/run/rcni/agent.sock".into(),
+            data_dir: None,
+        };
+        let c = render("10.244.1.0/24".parse().unwrap(), None, 1450, None, Some(&p));
+        let types: Vec<&str> = c["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["type"].as_str().unwrap())
+            .collect();
+        assert_eq!(types, ["bridge", "policy", "portmap"]);
+        assert_eq!(c["plugins"][1]["policyDir"], "/run/rcni/policy.d");
+        assert_eq!(c["plugins"][1]["agentSocket"], "/run/rcni/agent.sock");
+        assert!(c["plugins"][1].get("dataDir").is_none());
     }
 }

@@ -1,6 +1,6 @@
 //! Policy inputs from the Kubernetes API, the agent's half of issue 18's
-//! "policy from the API" (the policy plugin's half, which asks this agent
-//! at ADD and re-reads on change, is not written yet):
+//! "policy from the API" (the policy plugin's half is its `agentSocket`
+//! and `policy sync`):
 //!
 //! - every NetworkPolicy (networking.k8s.io/v1) and Namespace, mirrored as
 //!   Kubernetes-object JSON files into a directory the policy plugin reads
@@ -11,6 +11,12 @@
 //! - this node's Pods (`fieldSelector=spec.nodeName=<node>`), their labels
 //!   and container ports (for named ports) answered on a root-only Unix
 //!   socket: one JSON line `{"namespace", "name"}` in, one out.
+//!
+//! After any mirrored file or a pod's labels or named ports change, the
+//! agent runs `policy sync --network <network>` (debounced: a relist is
+//! one sync), which re-reads the directory, asks this socket for every
+//! pod's labels again and rewrites what differs: a changed policy,
+//! namespace label or pod label reaches the node's pods without a re-add.
 //!
 //! As with Nodes, a lost API server changes nothing: files and answers
 //! stay as last seen.
@@ -31,12 +37,17 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::Notify;
 
 /// Mirrored files' names start with this; other files in the directory
 /// (an admin's own policies) are left alone.
 const PREFIX: &str = "k8s-";
 
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
+/// Changes come in bursts (a relist rewrites every file, a Deployment's
+/// rollout relabels many pods): one sync once the burst settles, well
+/// inside the second a change may take to reach the pods.
+const DEBOUNCE: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// A pod on this node, as the policy plugin needs it.
@@ -57,6 +68,16 @@ fn lock(m: &Mutex<Pods>) -> MutexGuard<'_, Pods> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// How the agent runs `policy sync`.
+#[derive(Debug, Clone)]
+pub struct SyncCommand {
+    /// The `policy` binary.
+    pub bin: PathBuf,
+    pub network: String,
+    /// The plugin's dataDir, when not its default.
+    pub data_dir: Option<PathBuf>,
+}
+
 pub struct PolicyInputs {
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -75,25 +96,82 @@ pub fn start(
     dir: PathBuf,
     node: &str,
     socket: &Path,
+    sync: Option<SyncCommand>,
 ) -> Result<PolicyInputs, String> {
     std::fs::create_dir_all(&dir).map_err(|e| format!("policy dir {}: {e}", dir.display()))?;
     let listener = bind(socket)?;
     let pods = Arc::new(Mutex::new(Pods::default()));
-    let tasks = vec![
+    let changed = Arc::new(Notify::new());
+    let mut tasks = vec![
         tokio::spawn(mirror(
             Api::<NetworkPolicy>::all(client.clone()),
             dir.clone(),
             "netpol",
+            changed.clone(),
         )),
-        tokio::spawn(mirror(Api::<Namespace>::all(client.clone()), dir, "ns")),
+        tokio::spawn(mirror(
+            Api::<Namespace>::all(client.clone()),
+            dir,
+            "ns",
+            changed.clone(),
+        )),
         tokio::spawn(watch_pods(
             Api::<Pod>::all(client),
             node.to_string(),
             pods.clone(),
+            changed.clone(),
         )),
         tokio::spawn(serve(listener, pods)),
     ];
+    if let Some(cmd) = sync {
+        tasks.push(tokio::spawn(syncer(cmd, changed)));
+    }
     Ok(PolicyInputs { tasks })
+}
+
+/// Runs `policy sync` after each burst of changes. `Notify` keeps one
+/// wakeup for changes made while a sync runs, so none is missed.
+async fn syncer(cmd: SyncCommand, changed: Arc<Notify>) {
+    let mut missing_logged = false;
+    loop {
+        changed.notified().await;
+        tokio::time::sleep(DEBOUNCE).await;
+        let mut c = std::process::Command::new(&cmd.bin);
+        c.args(["sync", "--network", &cmd.network]);
+        if let Some(d) = &cmd.data_dir {
+            c.arg("--data-dir").arg(d);
+        }
+        let bin = cmd.bin.clone();
+        let out = tokio::task::spawn_blocking(move || c.output()).await;
+        match out {
+            Ok(Ok(o)) if o.status.success() => {
+                missing_logged = false;
+                let text = String::from_utf8_lossy(&o.stdout);
+                crate::log(format!("policy sync: {}", text.trim()));
+                let err = String::from_utf8_lossy(&o.stderr);
+                if !err.trim().is_empty() {
+                    crate::log(format!("policy sync: {}", err.trim()));
+                }
+            }
+            Ok(Ok(o)) => crate::log(format!(
+                "policy sync failed ({}): {}",
+                o.status,
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound => {
+                if !missing_logged {
+                    crate::log(format!(
+                        "policy sync: {} not found (--cni-bin-dir): pods keep their policy \
+                         until re-added",
+                        bin.display()
+                    ));
+                    missing_logged = true;
+                }
+            }
+            Ok(Err(e)) => crate::log(format!("policy sync: {}: {e}", bin.display())),
+            Err(e) => crate::log(format!("policy sync: {e}")),
+        }
+    }
 }
 
 /// The socket, root-only: its directory 0700 when the agent makes it, the
@@ -141,23 +219,29 @@ fn content<K: Serialize>(obj: &K) -> Vec<u8> {
     serde_json::to_vec_pretty(&v).unwrap_or_default()
 }
 
-fn write(dir: &Path, name: &str, data: &[u8]) {
+/// Whether the file changed.
+fn write(dir: &Path, name: &str, data: &[u8]) -> bool {
     let path = dir.join(name);
     if std::fs::read(&path).ok().as_deref() == Some(data) {
-        return;
+        return false;
     }
     if let Err(e) = rcni_statefile::write_replace(&path, data, 0o644) {
         crate::log(format!("write {}: {e}", path.display()));
+        return false;
     }
+    true
 }
 
-fn remove(dir: &Path, name: &str) {
+/// Whether a file went.
+fn remove(dir: &Path, name: &str) -> bool {
     let path = dir.join(name);
     match std::fs::remove_file(&path) {
+        Ok(()) => true,
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            crate::log(format!("remove {}: {e}", path.display()))
+            crate::log(format!("remove {}: {e}", path.display()));
+            false
         }
-        _ => {}
+        _ => false,
     }
 }
 
@@ -186,7 +270,7 @@ where
     }
 }
 
-async fn mirror<K>(api: Api<K>, dir: PathBuf, what: &'static str)
+async fn mirror<K>(api: Api<K>, dir: PathBuf, what: &'static str, changed: Arc<Notify>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Serialize + 'static,
 {
@@ -209,8 +293,9 @@ where
         }
         Event::InitDone => {
             let l = listed.take().unwrap_or_default();
+            let mut any = false;
             for (n, data) in &l {
-                write(&dir, n, data);
+                any |= write(&dir, n, data);
             }
             let stale: Vec<String> = std::fs::read_dir(&dir)
                 .into_iter()
@@ -220,11 +305,22 @@ where
                 .filter(|n| n.starts_with(&own) && n.ends_with(".json") && !l.contains_key(n))
                 .collect();
             for n in stale {
-                remove(&dir, &n);
+                any |= remove(&dir, &n);
+            }
+            if any {
+                changed.notify_one();
             }
         }
-        Event::Apply(o) => write(&dir, &name_of(&o), &content(&o)),
-        Event::Delete(o) => remove(&dir, &name_of(&o)),
+        Event::Apply(o) => {
+            if write(&dir, &name_of(&o), &content(&o)) {
+                changed.notify_one();
+            }
+        }
+        Event::Delete(o) => {
+            if remove(&dir, &name_of(&o)) {
+                changed.notify_one();
+            }
+        }
     })
     .await
 }
@@ -252,7 +348,9 @@ fn key(p: &Pod) -> (String, String) {
     )
 }
 
-async fn watch_pods(api: Api<Pod>, node: String, pods: Arc<Mutex<Pods>>) {
+/// Pods' labels and ports into `pods`; a change to a known pod's wakes the
+/// syncer (a new pod's come with its ADD, a deleted pod's go with its DEL).
+async fn watch_pods(api: Api<Pod>, node: String, pods: Arc<Mutex<Pods>>, changed: Arc<Notify>) {
     let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
     let mut listed: Option<BTreeMap<(String, String), PodInfo>> = None;
     follow(api, config, "pods", |ev| match ev {
@@ -264,11 +362,22 @@ async fn watch_pods(api: Api<Pod>, node: String, pods: Arc<Mutex<Pods>>) {
         }
         Event::InitDone => {
             let mut g = lock(&pods);
-            g.pods = listed.take().unwrap_or_default();
+            let new = listed.take().unwrap_or_default();
+            let relabeled = new
+                .iter()
+                .any(|(k, p)| g.pods.get(k).is_some_and(|old| old != p));
+            g.pods = new;
             g.synced = true;
+            if relabeled {
+                changed.notify_one();
+            }
         }
         Event::Apply(p) => {
-            lock(&pods).pods.insert(key(&p), pod_info(&p));
+            let info = pod_info(&p);
+            let old = lock(&pods).pods.insert(key(&p), info.clone());
+            if old.is_some_and(|o| o != info) {
+                changed.notify_one();
+            }
         }
         Event::Delete(p) => {
             lock(&pods).pods.remove(&key(&p));

@@ -42,7 +42,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Program this node from the cluster description and keep it so.
-    Run(RunArgs),
+    // Boxed: the other commands' arguments are small.
+    Run(Box<RunArgs>),
     /// Copy the plugin binaries into the host's CNI bin directory (the
     /// DaemonSet's init container).
     Install(install::InstallArgs),
@@ -88,6 +89,22 @@ struct RunArgs {
         requires = "policy_dir"
     )]
     agent_socket: PathBuf,
+    /// With --policy-dir: the directory holding the `policy` plugin, run
+    /// as `policy sync` after a NetworkPolicy, Namespace or Pod label
+    /// change (in the DaemonSet, the image's copy). --policy-dir and
+    /// --agent-socket go into the conflist as they are: the node must see
+    /// them at the same paths.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/opt/cni/bin",
+        requires = "policy_dir"
+    )]
+    cni_bin_dir: PathBuf,
+    /// With --policy-dir: the policy plugin's dataDir (its default,
+    /// /var/lib/cni/rcni-policy, when unset).
+    #[arg(long, value_name = "DIR", requires = "policy_dir")]
+    policy_data_dir: Option<PathBuf>,
     /// This node's name (in the cluster file, or its Node object's).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     node: String,
@@ -121,7 +138,7 @@ const EXIT_NOT_IMPLEMENTED: u8 = 3;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.cmd {
-        Cmd::Run(args) => run(args),
+        Cmd::Run(args) => run(*args),
         Cmd::Install(args) => install::install(args),
         Cmd::Uninstall(args) => install::uninstall(args),
     }
@@ -153,6 +170,11 @@ fn run(args: RunArgs) -> ExitCode {
             cni_conf_dir: args.cni_conf_dir.clone(),
             ipam_data_dir: args.ipam_data_dir.clone(),
             state_dir: args.state_dir.clone(),
+            policy: args.policy_dir.as_ref().map(|d| conflist::PolicyPlugin {
+                policy_dir: d.clone(),
+                agent_socket: args.agent_socket.clone(),
+                data_dir: args.policy_data_dir.clone(),
+            }),
         };
         let nl = match rcni_netlink::Netlink::connect_current().await {
             Ok(nl) => nl,
@@ -254,12 +276,22 @@ async fn kube_registry(
     let mut registry =
         k8s::KubeRegistry::start(client.clone(), net, args.node.clone(), wireguard_key);
     if let Some(dir) = &args.policy_dir {
-        let p = k8s_policy::start(client, dir.clone(), &args.node, &args.agent_socket).map_err(
-            |e| {
-                log(e);
-                ExitCode::FAILURE
-            },
-        )?;
+        let sync = k8s_policy::SyncCommand {
+            bin: args.cni_bin_dir.join("policy"),
+            network: conflist::NETWORK_NAME.into(),
+            data_dir: args.policy_data_dir.clone(),
+        };
+        let p = k8s_policy::start(
+            client,
+            dir.clone(),
+            &args.node,
+            &args.agent_socket,
+            Some(sync),
+        )
+        .map_err(|e| {
+            log(e);
+            ExitCode::FAILURE
+        })?;
         registry.policy = Some(p);
     }
     if args.once {
@@ -358,8 +390,8 @@ mod tests {
         let mut v = vec!["rcni-node", "run"];
         v.extend_from_slice(args);
         match Cli::try_parse_from(v) {
-            Ok(Cli { cmd: Cmd::Run(a) }) => Ok(a),
-            Ok(_) => Err("not the run command".into()),
+            Ok(Cli { cmd: Cmd::Run(a) }) => Ok(*a),
+            Ok(_) => Err("not `run`".into()),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -407,5 +439,17 @@ mod tests {
         assert!(parse(&["--cluster", "c", "--kubeconfig", "k", "--node", "x"]).is_err());
         assert!(parse(&["--node", "x"]).is_err());
         assert!(parse(&["--cluster", "c", "--node", "x"]).is_ok());
+    }
+
+    #[test]
+    fn policy_flags() {
+        let k = ["--kubernetes", "--net-conf", "n", "--node", "x"];
+        let a = parse(&[&k[..], &["--policy-dir", "/run/rcni/policy.d"]].concat()).unwrap();
+        assert_eq!(a.cni_bin_dir, PathBuf::from("/opt/cni/bin"));
+        assert_eq!(a.agent_socket, PathBuf::from("/run/rcni/agent.sock"));
+        assert!(a.policy_data_dir.is_none());
+        // Meaningless without the policy inputs.
+        assert!(parse(&[&k[..], &["--cni-bin-dir", "/b"]].concat()).is_err());
+        assert!(parse(&[&k[..], &["--policy-data-dir", "/d"]].concat()).is_err());
     }
 }

@@ -3,7 +3,10 @@
 //! - `policy sync --network NET`: re-reads the policies (the config kept
 //!   from the network's last ADD, or `--config FILE`, and its policyDir)
 //!   and applies them to every pod of the network on this node, without
-//!   re-adding any; prints what changed.
+//!   re-adding any; prints what changed. With `agentSocket`, every pod's
+//!   labels and named ports are asked of the agent again first (a pod it
+//!   cannot answer for keeps what it had): rcni-node runs this after a
+//!   NetworkPolicy, Namespace or Pod changes.
 //! - `policy show --network NET`: pods with their identity and rule sets,
 //!   and the rule sets.
 
@@ -133,6 +136,26 @@ fn sync(network: &str, data_dir: &Path, config: Option<&Path>) -> Result<String,
     let conf = Conf::from_value(&conf_v, network)?;
     // Invalid policies change nothing.
     let set = conf.policies()?;
+    let mut relabeled = 0;
+    if let Some(socket) = &conf.agent_socket {
+        for p in locked.state.pods.values_mut() {
+            let Some(name) = &p.name else { continue };
+            match crate::agent::ask(socket, &p.namespace, name, std::time::Duration::ZERO) {
+                Ok(info) => {
+                    if p.labels != info.labels || p.ports != info.ports {
+                        relabeled += 1;
+                    }
+                    p.labels = info.labels;
+                    p.ports = info.ports;
+                }
+                Err(e) => eprintln!(
+                    "policy: {}/{name}: labels kept: {}",
+                    p.namespace,
+                    e.msg.trim_start_matches("policy: ")
+                ),
+            }
+        }
+    }
     let backend = locked.state.backend();
     let before = locked.state.desired.clone();
     crate::reconcile(
@@ -158,7 +181,7 @@ fn sync(network: &str, data_dir: &Path, config: Option<&Path>) -> Result<String,
         .filter(|(k, r)| before.as_ref().and_then(|b| b.rulesets.get(*k)) != Some(*r))
         .count();
     Ok(format!(
-        "network {network}: {} policies, {} pods ({changed} with new identity or rule sets), \
+        "network {network}: {} policies, {} pods ({relabeled} relabeled, {changed} with new identity or rule sets), \
          {} rule sets ({rs_changed} changed), backend {}, in {:.1} ms\n",
         set.policies.len(),
         after.pods.len(),

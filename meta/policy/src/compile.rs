@@ -19,7 +19,10 @@
 //! caller persists, so they stay stable while their label set or policy
 //! selection lives, and are freed when it goes.
 
-use crate::model::{Dir, IpBlock, Labels, MAX_PORT_RANGES, Peer, PolicySet, PortRange, Rule};
+use crate::model::{
+    Dir, IpBlock, Labels, MAX_PORT_RANGES, NamedPorts, Peer, PolicySet, PortRange, Rule,
+    proto_number,
+};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use serde::{Deserialize, Serialize};
@@ -44,10 +47,29 @@ impl Ports {
         matches!(self, Ports::Ranges(r) if r.is_empty())
     }
 
-    fn of_rule(r: &Rule) -> Ports {
+    /// A rule's ports, its named ones resolved from `named` (the policed
+    /// pod's container ports, for ingress); a name the pod does not have,
+    /// or any name without `named` (egress: the peers' ports are not
+    /// known here), allows nothing, as a named port no pod has does in
+    /// Kubernetes.
+    fn of_rule(r: &Rule, named: Option<&NamedPorts>) -> Ports {
         match &r.ports {
             None => Ports::All,
-            Some(p) => Ports::Ranges(merge(p.clone())),
+            Some(p) => {
+                let mut v = p.clone();
+                for (proto, name) in &r.named {
+                    if let Some((pp, port)) = named.and_then(|m| m.get(name))
+                        && proto_number(pp) == Some(*proto)
+                    {
+                        v.push(PortRange {
+                            proto: *proto,
+                            lo: *port,
+                            hi: *port,
+                        });
+                    }
+                }
+                Ports::Ranges(merge(v))
+            }
         }
     }
 
@@ -92,6 +114,9 @@ fn merge(mut v: Vec<PortRange>) -> Vec<PortRange> {
 pub struct PodView {
     pub namespace: String,
     pub labels: Labels,
+    /// Named container ports (not part of the identity: they only
+    /// resolve the named ports of the rules that police this pod).
+    pub ports: NamedPorts,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -259,7 +284,30 @@ fn split_identity_key(k: &str) -> PodView {
         .filter_map(|l| l.split_once('='))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    PodView { namespace, labels }
+    PodView {
+        namespace,
+        labels,
+        ports: NamedPorts::new(),
+    }
+}
+
+/// Whether any of `policies`' rules in `dir` names a port.
+fn uses_named(set: &PolicySet, dir: Dir, policies: &[String]) -> bool {
+    set.policies
+        .iter()
+        .filter(|p| policies.contains(&p.id()))
+        .flat_map(|p| p.rules(dir).unwrap_or_default())
+        .any(|r| !r.named.is_empty())
+}
+
+/// The pod's named ports as part of a rule set's key: pods whose
+/// policies name ports share a rule set only when their ports agree.
+fn ports_key(ports: &NamedPorts) -> String {
+    ports
+        .iter()
+        .map(|(n, (p, port))| format!("{n}={p}/{port}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Computes what to enforce for `pods` (by attachment key); `ids` keeps
@@ -285,7 +333,7 @@ pub fn compile(
         .collect();
 
     let mut wanted_rs: BTreeSet<String> = BTreeSet::new();
-    let mut rs_by_key: BTreeMap<String, (Dir, Vec<String>)> = BTreeMap::new();
+    let mut rs_by_key: BTreeMap<String, (Dir, Vec<String>, Option<NamedPorts>)> = BTreeMap::new();
     let mut pod_sel: BTreeMap<&str, [Option<String>; 2]> = BTreeMap::new();
     for (key, pod) in pods {
         let mut sel: [Option<String>; 2] = [None, None];
@@ -304,18 +352,26 @@ pub fn compile(
                 continue;
             }
             ps.sort();
-            let k = ruleset_key(dir, &ps);
+            let mut k = ruleset_key(dir, &ps);
+            // Ingress rules' named ports are the policed pod's own.
+            let named = (dir == Dir::Ingress && uses_named(set, dir, &ps)).then(|| {
+                k.push('#');
+                k.push_str(&ports_key(&pod.ports));
+                pod.ports.clone()
+            });
             wanted_rs.insert(k.clone());
-            rs_by_key.insert(k.clone(), (dir, ps));
+            rs_by_key.insert(k.clone(), (dir, ps, named));
             sel[i] = Some(k);
         }
         pod_sel.insert(key.as_str(), sel);
     }
     ids.rulesets.retain(|k, _| wanted_rs.contains(k));
-    for (k, (dir, ps)) in &rs_by_key {
+    for (k, (dir, ps, named)) in &rs_by_key {
         let n = alloc(&mut ids.rulesets, k);
-        d.rulesets
-            .insert(n, build_ruleset(set, *dir, ps, &identities, &ns_labels)?);
+        d.rulesets.insert(
+            n,
+            build_ruleset(set, *dir, ps, named.as_ref(), &identities, &ns_labels)?,
+        );
     }
     for (key, pod) in pods {
         let sel = &pod_sel[key.as_str()];
@@ -336,6 +392,7 @@ fn build_ruleset(
     set: &PolicySet,
     dir: Dir,
     policies: &[String],
+    named: Option<&NamedPorts>,
     identities: &BTreeMap<u32, PodView>,
     ns_labels: &HashMap<&str, Labels>,
 ) -> Result<RuleSet, CniError> {
@@ -343,7 +400,7 @@ fn build_ruleset(
     let mut blocks: Vec<(IpBlock, Ports)> = Vec::new();
     for p in set.policies.iter().filter(|p| policies.contains(&p.id())) {
         for r in p.rules(dir).unwrap_or_default() {
-            let ports = Ports::of_rule(r);
+            let ports = Ports::of_rule(r, named);
             let Some(list) = &r.peers else {
                 // No peers: everyone, pods and the world.
                 for any in ["0.0.0.0/0", "::/0"] {
@@ -449,6 +506,7 @@ mod tests {
 
     fn pod(ns: &str, labels: &[(&str, &str)]) -> PodView {
         PodView {
+            ports: NamedPorts::new(),
             namespace: ns.into(),
             labels: labels
                 .iter()
@@ -637,5 +695,50 @@ mod tests {
         );
         p.union(&Ports::All);
         assert_eq!(p, Ports::All);
+    }
+
+    #[test]
+    fn named_ports_resolve_from_the_policed_pods_own_ports() {
+        let s = set(json!([
+            {"name":"web","podSelector":{"matchLabels":{"app":"web"}},
+             "ingress":[{"ports":[{"port":"http"},{"protocol":"UDP","port":"dns"},{"port":22}]}],
+             "egress":[{"ports":[{"port":"http"}]}]}
+        ]));
+        let mut a = pod("default", &[("app", "web")]);
+        a.ports = [
+            ("http".to_string(), ("TCP".to_string(), 8080)),
+            // The protocol must agree: the rule asks UDP.
+            ("dns".to_string(), ("TCP".to_string(), 53)),
+        ]
+        .into();
+        let mut b = pod("default", &[("app", "web")]);
+        b.ports = [("http".to_string(), ("TCP".to_string(), 9090))].into();
+        let c = pod("default", &[("app", "web")]);
+        let pods: BTreeMap<String, PodView> = [
+            ("a/eth0".to_string(), a),
+            ("b/eth0".to_string(), b),
+            ("c/eth0".to_string(), c),
+        ]
+        .into();
+        let mut ids = Ids::default();
+        let d = compile(&s, &pods, &mut ids).unwrap();
+        let ingress = |k: &str| &d.rulesets[&d.pods[k].ingress];
+        let any: IpAddr = ip("10.9.9.9");
+        // Same labels, one identity, but each its own ports.
+        assert_eq!(d.pods["a/eth0"].identity, d.pods["b/eth0"].identity);
+        assert!(ingress("a/eth0").allows(0, any, TCP, 8080));
+        assert!(!ingress("a/eth0").allows(0, any, TCP, 9090));
+        assert!(!ingress("a/eth0").allows(0, any, UDP, 53));
+        assert!(!ingress("a/eth0").allows(0, any, TCP, 53));
+        assert!(ingress("b/eth0").allows(0, any, TCP, 9090));
+        assert!(!ingress("b/eth0").allows(0, any, TCP, 8080));
+        // No such port: only the numbered one.
+        assert!(ingress("c/eth0").allows(0, any, TCP, 22));
+        assert!(!ingress("c/eth0").allows(0, any, TCP, 8080));
+        // Egress names refer to the peers' ports, unknown here: nothing.
+        let eg = &d.rulesets[&d.pods["a/eth0"].egress];
+        assert!(!eg.allows(0, any, TCP, 8080));
+        // Pods with the same policies and ports share the rule set.
+        assert_eq!(d.pods["c/eth0"].egress, d.pods["a/eth0"].egress);
     }
 }

@@ -4,18 +4,21 @@
 //! ```json
 //! {"type": "policy", "backend": "auto", "policies": [...], "policyDir": "/etc/cni/policy.d",
 //!  "namespaces": {"prod": {"team": "a"}}, "dataDir": "/var/lib/cni/rcni-policy",
-//!  "pinRoot": "/sys/fs/bpf/rcni", "attachMode": "auto"}
+//!  "pinRoot": "/sys/fs/bpf/rcni", "attachMode": "auto",
+//!  "agentSocket": "/run/rcni/agent.sock"}
 //! ```
 //!
 //! The pod's labels come from `args.cni.labels` (the CNI convention: a
 //! list of `{"key", "value"}`, or an object), its namespace from
 //! `K8S_POD_NAMESPACE` in CNI_ARGS or `args.cni.namespace` (default
-//! `default`).
+//! `default`). With `agentSocket`, labels and named container ports come
+//! from the rcni-node agent instead, asked by `K8S_POD_NAMESPACE` and
+//! `K8S_POD_NAME` (see [`crate::agent`]).
 
-use crate::model::{Labels, PolicySet, validate_labels};
+use crate::model::{Labels, NamedPorts, PolicySet, validate_labels};
 use crate::state::DEFAULT_DATA_DIR;
-use rcni_cni::CniError;
 use rcni_cni::skel::CmdArgs;
+use rcni_cni::{CniError, ErrorCode};
 use rcni_ebpf::Hook;
 use serde::Deserialize;
 use serde_json::Value;
@@ -65,6 +68,8 @@ struct Raw {
     pin_root: Option<String>,
     #[serde(default)]
     attach_mode: Option<String>,
+    #[serde(default)]
+    agent_socket: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -79,6 +84,8 @@ pub struct Conf {
     /// `<pin_root>/<network>`, shared with fastpath.
     pub pin_dir: PathBuf,
     pub attach_mode: Option<Hook>,
+    /// The rcni-node agent's pod socket: labels from the Kubernetes API.
+    pub agent_socket: Option<PathBuf>,
 }
 
 fn abs(key: &str, v: Option<&str>, default: &str) -> Result<PathBuf, CniError> {
@@ -123,7 +130,12 @@ impl Conf {
             validate_labels(l).map_err(|e| CniError::config(format!("namespaces.{ns}: {e}")))?;
         }
         let pin_root = abs("pinRoot", raw.pin_root.as_deref(), DEFAULT_PIN_ROOT)?;
+        let agent_socket = match raw.agent_socket.as_deref() {
+            None | Some("") => None,
+            Some(p) => Some(abs("agentSocket", Some(p), "")?),
+        };
         Ok(Conf {
+            agent_socket,
             backend,
             inline,
             policy_dir,
@@ -155,6 +167,55 @@ impl Conf {
     pub fn hook(&self) -> Hook {
         self.attach_mode.unwrap_or_else(Hook::preferred)
     }
+}
+
+/// Who a pod is for its policies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    pub namespace: String,
+    /// K8S_POD_NAME, kept when the labels come from the agent.
+    pub name: Option<String>,
+    pub labels: Labels,
+    pub ports: NamedPorts,
+}
+
+/// The pod's identity: from the agent when the config has `agentSocket`
+/// (waiting up to `patience` for it to know the pod), else from CNI_ARGS
+/// and `args`.
+pub fn identity(
+    args: &CmdArgs,
+    conf: &Conf,
+    patience: std::time::Duration,
+) -> Result<Identity, CniError> {
+    let (namespace, labels) = pod_identity(args)?;
+    let Some(socket) = &conf.agent_socket else {
+        return Ok(Identity {
+            namespace,
+            name: None,
+            labels,
+            ports: NamedPorts::new(),
+        });
+    };
+    let name = args
+        .env_args()?
+        .get("K8S_POD_NAME")
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| {
+            CniError::new(
+                ErrorCode::InvalidEnvironmentVariables,
+                "policy: agentSocket is set but CNI_ARGS has no K8S_POD_NAME: the pod's labels \
+                 come from the Kubernetes API by namespace and name (containerd and CRI-O pass \
+                 them)",
+            )
+        })?;
+    let info = crate::agent::ask(socket, &namespace, &name, patience)?;
+    Ok(Identity {
+        namespace,
+        name: Some(name),
+        labels: info.labels,
+        ports: info.ports,
+    })
 }
 
 /// The pod's namespace and labels from CNI_ARGS and `args`.
@@ -301,5 +362,22 @@ mod tests {
             "K8S_POD_NAMESPACE=prod;none",
         );
         assert_eq!(pod_identity(&a).unwrap_err().code, 4);
+    }
+
+    #[test]
+    fn agent_socket_needs_an_absolute_path_and_the_pod_name() {
+        let bad = json!({"cniVersion":"1.1.0","name":"n","type":"policy","agentSocket":"a.sock"});
+        assert_eq!(Conf::load(&args(bad, "")).unwrap_err().code, 2);
+        let d = tempfile::tempdir().unwrap();
+        let v = json!({"cniVersion":"1.1.0","name":"n","type":"policy",
+            "agentSocket": d.path().join("agent.sock")});
+        let a = args(v.clone(), "K8S_POD_NAMESPACE=prod");
+        let c = Conf::load(&a).unwrap();
+        let e = identity(&a, &c, std::time::Duration::ZERO).unwrap_err();
+        assert_eq!(e.code, 4, "{}", e.msg);
+        // Labels in args do not stand in for the agent's.
+        let a = args(v, "K8S_POD_NAMESPACE=prod;K8S_POD_NAME=web-1");
+        let e = identity(&a, &c, std::time::Duration::ZERO).unwrap_err();
+        assert_eq!(e.code, 11, "{}", e.msg);
     }
 }

@@ -20,6 +20,7 @@
 //! Run with arguments, the binary is the operator's tool: `policy sync`
 //! and `policy show` (see [`cli`]).
 
+pub mod agent;
 pub mod cli;
 pub mod compile;
 pub mod conf;
@@ -204,7 +205,7 @@ impl Policy {
         set: &PolicySet,
         prev: &CniResult,
     ) -> Result<(), CniError> {
-        let (namespace, labels) = conf::pod_identity(args)?;
+        let id = conf::identity(args, conf, agent::ADD_PATIENCE)?;
         let veth = podveth::find(args, prev, "policy")?;
         if veth.addrs.is_empty() {
             eprintln!(
@@ -222,8 +223,10 @@ impl Policy {
         let rec = PodRecord {
             container_id: args.container_id.clone(),
             ifname: args.ifname.clone(),
-            namespace,
-            labels,
+            namespace: id.namespace,
+            name: id.name,
+            labels: id.labels,
+            ports: id.ports,
             addrs: veth.addrs.clone(),
             host_ifname: veth.host_veth.name.clone(),
             host_ifindex: veth.host_veth.index,
@@ -317,11 +320,12 @@ impl Policy {
         let rec = st.pods.get(&key).ok_or_else(|| {
             CniError::check_failed(format!("policy: {key} is not a pod of {network}"))
         })?;
-        let (namespace, labels) = conf::pod_identity(args)?;
+        let id = conf::identity(args, conf, agent::ADD_PATIENCE)?;
         if rec.host_ifindex != veth.host_veth.index
             || rec.addrs != veth.addrs
-            || rec.namespace != namespace
-            || rec.labels != labels
+            || rec.namespace != id.namespace
+            || rec.labels != id.labels
+            || rec.ports != id.ports
         {
             return Err(CniError::check_failed(format!(
                 "policy: {key} changed since ADD (veth, addresses or labels)"

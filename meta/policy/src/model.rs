@@ -91,11 +91,33 @@ pub const UDP: u8 = 17;
 pub const SCTP: u8 = 132;
 
 /// One ingress or egress rule: traffic with any of `peers` (all when
-/// `None`) on any of `ports` (all when `None`).
+/// `None`) on any of `ports` (all when `None`), and on the ports `named`
+/// resolves to (protocol, container port name) for the destination pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub peers: Option<Vec<Peer>>,
     pub ports: Option<Vec<PortRange>>,
+    pub named: Vec<(u8, String)>,
+}
+
+/// A pod's named container ports: name -> (protocol, port), as the agent
+/// reports them from the Pod's spec.
+pub type NamedPorts = BTreeMap<String, (String, u16)>;
+
+/// The protocol number of a Kubernetes protocol name.
+pub fn proto_number(s: &str) -> Option<u8> {
+    match s {
+        "TCP" => Some(TCP),
+        "UDP" => Some(UDP),
+        "SCTP" => Some(SCTP),
+        _ => None,
+    }
+}
+
+/// One `ports` entry: a number or range, or a container port's name.
+enum PortSpec {
+    Range(PortRange),
+    Named(u8, String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -592,6 +614,7 @@ fn parse_rules(v: &Value, who: &str, dir: Dir) -> Result<Vec<Rule>, CniError> {
                 ));
             }
         };
+        let mut named = Vec::new();
         let ports = match m.get("ports") {
             None | Some(Value::Null) => None,
             Some(Value::Array(a)) if a.is_empty() => None,
@@ -611,11 +634,22 @@ fn parse_rules(v: &Value, who: &str, dir: Dir) -> Result<Vec<Rule>, CniError> {
                         ),
                     ));
                 }
-                Some(v)
+                let mut ranges = Vec::new();
+                for p in v {
+                    match p {
+                        PortSpec::Range(r) => ranges.push(r),
+                        PortSpec::Named(proto, n) => named.push((proto, n)),
+                    }
+                }
+                Some(ranges)
             }
             Some(_) => return Err(invalid(who, &format!("{f}.ports"), "must be an array")),
         };
-        rules.push(Rule { peers, ports });
+        rules.push(Rule {
+            peers,
+            ports,
+            named,
+        });
     }
     Ok(rules)
 }
@@ -736,7 +770,19 @@ fn port_number(p: &Value, who: &str, field: &str) -> Result<u16, CniError> {
         .ok_or_else(|| invalid(who, field, &format!("{p} is not a port (1-65535)")))
 }
 
-fn parse_port(v: &Value, who: &str, field: &str) -> Result<PortRange, CniError> {
+/// Kubernetes' IANA_SVC_NAME: 1-15 of `a-z0-9-`, a letter among them, no
+/// leading, trailing or double `-`.
+fn valid_port_name(s: &str) -> bool {
+    (1..=15).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes().any(|b| b.is_ascii_lowercase())
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+        && !s.contains("--")
+}
+
+fn parse_port(v: &Value, who: &str, field: &str) -> Result<PortSpec, CniError> {
     let m = object_of(v, who, field, &["protocol", "port", "endPort"])?;
     let proto = match m.get("protocol").filter(|v| !v.is_null()) {
         None => TCP,
@@ -756,13 +802,21 @@ fn parse_port(v: &Value, who: &str, field: &str) -> Result<PortRange, CniError> 
     let port = match m.get("port").filter(|v| !v.is_null()) {
         None => None,
         Some(Value::String(s)) => {
-            return Err(invalid(
-                who,
-                &format!("{field}.port"),
-                &format!(
-                    "named port {s:?}: only numbers are supported (a CNI plugin does not know the pod's container ports)"
-                ),
-            ));
+            if !valid_port_name(s) {
+                return Err(invalid(
+                    who,
+                    &format!("{field}.port"),
+                    &format!("{s:?} is neither a number nor a port name"),
+                ));
+            }
+            if m.get("endPort").is_some_and(|v| !v.is_null()) {
+                return Err(invalid(
+                    who,
+                    &format!("{field}.endPort"),
+                    "not allowed with a named port",
+                ));
+            }
+            return Ok(PortSpec::Named(proto, s.clone()));
         }
         Some(p) => Some(port_number(p, who, &format!("{field}.port"))?),
     };
@@ -770,7 +824,7 @@ fn parse_port(v: &Value, who: &str, field: &str) -> Result<PortRange, CniError> 
         None => None,
         Some(p) => Some(port_number(p, who, &format!("{field}.endPort"))?),
     };
-    match (port, end) {
+    let range = match (port, end) {
         (None, None) => Ok(PortRange {
             proto,
             lo: 0,
@@ -792,7 +846,8 @@ fn parse_port(v: &Value, who: &str, field: &str) -> Result<PortRange, CniError> 
             lo: p,
             hi: e,
         }),
-    }
+    };
+    range.map(PortSpec::Range)
 }
 
 #[cfg(test)]
@@ -891,8 +946,12 @@ mod tests {
                 "ipBlock.cidr",
             ),
             (
-                json!({"name":"p","podSelector":{},"ingress":[{"ports":[{"port":"http"}]}]}),
+                json!({"name":"p","podSelector":{},"ingress":[{"ports":[{"port":"Http_1"}]}]}),
                 "ports[0].port",
+            ),
+            (
+                json!({"name":"p","podSelector":{},"ingress":[{"ports":[{"port":"http","endPort":90}]}]}),
+                "ports[0].endPort",
             ),
             (
                 json!({"name":"p","podSelector":{},"ingress":[{"ports":[{"port":90,"endPort":80}]}]}),

@@ -9,7 +9,7 @@
 
 use crate::compile::{Desired, Ids, PodView};
 use crate::conf::Backend;
-use crate::model::Labels;
+use crate::model::{Labels, NamedPorts};
 use nix::fcntl::{Flock, FlockArg};
 use rcni_cni::{CniError, ErrorCode};
 use serde::{Deserialize, Serialize};
@@ -27,8 +27,15 @@ pub struct PodRecord {
     pub container_id: String,
     pub ifname: String,
     pub namespace: String,
+    /// The Kubernetes pod's name (K8S_POD_NAME), when its labels come from
+    /// the agent: `policy sync` asks again by namespace and name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     #[serde(default)]
     pub labels: Labels,
+    /// Named container ports, from the agent.
+    #[serde(default, skip_serializing_if = "NamedPorts::is_empty")]
+    pub ports: NamedPorts,
     #[serde(default)]
     pub addrs: Vec<IpAddr>,
     /// The pod's veth end in the node namespace.
@@ -46,6 +53,7 @@ impl PodRecord {
         PodView {
             namespace: self.namespace.clone(),
             labels: self.labels.clone(),
+            ports: self.ports.clone(),
         }
     }
 }
@@ -189,6 +197,8 @@ mod tests {
                     container_id: "c1".into(),
                     ifname: "eth0".into(),
                     namespace: "default".into(),
+                    name: None,
+                    ports: Default::default(),
                     labels: [("app".to_string(), "web".to_string())].into(),
                     addrs: vec!["10.0.0.2".parse().unwrap()],
                     host_ifname: "veth1".into(),

@@ -103,6 +103,8 @@ impl Lab {
                 addrs: vec![v4.parse().unwrap(), v6.parse().unwrap()],
                 host_ifname: host,
                 host_ifindex: 0,
+                name: None,
+                ports: Default::default(),
             },
         );
         self.pods.insert(

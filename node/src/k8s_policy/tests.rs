@@ -92,7 +92,7 @@ fn policies_namespaces_mirrored_and_pod_labels_answered() {
         api.put(&pod("prod", "db-1", "n2", &[("app", "db")]));
 
         let client = crate::k8s::client(Some(&kc)).await.unwrap();
-        let _inputs = start(client, dir.clone(), "n1", &socket).unwrap();
+        let _inputs = start(client, dir.clone(), "n1", &socket, None).unwrap();
         {
             use std::os::unix::fs::PermissionsExt;
             let m = std::fs::metadata(&socket).unwrap().permissions().mode();
@@ -187,4 +187,73 @@ async fn ask_raw(socket: &Path, line: &str) -> Value {
         .unwrap()
         .unwrap();
     serde_json::from_str(&line).unwrap()
+}
+
+/// A stand-in `policy` binary that appends its arguments to `calls`.
+fn fake_policy(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let bin = dir.join("policy");
+    let calls = dir.join("calls");
+    std::fs::write(
+        &bin,
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", calls.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (bin, calls)
+}
+
+fn calls(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn changes_run_policy_sync_debounced_and_new_pods_do_not() {
+    with_api(async |api, kc| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("policy.d");
+        let socket = tmp.path().join("agent.sock");
+        let (bin, log) = fake_policy(tmp.path());
+        api.put(&pod("prod", "web-1", "n1", &[("app", "web")]));
+        let client = crate::k8s::client(Some(&kc)).await.unwrap();
+        let sync = SyncCommand {
+            bin,
+            network: "rcni".into(),
+            data_dir: Some("/d".into()),
+        };
+        let _inputs = start(client, dir.clone(), "n1", &socket, Some(sync)).unwrap();
+        for _ in 0..500 {
+            if ask(&socket, "prod", "web-1").await["synced"] == true {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Nothing mirrored, no pod changed: no sync.
+        tokio::time::sleep(DEBOUNCE * 3).await;
+        assert_eq!(calls(&log), Vec::<String>::new());
+
+        // A burst of policies: one sync (two at most, if the burst
+        // straddles a run), with the network and the data dir.
+        for i in 0..5 {
+            api.put(&netpol("prod", &format!("p{i}"), "web"));
+        }
+        until("a sync", || !calls(&log).is_empty()).await;
+        tokio::time::sleep(DEBOUNCE * 3).await;
+        let c = calls(&log);
+        assert!((1..=2).contains(&c.len()), "{c:?}");
+        assert_eq!(c[0], "sync --network rcni --data-dir /d");
+
+        // A new pod's labels come with its ADD: no sync; a label change
+        // of a known pod does.
+        api.put(&pod("prod", "web-2", "n1", &[("app", "web")]));
+        tokio::time::sleep(DEBOUNCE * 3).await;
+        let n = calls(&log).len();
+        assert_eq!(n, c.len());
+        api.put(&pod("prod", "web-1", "n1", &[("app", "db")]));
+        until("a sync for the label", || calls(&log).len() > n).await;
+    });
 }

@@ -304,6 +304,8 @@ mod tests {
                 addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
                 host_ifname: host.into(),
                 host_ifindex: 0,
+                name: None,
+                ports: Default::default(),
             },
         )
     }
