@@ -547,9 +547,9 @@ fn bad_cluster_files_and_unknown_nodes_are_refused_clearly() {
             &["\"ebpf\"", "not implemented yet"],
         ),
         (
-            r#"{"network": "10.244.0.0/16", "encryption": "wireguard", "nodes": [{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"}]}"#,
-            3,
-            &["wireguard", "not implemented yet"],
+            r#"{"network": "10.244.0.0/16", "encryption": "wireguard", "wireguardPort": 0, "nodes": [{"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"}]}"#,
+            2,
+            &["\"wireguardPort\": 0 is not in 1..=65535"],
         ),
         (
             r#"{"network": "10.244.0.0/16", "nodes": [{"name": "n1", "address": "192.168.50.9", "podCIDR": "10.244.1.0/24"}]}"#,
