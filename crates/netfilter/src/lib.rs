@@ -15,8 +15,7 @@
 //!   (re-exported at the top: [`setup`], [`check`], [`teardown`], [`gc`]).
 //!
 //! Users: ipMasq (bridge, ptp), bridge's macspoofchk, portmap, firewall,
-//! bandwidth (names),
-//! fastpath, policy and the node agent's masquerade.
+//! bandwidth (names), fastpath, policy and the node agent's masquerade.
 
 pub mod conntrack;
 mod error;
