@@ -551,6 +551,36 @@ fn macspoofchk_drops_frames_from_another_mac() {
         .ok();
 }
 
+/// macspoofchk rules are the reference's layout: our CHECK accepts the
+/// reference's, and each side's DEL removes the other's.
+#[test]
+fn macspoofchk_rules_are_shared_with_the_reference() {
+    let [(ours, _), (theirs, _)] = ours_and_reference("bridge");
+    for (add, del) in [(&theirs, &ours), (&ours, &theirs)] {
+        let node = Node::new();
+        let conf = node.conf("1.0.0", json!({"macspoofchk": true}));
+        let p = TestNs::new();
+        let r = node.call(add, "ADD", &p.path(), "spoof", &conf).ok();
+        let with = Node::with_prev(&conf, &r);
+        let table = || {
+            let out = rcni_testkit::command_in(&node.ns.ns, "nft")
+                .args(["list", "table", "bridge", "nat"])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        assert!(table().contains("macspoofchk-spoof-eth0"), "{}", table());
+        node.call(&ours, "CHECK", &p.path(), "spoof", &with).ok();
+        node.call(del, "DEL", &p.path(), "spoof", &with).ok();
+        let left = table();
+        assert!(
+            !left.contains("macspoofchk-spoof-eth0") && !left.contains("cni-br-iface-spoof"),
+            "{}: {left}",
+            del.display()
+        );
+    }
+}
+
 #[test]
 fn ip_masq_rules_follow_the_attachment_even_without_netns() {
     rcni_integration::masq_follows_attachments(

@@ -25,6 +25,7 @@ use std::net::IpAddr;
 const NF_DROP: u32 = 0;
 const NF_ACCEPT: u32 = 1;
 
+const NFT_PAYLOAD_LL_HEADER: u32 = 0;
 const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
 const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 const NFPROTO_IPV4: u8 = 2;
@@ -214,6 +215,12 @@ pub fn ifname(input: bool, name: &str, equal: bool) -> Vec<Expr> {
         MetaKey::Oifname
     };
     vec![meta(key), cmp(equal, &n)]
+}
+
+/// `ether saddr <mac>` (in a `bridge` table, where nft adds no protocol
+/// dependency before it).
+pub fn ether_saddr(mac: [u8; 6]) -> Vec<Expr> {
+    vec![payload(NFT_PAYLOAD_LL_HEADER, 6, 6), cmp(true, &mac)]
 }
 
 /// `fib daddr type local`.
@@ -549,6 +556,7 @@ mod tests {
             .chain(&jump("hostports"))
             .chain(&ifname(true, "cni0", false))
             .chain(&masquerade())
+            .chain(&ether_saddr([2, 0, 0, 0, 0, 1]))
         {
             let mut b = vec![0u8; e.0.buffer_len()];
             e.0.emit(&mut b);

@@ -14,8 +14,8 @@
 //! * [`ipmasq`]: `ipMasq` of bridge and ptp in both reference layouts
 //!   (re-exported at the top: [`setup`], [`check`], [`teardown`], [`gc`]).
 //!
-//! Users: ipMasq (bridge, ptp), portmap, firewall, bandwidth (names),
-//! fastpath, policy and the node agent's masquerade.
+//! Users: ipMasq (bridge, ptp), bridge's macspoofchk, portmap, firewall,
+//! bandwidth (names), fastpath, policy and the node agent's masquerade.
 
 pub mod conntrack;
 mod error;
@@ -34,13 +34,3 @@ pub use names::{
     chain_name, chain_name_with_prefix, go_quote, hash_with_prefix, iptables_comment, nft_comment,
     nft_instance_hash, nft_network_hash, parse_iptables_comment,
 };
-
-/// The items of an `nft -j` listing: its "nftables" array (for the policy
-/// plugin, which still reads nft's output).
-pub fn nft_listing_items(json: &str) -> Result<Vec<serde_json::Value>, String> {
-    let mut v: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
-    match v.get_mut("nftables").map(serde_json::Value::take) {
-        Some(serde_json::Value::Array(items)) => Ok(items),
-        _ => Err("no \"nftables\" array".to_string()),
-    }
-}

@@ -18,6 +18,7 @@ use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult, Route};
 use rcni_netlink::{Link, Netlink};
 use rcni_netns::NetNs;
+use spoofchk::Spoofchk;
 use std::net::IpAddr;
 use std::time::Duration;
 
@@ -280,12 +281,13 @@ impl Attachment for Bridge {
             setup_port(&ns.host, &host_veth, &br, &PortOptions::of(conf)).await?;
 
             if conf.mac_spoof_chk {
-                let mac = ct_veth.mac.map(|m| m.to_string()).unwrap_or_default();
-                let mac = conf.mac.map(|m| m.to_string()).unwrap_or(mac);
-                spoofchk::setup(&host_veth.name, &mac, &args.container_id, &args.ifname)?;
-                undo.push("macspoofchk rules", || {
-                    spoofchk::teardown(&args.container_id, &args.ifname)
-                });
+                let mac = conf.mac.or(ct_veth.mac).ok_or_else(|| {
+                    CniError::internal(format!("{} has no MAC address", args.ifname))
+                })?;
+                let (rules, host_ns) =
+                    (Spoofchk::of(&args.container_id, &args.ifname), &ns.host_ns);
+                rules.setup(host_ns, &host_veth.name, mac)?;
+                undo.push("macspoofchk rules", move || rules.teardown(host_ns));
             }
             let mut result = CniResult::new(args.version());
             if let Some(ipam) = &mut ipam {
@@ -378,7 +380,11 @@ impl Attachment for Bridge {
         });
         let ipam = rcni_attach::wait_ipam(ipam);
         let spoofchk = match conf.mac_spoof_chk {
-            true => spoofchk::teardown(&args.container_id, &args.ifname),
+            true => NetNs::current()
+                .map_err(CniError::from)
+                .and_then(|host_ns| {
+                    Spoofchk::of(&args.container_id, &args.ifname).teardown(&host_ns)
+                }),
             false => Ok(()),
         };
         // The rules are found by network and attachment: prevResult or not,
@@ -399,7 +405,7 @@ impl Attachment for Bridge {
         let prev = args.conf.required_prev_result(check::PREV_RESULT_MISSING)?;
         let ns = Namespaces::open(args)?;
         let sandbox = sandbox(args);
-        ns.rt.block_on(async {
+        let (host_veth, ct_mac) = ns.rt.block_on(async {
             let br_if = prev.interfaces.iter().find(|i| i.name == conf.bridge);
             let br = ns.host.find_link(&conf.bridge).await?.ok_or_else(|| {
                 CniError::check_failed(format!(
@@ -443,10 +449,14 @@ impl Attachment for Bridge {
                 return Err(CniError::check_failed(missing));
             }
             check::validate_ips(&ns.ct, &ct_link, &prev.ips, IDX_CONTAINER).await?;
-            check::validate_routes(&ns.ct, &prev.routes).await
+            check::validate_routes(&ns.ct, &prev.routes).await?;
+            Ok::<_, CniError>((host_veth.name, ct_link.mac))
         })?;
         if conf.mac_spoof_chk {
-            spoofchk::check(&args.container_id, &args.ifname)?;
+            let mac = ct_mac.ok_or_else(|| {
+                CniError::check_failed(format!("{} has no MAC address", args.ifname))
+            })?;
+            Spoofchk::of(&args.container_id, &args.ifname).check(&ns.host_ns, &host_veth, mac)?;
         }
         if conf.ip_masq && conf.ipam.is_some() {
             let ips: Vec<IpNetwork> = prev.ips.iter().map(|i| i.address).collect();
