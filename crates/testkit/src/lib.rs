@@ -3,6 +3,7 @@
 
 pub mod chaos;
 pub mod killpoints;
+pub mod parallel;
 
 use rcni_netns::NetNs;
 use serde_json::Value;
