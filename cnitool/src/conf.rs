@@ -106,7 +106,12 @@ pub fn conf_list_from_bytes(bytes: &[u8], path: &str) -> Result<ConfList, ConfEr
     }
     for (i, p) in plugins.iter().enumerate() {
         match p.get("type") {
-            Some(Value::String(t)) if !t.is_empty() => {}
+            // Checked for every plugin before any runs (libcni checks each
+            // only as it runs it, after the ones before it made their
+            // links).
+            Some(Value::String(t)) if !t.is_empty() => {
+                rcni_cni::invoke::validate_plugin_name(t).map_err(|e| err(e.msg))?
+            }
             _ => return Err(err(format!("plugin {i} has no 'type'"))),
         }
     }
