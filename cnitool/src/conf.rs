@@ -220,6 +220,18 @@ pub fn load_conf_list(dir: &Path, name: &str) -> Result<ConfList, ConfError> {
 mod tests {
     use super::*;
 
+    /// Every plugin's type is checked at load, so a bad second plugin
+    /// stops the list before the first one runs.
+    #[test]
+    fn plugin_types_naming_paths_are_refused_at_load() {
+        for bad in ["../bridge", "/bin/sh", "..", "."] {
+            let l = serde_json::json!({"cniVersion": "1.0.0", "name": "n",
+                "plugins": [{"type": "bridge"}, {"type": bad}]});
+            let e = conf_list_from_bytes(&serde_json::to_vec(&l).unwrap(), "x").unwrap_err();
+            assert!(e.to_string().contains("invalid plugin name"), "{e}");
+        }
+    }
+
     fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();
         for (n, c) in files {

@@ -56,12 +56,14 @@ pub fn conflist(chain: Chain, state: &Path, pins: &Path) -> Value {
         // policy refuses that backend.
         let backend = "ebpf";
         plugins.push(json!({"type": "fastpath", "pinRoot": pins}));
-        plugins.push(json!({"type": "policy", "backend": backend, "pinRoot": pins,
+        plugins.push(
+            json!({"type": "policy", "backend": backend, "pinRoot": pins,
             "dataDir": state.join("policy"), "policyDir": state.join("policy.d"),
             "policies": [{"name": "prod-only", "namespace": "prod", "podSelector": {},
                 "ingress": [{"from": [{"namespaceSelector": {"matchLabels":
                     {"kubernetes.io/metadata.name": "prod"}}}]}]}],
-            "args": {"cni": {"labels": {"app": "par"}, "namespace": "prod"}}}));
+            "args": {"cni": {"labels": {"app": "par"}, "namespace": "prod"}}}),
+        );
     }
     json!({"cniVersion": "1.1.0", "name": NETWORK, "plugins": plugins})
 }
@@ -177,11 +179,17 @@ pub struct Round {
 
 impl Round {
     pub fn add_times(&self) -> Vec<f64> {
-        self.add.iter().map(|r| r.took.as_secs_f64() * 1e6).collect()
+        self.add
+            .iter()
+            .map(|r| r.took.as_secs_f64() * 1e6)
+            .collect()
     }
 
     pub fn del_times(&self) -> Vec<f64> {
-        self.del.iter().map(|r| r.took.as_secs_f64() * 1e6).collect()
+        self.del
+            .iter()
+            .map(|r| r.took.as_secs_f64() * 1e6)
+            .collect()
     }
 }
 
@@ -255,11 +263,19 @@ impl Node {
         let pod = NetNs::new_anonymous().expect("pod namespace");
         let path = pod.proc_path().display().to_string();
         let add = n.cmd("add", &path, "calibrate");
-        assert!(add.ok, "{label}: calibration ADD failed: {} {}", add.stdout, add.stderr);
+        assert!(
+            add.ok,
+            "{label}: calibration ADD failed: {} {}",
+            add.stdout, add.stderr
+        );
         let ip = ips_of(&add.stdout).pop().expect("calibration address");
         n.rules_per_pod = lines_naming(&n.rules(), &ip);
         let del = n.cmd("del", &path, "calibrate");
-        assert!(del.ok, "{label}: calibration DEL failed: {} {}", del.stdout, del.stderr);
+        assert!(
+            del.ok,
+            "{label}: calibration DEL failed: {} {}",
+            del.stdout, del.stderr
+        );
         n
     }
 
