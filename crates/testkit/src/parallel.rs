@@ -65,7 +65,13 @@ pub fn conflist(chain: Chain, state: &Path, pins: &Path) -> Value {
             "args": {"cni": {"labels": {"app": "par"}, "namespace": "prod"}}}),
         );
     }
-    json!({"cniVersion": "1.1.0", "name": NETWORK, "plugins": plugins})
+    // The reference (v1.1.1) knows versions up to 1.0.0.
+    let version = if chain == Chain::Full {
+        "1.1.0"
+    } else {
+        "1.0.0"
+    };
+    json!({"cniVersion": version, "name": NETWORK, "plugins": plugins})
 }
 
 /// A bpffs mounted on a temporary directory, unmounted on drop (mount(8),
