@@ -346,53 +346,46 @@ impl Node {
         }
     }
 
-    /// `n` ADDs at once, then `n` DELs at once; what went wrong.
-    pub fn round(&mut self, n: usize) -> Round {
-        let before = self.state();
-        let pods: Vec<(NetNs, String, String)> = (0..n)
-            .map(|_| {
-                self.n += 1;
-                let p = NetNs::new_anonymous().expect("pod namespace");
-                let path = p.proc_path().display().to_string();
-                (p, path, format!("par{:05}", self.n))
-            })
-            .collect();
-        let me: &Node = self;
-        let all = |op: &str| -> Vec<Run> {
-            let start = std::sync::Barrier::new(pods.len());
-            std::thread::scope(|s| {
-                let hs: Vec<_> = pods
-                    .iter()
-                    .map(|(_, path, cid)| {
-                        let start = &start;
-                        s.spawn(move || {
-                            start.wait();
-                            me.cmd(op, path, cid)
-                        })
+    /// Each (op, pod path, container ID) at once, after a common start.
+    fn all_at_once(&self, tasks: &[(&str, &str, &str)]) -> Vec<Run> {
+        let start = std::sync::Barrier::new(tasks.len());
+        std::thread::scope(|s| {
+            let hs: Vec<_> = tasks
+                .iter()
+                .map(|&(op, path, cid)| {
+                    let start = &start;
+                    s.spawn(move || {
+                        start.wait();
+                        self.cmd(op, path, cid)
                     })
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).collect()
-            })
-        };
-        let add = all("add");
-        let mut problems = Vec::new();
-        for r in add.iter().filter(|r| !r.ok) {
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// Failed runs as problems.
+    fn failures(runs: &[Run], problems: &mut Vec<String>) {
+        for r in runs.iter().filter(|r| !r.ok) {
             let kind = if r.busy() { "busy/conflict " } else { "" };
             problems.push(format!(
-                "ADD {} failed ({kind}error reached the runtime): {} | {}",
+                "{} failed ({kind}error reached the runtime): {} | {}",
                 r.cid, r.stdout, r.stderr
             ));
         }
-        // Addresses: none twice.
+    }
+
+    /// No address twice among `adds`, and each pod with exactly the rules
+    /// of a pod alone.
+    fn check_pods(&self, adds: &[&Run], problems: &mut Vec<String>) {
         let mut owner: BTreeMap<String, &str> = BTreeMap::new();
-        for r in add.iter().filter(|r| r.ok) {
+        for r in adds.iter().filter(|r| r.ok) {
             for ip in ips_of(&r.stdout) {
                 if let Some(o) = owner.insert(ip.clone(), &r.cid) {
                     problems.push(format!("address {ip} given to {o} and {}", r.cid));
                 }
             }
         }
-        // Rules: every pod exactly as many as a pod alone.
         let rules = self.rules();
         for (ip, cid) in &owner {
             let k = lines_naming(&rules, ip);
@@ -403,15 +396,53 @@ impl Node {
                 ));
             }
         }
-        let del = all("del");
-        for r in del.iter().filter(|r| !r.ok) {
-            let kind = if r.busy() { "busy/conflict " } else { "" };
-            problems.push(format!(
-                "DEL {} failed ({kind}error reached the runtime): {} | {}",
-                r.cid, r.stdout, r.stderr
-            ));
-        }
+    }
+
+    /// `n` ADDs at once (timed); then half of those pods' DELs at the same
+    /// time as `n/2` new pods' ADDs (the last DELs racing new ADDs on the
+    /// shared tables); then the DELs of all `n` left at once (timed); what
+    /// went wrong.
+    pub fn round(&mut self, n: usize) -> Round {
+        let before = self.state();
+        let mut pod = || {
+            self.n += 1;
+            let p = NetNs::new_anonymous().expect("pod namespace");
+            let path = p.proc_path().display().to_string();
+            (p, path, format!("par{:05}", self.n))
+        };
+        let pods: Vec<(NetNs, String, String)> = (0..n).map(|_| pod()).collect();
+        let fresh: Vec<(NetNs, String, String)> = (0..n / 2).map(|_| pod()).collect();
+        let mut problems = Vec::new();
+        let tasks = |op, ps: &[(NetNs, String, String)]| -> Vec<(&str, String, String)> {
+            ps.iter()
+                .map(|(_, path, cid)| (op, path.clone(), cid.clone()))
+                .collect()
+        };
+        let run = |me: &Node, t: Vec<(&str, String, String)>| -> Vec<Run> {
+            let v: Vec<(&str, &str, &str)> = t
+                .iter()
+                .map(|(o, p, c)| (*o, p.as_str(), c.as_str()))
+                .collect();
+            me.all_at_once(&v)
+        };
+        let add = run(self, tasks("add", &pods));
+        Self::failures(&add, &mut problems);
+        self.check_pods(&add.iter().collect::<Vec<_>>(), &mut problems);
+
+        let half = n / 2;
+        let mut churn_tasks = tasks("del", &pods[..half]);
+        churn_tasks.extend(tasks("add", &fresh));
+        let churn = run(self, churn_tasks);
+        Self::failures(&churn, &mut problems);
+        let survivors: Vec<&Run> = add[half..].iter().chain(churn[half..].iter()).collect();
+        self.check_pods(&survivors, &mut problems);
+
+        let mut left = tasks("del", &pods[half..]);
+        left.extend(tasks("del", &fresh));
+        let del = run(self, left);
+        Self::failures(&del, &mut problems);
         drop(pods);
+        drop(fresh);
         let after = self.state();
         let diff = |what: &str, a: &BTreeSet<String>, b: &BTreeSet<String>| {
             let extra: Vec<_> = a.difference(b).collect();
