@@ -3,7 +3,8 @@
 # portmap, firewall, tuning, bandwidth, fastpath, policy) started at once
 # on one node, then N DELs at once, checking no failed command (no EBUSY or
 # nf_tables generation conflict reaching the runtime), no duplicate
-# address, no lost or doubled rule per pod and nothing left; p50 and p99 of
+# address, no lost or doubled rule per pod (also while half the pods are
+# deleted as new ones are added) and nothing left; p50 and p99 of
 # ADD and DEL for ours (full chain, and without fastpath and policy) and
 # the reference (without them: it has neither) in the same run, with the
 # like-for-like ratios. Runs what scripts/install ships; everything inside

@@ -46,9 +46,14 @@ fn main() {
         }
     }
     println!(
-        "{} concurrent chain ADDs, then {} concurrent DELs, {} rounds per setup \
-         (milliseconds per command, through cnitool)",
-        a.concurrent, a.concurrent, a.rounds
+        "{} concurrent chain ADDs (timed), then {} DELs racing {} new ADDs (checked), \
+         then {} concurrent DELs (timed); {} rounds per setup (milliseconds per command, \
+         through cnitool)",
+        a.concurrent,
+        a.concurrent / 2,
+        a.concurrent / 2,
+        a.concurrent,
+        a.rounds
     );
     println!(
         "common chain: bridge + host-local, portmap, firewall, tuning, bandwidth; \
