@@ -106,7 +106,12 @@ pub fn conf_list_from_bytes(bytes: &[u8], path: &str) -> Result<ConfList, ConfEr
     }
     for (i, p) in plugins.iter().enumerate() {
         match p.get("type") {
-            Some(Value::String(t)) if !t.is_empty() => {}
+            // Checked for every plugin before any runs (libcni checks each
+            // only as it runs it, after the ones before it made their
+            // links).
+            Some(Value::String(t)) if !t.is_empty() => {
+                rcni_cni::invoke::validate_plugin_name(t).map_err(|e| err(e.msg))?
+            }
             _ => return Err(err(format!("plugin {i} has no 'type'"))),
         }
     }
@@ -214,6 +219,18 @@ pub fn load_conf_list(dir: &Path, name: &str) -> Result<ConfList, ConfError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every plugin's type is checked at load, so a bad second plugin
+    /// stops the list before the first one runs.
+    #[test]
+    fn plugin_types_naming_paths_are_refused_at_load() {
+        for bad in ["../bridge", "/bin/sh", "..", "."] {
+            let l = serde_json::json!({"cniVersion": "1.0.0", "name": "n",
+                "plugins": [{"type": "bridge"}, {"type": bad}]});
+            let e = conf_list_from_bytes(&serde_json::to_vec(&l).unwrap(), "x").unwrap_err();
+            assert!(e.to_string().contains("invalid plugin name"), "{e}");
+        }
+    }
 
     fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
         let d = tempfile::tempdir().unwrap();

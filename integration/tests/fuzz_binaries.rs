@@ -40,18 +40,7 @@ const PATH_KEYS: [&str; 12] = [
 ];
 
 fn plugins() -> Vec<String> {
-    let mut out = Vec::new();
-    for d in ["plugins", "ipam", "meta"] {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(d);
-        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            if e.path().join("Cargo.toml").is_file() {
-                out.push(e.file_name().to_string_lossy().into_owned());
-            }
-        }
-    }
-    out.sort();
-    assert!(out.contains(&"loopback".to_string()), "found {out:?}");
-    out
+    rcni_testkit::plugin_names()
 }
 
 /// xorshift64*: deterministic, std only.

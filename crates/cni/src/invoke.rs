@@ -18,11 +18,18 @@ pub fn split_path(list: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Finds plugin `name` in the directories of `path`, first match wins.
-pub fn find_in_path(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
+/// A plugin type names a file in CNI_PATH, never a path: `/`, `.` and
+/// `..` would lead out of it (CVE-2021-20206 in libcni). Code 7.
+pub fn validate_plugin_name(name: &str) -> Result<(), CniError> {
     if name.is_empty() || name.contains('/') || name.contains('\\') || name == "." || name == ".." {
         return Err(CniError::config(format!("invalid plugin name: {name:?}")));
     }
+    Ok(())
+}
+
+/// Finds plugin `name` in the directories of `path`, first match wins.
+pub fn find_in_path(name: &str, path: &[PathBuf]) -> Result<PathBuf, CniError> {
+    validate_plugin_name(name)?;
     if path.is_empty() {
         return Err(CniError::new(
             ErrorCode::DelegateNotFound,

@@ -269,6 +269,23 @@ fn netconf_parsing() {
     assert!(e.msg.starts_with("could not parse prevResult"), "{}", e.msg);
 }
 
+/// CVE-2021-20206: an IPAM type naming a path is refused when the config is
+/// parsed, before the plugin makes anything; no type at all stays allowed.
+#[test]
+fn ipam_type_with_a_path_is_refused_at_parse() {
+    for bad in ["../host-local", "/usr/lib/cni/host-local", "..", ".", "a/b"] {
+        let c = json!({"cniVersion": "1.1.0", "name": "n", "type": "bridge",
+                       "ipam": {"type": bad}});
+        let e = NetConf::parse(&serde_json::to_vec(&c).unwrap()).unwrap_err();
+        assert_eq!(e.code, 7, "{bad}");
+        assert!(e.msg.contains("invalid plugin name"), "{}", e.msg);
+    }
+    for ok in [json!({"type": "host-local"}), json!({})] {
+        let c = json!({"cniVersion": "1.1.0", "name": "n", "type": "bridge", "ipam": ok});
+        NetConf::parse(&serde_json::to_vec(&c).unwrap()).unwrap();
+    }
+}
+
 #[test]
 fn name_and_env_validation() {
     assert!(validate_name("net-1_a.b").is_ok());

@@ -487,6 +487,12 @@ impl NetConf {
             true => CniError::config("missing network name"),
             false => e,
         })?;
+        // Refused here, before a plugin makes its links and only then
+        // delegates to its IPAM.
+        // An empty type means no IPAM to several plugins.
+        if let Some(ipam) = conf.ipam.as_ref().filter(|i| !i.ipam_type.is_empty()) {
+            crate::invoke::validate_plugin_name(&ipam.ipam_type)?;
+        }
         Ok(conf)
     }
 

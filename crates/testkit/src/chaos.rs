@@ -174,7 +174,7 @@ impl Leftovers {
     }
 }
 
-fn lines_of(cmd: &mut Command) -> Vec<String> {
+pub(crate) fn lines_of(cmd: &mut Command) -> Vec<String> {
     cmd.stderr(Stdio::null())
         .output()
         .map(|o| {
@@ -188,7 +188,7 @@ fn lines_of(cmd: &mut Command) -> Vec<String> {
 
 /// The lines of the nftables tables that are not iptables-nft's (those
 /// carry counters and are read through iptables-save).
-fn nft_rules(ns: &NetNs) -> Vec<String> {
+pub(crate) fn nft_rules(ns: &NetNs) -> Vec<String> {
     let mut out = Vec::new();
     let mut skip = false;
     for l in lines_of(ns.command("nft").args(["list", "ruleset"])) {
@@ -208,7 +208,7 @@ fn nft_rules(ns: &NetNs) -> Vec<String> {
     out
 }
 
-fn ipt_rules(ns: &NetNs) -> Vec<String> {
+pub(crate) fn ipt_rules(ns: &NetNs) -> Vec<String> {
     let mut out = Vec::new();
     for tool in ["iptables-save", "ip6tables-save"] {
         out.extend(
@@ -221,7 +221,7 @@ fn ipt_rules(ns: &NetNs) -> Vec<String> {
     out
 }
 
-fn link_names(ns: &NetNs) -> BTreeSet<String> {
+pub(crate) fn link_names(ns: &NetNs) -> BTreeSet<String> {
     lines_of(ns.command("ip").args(["-o", "link", "show"]))
         .iter()
         .filter_map(|l| {
@@ -232,7 +232,7 @@ fn link_names(ns: &NetNs) -> BTreeSet<String> {
         .collect()
 }
 
-fn dir_names(d: &Path) -> Vec<(String, u64)> {
+pub(crate) fn dir_names(d: &Path) -> Vec<(String, u64)> {
     std::fs::read_dir(d)
         .map(|rd| {
             rd.flatten()
@@ -246,7 +246,7 @@ fn dir_names(d: &Path) -> Vec<(String, u64)> {
 }
 
 /// Elements of `now` not in `before`, counted as a multiset.
-fn multiset_diff(now: &[String], before: &[String]) -> Vec<String> {
+pub(crate) fn multiset_diff(now: &[String], before: &[String]) -> Vec<String> {
     let mut left: BTreeMap<&str, usize> = BTreeMap::new();
     for b in before {
         *left.entry(b).or_default() += 1;

@@ -3,6 +3,7 @@
 
 pub mod chaos;
 pub mod killpoints;
+pub mod parallel;
 
 use rcni_netns::NetNs;
 use serde_json::Value;
@@ -29,6 +30,27 @@ pub fn unique_name(tag: &str) -> String {
 }
 
 /// `target/<profile>`, where cargo put the workspace's binaries.
+/// The names of the workspace's plugin binaries (the crates under
+/// plugins/, ipam/ and meta/), sorted.
+pub fn plugin_names() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut out = Vec::new();
+    for d in ["plugins", "ipam", "meta"] {
+        for e in std::fs::read_dir(root.join(d))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.path().join("Cargo.toml").is_file() {
+                out.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out.sort();
+    assert!(out.contains(&"loopback".to_string()), "found {out:?}");
+    out
+}
+
 pub fn bin_dir() -> PathBuf {
     if let Ok(d) = std::env::var("RCNI_BIN_DIR") {
         return PathBuf::from(d);

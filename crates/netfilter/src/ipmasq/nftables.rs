@@ -244,18 +244,49 @@ fn removal_attempts(l: &Listing, doomed: &[u64]) -> Vec<Vec<NftOp>> {
         return vec![plain];
     }
     let mut full = plain.clone();
-    for chain in [POSTROUTING, MASQ_CHAIN] {
-        full.push(NftOp::DeleteChain {
-            family: FAMILY,
-            table: TABLE.into(),
-            chain: chain.into(),
-        });
-    }
-    full.push(NftOp::DeleteTable {
+    full.extend(drop_table_ops());
+    vec![full, plain]
+}
+
+/// The chains and the table. postrouting holds only the fixed rules and is
+/// flushed; masq_checks is deleted without recursion (`NftOp::DeleteChain`),
+/// so a rule another attachment added since the listing makes the kernel
+/// refuse the whole transaction instead of deleting that rule with it.
+fn drop_table_ops() -> Vec<NftOp> {
+    let mut ops = vec![NftOp::FlushChain {
+        family: FAMILY,
+        table: TABLE.into(),
+        chain: POSTROUTING.into(),
+    }];
+    ops.extend(
+        [POSTROUTING, MASQ_CHAIN]
+            .into_iter()
+            .map(|chain| NftOp::DeleteChain {
+                family: FAMILY,
+                table: TABLE.into(),
+                chain: chain.into(),
+            }),
+    );
+    ops.push(NftOp::DeleteTable {
         family: FAMILY,
         table: TABLE.into(),
     });
-    vec![full, plain]
+    ops
+}
+
+/// After a plain deletion. Two DELs at once each see the other's rule and
+/// both keep the table; the later of the two to commit sees it empty here.
+/// If an ADD put a rule in meanwhile, the chain is not empty and the kernel
+/// refuses the whole transaction, which is what we want.
+fn drop_table_if_empty(nl: &mut Nfnl) {
+    let Ok(Some(l)) = list(nl) else { return };
+    let only_our_chains = l
+        .chains
+        .iter()
+        .all(|c| c.name == MASQ_CHAIN || c.name == POSTROUTING);
+    if l.rules_in(MASQ_CHAIN).next().is_none() && only_our_chains {
+        let _ = nl.nft_apply(&drop_table_ops());
+    }
 }
 
 /// The error of the last of [`ATTEMPTS`] (always one: the loops run).
@@ -343,7 +374,12 @@ fn remove_where(nl: &mut Nfnl, select: &dyn Fn(&str) -> bool) -> Result<(), Erro
         }
         for ops in &attempts {
             match nl.nft_apply(ops) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    if ops.len() == doomed.len() {
+                        drop_table_if_empty(nl);
+                    }
+                    return Ok(());
+                }
                 Err(e) => last = Some(e),
             }
         }
@@ -377,6 +413,70 @@ pub(crate) fn gc(nl: &mut Nfnl, network: &str, valid: &[(String, String)]) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A namespace of its own with nfnetlink, or None when not root.
+    fn kernel() -> Option<(NetNs, Nfnl)> {
+        let ns = NetNs::new_anonymous().ok()?;
+        let nl = Nfnl::open(&ns).ok()?;
+        Some((ns, nl))
+    }
+
+    fn doomed(l: &Listing, cid: &str) -> Vec<u64> {
+        let prefix = names::nft_instance_hash("mynet", "eth0", cid);
+        l.rules_in(MASQ_CHAIN)
+            .filter(|r| r.comment.as_deref().is_some_and(|c| c.starts_with(&prefix)))
+            .map(|r| r.handle)
+            .collect()
+    }
+
+    /// The last attachment's DEL planned its removal (rule, chains, table)
+    /// from a listing; another pod's ADD committed its rule before the DEL
+    /// applied it. The kernel must refuse the removal of the table instead
+    /// of deleting the new rule with it (a lost rule under concurrency).
+    #[test]
+    fn last_teardown_racing_an_add_keeps_the_new_rule() {
+        let Some((_ns, mut nl)) = kernel() else {
+            return;
+        };
+        let (a, b) = (ips(), vec!["10.22.0.3/16".parse().unwrap()]);
+        nl.nft_apply(&setup_ops(None, "mynet", "eth0", "a", &a))
+            .unwrap();
+        let stale = list(&mut nl).unwrap().unwrap();
+        nl.nft_apply(&setup_ops(Some(&stale), "mynet", "eth0", "b", &b))
+            .unwrap();
+        let attempts = removal_attempts(&stale, &doomed(&stale, "a"));
+        assert_eq!(attempts.len(), 2);
+        assert!(nl.nft_apply(&attempts[0]).is_err(), "took b's rule along");
+        nl.nft_apply(&attempts[1]).unwrap();
+        let l = list(&mut nl).unwrap().expect("the table stays for b");
+        assert!(problems(Some(&l), "mynet", "eth0", "b", &b).is_empty());
+        teardown(&mut nl, "mynet", "eth0", "b").unwrap();
+        assert!(list(&mut nl).unwrap().is_none());
+    }
+
+    /// The last two attachments' DELs at once: each lists the other's rule
+    /// and deletes only its own; the later one still drops the table.
+    #[test]
+    fn last_two_teardowns_at_once_leave_no_table() {
+        let Some((_ns, mut nl)) = kernel() else {
+            return;
+        };
+        let (a, b) = (ips(), vec!["10.22.0.3/16".parse().unwrap()]);
+        nl.nft_apply(&setup_ops(None, "mynet", "eth0", "a", &a))
+            .unwrap();
+        let l = list(&mut nl).unwrap().unwrap();
+        nl.nft_apply(&setup_ops(Some(&l), "mynet", "eth0", "b", &b))
+            .unwrap();
+        let both = list(&mut nl).unwrap().unwrap();
+        for cid in ["a", "b"] {
+            let attempts = removal_attempts(&both, &doomed(&both, cid));
+            assert_eq!(attempts.len(), 1, "{cid}: only the plain deletion");
+            nl.nft_apply(&attempts[0]).unwrap();
+        }
+        assert!(list(&mut nl).unwrap().is_some());
+        drop_table_if_empty(&mut nl);
+        assert!(list(&mut nl).unwrap().is_none());
+    }
 
     fn ips() -> Vec<IpNetwork> {
         vec![

@@ -29,6 +29,10 @@ const NLMSG_DONE: u16 = 3;
 pub(crate) const NLM_F_REQUEST: u16 = 0x1;
 pub(crate) const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
+/// Set by the kernel on a dump the table changed under (<linux/netlink.h>).
+const NLM_F_DUMP_INTR: u16 = 0x10;
+/// Dumps of a busy table before taking what the last one gave.
+const DUMP_TRIES: usize = 20;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 pub(crate) const NLA_F_NESTED: u16 = 0x8000;
 const NLMSG_HDRLEN: usize = 16;
@@ -179,16 +183,25 @@ impl Nfnl {
 
     /// Splits a datagram into `(type, flags-less payload after nlmsghdr)`.
     fn messages(buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
+        Self::messages_with_flags(buf)
+            .into_iter()
+            .map(|(ty, _, seq, p)| (ty, seq, p))
+            .collect()
+    }
+
+    /// [`Nfnl::messages`] with each message's flags.
+    fn messages_with_flags(buf: &[u8]) -> Vec<(u16, u16, u32, &[u8])> {
         let mut out = Vec::new();
         let mut rest = buf;
         while rest.len() >= NLMSG_HDRLEN {
             let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
             let ty = u16::from_ne_bytes([rest[4], rest[5]]);
+            let flags = u16::from_ne_bytes([rest[6], rest[7]]);
             let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
             if len < NLMSG_HDRLEN || len > rest.len() {
                 break;
             }
-            out.push((ty, seq, &rest[NLMSG_HDRLEN..len]));
+            out.push((ty, flags, seq, &rest[NLMSG_HDRLEN..len]));
             rest = &rest[((len + 3) & !3).min(rest.len())..];
         }
         out
@@ -215,22 +228,46 @@ impl Nfnl {
         res_id: u16,
         payload: &[u8],
     ) -> Result<Dumped> {
+        // A dump that spans several reads while another process commits a
+        // transaction is marked NLM_F_DUMP_INTR and may miss objects (a
+        // DEL would then not see its own rule and leave it): dump again.
+        let mut tries = 0;
+        loop {
+            let (out, interrupted) = self.request_once(op, ty, flags, family, res_id, payload)?;
+            tries += 1;
+            if !interrupted || tries >= DUMP_TRIES {
+                return Ok(out);
+            }
+        }
+    }
+
+    fn request_once(
+        &mut self,
+        op: &str,
+        ty: u16,
+        flags: u16,
+        family: u8,
+        res_id: u16,
+        payload: &[u8],
+    ) -> Result<(Dumped, bool)> {
         let msg = self.message(ty, NLM_F_REQUEST | flags, family, res_id, payload);
         let seq = self.seq;
         self.send(op, &msg)?;
         let mut out = Vec::new();
+        let mut interrupted = false;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = self.recv(op, &mut buf)?;
-            for (ty, mseq, p) in Self::messages(&buf[..n]) {
+            for (ty, mflags, mseq, p) in Self::messages_with_flags(&buf[..n]) {
                 if mseq != seq {
                     continue;
                 }
+                interrupted |= mflags & NLM_F_DUMP_INTR != 0;
                 match ty {
-                    NLMSG_DONE => return Ok(out),
+                    NLMSG_DONE => return Ok((out, interrupted)),
                     // A plain request's answer comes first, then the ack.
                     NLMSG_ERROR => match Self::error_code(p) {
-                        0 => return Ok(out),
+                        0 => return Ok((out, interrupted)),
                         code => {
                             return Err(io_err(op, std::io::Error::from_raw_os_error(-code)));
                         }

@@ -20,6 +20,10 @@ use std::net::IpAddr;
 // <linux/netlink.h>
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
+/// "Do not delete recursively": without it the kernel (since 5.x) deletes
+/// a chain together with its rules, including rules another process
+/// committed after the listing a deletion was planned from.
+const NLM_F_NONREC: u16 = 0x100;
 // <linux/netfilter/nfnetlink.h>
 pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
@@ -308,7 +312,7 @@ impl NftOp {
                         ChainAttribute::Name(s(chain)),
                     ],
                 }),
-                0,
+                NLM_F_NONREC,
             ),
             NftOp::DeleteTable { family, table } => (
                 *family,
