@@ -92,5 +92,8 @@ fn main() {
             }
         }
     }
+    // exit() runs no destructors: the nodes (namespaces, state, their
+    // bpffs mounts) go first.
+    drop(nodes);
     std::process::exit(if bad == 0 { 0 } else { 1 });
 }
