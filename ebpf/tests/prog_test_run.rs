@@ -14,6 +14,7 @@ use rcni_ebpf::{
     EndpointKey, Hook, PORTSET_ALL, PORTSET_NONE, PortRange, Program, TC_ACT_REDIRECT, TC_ACT_SHOT,
     TC_ACT_UNSPEC, Verdict,
 };
+use rcni_testkit::Bpffs;
 use std::net::IpAddr;
 
 const LO: u32 = 1;
@@ -929,40 +930,11 @@ fn fastpath_and_policy_share_endpoint_entries() {
     assert_eq!(dp.endpoint(&key("10.0.0.6")).unwrap().unwrap().slot, slot);
 }
 
-/// A bpffs of the test's own, mounted on a fresh temporary directory and
-/// unmounted (pins and all) on drop.
-struct Bpffs {
-    dir: tempfile::TempDir,
-}
-
-impl Bpffs {
-    fn new() -> Bpffs {
-        require_root();
-        let dir = tempfile::Builder::new()
-            .prefix("rcni-bpffs-")
-            .tempdir()
-            .unwrap();
-        rcni_ebpf::bpffs::ensure_root(dir.path()).unwrap();
-        assert!(rcni_ebpf::bpffs::is_bpffs(dir.path()).unwrap());
-        Bpffs { dir }
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        for _ in 0..4 {
-            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
-                break;
-            }
-        }
-    }
-}
-
 #[test]
 fn pins_of_another_layout_are_refused_with_advice() {
     use aya::maps::{Array, HashMap, IterableMap, MapData};
-    let fs = Bpffs::new();
-    let dir = fs.dir.path().join("net");
+    let fs = Bpffs::mount();
+    let dir = fs.path().join("net");
     let mut dp = Datapath::open_or_load(&dir).unwrap();
     dp.set_policy_endpoint(&[key("10.0.0.5")], 9, 5, 1, 0, 0)
         .unwrap();
@@ -1110,8 +1082,8 @@ fn policy_programs_attach_in_front_of_the_fast_path() {
 
 #[test]
 fn pinned_policy_links_detach_without_touching_the_fast_path() {
-    let fs = Bpffs::new();
-    let dir = fs.dir.path().join("net");
+    let fs = Bpffs::mount();
+    let dir = fs.path().join("net");
     let d = dir.clone();
     in_fresh_netns(move || {
         let mut dp = Datapath::open_or_load(&d).unwrap();

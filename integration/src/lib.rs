@@ -474,43 +474,7 @@ pub fn masq_rules(ns: &NetNs) -> String {
         .join("\n")
 }
 
-/// A pin root of the test's own: an empty directory the plugin mounts a
-/// bpffs on; unmounted (its pins and links vanish) and removed on drop.
-pub struct Bpffs {
-    pub dir: tempfile::TempDir,
-}
-
-impl Default for Bpffs {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Bpffs {
-    pub fn new() -> Bpffs {
-        Bpffs {
-            dir: tempfile::Builder::new()
-                .prefix("rcni-bpffs-")
-                .tempdir()
-                .unwrap(),
-        }
-    }
-
-    pub fn root(&self) -> String {
-        self.dir.path().display().to_string()
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        // Detached unmounts until nothing is mounted there (EINVAL).
-        for _ in 0..4 {
-            if nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
-                break;
-            }
-        }
-    }
-}
+pub use rcni_testkit::Bpffs;
 
 /// `linkInContainer` for a plugin of a link on a lower device (macvlan,
 /// ipvlan): with `conf` naming the master `inner0`, a veth that lives only

@@ -5,7 +5,6 @@
 use rcni_integration::chain::*;
 use rcni_testkit::{TestNs, bin, reference_bin};
 use serde_json::{Value, json};
-use std::process::{Child, Stdio};
 
 const MBIT: u64 = 1_000_000;
 
@@ -14,47 +13,10 @@ fn chain(lan: &Lan, version: &str, bw: Value) -> Chain {
     lan.chain_with(version, b, bw)
 }
 
-/// An iperf3 server in the client namespace, killed on drop.
-struct Server(Child);
-
-impl Server {
-    fn start(lan: &Lan, port: u16) -> Server {
-        let child = rcni_testkit::command_in(&lan.client.ns, "iperf3")
-            .args(["-s", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("iperf3 is installed");
-        let server = Server(child);
-        // Wait until it listens, as ss sees it: a probe connection would be
-        // a test the server may still be busy with when the real one comes
-        // ("the server is busy running a test"), under load.
-        let filter = format!("sport = :{port}");
-        for _ in 0..200 {
-            let out = rcni_testkit::command_in(&lan.client.ns, "ss")
-                .args(["-Hltn", &filter])
-                .output()
-                .unwrap();
-            if !out.stdout.is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        server
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Bits per second the receiving side saw in a 2 s iperf3 TCP run from
 /// `pod` to the client (`reverse`: from the client to the pod).
 fn iperf(lan: &Lan, pod: &TestNs, port: u16, reverse: bool) -> u64 {
-    let _server = Server::start(lan, port);
+    let _server = rcni_testkit::IperfServer::start(&lan.client.ns, None, port);
     let mut args = vec!["-c", CLIENT_V4, "-p", "", "-t", "2", "-J"];
     let p = port.to_string();
     args[3] = &p;

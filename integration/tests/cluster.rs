@@ -1268,7 +1268,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
         .iter()
         .map(|n| PolicyNode {
             n,
-            fs: rcni_integration::Bpffs::new(),
+            fs: rcni_integration::Bpffs::empty(),
         })
         .collect();
     let log = |i: usize| {

@@ -265,14 +265,14 @@ fn traffic_takes_the_fast_path(
 #[test]
 fn bridge_pods_talk_over_the_fast_path_dual_stack() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (a, b, bc, ra, rb) = bridge_pods(&node);
     let pods = [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)];
     let status = fp_conf(&fs, &Value::Null, json!({}));
     fp(&node, "STATUS", "", "", &status).ok();
     fp_add_each(&node, &fs, pods, &json!({}));
     // The plugin mounted the bpffs on the empty pin root.
-    assert!(rcni_ebpf::bpffs::is_bpffs(fs.dir.path()).unwrap());
+    assert!(rcni_ebpf::bpffs::is_bpffs(fs.path()).unwrap());
     let rows = list(&node, &fs);
     assert_eq!(rows.len(), 4, "{rows:?}");
     let a_row = row(&rows, &addr_of(&ra, true));
@@ -314,7 +314,7 @@ fn bridge_pods_talk_over_the_fast_path_dual_stack() {
 #[test]
 fn ptp_pods_talk_over_the_fast_path_dual_stack() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (a, b) = (TestNs::new(), TestNs::new());
     let pc = ptp_conf(&node);
     let ra = node.call(&bin("ptp"), "ADD", &a.path(), "ctr-a", &pc).ok();
@@ -345,7 +345,7 @@ fn ptp_pods_talk_over_the_fast_path_dual_stack() {
 #[test]
 fn removing_and_adding_fastpath_mid_flow_keeps_traffic_flowing() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (a, b, _bc, ra, rb) = bridge_pods(&node);
     let pods = [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)];
     fp_add_each(&node, &fs, pods, &json!({}));
@@ -400,7 +400,7 @@ fn removing_and_adding_fastpath_mid_flow_keeps_traffic_flowing() {
 #[test]
 fn clsact_fallback_attaches_checks_and_detaches() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (a, b, _bc, ra, rb) = bridge_pods(&node);
     let pods = [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)];
     let tc = json!({"attachMode": "tc"});
@@ -419,7 +419,7 @@ fn clsact_fallback_attaches_checks_and_detaches() {
     assert_eq!(f[0].name.as_deref(), Some(rcni_ebpf::PROGRAM));
     // No tcx link pinned in this mode.
     assert!(
-        rcni_ebpf::pinned_links(&fs.dir.path().join("podnet"))
+        rcni_ebpf::pinned_links(&fs.path().join("podnet"))
             .unwrap()
             .is_empty()
     );
@@ -440,11 +440,11 @@ fn clsact_fallback_attaches_checks_and_detaches() {
 #[test]
 fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (a, b, _bc, ra, rb) = bridge_pods(&node);
     let pod_a = (&a, "ctr-a", &ra);
     fp_add_each(&node, &fs, [pod_a, (&b, "ctr-b", &rb)], &json!({}));
-    let dir = fs.dir.path().join("podnet");
+    let dir = fs.path().join("podnet");
     assert_eq!(rcni_ebpf::pinned_links(&dir).unwrap().len(), 2);
 
     let gc = |valid: Value| {
@@ -483,7 +483,7 @@ fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
 #[test]
 fn add_needs_a_prev_result_with_the_pods_veth() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let a = TestNs::new();
     let c = fp_conf(&fs, &Value::Null, json!({}));
     let (code, msg) = fp(&node, "ADD", &a.path(), "ctr-a", &c).err();
@@ -502,20 +502,20 @@ fn add_needs_a_prev_result_with_the_pods_veth() {
     assert_eq!(code, 7);
     assert!(msg.contains("not a veth"), "{msg}");
     // Nothing was loaded by the failed ADDs.
-    assert!(!fs.dir.path().join("podnet").join("prog").exists());
+    assert!(!fs.path().join("podnet").join("prog").exists());
 }
 
 #[test]
 fn check_finds_a_lost_attachment() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (a, _b, _bc, ra, _rb) = bridge_pods(&node);
     fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
     let c = fp_conf(&fs, &ra, json!({}));
     fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
     // The link unpinned behind the plugin's back: detached.
     let id = rcni_ebpf::AttachmentId::new("ctr-a", "eth0");
-    rcni_ebpf::detach_tcx(&fs.dir.path().join("podnet"), id).unwrap();
+    rcni_ebpf::detach_tcx(&fs.path().join("podnet"), id).unwrap();
     let (code, msg) = fp(&node, "CHECK", &a.path(), "ctr-a", &c).err();
     assert_eq!(code, 106);
     assert!(msg.contains("not attached"), "{msg}");
@@ -527,7 +527,7 @@ fn check_finds_a_lost_attachment() {
 #[test]
 fn status_tells_whether_the_program_can_load() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let c = fp_conf(&fs, &Value::Null, json!({}));
     fp(&node, "STATUS", "", "", &c).ok();
     // A pin root that no bpffs can serve: not available.
@@ -574,7 +574,7 @@ fn example_conflists_run_through_cnitool() {
         ("31-ptp-fastpath.conflist", "ptp-fast"),
     ] {
         let node = Node::new();
-        let fs = Bpffs::new();
+        let fs = Bpffs::empty();
         let (confdir, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let src = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../conf")
@@ -623,7 +623,7 @@ fn example_conflists_run_through_cnitool() {
 #[test]
 fn del_succeeds_when_the_veth_and_netns_are_gone() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (a, b, bc, ra, rb) = bridge_pods(&node);
     fp_add_each(
         &node,
@@ -641,7 +641,7 @@ fn del_succeeds_when_the_veth_and_netns_are_gone() {
     let addrs = addresses(&rows);
     assert_eq!(addrs.len(), 2, "only B's entries are left: {addrs:?}");
     assert_eq!(
-        rcni_ebpf::pinned_links(&fs.dir.path().join("podnet")).unwrap(),
+        rcni_ebpf::pinned_links(&fs.path().join("podnet")).unwrap(),
         vec![rcni_ebpf::AttachmentId::new("ctr-b", "eth0")]
     );
     // The same without prevResult (a runtime that lost its cache).
@@ -654,44 +654,11 @@ fn del_succeeds_when_the_veth_and_netns_are_gone() {
 
 const MBIT: u64 = 1_000_000;
 
-/// An iperf3 server in `ns`, killed on drop.
-struct Iperf(std::process::Child);
-
-impl Iperf {
-    fn serve(ns: &NetNs, addr: &str, port: u16) -> Iperf {
-        let child = command_in(ns, "iperf3")
-            .args(["-s", "-B", addr, "-p", &port.to_string()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("iperf3 is installed");
-        let server = Iperf(child);
-        // Listening, seen by ss: a probe connection would count as a test
-        // the server is still busy with when the real one comes.
-        let filter = format!("sport = :{port}");
-        for _ in 0..200 {
-            let out = output_in(ns, "ss", &["-Hltn", &filter]);
-            if !out.stdout.is_empty() {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        panic!("iperf3 server on {addr}:{port} never listened");
-    }
-}
-
-impl Drop for Iperf {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Bits per second the receiver saw in a 5 s iperf3 TCP run from `from`
 /// to the server on `to` (`reverse`: the server sends), the first second
 /// (the token bucket's burst, TCP's start) left out.
 fn iperf_rate(from: &NetNs, to_ns: &NetNs, to: &str, port: u16, reverse: bool) -> u64 {
-    let _server = Iperf::serve(to_ns, to, port);
+    let _server = rcni_testkit::IperfServer::start(to_ns, Some(to), port);
     let p = port.to_string();
     let mut args = vec!["-c", to, "-p", &p, "-t", "5", "-O", "1", "-J"];
     if reverse {
@@ -736,7 +703,7 @@ enum Order {
 /// leaves nothing.
 fn shaped_pod_stays_shaped(order: Order, extra: Value) {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let bc = node.conf("1.1.0", json!({}));
     let (s, u, v) = (TestNs::new(), TestNs::new(), TestNs::new());
     let bw_bin = match order {
@@ -865,7 +832,7 @@ fn reference_bandwidth_holds_with_fastpath_after_it() {
 #[test]
 fn check_finds_a_pod_shaped_behind_the_fast_paths_back() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (a, _b, _bc, ra, _rb) = bridge_pods(&node);
     fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
     let bw = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "bandwidth",
@@ -922,7 +889,7 @@ fn udp_gets_through(from: &NetNs, to_ns: &NetNs, to: &str, to_mac: &str) -> bool
 #[test]
 fn port_isolation_holds_with_fastpath() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let bc = node.conf("1.1.0", json!({"portIsolation": true}));
     let (a, b) = (TestNs::new(), TestNs::new());
     let ra = node.add(&a, "ctr-a", &bc);
@@ -961,7 +928,7 @@ fn port_isolation_holds_with_fastpath() {
 #[test]
 fn macspoofchk_holds_with_fastpath() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let bc = node.conf("1.1.0", json!({"macspoofchk": true}));
     let (a, b) = (TestNs::new(), TestNs::new());
     let ra = node.add(&a, "ctr-a", &bc);
@@ -992,7 +959,7 @@ fn macspoofchk_holds_with_fastpath() {
 #[test]
 fn firewall_isolation_holds_with_fastpath() {
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let bc = node.conf("1.1.0", json!({}));
     let fw = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "firewall",
                     "backend": "nftables", "ingressPolicy": "isolated"});
@@ -1038,9 +1005,9 @@ fn firewall_isolation_holds_with_fastpath() {
 #[test]
 fn bandwidth_after_fastpath_out_of_reach_fails_and_rolls_back() {
     let node = Node::new();
-    let fs = Bpffs::new();
-    rcni_ebpf::bpffs::ensure_root(fs.dir.path()).unwrap();
-    let deep = fs.dir.path().join("a/b/c").display().to_string();
+    let fs = Bpffs::empty();
+    rcni_ebpf::bpffs::ensure_root(fs.path()).unwrap();
+    let deep = fs.path().join("a/b/c").display().to_string();
     let (a, _b, _bc, ra, _rb) = bridge_pods(&node);
     let fpc = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
                      "pinRoot": deep});

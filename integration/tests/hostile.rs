@@ -18,7 +18,8 @@
 //! nftables and iptables rules.
 
 use rcni_integration::multinet_lab;
-use rcni_testkit::parallel::{Bpffs, Chain, Node};
+use rcni_testkit::Bpffs;
+use rcni_testkit::parallel::{Chain, Node};
 use rcni_testkit::{Call, Output, TestNs, bin, bin_dir, require_root};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;

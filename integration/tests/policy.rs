@@ -78,7 +78,7 @@ impl Lab {
     fn new(backend: Backend, policies: Value) -> Lab {
         Lab {
             node: Node::new(),
-            fs: Bpffs::new(),
+            fs: Bpffs::empty(),
             state: tempfile::tempdir().unwrap(),
             policy_dir: tempfile::tempdir().unwrap(),
             backend,
@@ -219,7 +219,7 @@ impl Lab {
     }
 
     fn pin_dir(&self) -> PathBuf {
-        self.fs.dir.path().join("podnet")
+        self.fs.path().join("podnet")
     }
 
     /// Nothing of the policy left: state, map entries, links, table.
@@ -623,7 +623,7 @@ fn example_conflist_runs_through_cnitool() {
     let file = "80-bridge-policy.conflist";
     let net = "bridge-policy";
     let node = Node::new();
-    let fs = Bpffs::new();
+    let fs = Bpffs::empty();
     let (confdir, cache, state) = (
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),

@@ -312,6 +312,8 @@ fn icmp_pinned(ns: &NetNs, dst: std::net::Ipv4Addr, n: usize, cpu: i32) -> Vec<f
 fn main() {
     let args = Args::parse();
     assert!(is_root(), "fpbench needs root (namespaces, bpffs, eBPF)");
+    // Its bpffs mounts must not outlive a run killed by a signal.
+    rcni_testkit::private_mounts();
     for p in ["bridge", "ptp", "host-local", "fastpath"] {
         assert!(
             args.ours.join(p).is_file(),

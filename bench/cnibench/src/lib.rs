@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Pins the calling thread (or a child between fork and exec) to `cpu`.
@@ -25,47 +25,7 @@ pub fn pin_to(cpu: i32) {
     }
 }
 
-/// A bpffs on a temporary directory; unmounted on drop.
-pub struct Bpffs(tempfile::TempDir);
-
-impl Bpffs {
-    pub fn mount() -> Bpffs {
-        let d = tempfile::Builder::new()
-            .prefix("rcni-bench-")
-            .tempdir()
-            .unwrap();
-        let c = std::ffi::CString::new(d.path().to_str().unwrap()).unwrap();
-        // SAFETY: plain mount(2) with NUL-terminated strings.
-        let r = unsafe {
-            libc::mount(
-                c"bpf".as_ptr(),
-                c.as_ptr(),
-                c"bpf".as_ptr(),
-                0,
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(r, 0, "mount bpffs: {}", std::io::Error::last_os_error());
-        Bpffs(d)
-    }
-    pub fn root(&self) -> String {
-        self.0.path().display().to_string()
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        let c = std::ffi::CString::new(self.0.path().to_str().unwrap()).unwrap();
-        // A plugin may have stacked a bpffs of its own on ours: unmount
-        // until nothing is mounted there.
-        for _ in 0..4 {
-            // SAFETY: umount2(2) on our own mount point.
-            if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
-                break;
-            }
-        }
-    }
-}
+pub use rcni_testkit::Bpffs;
 
 /// A plugin call from inside `node` as a runtime makes it: only the CNI_*
 /// variables (eth0) and a plain PATH, stdin and stdout piped.
@@ -246,27 +206,11 @@ pub fn pct(v: &[f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize]
 }
 
-/// An iperf3 server on port 5201; killed on drop.
-pub struct IperfServer(Child);
+pub use rcni_testkit::IperfServer;
 
-impl Drop for IperfServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts iperf3 -s in `ns`.
+/// Starts iperf3 -s on port 5201 in `ns`.
 pub fn iperf_server(ns: &NetNs) -> IperfServer {
-    let c = ns
-        .command("iperf3")
-        .args(["-s", "-p", "5201"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("iperf3 (apt-get install iperf3)");
-    std::thread::sleep(Duration::from_millis(200));
-    IperfServer(c)
+    IperfServer::start(ns, None, 5201)
 }
 
 /// Gbit/s received over `secs` with `streams` parallel streams.
@@ -277,8 +221,7 @@ pub fn iperf(ns: &NetNs, dst: IpAddr, streams: usize, secs: u64) -> f64 {
 /// [`iperf`] with more iperf3 client options (`-A 0,1` to pin both ends).
 pub fn iperf_with(ns: &NetNs, dst: IpAddr, streams: usize, secs: u64, extra: &[&str]) -> f64 {
     for _ in 0..3 {
-        let out = ns
-            .command("iperf3")
+        let out = rcni_testkit::tied_command_in(ns, "iperf3")
             .args([
                 "-c",
                 &dst.to_string(),

@@ -31,6 +31,8 @@ struct Args {
 
 fn main() {
     let a = Args::parse();
+    // Its bpffs mounts must not outlive a run killed by a signal.
+    rcni_testkit::private_mounts();
     let cnitool = a.ours.join("cnitool");
     let mut nodes = [
         Node::new("rcni full", Chain::Full, &cnitool, &a.ours),

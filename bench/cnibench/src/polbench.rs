@@ -382,6 +382,8 @@ struct Figures {
 fn main() {
     let mut args = Args::parse();
     assert!(is_root(), "polbench needs root (namespaces, bpffs, eBPF)");
+    // Its bpffs mounts must not outlive a run killed by a signal.
+    rcni_testkit::private_mounts();
     for p in ["bridge", "host-local", "policy"] {
         assert!(
             args.ours.join(p).is_file(),

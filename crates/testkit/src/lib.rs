@@ -169,6 +169,146 @@ pub fn command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
     ns.command(program)
 }
 
+/// `program` run inside `ns` as a child of a test or bench (a server, a
+/// traffic generator) that the kernel SIGKILLs when the thread that started
+/// it ends (`setpriv --pdeathsig`). A test or bench killed by a signal
+/// (nextest's timeout, ^C, SIGTERM) runs no Drop guard, and a child left
+/// running would keep its namespace, and everything in it, alive.
+pub fn tied_command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = ns.command("setpriv");
+    c.args(["--pdeathsig", "KILL", "--"]).arg(program);
+    c
+}
+
+/// An iperf3 server in a namespace ([`tied_command_in`]), listening when
+/// [`IperfServer::start`] returns, stopped on drop.
+pub struct IperfServer(std::process::Child);
+
+impl IperfServer {
+    /// Serves on `port`, bound to `addr` when given.
+    pub fn start(ns: &NetNs, addr: Option<&str>, port: u16) -> IperfServer {
+        let port_s = port.to_string();
+        let mut cmd = tied_command_in(ns, "iperf3");
+        cmd.args(["-s", "-p", &port_s]);
+        if let Some(a) = addr {
+            cmd.args(["-B", a]);
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("iperf3 (apt-get install iperf3)");
+        let server = IperfServer(child);
+        // Listening, as ss sees it: a probe connection would count as a test
+        // the server may still be busy with when the real one comes ("the
+        // server is busy running a test"), under load.
+        let filter = format!("sport = :{port}");
+        for _ in 0..250 {
+            let out = ns.command("ss").args(["-Hltn", &filter]).output().unwrap();
+            if !out.stdout.is_empty() {
+                return server;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!("iperf3 server on port {port} never listened");
+    }
+}
+
+impl Drop for IperfServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A pin root of a test's or bench's own on a temporary directory:
+/// [`Bpffs::mount`] mounts a bpffs there, [`Bpffs::empty`] leaves that to
+/// the plugin (which mounts one where none is). Unmounted (pins and links
+/// go with it) and removed on drop.
+pub struct Bpffs(tempfile::TempDir);
+
+impl Bpffs {
+    /// An empty directory; the plugin under test mounts the bpffs.
+    pub fn empty() -> Bpffs {
+        Bpffs(
+            tempfile::Builder::new()
+                .prefix("rcni-bpffs-")
+                .tempdir()
+                .unwrap(),
+        )
+    }
+
+    /// A bpffs mounted on a fresh directory.
+    pub fn mount() -> Bpffs {
+        let b = Bpffs::empty();
+        nix::mount::mount(
+            Some("bpf"),
+            b.path(),
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        )
+        .unwrap_or_else(|e| panic!("mount bpffs on {}: {e}", b.path().display()));
+        b
+    }
+
+    pub fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    pub fn root(&self) -> String {
+        self.path().display().to_string()
+    }
+
+    /// Every file below the mount, relative to it.
+    pub fn files(&self) -> std::collections::BTreeSet<String> {
+        fn walk(root: &Path, d: &Path, out: &mut std::collections::BTreeSet<String>) {
+            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(root, &p, out);
+                } else {
+                    out.insert(p.strip_prefix(root).unwrap().display().to_string());
+                }
+            }
+        }
+        let mut out = std::collections::BTreeSet::new();
+        walk(self.path(), self.path(), &mut out);
+        out
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        // A plugin may have stacked a bpffs of its own on ours: detached
+        // unmounts until nothing is mounted there (EINVAL).
+        for _ in 0..4 {
+            if nix::mount::umount2(self.path(), nix::mount::MntFlags::MNT_DETACH).is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// Gives this process a mount namespace of its own, every mount private:
+/// a bench killed by a signal runs no Drop guard, and the bpffs it mounted
+/// would stay on the machine; in its own namespace its mounts go with its
+/// last process. Call first in `main`, before any thread exists (the kernel
+/// refuses to unshare a multithreaded process's mounts).
+pub fn private_mounts() {
+    use nix::mount::{MsFlags, mount};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .unwrap_or_else(|e| panic!("unshare the mount namespace: {e}"));
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .unwrap_or_else(|e| panic!("make mounts private: {e}"));
+}
+
 /// The names of the files in `dir`, sorted; none when it does not exist.
 pub fn file_names(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)

@@ -12,12 +12,13 @@
 //! Everything runs in a node namespace of its own, with pod namespaces
 //! held here, state in a temporary directory and a bpffs of its own.
 
+use crate::Bpffs;
 use crate::chaos::{dir_names, ipt_rules, link_names, multiset_diff, nft_rules};
 use rcni_netns::NetNs;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 pub const NETWORK: &str = "parnet";
@@ -72,66 +73,6 @@ pub fn conflist(chain: Chain, state: &Path, pins: &Path) -> Value {
         "1.0.0"
     };
     json!({"cniVersion": version, "name": NETWORK, "plugins": plugins})
-}
-
-/// A bpffs mounted on a temporary directory, unmounted on drop (mount(8),
-/// so that no unsafe code is needed).
-pub struct Bpffs(tempfile::TempDir);
-
-impl Bpffs {
-    pub fn mount() -> Bpffs {
-        let d = tempfile::Builder::new()
-            .prefix("rcni-par-bpf-")
-            .tempdir()
-            .unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "bpf", "bpf"])
-            .arg(d.path())
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        assert!(ok, "mount bpffs on {}", d.path().display());
-        Bpffs(d)
-    }
-
-    pub fn path(&self) -> &Path {
-        self.0.path()
-    }
-
-    /// Every file below the mount, relative to it.
-    pub fn files(&self) -> BTreeSet<String> {
-        fn walk(root: &Path, d: &Path, out: &mut BTreeSet<String>) {
-            for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
-                let p = e.path();
-                if p.is_dir() {
-                    walk(root, &p, out);
-                } else {
-                    out.insert(p.strip_prefix(root).unwrap().display().to_string());
-                }
-            }
-        }
-        let mut out = BTreeSet::new();
-        walk(self.path(), self.path(), &mut out);
-        out
-    }
-}
-
-impl Drop for Bpffs {
-    fn drop(&mut self) {
-        // A plugin may have stacked a bpffs of its own on ours.
-        for _ in 0..4 {
-            let ok = Command::new("umount")
-                .arg("-l")
-                .arg(self.path())
-                .stderr(Stdio::null())
-                .status()
-                .map(|s| s.success())
-                .unwrap_or(false);
-            if !ok {
-                break;
-            }
-        }
-    }
 }
 
 /// What the node holds in the parts an attachment touches.
