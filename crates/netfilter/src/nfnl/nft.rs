@@ -112,6 +112,9 @@ pub struct NftChain {
     pub comment: Option<String>,
 }
 
+/// Linux's default socket buffer size (`net.core.[rw]mem_default`).
+const DEFAULT_SOCK_BUF: usize = 212_992;
+
 /// One change in an nf_tables transaction built by [`Nfnl::nft_apply`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NftOp {
@@ -679,17 +682,19 @@ impl Nfnl {
             &[],
         );
         buf.extend_from_slice(&end);
-        if buf.len() > 64 * 1024 {
-            // Netlink takes a batch in one datagram and every message is
-            // acknowledged (errors carry their message): a big one (a policy
-            // table with thousands of set elements) needs socket buffers to
-            // fit. Root may exceed net.core.[rw]mem_max.
+        // Netlink takes a batch in one datagram, and the kernel queues every
+        // message's ack (an error ack echoes its message) before the first
+        // is read: each costs about 800 bytes of receive buffer, so ~260
+        // fill the default 212992 and the read fails with ENOBUFS although
+        // the transaction committed. Big batches (a policy table of many
+        // rule sets or thousands of set elements) get buffers to fit; root
+        // may exceed net.core.[rw]mem_max.
+        let snd = buf.len() + 64 * 1024;
+        let rcv = acked.len() * 1024 + buf.len() + 64 * 1024;
+        if snd > DEFAULT_SOCK_BUF || rcv > DEFAULT_SOCK_BUF {
             use nix::sys::socket::{setsockopt, sockopt};
-            let want = buf.len() + 64 * 1024;
-            setsockopt(&self.fd, sockopt::SndBufForce, &want)
-                .and_then(|()| {
-                    setsockopt(&self.fd, sockopt::RcvBufForce, &(want + acked.len() * 1024))
-                })
+            setsockopt(&self.fd, sockopt::SndBufForce, &snd.max(DEFAULT_SOCK_BUF))
+                .and_then(|()| setsockopt(&self.fd, sockopt::RcvBufForce, &rcv))
                 .map_err(|e| io_err("size the nfnetlink socket buffers", e.into()))?;
         }
         self.spawn_releaser_once();
