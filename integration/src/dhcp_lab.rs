@@ -179,7 +179,8 @@ impl Lab {
     pub fn start_dnsmasq_with_range(&mut self, extra: &[&str]) {
         let pidfile = self.path("dnsmasq.pid");
         let log = std::fs::File::create(self.path("dnsmasq.log")).unwrap();
-        let mut cmd = self.server.command(DNSMASQ);
+        // dnsmasq clears the parent-death signal: a PID namespace of its own.
+        let mut cmd = rcni_testkit::tied_tree_command_in(&self.server.ns, DNSMASQ);
         cmd.args([
             "--keep-in-foreground",
             "--conf-file=/dev/null",
@@ -214,7 +215,7 @@ impl Lab {
             .append(true)
             .open(self.path("daemon.log"))
             .unwrap();
-        let mut cmd = self.node.command(bin("dhcp"));
+        let mut cmd = rcni_testkit::tied_command_in(&self.node.ns, bin("dhcp"));
         cmd.arg("daemon")
             .arg("-socketpath")
             .arg(self.socket())

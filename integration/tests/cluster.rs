@@ -13,7 +13,7 @@ use rcni_integration::ip_link_json as link_json;
 use rcni_integration::{addr_of, addrs_of, ip, link_names, nl};
 use rcni_netlink::NUD_PERMANENT;
 use rcni_netns::NetNs;
-use rcni_testkit::{Call, TestNs, bin, command_in, ping, stdout_of};
+use rcni_testkit::{Call, TestNs, bin, command_in, ping, stdout_of, tied_command_in};
 use serde_json::{Value, json};
 
 /// The agent's route protocol (agent::RTPROT_RCNI).
@@ -34,7 +34,7 @@ impl ClusterNode {
     }
 
     fn agent(&self, file: &Path) -> Command {
-        let mut c = command_in(&self.ns.ns, bin("rcni-node"));
+        let mut c = tied_command_in(&self.ns.ns, bin("rcni-node"));
         c.arg("run")
             .arg("--cluster")
             .arg(file)
@@ -848,7 +848,7 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
         .iter()
         .zip(&logs)
         .map(|(n, log)| {
-            let mut cmd = command_in(&n.ns.ns, bin("rcni-node"));
+            let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
             cmd.arg("run")
                 .arg("--kubernetes")
                 .arg("--net-conf")
@@ -1232,7 +1232,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     }
     let bin_dir = bin("policy").parent().unwrap().to_path_buf();
     let agent = |n: &ClusterNode| {
-        let mut cmd = command_in(&n.ns.ns, bin("rcni-node"));
+        let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
         cmd.arg("run")
             .arg("--kubernetes")
             .arg("--net-conf")

@@ -8,7 +8,7 @@ use rcni_integration::{ip, nl};
 use rcni_testkit::{Call, PersistentNs, TestNs, bin, ping};
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 #[test]
@@ -325,7 +325,9 @@ fn socket_is_private_and_foreign_paths_are_refused() {
 /// its fd 3 (LISTEN_FDS=1), and its socket path one it cannot create.
 fn activated_daemon(fd: std::os::fd::RawFd, lab: &Lab) -> Guard {
     use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new("sh");
+    // In the lab's node namespace, tied to the test: sh and the daemon
+    // exec in turn, so the pid (and the kill on the test's end) stay.
+    let mut cmd = rcni_testkit::tied_command_in(&lab.node.ns, "sh");
     // LISTEN_PID must be the daemon's PID: the shell exports its own and
     // then becomes the daemon.
     cmd.args([
@@ -462,8 +464,9 @@ fn a_reference_daemon_left_running_is_named() {
             let _ = self.0.wait();
         }
     }
+    let node = TestNs::new();
     let _daemon = Kill(
-        Command::new(rcni_testkit::reference_bin("dhcp"))
+        rcni_testkit::tied_command_in(&node.ns, rcni_testkit::reference_bin("dhcp"))
             .args(["daemon", "-socketpath"])
             .arg(&sock)
             .stdout(Stdio::null())
@@ -483,7 +486,7 @@ fn a_reference_daemon_left_running_is_named() {
             .env("CNI_CONTAINERID", "c1")
             .netns(&pod.path())
             .stdin(&conf)
-            .run()
+            .run_in(&node.ns)
     };
     let (code, msg) = call("ADD").err();
     assert_eq!(code, 110, "{msg}");

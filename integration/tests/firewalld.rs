@@ -109,7 +109,7 @@ impl Lab {
         let socket = dir.path().join("bus");
         std::fs::write(dir.path().join("bus.conf"), bus_config(&socket)).unwrap();
         let log = dir.path().join("bus.log");
-        let mut bus = Command::new("nsenter")
+        let mut bus = rcni_testkit::tied_command("nsenter")
             .arg(format!("--net={}", node.path()))
             .args(["unshare", "--mount", "--propagation", "private"])
             .args(["sh", "-c", MOUNTS])
@@ -138,7 +138,7 @@ impl Lab {
         let mut lab = Lab::bus(node);
         let log = lab.dir.path().join("firewalld.log");
         let out = std::fs::File::create(&log).unwrap();
-        let mut fw = Command::new("nsenter")
+        let mut fw = rcni_testkit::tied_command("nsenter")
             .args(["--target", &lab.bus.id().to_string(), "--mount", "--net"])
             .args([
                 "firewalld",

@@ -383,7 +383,7 @@ fn dhcp_daemon_refuses_strangers_and_survives_abuse() {
     let sock = dir.path().join("dhcp.sock");
     let node = TestNs::new();
     let mut daemon = rcni_integration::dhcp_lab::Guard(Some(
-        rcni_testkit::command_in(&node.ns, bin("dhcp"))
+        rcni_testkit::tied_command_in(&node.ns, bin("dhcp"))
             .arg("daemon")
             .arg("-socketpath")
             .arg(&sock)

@@ -27,7 +27,7 @@ impl WgNode {
     }
 
     fn agent(&self, file: &Path) -> Command {
-        let mut c = command_in(&self.ns.ns, bin("rcni-node"));
+        let mut c = rcni_testkit::tied_command_in(&self.ns.ns, bin("rcni-node"));
         c.arg("run")
             .arg("--cluster")
             .arg(file)

@@ -97,6 +97,7 @@ pub struct TestNs {
 impl TestNs {
     pub fn new() -> TestNs {
         require_root();
+        own_mounts();
         TestNs {
             ns: NetNs::new_anonymous().expect("create a network namespace"),
         }
@@ -175,9 +176,33 @@ pub fn command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
 /// (nextest's timeout, ^C, SIGTERM) runs no Drop guard, and a child left
 /// running would keep its namespace, and everything in it, alive.
 pub fn tied_command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
-    let mut c = ns.command("setpriv");
-    c.args(["--pdeathsig", "KILL", "--"]).arg(program);
+    tie(ns.command("setpriv"), program)
+}
+
+/// [`tied_command_in`] for a program that enters its namespaces itself
+/// (`nsenter`, `unshare`). Its exec chain must not fork: the signal is the
+/// process's, kept across exec.
+pub fn tied_command(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    tie(Command::new("setpriv"), program)
+}
+
+/// [`tied_command_in`] for a program that clears the parent-death signal
+/// (dnsmasq does when it sets its credentials) or forks: it runs in a PID
+/// namespace of its own under a shell as init, which keeps the signal
+/// (`unshare --kill-child`); when that init dies the kernel kills every
+/// process in the namespace. Killing the returned child stops them all.
+pub fn tied_tree_command_in(ns: &NetNs, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = tied_command_in(ns, "unshare");
+    // Not `exec`: the shell must stay the namespace's init.
+    c.args(["--pid", "--fork", "--kill-child=KILL", "--"])
+        .args(["sh", "-c", "\"$@\"; exit $?", "sh"])
+        .arg(program);
     c
+}
+
+fn tie(mut setpriv: Command, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    setpriv.args(["--pdeathsig", "KILL", "--"]).arg(program);
+    setpriv
 }
 
 /// An iperf3 server in a namespace ([`tied_command_in`]), listening when
@@ -230,6 +255,7 @@ pub struct Bpffs(tempfile::TempDir);
 impl Bpffs {
     /// An empty directory; the plugin under test mounts the bpffs.
     pub fn empty() -> Bpffs {
+        own_mounts();
         Bpffs(
             tempfile::Builder::new()
                 .prefix("rcni-bpffs-")
@@ -293,8 +319,18 @@ impl Drop for Bpffs {
 /// Gives this process a mount namespace of its own, every mount private:
 /// a bench killed by a signal runs no Drop guard, and the bpffs it mounted
 /// would stay on the machine; in its own namespace its mounts go with its
-/// last process. Call first in `main`, before any thread exists (the kernel
-/// refuses to unshare a multithreaded process's mounts).
+/// last process. It moves the calling thread (and the threads and children
+/// it starts afterwards): call it first in `main`, before any child or
+/// thread that should share the bench's mounts.
+/// [`private_mounts`] once per process, from the first test helper that
+/// makes something a killed test would leave (a namespace, a bind mount, a
+/// bpffs): the test's thread, whose children and later threads follow it.
+/// A test killed by nextest's timeout then leaves no mount behind.
+fn own_mounts() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(private_mounts);
+}
+
 pub fn private_mounts() {
     use nix::mount::{MsFlags, mount};
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
@@ -343,6 +379,7 @@ pub struct PersistentNs {
 impl PersistentNs {
     pub fn new() -> PersistentNs {
         require_root();
+        own_mounts();
         let dir = tempfile::Builder::new()
             .prefix("rcni-ns-")
             .tempdir()
