@@ -140,7 +140,7 @@ fn verdict(code: Verdict, chain: Option<&str>) -> Expr {
     immediate(Register::Verdict, DataAttribute::Verdict(v))
 }
 
-fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+pub(crate) fn ip_bytes(ip: IpAddr) -> Vec<u8> {
     match ip {
         IpAddr::V4(a) => a.octets().to_vec(),
         IpAddr::V6(a) => a.octets().to_vec(),

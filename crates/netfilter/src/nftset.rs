@@ -23,9 +23,9 @@
 //! field lengths inside `NFTA_SET_DESC_CONCAT` and nft's userdata TLVs.
 
 use crate::expr::Expr;
-use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED, NlasIterator};
+use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED};
 use netlink_packet_netfilter::nftables::{
-    ChainAttribute, DataAttribute, ExpressionAttribute, Expressions, Hook, HookNumber, Immediate,
+    ChainAttribute, DataAttribute, ExpressionAttribute, Expressions, Hook, HookNumber,
     ListAttribute, Lookup, Meta, MetaKey, Payload, Register, RuleAttribute, SetAttribute,
     SetDescription, SetElementAttribute, SetElementFlags, SetElementList, SetFlags, TableAttribute,
     Verdict, VerdictAttribute,
@@ -36,14 +36,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 pub use netlink_packet_netfilter::nftables::InetHookNumber as InetHook;
 
 // <linux/netlink.h>
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
+use crate::nfnl::nft::{NFNL_SUBSYS_NFTABLES, NLM_F_APPEND, NLM_F_CREATE, c_string};
 
 // <linux/netfilter/nf_tables.h>
 const NFT_MSG_NEWTABLE: u8 = 0;
 const NFT_MSG_DELTABLE: u8 = 2;
 const NFT_MSG_NEWCHAIN: u8 = 3;
-const NFT_MSG_GETCHAIN: u8 = 4;
 const NFT_MSG_DELCHAIN: u8 = 5;
 const NFT_MSG_NEWRULE: u8 = 6;
 const NFT_MSG_DELRULE: u8 = 8;
@@ -57,10 +55,6 @@ const NFT_MSG_DELSETELEM: u8 = 14;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_DATA_VALUE: u16 = 1;
 const NFTA_SET_FIELD_LEN: u16 = 1;
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
-const NFTA_CHAIN_HOOK: u16 = 4;
-const NFTA_HOOK_HOOKNUM: u16 = 1;
 const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
@@ -125,8 +119,7 @@ pub struct Msg {
 
 impl Msg {
     pub(crate) fn subsys_type(&self) -> u16 {
-        // NFNL_SUBSYS_NFTABLES
-        (10 << 8) | u16::from(self.kind)
+        (NFNL_SUBSYS_NFTABLES << 8) | u16::from(self.kind)
     }
 
     /// The attribute bytes (for tests comparing encodings).
@@ -141,12 +134,7 @@ fn emit<T: netlink_packet_core::Nla>(attrs: &[T]) -> Vec<u8> {
     b
 }
 
-fn ip_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(a) => a.octets().to_vec(),
-        IpAddr::V6(a) => a.octets().to_vec(),
-    }
-}
+use crate::expr::ip_bytes;
 
 /// The address after `ip`, `None` past the top of its family.
 fn next_ip(ip: IpAddr) -> Option<IpAddr> {
@@ -356,10 +344,6 @@ impl Batch {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.msgs.is_empty()
-    }
-
     pub fn messages(&self) -> &[Msg] {
         &self.msgs
     }
@@ -421,7 +405,9 @@ impl Batch {
             ChainAttribute::Table(self.table.clone()),
             ChainAttribute::Name(name.to_string()),
         ]);
-        self.push(NFT_MSG_DELCHAIN, 0, a);
+        // As NftOp::DeleteChain: refused while the chain holds rules (the
+        // caller flushes it first), never taking rules along.
+        self.push(NFT_MSG_DELCHAIN, crate::nfnl::nft::NLM_F_NONREC, a);
     }
 
     fn set_id(&mut self) -> u32 {
@@ -743,13 +729,7 @@ impl Exprs {
 
     /// The `return` verdict.
     pub fn ret(&mut self) -> &mut Exprs {
-        self.push(Expressions::Immediate(vec![
-            Immediate::DestinationRegister(Register::Verdict),
-            Immediate::Data(DataAttribute::Verdict(vec![VerdictAttribute::Code(
-                Verdict::Return,
-            )])),
-        ]));
-        self
+        self.nftexpr(&crate::expr::ret())
     }
 
     pub fn take(&mut self) -> Exprs {
@@ -759,43 +739,7 @@ impl Exprs {
 
 // ---- reading back ------------------------------------------------------
 
-fn nlas(b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    NlasIterator::new(b).filter_map(|n| {
-        let n = n.ok()?;
-        Some((
-            n.kind() & !NLA_F_NESTED,
-            n.into_inner().get(4..n.length() as usize)?,
-        ))
-    })
-}
-
-fn nla(b: &[u8], ty: u16) -> Option<&[u8]> {
-    nlas(b).find(|(t, _)| *t == ty).map(|(_, v)| v)
-}
-
-fn c_string(v: &[u8]) -> String {
-    let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
-    String::from_utf8_lossy(&v[..end]).into_owned()
-}
-
-/// The `NFT_MSG_GETCHAIN` dump request for the chains of `table`.
-pub fn chains_request(table: &str) -> (u8, Vec<u8>) {
-    (
-        NFT_MSG_GETCHAIN,
-        emit(&[ChainAttribute::Table(table.to_string())]),
-    )
-}
-
-/// A chain of a dump: its table, its name, and its hook (`NF_INET_*`) if
-/// it is a base chain.
-pub fn parse_chain(attrs: &[u8]) -> Option<(String, String, Option<u32>)> {
-    let table = c_string(nla(attrs, NFTA_CHAIN_TABLE)?);
-    let name = c_string(nla(attrs, NFTA_CHAIN_NAME)?);
-    let hook = nla(attrs, NFTA_CHAIN_HOOK)
-        .and_then(|h| nla(h, NFTA_HOOK_HOOKNUM))
-        .and_then(|v| Some(u32::from_be_bytes(v.try_into().ok()?)));
-    Some((table, name, hook))
-}
+use crate::nfnl::{attr as nla, attrs as nlas};
 
 /// The `NFT_MSG_GETSET` dump request for the sets of `table`.
 pub fn sets_request(table: &str) -> (u8, Vec<u8>) {

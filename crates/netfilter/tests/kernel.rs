@@ -342,42 +342,6 @@ fn nft_lists_our_table_as_upstreams() {
     }
 }
 
-/// A message the ops do not model (a set, as the policy plugin writes)
-/// goes through [`NftOp::Message`] in the same transaction as the rest.
-#[test]
-fn transaction_carries_prebuilt_messages() {
-    use netlink_packet_netfilter::nftables::{SetAttribute, SetMessage};
-    use rcni_netfilter::nfnl::{CREATE, NfTablesMessage, Nfnl, NftFamily, NftOp};
-    let ns = TestNs::new();
-    let family = NftFamily::Inet;
-    let set = NfTablesMessage::NewSet(SetMessage {
-        attributes: vec![
-            SetAttribute::Table("t".into()),
-            SetAttribute::Name("addrs".into()),
-            // ipv4_addr, 4 bytes; the id ties the set within the batch.
-            SetAttribute::KeyType(7),
-            SetAttribute::KeyLen(4),
-            SetAttribute::Id(1),
-        ],
-    });
-    let mut nl = Nfnl::open(&ns.ns).unwrap();
-    nl.nft_apply(&[
-        NftOp::AddTable {
-            family,
-            table: "t".into(),
-            comment: None,
-        },
-        NftOp::Message {
-            family,
-            message: set,
-            flags: CREATE,
-        },
-    ])
-    .unwrap();
-    let listed = sh(&ns, "nft", &["list", "set", "inet", "t", "addrs"]);
-    assert!(listed.contains("type ipv4_addr"), "{listed}");
-}
-
 /// A transaction of many small messages: every one is acknowledged, and
 /// ~260 acks overflow a default receive buffer (ENOBUFS for a transaction
 /// the kernel committed) although the batch is only ~20 KiB.

@@ -415,10 +415,10 @@ mod tests {
     use super::*;
 
     /// A namespace of its own with nfnetlink, or None when not root.
-    fn kernel() -> Option<(NetNs, Nfnl)> {
-        let ns = NetNs::new_anonymous().ok()?;
-        let nl = Nfnl::open(&ns).ok()?;
-        Some((ns, nl))
+    fn kernel() -> (rcni_testkit::TestNs, Nfnl) {
+        let ns = rcni_testkit::TestNs::new();
+        let nl = Nfnl::open(&ns.ns).unwrap();
+        (ns, nl)
     }
 
     fn doomed(l: &Listing, cid: &str) -> Vec<u64> {
@@ -435,9 +435,7 @@ mod tests {
     /// of deleting the new rule with it (a lost rule under concurrency).
     #[test]
     fn last_teardown_racing_an_add_keeps_the_new_rule() {
-        let Some((_ns, mut nl)) = kernel() else {
-            return;
-        };
+        let (_ns, mut nl) = kernel();
         let (a, b) = (ips(), vec!["10.22.0.3/16".parse().unwrap()]);
         nl.nft_apply(&setup_ops(None, "mynet", "eth0", "a", &a))
             .unwrap();
@@ -446,7 +444,9 @@ mod tests {
             .unwrap();
         let attempts = removal_attempts(&stale, &doomed(&stale, "a"));
         assert_eq!(attempts.len(), 2);
-        assert!(nl.nft_apply(&attempts[0]).is_err(), "took b's rule along");
+        // EBUSY: the chain still holds b's rule (NLM_F_NONREC).
+        let e = nl.nft_apply(&attempts[0]).expect_err("took b's rule along");
+        assert_eq!(e.errno(), Some(libc::EBUSY), "{e}");
         nl.nft_apply(&attempts[1]).unwrap();
         let l = list(&mut nl).unwrap().expect("the table stays for b");
         assert!(problems(Some(&l), "mynet", "eth0", "b", &b).is_empty());
@@ -458,9 +458,7 @@ mod tests {
     /// and deletes only its own; the later one still drops the table.
     #[test]
     fn last_two_teardowns_at_once_leave_no_table() {
-        let Some((_ns, mut nl)) = kernel() else {
-            return;
-        };
+        let (_ns, mut nl) = kernel();
         let (a, b) = (ips(), vec!["10.22.0.3/16".parse().unwrap()]);
         nl.nft_apply(&setup_ops(None, "mynet", "eth0", "a", &a))
             .unwrap();

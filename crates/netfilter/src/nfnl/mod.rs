@@ -17,7 +17,7 @@ pub mod nft;
 
 pub use crate::conntrack::{Flow, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 pub use netlink_packet_netfilter::nftables::NfTablesMessage;
-pub use nft::{CREATE, Hook, NftChain, NftFamily, NftOp, NftRule};
+pub use nft::{Hook, NftChain, NftFamily, NftOp, NftRule};
 
 use rcni_netlink::{Error, Result};
 use rcni_netns::NetNs;
@@ -93,7 +93,7 @@ pub(crate) fn push_attr(buf: &mut Vec<u8>, ty: u16, value: &[u8]) {
 }
 
 /// Iterates the attributes in `buf`: `(type without flags, payload)`.
-fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+pub(crate) fn attrs(mut buf: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
     std::iter::from_fn(move || {
         if buf.len() < 4 {
             return None;
@@ -231,14 +231,18 @@ impl Nfnl {
         // A dump that spans several reads while another process commits a
         // transaction is marked NLM_F_DUMP_INTR and may miss objects (a
         // DEL would then not see its own rule and leave it): dump again.
-        let mut tries = 0;
-        loop {
+        // Still interrupted after DUMP_TRIES: an error, so the caller (a DEL)
+        // fails and is retried rather than acting on a partial listing.
+        for _ in 0..DUMP_TRIES {
             let (out, interrupted) = self.request_once(op, ty, flags, family, res_id, payload)?;
-            tries += 1;
-            if !interrupted || tries >= DUMP_TRIES {
+            if !interrupted {
                 return Ok(out);
             }
         }
+        Err(Error::other(
+            op,
+            format!("the dump was interrupted by concurrent changes {DUMP_TRIES} times"),
+        ))
     }
 
     fn request_once(
@@ -341,10 +345,7 @@ impl Nfnl {
 mod tests {
     use super::*;
 
-    fn c_string(v: &[u8]) -> String {
-        let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
-        String::from_utf8_lossy(&v[..end]).into_owned()
-    }
+    use super::nft::c_string;
 
     #[test]
     fn attributes_round_trip() {

@@ -18,14 +18,14 @@ use rcni_netns::NetNs;
 use std::net::IpAddr;
 
 // <linux/netlink.h>
-const NLM_F_CREATE: u16 = 0x400;
-const NLM_F_APPEND: u16 = 0x800;
+pub(crate) const NLM_F_CREATE: u16 = 0x400;
+pub(crate) const NLM_F_APPEND: u16 = 0x800;
 /// "Do not delete recursively": without it the kernel (since 5.x) deletes
 /// a chain together with its rules, including rules another process
 /// committed after the listing a deletion was planned from.
-const NLM_F_NONREC: u16 = 0x100;
+pub(crate) const NLM_F_NONREC: u16 = 0x100;
 // <linux/netfilter/nfnetlink.h>
-pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(crate) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 // <linux/netfilter.h>
@@ -163,17 +163,7 @@ pub enum NftOp {
         comment: Option<String>,
         insert: bool,
     },
-    /// Any other nf_tables message (sets, set elements, ...), sent with
-    /// `NLM_F_REQUEST | NLM_F_ACK` and `flags` (e.g. `NLM_F_CREATE`).
-    Message {
-        family: NftFamily,
-        message: NfTablesMessage,
-        flags: u16,
-    },
 }
-
-/// `NLM_F_CREATE`, for [`NftOp::Message`].
-pub const CREATE: u16 = NLM_F_CREATE;
 
 /// A base chain's hook: `type <kind> hook <hook> priority <priority>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,7 +193,7 @@ pub(crate) fn udata(comment: &str) -> Vec<u8> {
     v
 }
 
-fn c_string(v: &[u8]) -> String {
+pub(crate) fn c_string(v: &[u8]) -> String {
     let end = v.iter().position(|b| *b == 0).unwrap_or(v.len());
     String::from_utf8_lossy(&v[..end]).into_owned()
 }
@@ -408,11 +398,6 @@ impl NftOp {
                     flags,
                 )
             }
-            NftOp::Message {
-                family,
-                message,
-                flags,
-            } => (*family, message.clone(), *flags),
         }
     }
 }

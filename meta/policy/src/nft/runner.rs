@@ -30,28 +30,12 @@ pub(super) fn listing(
     vmaps: &[&str],
 ) -> Result<Option<Listing>, CniError> {
     let err = |e: rcni_netlink::Error| netfilter(format!("policy: read table inet {table}: {e}"));
-    let (kind, req) = nftset::chains_request(table);
-    let chains = nl
-        .nft_dump_raw(kind, INET, &req)
-        .map_err(err)?
-        .unwrap_or_default();
-    let mut l = Listing::default();
-    for a in &chains {
-        if let Some((t, name, hook)) = nftset::parse_chain(a)
-            && t == table
-        {
-            l.chains.insert(name, hook);
-        }
-    }
-    // A chain dump of a missing table is empty rather than an error.
-    if l.chains.is_empty()
-        && !nl
-            .nft_tables()
-            .map_err(err)?
-            .iter()
-            .any(|(f, t)| *f == NftFamily::Inet && t == table)
-    {
+    let Some(chains) = nl.nft_chains(NftFamily::Inet, table).map_err(err)? else {
         return Ok(None);
+    };
+    let mut l = Listing::default();
+    for c in chains {
+        l.chains.insert(c.name, c.hook.map(|(_, h)| h));
     }
     for m in vmaps {
         let (kind, req) = nftset::elements_request(table, m);
