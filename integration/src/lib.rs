@@ -196,7 +196,6 @@ impl Node {
         v
     }
 
-    /// host-local's reservations for the network `podnet`.
     /// This node with two masters on one wire, the lower devices of
     /// macvlan, ipvlan and vlan pods: its veth pair m1 <-> m2, both up (a
     /// carrier, or IPv6 DAD never ends).
@@ -235,6 +234,7 @@ impl Node {
         assert_eq!(code, 50, "the /30's one address is taken");
     }
 
+    /// host-local's reservations for the network `podnet`.
     pub fn reservations(&self) -> Vec<String> {
         rcni_testkit::reservations(&self.data.path().join("podnet"))
     }

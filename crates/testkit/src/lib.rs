@@ -29,7 +29,6 @@ pub fn unique_name(tag: &str) -> String {
     )
 }
 
-/// `target/<profile>`, where cargo put the workspace's binaries.
 /// The names of the workspace's plugin binaries (the crates under
 /// plugins/, ipam/ and meta/), sorted.
 pub fn plugin_names() -> Vec<String> {
@@ -51,6 +50,7 @@ pub fn plugin_names() -> Vec<String> {
     out
 }
 
+/// `target/<profile>`, where cargo put the workspace's binaries.
 pub fn bin_dir() -> PathBuf {
     if let Ok(d) = std::env::var("RCNI_BIN_DIR") {
         return PathBuf::from(d);

@@ -188,8 +188,6 @@ impl Lab {
     }
 }
 
-/// A TCP server on `[::]:port` (IPv4 too) in `ns` answering "ok" to every
-/// connection, for the rest of the process.
 /// Waits (up to 10 s) until `dev` in `ns` is operationally up.
 fn wait_up(ns: &TestNs, dev: &str) {
     for _ in 0..200 {
@@ -203,6 +201,8 @@ fn wait_up(ns: &TestNs, dev: &str) {
     panic!("{dev} did not come up");
 }
 
+/// A TCP server on `[::]:port` (IPv4 too) in `ns` answering "ok" to every
+/// connection, for the rest of the process.
 fn serve(ns: &NetNs, port: u16) {
     let l = ns
         .run(move || TcpListener::bind(("::", port)))
