@@ -12,12 +12,8 @@
 # Usage: bench/parallel.sh [--concurrent 100] [--rounds 3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${BENCH_BIN:-target/bench-bin}
-if [ -z "${BENCH_BIN:-}" ]; then
-  scripts/install --bin-dir "$bin" >/dev/null
-else
-  host=$(rustc -vV | sed -n 's/^host: //p')
-  [ -x "target/$host/release/cnitool" ] || scripts/install --bin-dir target/bench-bin >/dev/null
-fi
+# BENCH_BIN=DIR benchmarks the plugins in DIR instead (see bench/lib.sh).
+. bench/lib.sh
+bench_bin
 host=$(rustc -vV | sed -n 's/^host: //p')
 exec "target/$host/release/parbench" --ours "$bin" "$@"

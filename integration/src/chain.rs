@@ -20,13 +20,7 @@ pub const CLIENT_V6: &str = "fd99::2";
 /// The bridge's gateway addresses (bridge plugin, isGateway).
 pub const BRIDGE_V4: &str = "10.88.0.1";
 
-pub fn nl<T>(ns: &NetNs, f: impl AsyncFnOnce(&Netlink) -> T) -> T {
-    let rt = rcni_netlink::runtime().unwrap();
-    rt.block_on(async {
-        let n = Netlink::connect(ns).await.unwrap();
-        f(&n).await
-    })
-}
+pub use crate::nl;
 
 /// Runs a tool inside `ns`; returns (success, stdout+stderr).
 pub fn sh(ns: &NetNs, prog: &str, args: &[&str]) -> (bool, String) {

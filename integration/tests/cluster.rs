@@ -1334,8 +1334,10 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     assert_eq!(leases, [web_addr.as_str()], "{ipam_dir:?}");
     // Back: the same pod goes in.
     agents[1] = Some(agent(&c.nodes[1]));
+    // Listening, not only there: the killed agent's socket file stays.
     wait_for("n2's agent back", || {
-        c.nodes[1].dir.path().join("run/agent.sock").exists()
+        std::os::unix::net::UnixStream::connect(c.nodes[1].dir.path().join("run/agent.sock"))
+            .is_ok()
     });
     let late_addr = nodes[1].add(&late, "c-late", "late");
     assert!(late_addr.is_ok(), "{late_addr:?}");

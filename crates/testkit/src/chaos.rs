@@ -175,15 +175,9 @@ impl Leftovers {
 }
 
 pub(crate) fn lines_of(cmd: &mut Command) -> Vec<String> {
-    cmd.stderr(Stdio::null())
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+    // A tool that fails must fail the check: an empty snapshot before and
+    // after would compare equal and hide every leak.
+    crate::stdout_of(cmd).lines().map(str::to_string).collect()
 }
 
 /// The lines of the nftables tables that are not iptables-nft's (those

@@ -154,16 +154,9 @@ pub struct Node {
     n: usize,
 }
 
-/// The IPv4 addresses of a result.
+/// The addresses of a result (cnitool's stdout).
 fn ips_of(stdout: &str) -> Vec<String> {
-    let v: Value = serde_json::from_str(stdout).unwrap_or(Value::Null);
-    v["ips"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|i| i["address"].as_str())
-        .map(|a| a.split('/').next().unwrap_or(a).to_string())
-        .collect()
+    crate::result_ips(&serde_json::from_str(stdout).unwrap_or(Value::Null))
 }
 
 /// Rule lines that name `ip` as a whole token (10.91.0.2 is not in
