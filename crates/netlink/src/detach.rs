@@ -28,12 +28,11 @@ enum Job<'a> {
         eof: BorrowedFd<'a>,
         delay: Duration,
     },
-    /// Send `request` on `sock`, read the answer into `ack`, write the
-    /// kernel's errno (0 for an ACK, EIO when none came) to `report`.
+    /// Send `request` on `sock`, read the answer, write the kernel's errno
+    /// (0 for an ACK, EIO when none came) to `report`.
     SendAndReport {
         sock: BorrowedFd<'a>,
         request: &'a [u8],
-        ack: &'a mut [u8],
         report: BorrowedFd<'a>,
     },
 }
@@ -51,22 +50,34 @@ impl Job<'_> {
             Job::Release { eof, delay, .. } => {
                 let mut b = [0u8; 1];
                 while nix::unistd::read(eof, &mut b) == Err(nix::errno::Errno::EINTR) {}
-                std::thread::sleep(delay);
+                // clock_nanosleep(2) itself: std's sleep promises nothing
+                // about allocating.
+                let t = nix::sys::time::TimeSpec::from_duration(delay);
+                let _ = nix::time::clock_nanosleep(
+                    nix::time::ClockId::CLOCK_MONOTONIC,
+                    nix::time::ClockNanosleepFlags::empty(),
+                    &t,
+                );
             }
             Job::SendAndReport {
                 sock,
                 request,
-                ack,
                 report,
             } => {
                 let s = sock.as_raw_fd();
+                // On the stack: nothing is allocated after the fork. An
+                // error's ack echoes the request; the header and the errno
+                // fit, a truncated read is fine.
+                let mut ack = [0u8; 512];
                 let mut errno: i32 = libc::EIO;
                 if send(s, request, MsgFlags::empty()) == Ok(request.len()) {
-                    let n = recv(s, ack, MsgFlags::empty()).unwrap_or(0);
+                    let n = recv(s, &mut ack, MsgFlags::empty()).unwrap_or(0);
                     // nlmsghdr (16 bytes) of type NLMSG_ERROR (2), then the
                     // negative errno, 0 for an ACK.
                     if n >= 20 && u16::from_ne_bytes([ack[4], ack[5]]) == 2 {
-                        errno = -i32::from_ne_bytes([ack[16], ack[17], ack[18], ack[19]]);
+                        // wrapping: a panic (i32::MIN) would lock and allocate.
+                        errno =
+                            i32::from_ne_bytes([ack[16], ack[17], ack[18], ack[19]]).wrapping_neg();
                     }
                 }
                 let _ = nix::unistd::write(report, &errno.to_ne_bytes());
@@ -120,19 +131,17 @@ pub fn spawn_releaser(sock: &impl AsFd, delay: Duration) -> Option<OwnedFd> {
     fork_job(job).map(|_| w)
 }
 
-/// Forks a child that sends `request` on `sock`, reads the answer into
-/// `ack` and writes the kernel's errno (4 bytes, native order; 0 for
-/// success) to `report`. The child's pid, or `None` when fork failed.
-pub fn spawn_send_and_report(
+/// Forks a child that sends `request` on `sock`, reads the answer and
+/// writes the kernel's errno (4 bytes, native order; 0 for success) to
+/// `report`. The child's pid, or `None` when fork failed.
+pub(crate) fn spawn_send_and_report(
     sock: &impl AsFd,
     request: &[u8],
-    ack: &mut [u8],
     report: &impl AsFd,
 ) -> Option<Pid> {
     fork_job(Job::SendAndReport {
         sock: sock.as_fd(),
         request,
-        ack,
         report: report.as_fd(),
     })
 }
@@ -168,6 +177,6 @@ pub fn netlink_socket(ns: &NetNs, proto: i32, op: &str) -> Result<OwnedFd> {
 }
 
 /// A close-on-exec pipe: (read end, write end).
-pub fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+pub(crate) fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     Ok(nix::unistd::pipe2(OFlag::O_CLOEXEC)?)
 }

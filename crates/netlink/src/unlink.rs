@@ -76,8 +76,7 @@ impl Netlink {
         let sock =
             detach::netlink_socket(self.netns(), libc::NETLINK_ROUTE, "open rtnetlink socket")?;
         let (r, w) = detach::pipe().map_err(|e| Error::io("make a pipe", e))?;
-        let mut ack = [0u8; 512];
-        let pid = detach::spawn_send_and_report(&sock, &buf, &mut ack, &w);
+        let pid = detach::spawn_send_and_report(&sock, &buf, &w);
         Ok(pid.map(|pid| (r, pid)))
     }
 }
