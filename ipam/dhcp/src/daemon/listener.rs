@@ -11,26 +11,19 @@ use nix::sys::socket::{getsockopt, sockopt};
 /// The socket passed by the service manager (sd_listen_fds(3)): fd 3 when
 /// LISTEN_PID is us and LISTEN_FDS is 1.
 pub(super) fn activation_listener() -> io::Result<Option<StdUnixListener>> {
-    let pid_ok = std::env::var("LISTEN_PID")
-        .ok()
-        .and_then(|p| p.parse::<u32>().ok())
-        == Some(std::process::id());
-    let n = std::env::var("LISTEN_FDS")
-        .ok()
-        .and_then(|n| n.parse::<u32>().ok())
-        .unwrap_or(0);
-    if !pid_ok || n == 0 {
-        return Ok(None);
-    }
-    // listenfd reads the same variables and unsets LISTEN_PID and
-    // LISTEN_FDS, so that children do not believe the fds are theirs. Called
+    // listenfd checks LISTEN_PID against us, reads LISTEN_FDS and unsets
+    // both, so that children do not believe the fds are theirs. Called
     // before any other thread exists (the runtime is built afterwards), so
     // nothing reads the environment concurrently.
     let mut fds = listenfd::ListenFd::from_env();
-    if n > 1 {
-        return Err(io::Error::other(format!(
-            "Too many ({n}) FDs passed through socket activation"
-        )));
+    match fds.len() {
+        0 => return Ok(None),
+        1 => {}
+        n => {
+            return Err(io::Error::other(format!(
+                "Too many ({n}) FDs passed through socket activation"
+            )));
+        }
     }
     let not_listening = || io::Error::other("LISTEN_FDS=1 but fd 3 is not a listening socket");
     // Takes fd 3 if it is a unix stream socket, and sets FD_CLOEXEC on it.
