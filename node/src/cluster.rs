@@ -542,6 +542,32 @@ fn valid_name(s: &str) -> bool {
 }
 
 /// Names and addresses unique, pod subnets disjoint.
+/// Why peer `n` cannot join `nodes`: a name, address or pod subnet one of
+/// them already has. The Kubernetes source skips such a peer (a replacement
+/// VM reusing a stale Node's address) instead of refusing the cluster, which
+/// would stop every node's reconcile; a cluster file is refused whole
+/// ([`check_unique`]).
+pub fn conflict(nodes: &[Node], n: &Node) -> Option<String> {
+    nodes.iter().find_map(|o| {
+        let why = if o.name == n.name {
+            "the same name".to_string()
+        } else if o.address == n.address {
+            format!("the same address {}", n.address)
+        } else if let Some(a6) = n.address6.filter(|a| o.address6 == Some(*a)) {
+            format!("the same address6 {a6}")
+        } else if o.pod_cidr.overlaps(n.pod_cidr) {
+            format!("overlapping pod subnets {} and {}", o.pod_cidr, n.pod_cidr)
+        } else if let (Some(a), Some(b)) = (o.pod_cidr6, n.pod_cidr6)
+            && a.overlaps(b)
+        {
+            format!("overlapping IPv6 pod subnets {a} and {b}")
+        } else {
+            return None;
+        };
+        Some(format!("Node {:?} has {why} as {:?}", n.name, o.name))
+    })
+}
+
 fn check_unique(c: &Cluster) -> Result<(), ClusterError> {
     let mut names = BTreeSet::new();
     let mut addrs = std::collections::BTreeMap::new();

@@ -222,7 +222,10 @@ impl Registry for KubeRegistry {
         let mut skipped = Vec::new();
         for (name, s) in st.nodes.iter().filter(|(n, _)| **n != self.node) {
             match node_of(&self.net, name, s, false) {
-                Ok(n) => nodes.push(n),
+                Ok(n) => match crate::cluster::conflict(&nodes, &n) {
+                    None => nodes.push(n),
+                    Some(m) => skipped.push(m),
+                },
                 Err(m) => skipped.push(m),
             }
         }

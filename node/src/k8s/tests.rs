@@ -389,3 +389,24 @@ fn wireguard_keys_published_and_read_from_annotations() {
     let e = node_of(&n, "n2", &bad, false).unwrap_err();
     assert!(e.contains("wireguardPublicKey"), "{e}");
 }
+
+#[test]
+fn a_conflicting_peer_is_skipped_not_the_cluster() {
+    with_api(async |api, kc| {
+        api.put(&knode("n1", "192.168.50.1", Some("10.244.1.0/24"), &[]));
+        api.put(&knode("n2", "192.168.50.2", Some("10.244.2.0/24"), &[]));
+        // A replacement VM reusing n2's address, and a subnet inside n1's.
+        api.put(&knode("n3", "192.168.50.2", Some("10.244.3.0/24"), &[]));
+        api.put(&knode("n4", "192.168.50.4", Some("10.244.1.0/25"), &[]));
+        let mut r = registry(&kc, "n1").await;
+        let c = r.load().unwrap();
+        assert_eq!(names(&c), ["n1", "n2"]);
+        assert!(
+            r.skipped
+                .iter()
+                .any(|m| m.contains("\"n3\" has the same address")),
+            "{:?}",
+            r.skipped
+        );
+    });
+}
