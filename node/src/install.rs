@@ -92,6 +92,17 @@ struct Entry {
     /// A file of this name was there before install and is kept under
     /// `backup/`.
     backup: bool,
+    /// What earlier installs wrote under this name, recorded while an
+    /// upgrade is under way: killed half way, the file may still hold any of
+    /// them, and it is ours all the same (not a host file to back up over
+    /// the one kept, nor a changed binary for uninstall to leave).
+    earlier: Vec<String>,
+}
+
+impl Entry {
+    fn wrote(&self, sha: &str) -> bool {
+        self.sha256 == sha || self.earlier.iter().any(|h| h == sha)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -108,7 +119,13 @@ impl Manifest {
         let files: Vec<Value> = self
             .files
             .iter()
-            .map(|e| json!({"name": e.name, "sha256": e.sha256, "backup": e.backup}))
+            .map(|e| {
+                let mut v = json!({"name": e.name, "sha256": e.sha256, "backup": e.backup});
+                if !e.earlier.is_empty() {
+                    v["earlier"] = json!(e.earlier);
+                }
+                v
+            })
             .collect();
         let mut text = serde_json::to_vec_pretty(&json!({
             "format": FORMAT,
@@ -134,11 +151,20 @@ impl Manifest {
             let name = f.get("name").and_then(Value::as_str);
             let sha = f.get("sha256").and_then(Value::as_str);
             let backup = f.get("backup").and_then(Value::as_bool);
-            match (name, sha, backup) {
-                (Some(n), Some(s), Some(b)) if plain_name(n) => out.push(Entry {
+            let earlier = match f.get("earlier") {
+                None => Some(Vec::new()),
+                Some(v) => v.as_array().and_then(|a| {
+                    a.iter()
+                        .map(|h| h.as_str().map(str::to_owned))
+                        .collect::<Option<Vec<_>>>()
+                }),
+            };
+            match (name, sha, backup, earlier) {
+                (Some(n), Some(s), Some(b), Some(earlier)) if plain_name(n) => out.push(Entry {
                     name: n.to_string(),
                     sha256: s.to_string(),
                     backup: b,
+                    earlier,
                 }),
                 _ => return Err(format!("bad entry {f}")),
             }
@@ -275,10 +301,11 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
         let bytes = fs::read(src).map_err(|e| format!("{}: {e}", src.display()))?;
         let target = bin_dir.join(name);
         let there = file_sha(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+        let sha = sha256_hex(&bytes);
         let backup = match (prev.get(name), there) {
-            // Ours from an earlier install (or removed since): what it kept
-            // stays kept.
-            (Some(p), Some(h)) if h == p.sha256 => p.backup,
+            // Ours from an earlier install, or from one this upgrade
+            // replaces (or removed since): what it kept stays kept.
+            (Some(p), Some(h)) if p.wrote(&h) => p.backup,
             (Some(p), None) => p.backup,
             // Someone else's file: keep it to put back at uninstall.
             (_, Some(_)) => {
@@ -303,10 +330,22 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
             }
             (None, None) => false,
         };
+        let mut earlier: Vec<String> = prev
+            .get(name)
+            .map(|p| {
+                std::iter::once(&p.sha256)
+                    .chain(&p.earlier)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        earlier.retain(|h| *h != sha);
+        earlier.dedup();
         next.files.push(Entry {
             name: name.clone(),
-            sha256: sha256_hex(&bytes),
+            sha256: sha,
             backup,
+            earlier,
         });
         data.push(bytes);
     }
@@ -352,8 +391,17 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
         .into_iter()
         .filter(|e| failed.iter().any(|(n, _)| n == &e.name))
         .collect();
+    // Every binary now holds what this install wrote.
     let fin = Manifest {
-        files: next.files.iter().chain(&kept).cloned().collect(),
+        files: next
+            .files
+            .iter()
+            .map(|e| Entry {
+                earlier: Vec::new(),
+                ..e.clone()
+            })
+            .chain(kept)
+            .collect(),
     };
     fin.store(state, bin_dir)
         .map_err(|e| format!("writing {}: {e}", state.join(MANIFEST).display()))?;
@@ -390,7 +438,7 @@ fn take_back(
     let kept = backup_dir.join(&e.name);
     let there = file_sha(&target).map_err(|x| err(format!("{}: {x}", target.display())))?;
     match there {
-        Some(h) if h != e.sha256 => {
+        Some(h) if !e.wrote(&h) => {
             say(
                 cmd,
                 format!(
@@ -701,6 +749,72 @@ mod tests {
         assert_eq!(m.files.len(), 1);
         assert!(uninst(&d));
         assert!(listing(&d.bin).is_empty());
+    }
+
+    #[test]
+    fn an_upgrade_killed_half_way_keeps_the_hosts_original() {
+        let d = dirs();
+        fs::write(d.bin.join("bridge"), "reference bridge").unwrap();
+        fs::write(d.bin.join("ptp"), "reference ptp").unwrap();
+        let before = listing(&d.bin);
+        fs::write(d.src.join("bridge"), "v1 bridge").unwrap();
+        fs::write(d.src.join("ptp"), "v1 ptp").unwrap();
+        inst(&d).unwrap();
+        // The v2 install is killed after recording its intent and before
+        // writing any binary: what it recorded is what it leaves.
+        let v1 = Manifest::load(&d.state).unwrap().unwrap();
+        let intent = Manifest {
+            files: v1
+                .files
+                .iter()
+                .map(|e| Entry {
+                    sha256: sha256_hex(format!("v2 {}", e.name).as_bytes()),
+                    earlier: vec![e.sha256.clone()],
+                    ..e.clone()
+                })
+                .collect(),
+        };
+        intent.store(&d.state, &d.bin).unwrap();
+        assert_eq!(
+            Manifest::load(&d.state).unwrap().unwrap().files,
+            intent.files
+        );
+        // Uninstall now still takes back the v1 binary it finds.
+        let copy = tempfile::tempdir().unwrap();
+        for e in ["bin", "state"] {
+            let to = copy.path().join(e);
+            fs::create_dir_all(&to).unwrap();
+            for f in fs::read_dir(d._t.path().join(e)).unwrap() {
+                let f = f.unwrap();
+                if f.file_type().unwrap().is_file() {
+                    fs::copy(f.path(), to.join(f.file_name())).unwrap();
+                }
+            }
+            if e == "state" {
+                fs::create_dir_all(to.join(BACKUP_DIR)).unwrap();
+                for f in fs::read_dir(d.state.join(BACKUP_DIR)).unwrap() {
+                    let f = f.unwrap();
+                    fs::copy(f.path(), to.join(BACKUP_DIR).join(f.file_name())).unwrap();
+                }
+            }
+        }
+        assert!(do_uninstall(&UninstallArgs {
+            cni_bin_dir: copy.path().join("bin"),
+            cni_conf_dir: d.conf.clone(),
+            state_dir: copy.path().join("state"),
+            wait: false,
+        }));
+        assert_eq!(listing(&copy.path().join("bin")), before);
+
+        // The rerun of v2 finds v1's files: ours, so the host's originals
+        // stay the ones kept, and uninstall brings them back.
+        fs::write(d.src.join("bridge"), "v2 bridge").unwrap();
+        fs::write(d.src.join("ptp"), "v2 ptp").unwrap();
+        inst(&d).unwrap();
+        let m = Manifest::load(&d.state).unwrap().unwrap();
+        assert!(m.files.iter().all(|e| e.backup && e.earlier.is_empty()));
+        assert!(uninst(&d));
+        assert_eq!(listing(&d.bin), before);
     }
 
     #[test]
