@@ -36,8 +36,7 @@ pub const ANN_PUBLIC_IP_OVERWRITE: &str = "rcni.io/public-ip-overwrite";
 pub const ANN_VTEP_MAC: &str = "rcni.io/vtep-mac";
 pub const ANN_VTEP_MAC6: &str = "rcni.io/vtep-mac6";
 pub const ANN_BACKEND: &str = "rcni.io/backend";
-/// Reserved for the WireGuard backend: the node's public key (base64).
-#[allow(dead_code)]
+/// The node's WireGuard public key (base64), when the cluster encrypts.
 pub const ANN_WIREGUARD_KEY: &str = "rcni.io/wireguard-public-key";
 
 /// flannel's annotations, read so that a flannel node is a peer too.
