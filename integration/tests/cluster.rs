@@ -473,6 +473,60 @@ fn host_gw_on_one_l2_routes_via_the_node() {
     assert!(ping(&p1.ns, &a3));
 }
 
+/// The node's iptables FORWARD rules (`iptables -S FORWARD` and our chain).
+fn forward_rules(ns: &NetNs) -> String {
+    let mut out = String::new();
+    for chain in ["FORWARD", "RCNI-FWD"] {
+        let o = command_in(ns, "iptables")
+            .args(["-w", "-S", chain])
+            .output()
+            .unwrap();
+        out.push_str(&String::from_utf8_lossy(&o.stdout));
+    }
+    out
+}
+
+#[test]
+fn pods_cross_nodes_whose_iptables_forward_drops_as_dockers() {
+    let c = Cluster::new(&[0, 0]);
+    // n1 as Docker leaves it (policy DROP), n2 with a final REJECT rule.
+    let ipt = |ns: &NetNs, args: &str| {
+        let o = command_in(ns, "iptables")
+            .args(args.split_whitespace())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "iptables {args}: {o:?}");
+    };
+    ipt(&c.nodes[0].ns.ns, "-w -N DOCKER-USER");
+    ipt(&c.nodes[0].ns.ns, "-w -A FORWARD -j DOCKER-USER");
+    ipt(&c.nodes[0].ns.ns, "-w -P FORWARD DROP");
+    ipt(&c.nodes[1].ns.ns, "-w -A FORWARD -j REJECT");
+    c.write("vxlan", &[0, 1]);
+    let log = c.nodes[0].reconcile(&c.file);
+    assert!(
+        log.contains("forward: iptables accepts 10.244.0.0/16"),
+        "{log}"
+    );
+    c.nodes[1].reconcile(&c.file);
+    let (p1, a1) = c.nodes[0].pod("p1");
+    let (p2, a2) = c.nodes[1].pod("p2");
+    assert!(ping(&p1.ns, &a2), "{}", forward_rules(&c.nodes[0].ns.ns));
+    assert!(ping(&p2.ns, &a1), "{}", forward_rules(&c.nodes[1].ns.ns));
+    let rules = forward_rules(&c.nodes[1].ns.ns);
+    let lines: Vec<&str> = rules.lines().collect();
+    let jump = lines.iter().position(|l| l.ends_with("-j RCNI-FWD"));
+    let reject = lines.iter().position(|l| l.contains("-j REJECT"));
+    assert!(jump.is_some() && jump < reject, "{rules}");
+    // A second reconcile changes nothing: one jump, two accepts.
+    for n in &c.nodes {
+        let log = n.reconcile(&c.file);
+        assert!(!log.contains("forward:"), "{log}");
+        let rules = forward_rules(&n.ns.ns);
+        assert_eq!(rules.matches("-j RCNI-FWD").count(), 1, "{rules}");
+        assert_eq!(rules.matches("-A RCNI-FWD").count(), 2, "{rules}");
+    }
+}
+
 #[test]
 fn across_a_router_auto_tunnels_only_the_far_node_and_host_gw_refuses_it() {
     // n1 and n2 on 192.168.50.0/24, n3 on 192.168.60.0/24.

@@ -12,7 +12,7 @@ use rcni_netlink::{NUD_PERMANENT, Netlink};
 
 use crate::cluster::{Cluster, Encryption, Node};
 use crate::desired::{self, Actual, Op, Uplink};
-use crate::{conflist, masq, wg, wgkey};
+use crate::{conflist, forward, masq, wg, wgkey};
 
 /// The route protocol that marks the agent's routes (`ip route show proto
 /// 0x52`): unassigned in iproute2's rt_protos.
@@ -228,6 +228,13 @@ async fn finish(
             Some((p6, n6)) => format!("masquerade: {p6} leaving {n6}"),
             None => "masquerade: IPv6 table removed".into(),
         });
+    }
+    let nets: Vec<IpNetwork> = std::iter::once(IpNetwork::V4(cluster.network))
+        .chain(masq6.map(|(_, n6)| IpNetwork::V6(n6)))
+        .collect();
+    for line in forward::ensure(nl.netns(), &nets).map_err(kernel)? {
+        report.changes += 1;
+        report.log.push(line);
     }
     let conf = conflist::render(
         me.pod_cidr,

@@ -8,6 +8,7 @@ mod agent;
 mod cluster;
 mod conflist;
 mod desired;
+mod forward;
 mod install;
 mod k8s;
 mod k8s_policy;

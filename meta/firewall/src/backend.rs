@@ -14,8 +14,8 @@ use crate::{firewalld, ipt, nft};
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use rcni_cni::rollback::Rollback;
-use rcni_netfilter::iptables::Family;
-use rcni_netfilter::nfnl::{Nfnl, NftFamily};
+use rcni_netfilter::iptables::{self, Family};
+use rcni_netfilter::nfnl::Nfnl;
 use rcni_netns::NetNs;
 use std::cell::RefCell;
 
@@ -259,61 +259,11 @@ pub fn select(c: &Ctx) -> Result<Box<dyn FirewallBackend>, CniError> {
 /// `filter` table exists in the namespace.
 fn iptables_forward_drops(c: &Ctx) -> Result<bool, CniError> {
     for (fam, _) in c.by_family() {
-        let family = match fam {
-            Family::V4 => NftFamily::Ip,
-            Family::V6 => NftFamily::Ip6,
-        };
-        let drops = c.with_nfnl(|nl| Ok(nl.nft_chain_drops(family, "filter", "FORWARD")?))?
-            || legacy_forward_drops(c.ns, fam);
-        if drops && rcni_netfilter::exec::find_tool(fam.iptables_tool()).is_some() {
+        if c.with_nfnl(|nl| Ok(iptables::forward_drops(c.ns, nl, fam)?))? {
             return Ok(true);
         }
     }
     Ok(false)
-}
-
-/// Legacy iptables' `filter FORWARD` drops (false when it cannot tell).
-fn legacy_forward_drops(ns: &NetNs, fam: Family) -> bool {
-    let (names, legacy) = match fam {
-        Family::V4 => ("ip_tables_names", "iptables-legacy"),
-        Family::V6 => ("ip6_tables_names", "ip6tables-legacy"),
-    };
-    // x_tables creates a namespace's tables on their first use: no
-    // `filter` there, no legacy FORWARD chain.
-    let in_use = ns
-        .run(|| std::fs::read_to_string(format!("/proc/thread-self/net/{names}")))
-        .ok()
-        .and_then(Result::ok)
-        .is_some_and(|s| s.lines().any(|l| l == "filter"));
-    if !in_use {
-        return false;
-    }
-    // Where `iptables` is iptables-nft, only the legacy tool sees x_tables.
-    let tool = if rcni_netfilter::exec::find_tool(legacy).is_some() {
-        legacy
-    } else {
-        fam.iptables_tool()
-    };
-    rcni_netfilter::exec::run(ns, tool, &["-w", "-S", "FORWARD"], None)
-        .is_ok_and(|o| o.success && save_drops(&o.stdout))
-}
-
-/// Whether `iptables -S FORWARD` shows a chain that drops what it does not
-/// accept: policy DROP, or an unconditional DROP or REJECT last.
-fn save_drops(s: &str) -> bool {
-    let mut last = None;
-    for l in s.lines() {
-        let w: Vec<&str> = l.split_whitespace().collect();
-        match w.as_slice() {
-            ["-P", "FORWARD", "DROP"] => return true,
-            ["-A", "FORWARD", rest @ ..] => last = Some(rest.to_vec()),
-            _ => {}
-        }
-    }
-    matches!(
-        last.as_deref(),
-        Some(["-j", "DROP"]) | Some(["-j", "REJECT", ..])
-    )
 }
 
 /// The backends DEL runs: every one whose state it can find without
@@ -331,30 +281,4 @@ pub fn for_del(conf: &Conf) -> Result<Vec<Box<dyn FirewallBackend>>, CniError> {
         v.push(Box::new(Firewalld(fw)));
     }
     Ok(v)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::save_drops;
-
-    #[test]
-    fn forward_chain_that_drops() {
-        assert!(save_drops("-P FORWARD DROP\n-A FORWARD -j DOCKER-USER\n"));
-        assert!(!save_drops(
-            "-P FORWARD ACCEPT\n-A FORWARD -j DOCKER-USER\n"
-        ));
-        assert!(save_drops(
-            "-P FORWARD ACCEPT\n-A FORWARD -i x -j ACCEPT\n-A FORWARD -j DROP\n"
-        ));
-        assert!(save_drops(
-            "-P FORWARD ACCEPT\n-A FORWARD -j REJECT --reject-with icmp-port-unreachable\n"
-        ));
-        assert!(!save_drops(
-            "-P FORWARD ACCEPT\n-A FORWARD -j DROP\n-A FORWARD -i x -j ACCEPT\n"
-        ));
-        assert!(!save_drops(
-            "-P FORWARD ACCEPT\n-A FORWARD -s 10.0.0.0/8 -j DROP\n"
-        ));
-        assert!(!save_drops(""));
-    }
 }

@@ -8,6 +8,7 @@
 
 use crate::Error;
 use crate::exec;
+use crate::nfnl::{Nfnl, NftFamily};
 use ipnetwork::IpNetwork;
 use rcni_netns::NetNs;
 use std::collections::BTreeSet;
@@ -309,6 +310,68 @@ pub fn supported(ns: &NetNs, fam: Family) -> bool {
     }
 }
 
+/// Whether iptables' `filter FORWARD` of `fam` drops what it does not
+/// accept (policy DROP, as Docker sets, or an unconditional DROP/REJECT
+/// last), where the iptables tool is there to write an accept. Such a chain
+/// is a base chain of its own at the forward hook, and a packet dropped by
+/// any base chain is dropped: no nftables accept of ours can pass it.
+/// iptables-nft keeps the chain in the nftables table `ip filter` (`ip6
+/// filter`), read over `nl` without a process; legacy iptables (x_tables)
+/// only with `iptables-legacy -S`, run only where the legacy `filter` table
+/// exists in the namespace.
+pub fn forward_drops(ns: &NetNs, nl: &mut Nfnl, fam: Family) -> Result<bool, Error> {
+    let family = match fam {
+        Family::V4 => NftFamily::Ip,
+        Family::V6 => NftFamily::Ip6,
+    };
+    let drops = nl.nft_chain_drops(family, "filter", "FORWARD")? || legacy_forward_drops(ns, fam);
+    Ok(drops && exec::find_tool(fam.iptables_tool()).is_some())
+}
+
+/// Legacy iptables' `filter FORWARD` drops (false when it cannot tell).
+fn legacy_forward_drops(ns: &NetNs, fam: Family) -> bool {
+    let (names, legacy) = match fam {
+        Family::V4 => ("ip_tables_names", "iptables-legacy"),
+        Family::V6 => ("ip6_tables_names", "ip6tables-legacy"),
+    };
+    // x_tables creates a namespace's tables on their first use: no
+    // `filter` there, no legacy FORWARD chain.
+    let in_use = ns
+        .run(|| std::fs::read_to_string(format!("/proc/thread-self/net/{names}")))
+        .ok()
+        .and_then(Result::ok)
+        .is_some_and(|s| s.lines().any(|l| l == "filter"));
+    if !in_use {
+        return false;
+    }
+    // Where `iptables` is iptables-nft, only the legacy tool sees x_tables.
+    let tool = if exec::find_tool(legacy).is_some() {
+        legacy
+    } else {
+        fam.iptables_tool()
+    };
+    exec::run(ns, tool, &["-w", "-S", "FORWARD"], None)
+        .is_ok_and(|o| o.success && save_drops(&o.stdout))
+}
+
+/// Whether `iptables -S FORWARD` shows a chain that drops what it does not
+/// accept: policy DROP, or an unconditional DROP or REJECT last.
+fn save_drops(s: &str) -> bool {
+    let mut last = None;
+    for l in s.lines() {
+        let w: Vec<&str> = l.split_whitespace().collect();
+        match w.as_slice() {
+            ["-P", "FORWARD", "DROP"] => return true,
+            ["-A", "FORWARD", rest @ ..] => last = Some(rest.to_vec()),
+            _ => {}
+        }
+    }
+    matches!(
+        last.as_deref(),
+        Some(["-j", "DROP"]) | Some(["-j", "REJECT", ..])
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,5 +395,26 @@ mod tests {
         assert!(tokenize(r#"--comment "open"#).is_err());
         let t = parse_save("*nat\n-A POSTROUTING -o eth0 -j MASQUERADE\nCOMMIT\n").unwrap();
         assert!(t.rules[0].other);
+    }
+
+    #[test]
+    fn forward_chain_that_drops() {
+        assert!(save_drops("-P FORWARD DROP\n-A FORWARD -j DOCKER-USER\n"));
+        assert!(!save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -j DOCKER-USER\n"
+        ));
+        assert!(save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -i x -j ACCEPT\n-A FORWARD -j DROP\n"
+        ));
+        assert!(save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -j REJECT --reject-with icmp-port-unreachable\n"
+        ));
+        assert!(!save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -j DROP\n-A FORWARD -i x -j ACCEPT\n"
+        ));
+        assert!(!save_drops(
+            "-P FORWARD ACCEPT\n-A FORWARD -s 10.0.0.0/8 -j DROP\n"
+        ));
+        assert!(!save_drops(""));
     }
 }
