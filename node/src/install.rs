@@ -15,9 +15,9 @@
 //! is still what install wrote, puts a replaced file back, removes the
 //! agent's conflist, and touches nothing else.
 
-use std::fs::{self, OpenOptions, Permissions};
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::fs;
+use std::io;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -223,29 +223,7 @@ fn file_sha(path: &Path) -> io::Result<Option<String>> {
 /// reader and executor), then the directory synced, so that after a power
 /// loss the name holds the old file or the whole new one.
 fn place(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = rcni_statefile::tmp_path(path);
-    let done = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .and_then(|mut f| {
-            f.write_all(data)?;
-            // Explicitly: the creation mode is masked by the umask.
-            f.set_permissions(Permissions::from_mode(mode))?;
-            f.sync_all()
-        })
-        .and_then(|()| fs::rename(&tmp, path));
-    if let Err(e) = done {
-        let _ = fs::remove_file(&tmp);
-        return Err(e);
-    }
-    if let Some(dir) = path.parent()
-        && let Ok(d) = fs::File::open(dir)
-    {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    rcni_statefile::write_replace_durable(path, data, mode)
 }
 
 /// The binaries to install: every regular file in `dir` (symlinks
@@ -606,6 +584,7 @@ fn wait_for_term() {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs::Permissions;
     use std::os::unix::fs::PermissionsExt;
 
     struct Dirs {

@@ -2,8 +2,7 @@
 //! state directory (mode 0600), made once and reused across restarts, so
 //! peers keep the public key they were given.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
@@ -60,17 +59,15 @@ fn pair(mut private: [u8; KEY_LEN]) -> KeyPair {
 }
 
 /// The key pair in `state_dir`, generated on first use. Creation is atomic
-/// (a fully written 0600 temporary file hard-linked into place, which
-/// fails rather than replaces if another agent got there first, whose key
-/// then wins); a key file readable by others is tightened to 0600.
+/// and durable (a fully written 0600 file given its name only if none is
+/// there: another agent that got there first wins); a key file readable by
+/// others is tightened to 0600.
 pub fn load_or_create(state_dir: &Path) -> Result<KeyPair, String> {
     let keys = private_key(state_dir)?;
     let pub_path = state_dir.join(PUB_FILE);
     let text = format!("{}\n", encode(&keys.public));
     if std::fs::read_to_string(&pub_path).ok().as_deref() != Some(text.as_str()) {
-        let tmp = state_dir.join(format!(".{PUB_FILE}.{}", std::process::id()));
-        std::fs::write(&tmp, &text)
-            .and_then(|()| std::fs::rename(&tmp, &pub_path))
+        rcni_statefile::write_replace(&pub_path, text.as_bytes(), 0o644)
             .map_err(|e| format!("write {}: {e}", pub_path.display()))?;
     }
     Ok(keys)
@@ -86,22 +83,11 @@ fn private_key(state_dir: &Path) -> Result<KeyPair, String> {
     let mut private = [0u8; KEY_LEN];
     getrandom::fill(&mut private).map_err(|e| format!("random key: {e}"))?;
     let keys = pair(private);
-    let tmp = state_dir.join(format!(".{KEY_FILE}.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        f.write_all(format!("{}\n", encode(&keys.private)).as_bytes())?;
-        f.sync_all()
-    };
-    let made = write().and_then(|()| std::fs::hard_link(&tmp, &path));
-    let _ = std::fs::remove_file(&tmp);
-    match made {
-        Ok(()) => Ok(keys),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+    let text = format!("{}\n", encode(&keys.private));
+    match rcni_statefile::create_new_durable(&path, text.as_bytes(), 0o600) {
+        Ok(true) => Ok(keys),
+        // Another agent got there first: its key wins.
+        Ok(false) => {
             read(&path)?.ok_or_else(|| format!("{}: vanished while being created", path.display()))
         }
         Err(e) => Err(format!("create {}: {e}", path.display())),

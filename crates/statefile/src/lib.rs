@@ -17,7 +17,7 @@ use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
@@ -38,9 +38,11 @@ pub fn tmp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.{}.{n}{TMP_SUFFIX}", std::process::id()))
 }
 
-/// Writes `data` into a new temporary file beside `path` (mode `mode`) and
-/// returns its path; on failure nothing is left.
-fn write_tmp(path: &Path, data: &[u8], mode: u32) -> io::Result<PathBuf> {
+/// Writes `data` into a new temporary file beside `path` (mode `mode`
+/// exactly: the creation mode alone is masked by the umask, which a
+/// container may set to 077) and returns its path, its data on disk when
+/// `durable`; on failure nothing is left.
+fn write_tmp(path: &Path, data: &[u8], mode: u32, durable: bool) -> io::Result<PathBuf> {
     let tmp = tmp_path(path);
     let written = OpenOptions::new()
         .write(true)
@@ -48,7 +50,11 @@ fn write_tmp(path: &Path, data: &[u8], mode: u32) -> io::Result<PathBuf> {
         .truncate(true)
         .mode(mode)
         .open(&tmp)
-        .and_then(|mut f| f.write_all(data));
+        .and_then(|mut f| {
+            f.write_all(data)?;
+            f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+            if durable { f.sync_all() } else { Ok(()) }
+        });
     match written {
         Ok(()) => Ok(tmp),
         Err(e) => {
@@ -61,7 +67,7 @@ fn write_tmp(path: &Path, data: &[u8], mode: u32) -> io::Result<PathBuf> {
 /// Replaces `path`'s content with `data` atomically: readers see the old
 /// file or the new one, never a torn one.
 pub fn write_replace(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = write_tmp(path, data, mode)?;
+    let tmp = write_tmp(path, data, mode, false)?;
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
@@ -72,30 +78,43 @@ pub fn write_replace(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
 /// sync, ext4 and xfs may commit the rename before the data, which a crash
 /// shows as an empty file under the new name).
 pub fn write_replace_durable(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
-    let tmp = write_tmp(path, data, mode)?;
-    let published = File::open(&tmp)
-        .and_then(|f| f.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = published {
+    let tmp = write_tmp(path, data, mode, true)?;
+    if let Err(e) = std::fs::rename(&tmp, path) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
     }
+    sync_dir_of(path);
+    Ok(())
+}
+
+fn sync_dir_of(path: &Path) {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && let Ok(d) = File::open(dir)
     {
         let _ = d.sync_all();
     }
-    Ok(())
 }
 
 /// Creates `path` with `data` unless it exists: `Ok(false)` then, and the
 /// existing file is untouched. The name appears with its whole content
 /// (`O_EXCL` followed by a write would show an empty file in between).
 pub fn create_new(path: &Path, data: &[u8], mode: u32) -> io::Result<bool> {
-    let tmp = write_tmp(path, data, mode)?;
+    create_new_with(path, data, mode, false)
+}
+
+/// [`create_new`] that also survives a power loss (as
+/// [`write_replace_durable`]): for what cannot be made again, such as a key.
+pub fn create_new_durable(path: &Path, data: &[u8], mode: u32) -> io::Result<bool> {
+    create_new_with(path, data, mode, true)
+}
+
+fn create_new_with(path: &Path, data: &[u8], mode: u32, durable: bool) -> io::Result<bool> {
+    let tmp = write_tmp(path, data, mode, durable)?;
     let published = publish_noreplace(&tmp, path);
     if !matches!(published, Ok(true)) {
         let _ = std::fs::remove_file(&tmp);
+    } else if durable {
+        sync_dir_of(path);
     }
     published
 }
@@ -274,7 +293,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("x");
         std::fs::write(&p, "old").unwrap();
-        let tmp = write_tmp(&p, b"new", 0o644).unwrap();
+        let tmp = write_tmp(&p, b"new", 0o644, false).unwrap();
         // The EINVAL branch as a filesystem without RENAME_NOREPLACE takes it.
         assert!(matches!(
             std::fs::hard_link(&tmp, &p),
