@@ -203,7 +203,9 @@ impl Lab {
         .arg(format!("--pid-file={}", pidfile.display()))
         .args(extra);
         self.dnsmasq = spawn_logged(&mut cmd, log, "dnsmasq");
-        wait_for(Duration::from_secs(5), "dnsmasq to start", || {
+        // A limit, not a figure: the emulated VM under load has needed
+        // more than 5 s.
+        wait_for(Duration::from_secs(30), "dnsmasq to start", || {
             pidfile.exists()
         });
     }
@@ -227,7 +229,7 @@ impl Lab {
             .args(extra);
         self.daemon = spawn_logged(&mut cmd, log, "dhcp daemon");
         let sock = self.socket();
-        wait_for(Duration::from_secs(5), "the daemon's socket", || {
+        wait_for(Duration::from_secs(30), "the daemon's socket", || {
             std::os::unix::net::UnixStream::connect(&sock).is_ok()
         });
     }
