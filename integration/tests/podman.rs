@@ -200,9 +200,23 @@ fn podman_runs_the_chain_from_our_bin_directory() {
         podman.parent().unwrap().display()
     );
     let node = lan.node.path();
-    let child = Command::new("nsenter")
+    // Tied to the test, and in a PID namespace of its own (/proc mounted
+    // for it): conmon detaches from podman, but not from the namespace,
+    // whose every process the kernel kills when its init, the script's
+    // shell, dies with the test.
+    let child = rcni_testkit::tied_command("nsenter")
         .arg(format!("--net={node}"))
-        .args(["unshare", "--mount", "sh", "-c", INNER])
+        .args([
+            "unshare",
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child=KILL",
+            "--mount-proc",
+            "sh",
+            "-c",
+            INNER,
+        ])
         .env("T", t)
         .env("PATH", path)
         .env("CONTAINERS_CONF", t.join("containers.conf"))
