@@ -62,6 +62,13 @@ impl WgNode {
     }
 
     fn pod(&self, cid: &str) -> (TestNs, String) {
+        let (pod, r) = self.add_pod(cid);
+        let a = addr_of(&r, true);
+        (pod, a)
+    }
+
+    /// A pod and its bridge result.
+    fn add_pod(&self, cid: &str) -> (TestNs, Value) {
         let list = self.conflist();
         let mut c = list["plugins"][0].clone();
         c["cniVersion"] = list["cniVersion"].clone();
@@ -73,8 +80,7 @@ impl WgNode {
             .stdin(&c)
             .run_in(&self.ns.ns)
             .ok();
-        let a = addr_of(&r, true);
-        (pod, a)
+        (pod, r)
     }
 
     /// `wg show rcni-wg dump` peer lines: (public key, endpoint, allowed ips).
@@ -180,6 +186,7 @@ impl WgCluster {
              chain count {{\n\
              type filter hook forward priority 0; policy accept;\n\
              ip saddr 10.244.0.0/16 counter name \"plain\"\n\
+             ip6 saddr fd00::/48 counter name \"plain\"\n\
              udp dport {WG_PORT} counter name \"wg\"\n\
              }}\n\
              }}\n"
@@ -272,6 +279,13 @@ fn pods_talk_across_nodes_only_through_wireguard() {
     assert!(ping(&pods[0].0.ns, &pods[1].1), "n1 pod -> n2 pod");
     assert!(ping(&pods[0].0.ns, &pods[2].1), "n1 pod -> n3 pod");
     assert!(ping(&pods[2].0.ns, &pods[1].1), "n3 pod -> n2 pod");
+    // The node itself reaches remote pods, from its subnet's `.0` on the
+    // device (another source would be outside its allowed-ips at the peer).
+    assert!(
+        rcni_integration::addrs_of(&c.nodes[0].ns.ns, WG).contains(&"10.244.1.0/32".to_string())
+    );
+    assert!(ping(&c.nodes[0].ns.ns, &pods[2].1), "n1 itself -> n3 pod");
+    assert!(ping(&pods[1].0.ns, "10.244.1.0"), "n2 pod -> n1 itself");
     assert_eq!(c.counter("plain"), 0, "no pod address on the wire");
     assert!(c.counter("wg") > 0, "the pings crossed as WireGuard");
 
@@ -308,4 +322,78 @@ fn pods_talk_across_nodes_only_through_wireguard() {
     std::fs::write(&c.file, serde_json::to_vec(&f).unwrap()).unwrap();
     c.nodes[0].reconcile(&c.file);
     assert!(!rcni_integration::link_names(&c.nodes[0].ns.ns).contains(&WG.to_string()));
+}
+
+fn ping6(from: &NetNs, to: &str) -> bool {
+    command_in(from, "ping")
+        .args(["-6", "-c", "1", "-W", "2", to])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn dual_stack_pods_talk_over_wireguard() {
+    let c = WgCluster::new(2);
+    // IPv6 on the underlay too (the agent finds each node's `address6`);
+    // WireGuard's endpoints stay IPv4, and both families ride inside.
+    for (i, n) in c.nodes.iter().enumerate() {
+        ip(
+            &c.router.ns,
+            &format!("addr add fd5{i}::fe/64 dev ul{i} nodad"),
+        );
+        ip(
+            &n.ns.ns,
+            &format!("addr add fd5{i}::{}/64 dev eth0 nodad", i + 1),
+        );
+    }
+    let write = || {
+        let nodes: Vec<Value> = c
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                json!({"name": n.name,
+                    "address": format!("192.168.{}.{}", 50 + 10 * i, i + 1),
+                    "address6": format!("fd5{i}::{}", i + 1),
+                    "podCIDRs": [format!("10.244.{}.0/24", i + 1),
+                                 format!("fd00:0:0:{}::/64", i + 1)],
+                    "wireguardPublicKey": n.public_key()})
+            })
+            .collect();
+        let f = json!({"network": "10.244.0.0/16", "network6": "fd00::/48",
+                       "backend": "vxlan", "encryption": "wireguard", "nodes": nodes});
+        std::fs::write(&c.file, serde_json::to_vec_pretty(&f).unwrap()).unwrap();
+    };
+    // Keys first (the first pass makes them), then the real file.
+    c.write(&[0, 1], false);
+    for n in &c.nodes {
+        let _ = n.agent(&c.file).output().unwrap();
+    }
+    write();
+    for n in &c.nodes {
+        n.reconcile(&c.file);
+    }
+    let peers = c.nodes[0].peers();
+    assert_eq!(peers.len(), 1, "{peers:?}");
+    assert!(
+        peers[0].2.contains("10.244.2.0/24") && peers[0].2.contains("fd00:0:0:2::/64"),
+        "{peers:?}"
+    );
+    let addrs = rcni_integration::addrs_of(&c.nodes[0].ns.ns, WG);
+    assert!(addrs.contains(&"fd00:0:0:1::/128".to_string()), "{addrs:?}");
+    c.count_on_wire();
+    let (p1, r1) = c.nodes[0].add_pod("d1");
+    let (p2, r2) = c.nodes[1].add_pod("d2");
+    let (a1, a2) = (addr_of(&r1, true), addr_of(&r2, true));
+    let (b1, b2) = (addr_of(&r1, false), addr_of(&r2, false));
+    assert!(ping(&p1.ns, &a2), "IPv4 pod -> pod");
+    assert!(ping6(&p1.ns, &b2), "IPv6 pod -> pod");
+    assert!(ping6(&p2.ns, &b1), "IPv6 pod -> pod, back");
+    assert!(ping(&p2.ns, &a1));
+    assert!(
+        ping6(&c.nodes[0].ns.ns, &b2),
+        "n1 itself -> n2 pod over IPv6"
+    );
+    assert_eq!(c.counter("plain"), 0, "no pod address on the wire");
+    assert!(c.counter("wg") > 0);
 }

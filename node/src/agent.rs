@@ -318,6 +318,19 @@ async fn reconcile_wireguard(
     // of pod traffic.
     let mtu = desired::wg_mtu(uplink.mtu);
     let index = ensure_wg(nl, mtu, &mut report).await?;
+    // The pod subnets' `.0` (`::0`) on the device, as flannel's VTEP has:
+    // the node's own traffic to a remote pod then leaves from an address
+    // inside this node's allowed-ips at the peer, which drops any other
+    // source arriving from this node.
+    let pods6 = six.as_ref().map(|(_, _, p6)| *p6);
+    let want: Vec<IpNetwork> = std::iter::once(IpNetwork::V4(
+        Ipv4Network::new(desired::vtep_addr(me.pod_cidr), 32).expect("/32 is a valid prefix"),
+    ))
+    .chain(pods6.map(|p6| {
+        IpNetwork::V6(Ipv6Network::new(desired::vtep_addr6(p6), 128).expect("/128 is valid"))
+    }))
+    .collect();
+    own_addresses(nl, index, &want, true, true, &mut report).await?;
 
     let (want, refused) = desired::wg_peers(cluster, me);
     report.refused.extend(refused);
@@ -370,7 +383,6 @@ async fn reconcile_wireguard(
     // Routes after peers: a route never points into the device before the
     // peer that owns its subnet exists.
     program(nl, cluster, me, uplink, Some(index), false, &mut report).await?;
-    let pods6 = six.as_ref().map(|(_, _, p6)| *p6);
     if pods6.is_some()
         && rcni_netlink::sysctl::get(nl.netns(), "net.ipv6.conf.all.forwarding")
             .ok()
@@ -553,20 +565,15 @@ async fn ensure_vtep(
             nl.link_by_name(&spec.name).await.map_err(kernel)?
         }
     };
-    let addrs = nl.addresses(Some(link.index)).await.map_err(kernel)?;
-    // The kernel's own IPv6 link-local address stays.
-    let ours = |a: &IpNetwork| match a {
-        IpNetwork::V4(_) => want.is_ipv4(),
-        IpNetwork::V6(n) => want.is_ipv6() && n.ip().segments()[0] & 0xffc0 != 0xfe80,
-    };
-    for a in addrs.iter().filter(|a| ours(&a.addr) && a.addr != want) {
-        nl.del_address(link.index, a.addr).await.map_err(kernel)?;
-        report.changes += 1;
-    }
-    if !addrs.iter().any(|a| a.addr == want) {
-        nl.add_address(link.index, want).await.map_err(kernel)?;
-        report.changes += 1;
-    }
+    own_addresses(
+        nl,
+        link.index,
+        &[want],
+        want.is_ipv4(),
+        want.is_ipv6(),
+        report,
+    )
+    .await?;
     nl.set_ipv4_devconf(link.index, &[(IPV4_DEVCONF_RP_FILTER, RP_FILTER_LOOSE)])
         .await
         .map_err(kernel)?;
@@ -574,6 +581,37 @@ async fn ensure_vtep(
         nl.set_up(link.index).await.map_err(kernel)?;
     }
     Ok(link.index)
+}
+
+/// Makes the device hold exactly `want` of the families given (the
+/// kernel's own IPv6 link-local address stays).
+async fn own_addresses(
+    nl: &Netlink,
+    index: u32,
+    want: &[IpNetwork],
+    v4: bool,
+    v6: bool,
+    report: &mut Report,
+) -> Result<(), AgentError> {
+    let addrs = nl.addresses(Some(index)).await.map_err(kernel)?;
+    let ours = |a: &IpNetwork| match a {
+        IpNetwork::V4(_) => v4,
+        IpNetwork::V6(n) => v6 && n.ip().segments()[0] & 0xffc0 != 0xfe80,
+    };
+    for a in addrs
+        .iter()
+        .filter(|a| ours(&a.addr) && !want.contains(&a.addr))
+    {
+        nl.del_address(index, a.addr).await.map_err(kernel)?;
+        report.changes += 1;
+    }
+    for w in want {
+        if !addrs.iter().any(|a| a.addr == *w) {
+            nl.add_address(index, *w).await.map_err(kernel)?;
+            report.changes += 1;
+        }
+    }
+    Ok(())
 }
 
 async fn read_actual(nl: &Netlink, vtep: Option<u32>, v6: bool) -> Result<Actual, AgentError> {
