@@ -498,3 +498,30 @@ pub fn lower_in_container(node: &Node, plugin: &str, conf: &Value) -> TestNs {
     node.call(&bin(plugin), "DEL", &p.path(), "lic", &with).ok();
     p
 }
+
+/// An IPAM plugin `fake-ipam` in a new directory (put it first in
+/// CNI_PATH) whose ADD hands out 10.70.0.5/24 with a route via 10.99.0.1,
+/// which no pod can reach (so the main plugin's ADD fails after IPAM), and
+/// whose DEL appends `present` or `gone` to the returned log: whether the
+/// pod's interface still existed when it ran.
+pub fn release_order_ipam() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("del.log");
+    let script = dir.path().join("fake-ipam");
+    std::fs::write(
+        &script,
+        format!(
+            r#"#!/bin/sh
+cat >/dev/null
+case "$CNI_COMMAND" in
+ADD) echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.70.0.5/24"}}],"routes":[{{"dst":"10.80.0.0/16","gw":"10.99.0.1"}}]}}' ;;
+DEL) if nsenter --net="$CNI_NETNS" ip link show "$CNI_IFNAME" >/dev/null 2>&1; then echo present; else echo gone; fi >>{} ;;
+esac
+"#,
+            log.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    (dir, log)
+}

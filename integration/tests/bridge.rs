@@ -589,3 +589,23 @@ fn ip_masq_rules_follow_the_attachment_even_without_netns() {
         [&["10.88.0.2"], &["10.88.0.3"]],
     );
 }
+
+/// A failed ADD: an IPAM plugin other than host-local and static releases
+/// while the pod's veth is still there (dhcp's DHCPRELEASE goes out on it),
+/// as the reference's deferred `ipam.ExecDel`; then the veth goes.
+#[test]
+fn failed_add_releases_ipam_before_removing_the_veth() {
+    let (ipam, log) = rcni_integration::release_order_ipam();
+    let node = Node::with_path(format!(
+        "{}:{}",
+        ipam.path().display(),
+        rcni_testkit::bin_dir().display()
+    ));
+    let pod = TestNs::new();
+    let c = json!({"cniVersion": "1.0.0", "name": "rel", "type": "bridge", "bridge": "brrel",
+        "ipam": {"type": "fake-ipam"}});
+    node.call(&bin("bridge"), "ADD", &pod.path(), "ctr", &c)
+        .err();
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "present\n");
+    assert_eq!(rcni_integration::link_names(&pod.ns), ["lo"]);
+}

@@ -354,30 +354,15 @@ fn status_and_gc_reach_ipam() {
     node.ipam_status_and_gc("macvlan", &c, "10.68.0");
 }
 
-/// A failed ADD removes the pod's link before IPAM releases its address:
-/// IPAM is a script whose DEL records whether the link is still in the pod
-/// when it runs, and ADD fails after IPAM (a route via a gateway the pod
-/// cannot reach).
+/// A failed ADD lets an IPAM plugin other than host-local and static
+/// release while the pod's link is still there, as the reference's
+/// deferred `ipam.ExecDel` does (dhcp sends its DHCPRELEASE on that link),
+/// and removes the link after: IPAM is a script whose DEL records whether
+/// the link is still in the pod when it runs, and ADD fails after IPAM (a
+/// route via a gateway the pod cannot reach).
 #[test]
-fn failed_add_removes_the_link_before_ipam_releases() {
-    let ipam = tempfile::tempdir().unwrap();
-    let log = ipam.path().join("del.log");
-    let script = ipam.path().join("fake-ipam");
-    std::fs::write(
-        &script,
-        format!(
-            r#"#!/bin/sh
-cat >/dev/null
-case "$CNI_COMMAND" in
-ADD) echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.70.0.5/24"}}],"routes":[{{"dst":"10.80.0.0/16","gw":"10.99.0.1"}}]}}' ;;
-DEL) if nsenter --net="$CNI_NETNS" ip link show "$CNI_IFNAME" >/dev/null 2>&1; then echo present; else echo gone; fi >>{} ;;
-esac
-"#,
-            log.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+fn failed_add_releases_ipam_before_removing_the_link() {
+    let (ipam, log) = rcni_integration::release_order_ipam();
     let node = Node::with_path(format!(
         "{}:{}",
         ipam.path().display(),
@@ -389,6 +374,6 @@ esac
         "ipam": {"type": "fake-ipam"}});
     node.call(&bin("macvlan"), "ADD", &pod.path(), "ctr", &c)
         .err();
-    assert_eq!(std::fs::read_to_string(&log).unwrap(), "gone\n");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "present\n");
     assert_eq!(link_names(&pod.ns), ["lo"]);
 }

@@ -181,12 +181,17 @@ pub fn finish_lower_add(
     without_ipam: Option<CniResult>,
     arp_notify: bool,
     // Before `undo`: parameters drop in reverse order, so a failure here
-    // removes the link before IPAM releases its addresses.
+    // removes the link before host-local or static release its addresses
+    // (any other IPAM releases first: `wait_into`).
     mut ipam: Option<PendingAdd>,
-    undo: Rollback<'_>,
+    mut undo: Rollback<'_>,
 ) -> Result<CniResult, CniError> {
     let result = match &mut ipam {
-        Some(ipam) => Some(ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?),
+        Some(ipam) => Some(ipam_config(
+            args.version(),
+            ipam.wait_into(&mut undo)?,
+            IDX_CONTAINER,
+        )?),
         None => without_ipam,
     };
     let mut result = match result {

@@ -261,6 +261,25 @@ impl PendingAdd {
         r
     }
 
+    /// [`PendingAdd::wait`] that, for a delegate not [`runs_beside_links`],
+    /// puts its DEL on `undo`: a failed ADD then releases before the links
+    /// pushed earlier go, as the reference's deferred `ipam.ExecDel` (dhcp
+    /// sends its DHCPRELEASE on the container's interface; without it the
+    /// server keeps the lease until it expires). host-local and static keep
+    /// releasing after the links, which then no longer hold the addresses.
+    pub fn wait_into(
+        &mut self,
+        undo: &mut crate::rollback::Rollback<'_>,
+    ) -> Result<CniResult, CniError> {
+        let r = self.wait()?;
+        if !runs_beside_links(&self.delegate.name) {
+            self.added = false;
+            let d = Arc::clone(&self.delegate);
+            undo.push(format!("IPAM {}", d.name), move || d.cmd("DEL"));
+        }
+        Ok(r)
+    }
+
     /// The attachment succeeded: keep what the delegate allocated.
     pub fn commit(mut self) {
         self.committed = true;

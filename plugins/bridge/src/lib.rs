@@ -241,8 +241,9 @@ impl Attachment for Bridge {
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
         // IPAM runs alongside the link work below where it may (the
         // reference runs it after). Declared before the rollback: dropped
-        // after it, so a failed ADD releases its addresses after removing
-        // the links that used them.
+        // after it, so a failed ADD releases host-local's or static's
+        // addresses after removing the links that used them (any other
+        // IPAM, dhcp's included, releases first: `wait_into`).
         let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
         let ns = Namespaces::open(args)?;
         let mut undo = Rollback::new();
@@ -291,7 +292,7 @@ impl Attachment for Bridge {
             }
             let mut result = CniResult::new(args.version());
             if let Some(ipam) = &mut ipam {
-                result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
+                result = ipam_config(args.version(), ipam.wait_into(&mut undo)?, IDX_CONTAINER)?;
                 let gws = calc_gateways(&mut result, conf)?;
                 let ips: Vec<IpNetwork> = result.ips.iter().map(|i| i.address).collect();
 

@@ -229,7 +229,7 @@ impl Attachment for HostDevice {
 
         let mut result = CniResult::new(args.version());
         if let Some(ipam) = &mut ipam {
-            result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
+            result = ipam_config(args.version(), ipam.wait_into(&mut undo)?, IDX_CONTAINER)?;
             if let Some(link) = &link {
                 // A device on a real segment: IPv6 addresses go through
                 // duplicate address detection, waited for as the reference.

@@ -170,7 +170,7 @@ impl Attachment for Ptp {
         sysctl_best_effort(&ns.ct_ns, &[(key, "0")]);
         ns.rt.block_on(ns.host.set_up(host_veth.index))?;
 
-        let mut result = ipam_config(args.version(), ipam.wait()?, IDX_CONTAINER)?;
+        let mut result = ipam_config(args.version(), ipam.wait_into(&mut undo)?, IDX_CONTAINER)?;
         let ips = addresses_with_gateways(&result)?;
         let addrs: Vec<IpNetwork> = ips.iter().map(|(a, _)| *a).collect();
         enable_forwarding(&ns.host_ns, &addrs)
