@@ -225,7 +225,7 @@ fn iptables_usable(ns: &NetNs) -> bool {
 }
 
 /// The backend of ADD and CHECK: the configured one, else firewalld if it
-/// runs, else iptables where it works, else nftables where `nft` exists.
+/// runs, else iptables where it works, else nftables where the kernel has it.
 ///
 /// `"backend": "nftables"` becomes iptables where iptables' `filter
 /// FORWARD` drops what it does not accept (Docker sets its policy DROP):
@@ -244,7 +244,14 @@ pub fn select(c: &Ctx) -> Result<Box<dyn FirewallBackend>, CniError> {
         None => match firewalld::Firewalld::running()? {
             Some(fw) => Box::new(Firewalld(fw)),
             None if iptables_usable(c.ns) => Box::new(Iptables),
-            None if rcni_netfilter::exec::find_tool("nft").is_some() => Box::new(Nftables),
+            // Our nftables backend speaks nfnetlink itself: what it needs is
+            // the kernel's nf_tables, not the nft tool.
+            None if c
+                .with_nfnl(|nl| Ok(nl.nft_tables().is_ok()))
+                .unwrap_or(false) =>
+            {
+                Box::new(Nftables)
+            }
             None => Box::new(Iptables),
         },
     })
