@@ -15,9 +15,8 @@ use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use rcni_cni::rollback::Rollback;
 use rcni_netfilter::iptables::{self, Family};
-use rcni_netfilter::nfnl::Nfnl;
+use rcni_netfilter::nfnl::{LazyNfnl, Nfnl};
 use rcni_netns::NetNs;
-use std::cell::RefCell;
 
 /// One attachment, as every backend sees it.
 pub struct Ctx<'a> {
@@ -26,7 +25,7 @@ pub struct Ctx<'a> {
     pub att: nft::Attachment<'a>,
     /// The addresses of prevResult (none on a DEL without it).
     pub ips: Vec<IpNetwork>,
-    nl: RefCell<Option<Nfnl>>,
+    nl: LazyNfnl,
 }
 
 impl<'a> Ctx<'a> {
@@ -41,7 +40,7 @@ impl<'a> Ctx<'a> {
             conf,
             att,
             ips,
-            nl: RefCell::new(None),
+            nl: LazyNfnl::default(),
         }
     }
 
@@ -50,11 +49,7 @@ impl<'a> Ctx<'a> {
         &self,
         f: impl FnOnce(&mut Nfnl) -> Result<T, CniError>,
     ) -> Result<T, CniError> {
-        let mut nl = self.nl.borrow_mut();
-        if nl.is_none() {
-            *nl = Some(Nfnl::open(self.ns)?);
-        }
-        f(nl.as_mut().expect("just opened"))
+        self.nl.with(self.ns, f)
     }
 
     /// The addresses by family, families without one left out.

@@ -8,16 +8,15 @@ use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
 use rcni_cni::rollback::Rollback;
 use rcni_netfilter::iptables::Family;
-use rcni_netfilter::nfnl::Nfnl;
+use rcni_netfilter::nfnl::{LazyNfnl, Nfnl};
 use rcni_netns::NetNs;
-use std::cell::RefCell;
 use std::collections::BTreeSet;
 
 /// One attachment, as every backend sees it.
 pub struct Ctx<'a> {
     pub ns: &'a NetNs,
     pub owner: nft::Owner<'a>,
-    nl: RefCell<Option<Nfnl>>,
+    nl: LazyNfnl,
 }
 
 impl<'a> Ctx<'a> {
@@ -25,7 +24,7 @@ impl<'a> Ctx<'a> {
         Ctx {
             ns,
             owner,
-            nl: RefCell::new(None),
+            nl: LazyNfnl::default(),
         }
     }
 
@@ -34,12 +33,7 @@ impl<'a> Ctx<'a> {
         &self,
         f: impl FnOnce(&mut Nfnl) -> Result<T, CniError>,
     ) -> Result<T, CniError> {
-        let mut nl = self.nl.borrow_mut();
-        let nl = match &mut *nl {
-            Some(nl) => nl,
-            empty => empty.insert(Nfnl::open(self.ns)?),
-        };
-        f(nl)
+        self.nl.with(self.ns, f)
     }
 
     /// Whether iptables of `fam` may hold one of `chains` in its nat table

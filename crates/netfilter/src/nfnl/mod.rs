@@ -341,6 +341,27 @@ impl Nfnl {
     }
 }
 
+/// A namespace's nfnetlink socket, opened on first use and then shared by
+/// every caller: a plugin's backends each ask for it, and most commands
+/// need it once or not at all.
+#[derive(Default)]
+pub struct LazyNfnl(std::cell::RefCell<Option<Nfnl>>);
+
+impl LazyNfnl {
+    pub fn with<T, E: From<Error>>(
+        &self,
+        ns: &NetNs,
+        f: impl FnOnce(&mut Nfnl) -> std::result::Result<T, E>,
+    ) -> std::result::Result<T, E> {
+        let mut nl = self.0.borrow_mut();
+        let nl = match &mut *nl {
+            Some(nl) => nl,
+            empty => empty.insert(Nfnl::open(ns)?),
+        };
+        f(nl)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
