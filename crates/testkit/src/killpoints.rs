@@ -29,8 +29,8 @@ pub enum Ending {
 
 /// Runs `cmd` with `stdin` in a process group of its own, traced, and kills
 /// the group on entry to its `k`-th lasting system call (1-based); see the
-/// module doc. Output goes nowhere. The caller must have no other child
-/// process running meanwhile (this waits for any).
+/// module doc. Output goes nowhere. The calling thread must have no other
+/// child process running meanwhile (this waits for any of its own).
 pub fn run_killed_at(mut cmd: Command, stdin: &[u8], k: u32) -> Ending {
     cmd.process_group(0)
         .stdin(Stdio::piped())
@@ -68,7 +68,13 @@ pub fn run_killed_at(mut cmd: Command, stdin: &[u8], k: u32) -> Ending {
     let mut killed = None;
     let mut code = None;
     loop {
-        let st = match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::__WALL)) {
+        // __WNOTHREAD: this thread's children and tracees only, so the
+        // children of the other tests' threads (`cargo test` runs tests as
+        // threads of one process) are left to their own waits.
+        let st = match waitpid(
+            Pid::from_raw(-1),
+            Some(WaitPidFlag::__WALL | WaitPidFlag::__WNOTHREAD),
+        ) {
             Ok(st) => st,
             Err(Errno::EINTR) => continue,
             Err(Errno::ECHILD) => break,
