@@ -1147,6 +1147,8 @@ fn talks(ns: &NetNs, addr: &str, port: u16) -> bool {
 struct PolicyNode<'a> {
     n: &'a ClusterNode,
     fs: rcni_integration::Bpffs,
+    /// The policy plugin's backend, when not the conflist's (auto).
+    backend: Option<&'static str>,
 }
 
 impl PolicyNode<'_> {
@@ -1161,6 +1163,9 @@ impl PolicyNode<'_> {
         assert_eq!(list["plugins"][1]["type"], "policy", "{list}");
         let mut pol = with(list["plugins"][1].clone());
         pol["pinRoot"] = json!(self.fs.root());
+        if let Some(b) = self.backend {
+            pol["backend"] = json!(b);
+        }
         (with(list["plugins"][0].clone()), pol)
     }
 
@@ -1269,6 +1274,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
         .map(|n| PolicyNode {
             n,
             fs: rcni_integration::Bpffs::empty(),
+            backend: None,
         })
         .collect();
     let log = |i: usize| {
@@ -1438,6 +1444,15 @@ fn figure(what: &str, mut v: Vec<f64>) {
 
 #[test]
 fn pod_selectors_from_the_api_admit_pods_of_other_nodes() {
+    pod_selectors_across_nodes(None);
+}
+
+#[test]
+fn pod_selectors_from_the_api_admit_pods_of_other_nodes_nftables() {
+    pod_selectors_across_nodes(Some("nftables"));
+}
+
+fn pod_selectors_across_nodes(backend: Option<&'static str>) {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     let c = Cluster::new(&[0, 0, 0]);
     let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
@@ -1461,6 +1476,7 @@ fn pod_selectors_from_the_api_admit_pods_of_other_nodes() {
         .map(|n| PolicyNode {
             n,
             fs: rcni_integration::Bpffs::empty(),
+            backend,
         })
         .collect();
 
