@@ -1100,8 +1100,9 @@ fn kpod(name: &str, node: &str, app: &str) -> k8s_openapi::api::core::v1::Pod {
 }
 
 /// A NetworkPolicy in `default` for app=web: ingress from the cluster
-/// network on `port` (a number or a container port's name). Pods on other
-/// nodes have no identity here, so the peer is an ipBlock.
+/// network on `port` (a number or a container port's name). [`kpod`]'s
+/// Pods carry no address, so another node's pod is no selector peer: the
+/// peer is an ipBlock.
 fn knetpol(port: Value) -> k8s_openapi::api::networking::v1::NetworkPolicy {
     serde_json::from_value(json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
