@@ -1569,5 +1569,33 @@ fn pod_selectors_across_nodes(backend: Option<&'static str>) {
     figure("a remote pod relabeled out of it", relabel_out);
     figure("the NetworkPolicy deleted", np_out);
     figure("the NetworkPolicy created", np_in);
+
+    // Egress: n1's pod (now app=former) may reach app=web pods only; the
+    // web pod on n2 is one, n3's pod is not, until the labels say so.
+    assert!(api.delete::<NetworkPolicy>(Some("default"), "web"));
+    listen_ok(&other.ns, 8080);
+    let egress = |to: &str| -> NetworkPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "former", "namespace": "default"},
+            "spec": {"podSelector": {"matchLabels": {"app": "former"}}, "policyTypes": ["Egress"],
+                     "egress": [{"to": [{"podSelector": {"matchLabels": {"app": to}}}],
+                                 "ports": [{"port": 8080}]}]}
+        }))
+        .unwrap()
+    };
+    let reaches = |what: &str, web_ok: bool, other_ok: bool| {
+        wait_for(what, || {
+            talks(&client.ns, web_addr, 8080) == web_ok
+                && talks(&client.ns, other_addr, 8080) == other_ok
+        });
+    };
+    reaches("no policy: n1's pod reaches both", true, true);
+    api.put(&egress("web"));
+    reaches("egress to app=web: n2's web pod only", true, false);
+    api.put(&kpod_at("web", "n2", "db", web_addr));
+    api.put(&kpod_at("other", "n3", "web", other_addr));
+    reaches("relabeled: n3's pod only", false, true);
+    assert_eq!(nodes[0].policed(), ["c-client/eth0"]);
     drop(agents);
 }
