@@ -523,6 +523,11 @@ async fn watch_pods(
             if old.is_some_and(|o| o != info) {
                 changed.notify_one();
             }
+            // A pod of that name on another node before (a StatefulSet's,
+            // its deletion missed): not a remote peer any more.
+            if lock(&remote).pods.remove(&key(&p)).is_some() {
+                remote_changed.notify_one();
+            }
         }
         Event::Apply(p) => {
             let k = key(&p);
