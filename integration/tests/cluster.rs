@@ -1154,8 +1154,9 @@ fn kpod(name: &str, node: &str, app: &str) -> k8s_openapi::api::core::v1::Pod {
 }
 
 /// A NetworkPolicy in `default` for app=web: ingress from the cluster
-/// network on `port` (a number or a container port's name). Pods on other
-/// nodes have no identity here, so the peer is an ipBlock.
+/// network on `port` (a number or a container port's name). [`kpod`]'s
+/// Pods carry no address, so another node's pod is no selector peer: the
+/// peer is an ipBlock.
 fn knetpol(port: Value) -> k8s_openapi::api::networking::v1::NetworkPolicy {
     serde_json::from_value(json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -1201,6 +1202,8 @@ fn talks(ns: &NetNs, addr: &str, port: u16) -> bool {
 struct PolicyNode<'a> {
     n: &'a ClusterNode,
     fs: rcni_integration::Bpffs,
+    /// The policy plugin's backend, when not the conflist's (auto).
+    backend: Option<&'static str>,
 }
 
 impl PolicyNode<'_> {
@@ -1215,6 +1218,9 @@ impl PolicyNode<'_> {
         assert_eq!(list["plugins"][1]["type"], "policy", "{list}");
         let mut pol = with(list["plugins"][1].clone());
         pol["pinRoot"] = json!(self.fs.root());
+        if let Some(b) = self.backend {
+            pol["backend"] = json!(b);
+        }
         (with(list["plugins"][0].clone()), pol)
     }
 
@@ -1323,6 +1329,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
         .map(|n| PolicyNode {
             n,
             fs: rcni_integration::Bpffs::empty(),
+            backend: None,
         })
         .collect();
     let log = |i: usize| {
@@ -1395,5 +1402,254 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     });
     let late_addr = nodes[1].add(&late, "c-late", "late");
     assert!(late_addr.is_ok(), "{late_addr:?}");
+    drop(agents);
+}
+
+/// The Canal-style agent of `n`, reading `k`'s API, with the policy
+/// inputs under the node's directory.
+fn policy_agent(k: &KubeApi, n: &ClusterNode) -> Agent {
+    let bin_dir = bin("policy").parent().unwrap().to_path_buf();
+    let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
+    cmd.arg("run")
+        .arg("--kubernetes")
+        .arg("--net-conf")
+        .arg(&k.net_conf)
+        .arg("--kubeconfig")
+        .arg(&k.kubeconfig)
+        .arg("--cni-conf-dir")
+        .arg(n.conf_dir())
+        .arg("--state-dir")
+        .arg(n.dir.path().join("state"))
+        .arg("--ipam-data-dir")
+        .arg(n.dir.path().join("ipam"))
+        .arg("--policy-dir")
+        .arg(n.dir.path().join("policy.d"))
+        .arg("--agent-socket")
+        .arg(n.dir.path().join("run/agent.sock"))
+        .arg("--policy-data-dir")
+        .arg(n.dir.path().join("policy-state"))
+        .arg("--cni-bin-dir")
+        .arg(&bin_dir)
+        .args(["--poll-ms", "20", "--node", &n.name])
+        .stderr(std::fs::File::create(n.dir.path().join("agent.log")).unwrap());
+    Agent(cmd.spawn().unwrap())
+}
+
+/// [`kpod`] once its sandbox is up: the kubelet has written its address
+/// into the status.
+fn kpod_at(name: &str, node: &str, app: &str, addr: &str) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::{PodIP, PodStatus};
+    let mut p = kpod(name, node, app);
+    p.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        pod_ip: Some(addr.into()),
+        pod_ips: Some(vec![PodIP { ip: addr.into() }]),
+        ..Default::default()
+    });
+    p
+}
+
+/// Whether the policy the node enforces names `addr` as a peer (a host
+/// prefix of a rule set, eBPF; an element of a set, nftables): read from
+/// the kernel, not from the plugin's state.
+fn kernel_names(node: &PolicyNode, backend: &str, addr: &str) -> bool {
+    let a: std::net::IpAddr = addr.parse().unwrap();
+    match backend {
+        "ebpf" => rcni_ebpf::Datapath::open(&node.fs.path().join("rcni"))
+            .unwrap()
+            .is_some_and(|dp| {
+                dp.cidrs(None)
+                    .unwrap()
+                    .iter()
+                    .any(|(_, ip, len, _)| *ip == a && *len == 32)
+            }),
+        _ => {
+            let out = command_in(&node.n.ns.ns, "nft")
+                .args(["list", "table", "inet", "rcni_policy_rcni"])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout)
+                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .any(|w| w == addr)
+        }
+    }
+}
+
+/// Milliseconds from now until `f` holds (polled every millisecond,
+/// bounded at 10 s).
+fn ms_until(what: &str, f: impl Fn() -> bool) -> f64 {
+    let t = std::time::Instant::now();
+    while !f() {
+        assert!(t.elapsed().as_secs() < 10, "{what} never happened");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    t.elapsed().as_secs_f64() * 1e3
+}
+
+fn figure(what: &str, mut v: Vec<f64>) {
+    v.sort_by(f64::total_cmp);
+    println!(
+        "figure: {what}: min {:.0} ms, median {:.0} ms, max {:.0} ms ({} runs)",
+        v[0],
+        v[v.len() / 2],
+        v[v.len() - 1],
+        v.len()
+    );
+}
+
+#[test]
+fn pod_selectors_from_the_api_admit_pods_of_other_nodes() {
+    pod_selectors_across_nodes(None);
+}
+
+#[test]
+fn pod_selectors_from_the_api_admit_pods_of_other_nodes_nftables() {
+    pod_selectors_across_nodes(Some("nftables"));
+}
+
+fn pod_selectors_across_nodes(backend: Option<&'static str>) {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    let c = Cluster::new(&[0, 0, 0]);
+    let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
+    let api = &k.api;
+    for i in 0..3 {
+        api.put(&knode(
+            &c.nodes[i].name,
+            &c.address(i),
+            &format!("10.244.{}.0/24", i + 1),
+        ));
+    }
+    let agents: Vec<Agent> = c.nodes.iter().map(|n| policy_agent(&k, n)).collect();
+    for n in &c.nodes {
+        wait_for(&format!("{}'s conflist and peers", n.name), || {
+            n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
+        });
+    }
+    let nodes: Vec<PolicyNode> = c
+        .nodes
+        .iter()
+        .map(|n| PolicyNode {
+            n,
+            fs: rcni_integration::Bpffs::empty(),
+            backend,
+        })
+        .collect();
+
+    // A client on n1, the web pod on n2, a pod that is no client on n3;
+    // once each runs, the kubelet writes its address into the API.
+    let (client, web, other) = (TestNs::new(), TestNs::new(), TestNs::new());
+    let mut addrs = Vec::new();
+    for (i, ns, name, app) in [
+        (0, &client, "client", "client"),
+        (1, &web, "web", "web"),
+        (2, &other, "other", "other"),
+    ] {
+        let node = &c.nodes[i].name;
+        api.put(&kpod(name, node, app));
+        let a = nodes[i].add(ns, &format!("c-{name}"), name).unwrap();
+        api.put(&kpod_at(name, node, app, &a));
+        addrs.push(a);
+    }
+    let (client_addr, web_addr, other_addr) = (&addrs[0], &addrs[1], &addrs[2]);
+    listen_ok(&web.ns, 8080);
+    let policed = nodes[1].policed();
+    let backend = {
+        let out = command_in(&c.nodes[1].ns.ns, bin("policy"))
+            .args(["show", "--network", "rcni", "--json", "--data-dir"])
+            .arg(c.nodes[1].dir.path().join("policy-state"))
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["backend"].as_str().unwrap().to_string()
+    };
+    let expect = |what: &str, from_client: bool, from_other: bool| {
+        wait_for(what, || {
+            talks(&client.ns, web_addr, 8080) == from_client
+                && talks(&other.ns, web_addr, 8080) == from_other
+        });
+    };
+    expect("no policy: all open", true, true);
+
+    // Ingress from podSelector app=client: the client on n1 is admitted
+    // by its labels, the pod on n3 refused.
+    let netpol: NetworkPolicy = serde_json::from_value(json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"],
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+                              "ports": [{"port": 8080}]}]}
+    }))
+    .unwrap();
+    api.put(&netpol);
+    expect("the client on n1 admitted, n3's pod refused", true, false);
+    assert!(kernel_names(&nodes[1], &backend, client_addr));
+    assert!(!kernel_names(&nodes[1], &backend, other_addr));
+
+    // The labels change on the API, the pods stay: n3's pod becomes a
+    // client, n1's stops being one.
+    api.put(&kpod_at("other", "n3", "client", other_addr));
+    api.put(&kpod_at("client", "n1", "former", client_addr));
+    expect("relabeled: n3's pod admitted, n1's refused", false, true);
+    // Deleted from the API (its sandbox still up): refused too.
+    assert!(api.delete::<k8s_openapi::api::core::v1::Pod>(Some("default"), "other"));
+    expect("n3's pod gone from the API", false, false);
+    api.put(&kpod_at("other", "n3", "client", other_addr));
+    expect("n3's pod back", false, true);
+    // None of it re-added a pod: the syncs did it.
+    assert_eq!(nodes[1].policed(), policed);
+
+    // How long from the API write to the kernel (not a bound: a figure).
+    let (mut relabel_in, mut relabel_out, mut np_in, mut np_out) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..5 {
+        api.put(&kpod_at("client", "n1", "client", client_addr));
+        relabel_in.push(ms_until("relabeled in", || {
+            kernel_names(&nodes[1], &backend, client_addr)
+        }));
+        api.put(&kpod_at("client", "n1", "former", client_addr));
+        relabel_out.push(ms_until("relabeled out", || {
+            !kernel_names(&nodes[1], &backend, client_addr)
+        }));
+        assert!(api.delete::<NetworkPolicy>(Some("default"), "web"));
+        np_out.push(ms_until("policy deleted", || {
+            !kernel_names(&nodes[1], &backend, other_addr)
+        }));
+        api.put(&netpol);
+        np_in.push(ms_until("policy created", || {
+            kernel_names(&nodes[1], &backend, other_addr)
+        }));
+    }
+    println!("figure: backend {backend}, API write to kernel entry on the web pod's node");
+    figure("a remote pod relabeled into the policy", relabel_in);
+    figure("a remote pod relabeled out of it", relabel_out);
+    figure("the NetworkPolicy deleted", np_out);
+    figure("the NetworkPolicy created", np_in);
+
+    // Egress: n1's pod (now app=former) may reach app=web pods only; the
+    // web pod on n2 is one, n3's pod is not, until the labels say so.
+    assert!(api.delete::<NetworkPolicy>(Some("default"), "web"));
+    listen_ok(&other.ns, 8080);
+    let egress = |to: &str| -> NetworkPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "former", "namespace": "default"},
+            "spec": {"podSelector": {"matchLabels": {"app": "former"}}, "policyTypes": ["Egress"],
+                     "egress": [{"to": [{"podSelector": {"matchLabels": {"app": to}}}],
+                                 "ports": [{"port": 8080}]}]}
+        }))
+        .unwrap()
+    };
+    let reaches = |what: &str, web_ok: bool, other_ok: bool| {
+        wait_for(what, || {
+            talks(&client.ns, web_addr, 8080) == web_ok
+                && talks(&client.ns, other_addr, 8080) == other_ok
+        });
+    };
+    reaches("no policy: n1's pod reaches both", true, true);
+    api.put(&egress("web"));
+    reaches("egress to app=web: n2's web pod only", true, false);
+    api.put(&kpod_at("web", "n2", "db", web_addr));
+    api.put(&kpod_at("other", "n3", "web", other_addr));
+    reaches("relabeled: n3's pod only", false, true);
+    assert_eq!(nodes[0].policed(), ["c-client/eth0"]);
     drop(agents);
 }

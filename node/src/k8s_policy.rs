@@ -8,15 +8,27 @@
 //!   Namespace` objects as they are), one file per object, written
 //!   atomically, removed when the object is deleted, and the directory
 //!   made equal to a fresh list after every (re)list;
-//! - this node's Pods (`fieldSelector=spec.nodeName=<node>`), their labels
-//!   and container ports (for named ports) answered on a root-only Unix
-//!   socket: one JSON line `{"namespace", "name"}` in, one out.
+//! - every Pod, in one cluster-wide watch, split by `spec.nodeName`:
+//!   - this node's, their labels and container ports (for named ports)
+//!     answered on a root-only Unix socket: one JSON line `{"namespace",
+//!     "name"}` in, one out;
+//!   - other nodes', as `kind: Pod` objects (namespace, name, labels,
+//!     `status.podIPs`) in one file of the directory, `k8s-pods.json`,
+//!     rewritten whole and atomically (a relist replaces it): the policy
+//!     plugin's selectors match them by address. Left out: pods without
+//!     an address yet, host-network pods (their address is their node's:
+//!     matching it would admit every process of that node, and traffic
+//!     from nodes passes anyway), and finished ones (phase Succeeded or
+//!     Failed: their sandbox is gone and their address free for a new
+//!     pod). Pending pods with an address and terminating ones are in:
+//!     they still send and receive.
 //!
-//! After any mirrored file or a pod's labels or named ports change, the
-//! agent runs `policy sync --network <network>` (debounced: a relist is
-//! one sync), which re-reads the directory, asks this socket for every
-//! pod's labels again and rewrites what differs: a changed policy,
-//! namespace label or pod label reaches the node's pods without a re-add.
+//! After any mirrored file, a local pod's labels or named ports, or an
+//! other node's pod's labels, addresses or existence change, the agent
+//! runs `policy sync --network <network>` (debounced: a relist is one
+//! sync), which re-reads the directory, asks this socket for every pod's
+//! labels again and rewrites what differs: a changed policy, namespace
+//! label or pod label reaches the node's pods without a re-add.
 //!
 //! As with Nodes, a lost API server changes nothing: files and answers
 //! stay as last seen.
@@ -43,6 +55,13 @@ use tokio::sync::Notify;
 /// (an admin's own policies) are left alone.
 const PREFIX: &str = "k8s-";
 
+/// Other nodes' pods, in the policy directory.
+pub const REMOTE_PODS_FILE: &str = "k8s-pods.json";
+
+/// A burst of pod events (a rollout, a relist) is one rewrite of the
+/// remote pods' file; short, as the sync waits its own [`DEBOUNCE`] too.
+const REMOTE_DEBOUNCE: Duration = Duration::from_millis(20);
+
 const BACKOFF_MIN: Duration = Duration::from_millis(200);
 /// Changes come in bursts (a relist rewrites every file, a Deployment's
 /// rollout relabels many pods): one sync once the burst settles, well
@@ -64,7 +83,22 @@ struct Pods {
     synced: bool,
 }
 
-fn lock(m: &Mutex<Pods>) -> MutexGuard<'_, Pods> {
+/// A pod of another node, as policy peers need it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RemotePod {
+    node: String,
+    labels: BTreeMap<String, String>,
+    ips: Vec<String>,
+}
+
+#[derive(Default)]
+struct Remote {
+    pods: BTreeMap<(String, String), RemotePod>,
+    /// Listed at least once: before that, the file of an earlier run stays.
+    synced: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -101,7 +135,9 @@ pub fn start(
     std::fs::create_dir_all(&dir).map_err(|e| format!("policy dir {}: {e}", dir.display()))?;
     let listener = bind(socket)?;
     let pods = Arc::new(Mutex::new(Pods::default()));
+    let remote = Arc::new(Mutex::new(Remote::default()));
     let changed = Arc::new(Notify::new());
+    let remote_changed = Arc::new(Notify::new());
     let mut tasks = vec![
         tokio::spawn(mirror(
             Api::<NetworkPolicy>::all(client.clone()),
@@ -111,7 +147,7 @@ pub fn start(
         )),
         tokio::spawn(mirror(
             Api::<Namespace>::all(client.clone()),
-            dir,
+            dir.clone(),
             "ns",
             changed.clone(),
         )),
@@ -119,8 +155,11 @@ pub fn start(
             Api::<Pod>::all(client),
             node.to_string(),
             pods.clone(),
+            remote.clone(),
             changed.clone(),
+            remote_changed.clone(),
         )),
+        tokio::spawn(write_remote(dir, remote, remote_changed, changed.clone())),
         tokio::spawn(serve(listener, pods)),
     ];
     if let Some(cmd) = sync {
@@ -341,6 +380,82 @@ fn pod_info(p: &Pod) -> PodInfo {
     }
 }
 
+/// A pod of another node as a policy peer, or `None` when it is none
+/// (see the module doc).
+fn remote_pod(p: &Pod) -> Option<RemotePod> {
+    let spec = p.spec.as_ref()?;
+    if spec.host_network == Some(true) {
+        return None;
+    }
+    let status = p.status.as_ref()?;
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let mut ips: Vec<String> = status
+        .pod_ips
+        .iter()
+        .flatten()
+        .map(|i| i.ip.clone())
+        .chain(status.pod_ip.clone())
+        .filter(|i| !i.is_empty())
+        .collect();
+    ips.sort();
+    ips.dedup();
+    if ips.is_empty() {
+        return None;
+    }
+    Some(RemotePod {
+        node: spec.node_name.clone().unwrap_or_default(),
+        labels: p.metadata.labels.clone().unwrap_or_default(),
+        ips,
+    })
+}
+
+/// The remote pods' file: a `PodList` of the fields the plugin reads.
+fn remote_content(pods: &BTreeMap<(String, String), RemotePod>) -> Vec<u8> {
+    let items: Vec<Value> = pods
+        .iter()
+        .map(|((ns, name), p)| {
+            let ips: Vec<Value> = p.ips.iter().map(|i| json!({ "ip": i })).collect();
+            json!({"kind": "Pod",
+                   "metadata": {"namespace": ns, "name": name, "labels": p.labels},
+                   "spec": {"nodeName": p.node},
+                   "status": {"podIPs": ips}})
+        })
+        .collect();
+    let mut v = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "PodList", "items": items}))
+        .unwrap_or_default();
+    v.push(b'\n');
+    v
+}
+
+/// Rewrites the remote pods' file after each burst of changes, and wakes
+/// the syncer when it changed.
+async fn write_remote(
+    dir: PathBuf,
+    remote: Arc<Mutex<Remote>>,
+    remote_changed: Arc<Notify>,
+    changed: Arc<Notify>,
+) {
+    loop {
+        remote_changed.notified().await;
+        tokio::time::sleep(REMOTE_DEBOUNCE).await;
+        let data = {
+            let g = lock(&remote);
+            // No file is no remote pod already: nothing to sync for.
+            if !g.synced || (g.pods.is_empty() && !dir.join(REMOTE_PODS_FILE).exists()) {
+                continue;
+            }
+            remote_content(&g.pods)
+        };
+        let d = dir.clone();
+        let wrote = tokio::task::spawn_blocking(move || write(&d, REMOTE_PODS_FILE, &data)).await;
+        if wrote.unwrap_or(false) {
+            changed.notify_one();
+        }
+    }
+}
+
 fn key(p: &Pod) -> (String, String) {
     (
         p.metadata.namespace.clone().unwrap_or_default(),
@@ -348,39 +463,88 @@ fn key(p: &Pod) -> (String, String) {
     )
 }
 
-/// Pods' labels and ports into `pods`; a change to a known pod's wakes the
-/// syncer (a new pod's come with its ADD, a deleted pod's go with its DEL).
-async fn watch_pods(api: Api<Pod>, node: String, pods: Arc<Mutex<Pods>>, changed: Arc<Notify>) {
-    let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-    let mut listed: Option<BTreeMap<(String, String), PodInfo>> = None;
-    follow(api, config, "pods", |ev| match ev {
-        Event::Init => listed = Some(BTreeMap::new()),
+fn on_node(p: &Pod, node: &str) -> bool {
+    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+}
+
+type Listed = (
+    BTreeMap<(String, String), PodInfo>,
+    BTreeMap<(String, String), RemotePod>,
+);
+
+/// One cluster-wide watch of Pods (see the module doc): this node's labels
+/// and ports into `pods`, where a change to a known pod's wakes the
+/// syncer (a new pod's come with its ADD, a deleted pod's go with its
+/// DEL); other nodes' into `remote`, where any change wakes the file's
+/// writer.
+async fn watch_pods(
+    api: Api<Pod>,
+    node: String,
+    pods: Arc<Mutex<Pods>>,
+    remote: Arc<Mutex<Remote>>,
+    changed: Arc<Notify>,
+    remote_changed: Arc<Notify>,
+) {
+    let mut listed: Option<Listed> = None;
+    follow(api, watcher::Config::default(), "pods", |ev| match ev {
+        Event::Init => listed = Some(Default::default()),
         Event::InitApply(p) => {
-            if let Some(l) = &mut listed {
-                l.insert(key(&p), pod_info(&p));
+            if let Some((local, others)) = &mut listed {
+                if on_node(&p, &node) {
+                    local.insert(key(&p), pod_info(&p));
+                } else if let Some(r) = remote_pod(&p) {
+                    others.insert(key(&p), r);
+                }
             }
         }
         Event::InitDone => {
-            let mut g = lock(&pods);
-            let new = listed.take().unwrap_or_default();
-            let relabeled = new
-                .iter()
-                .any(|(k, p)| g.pods.get(k).is_some_and(|old| old != p));
-            g.pods = new;
-            g.synced = true;
-            if relabeled {
-                changed.notify_one();
+            let (new, others) = listed.take().unwrap_or_default();
+            {
+                let mut g = lock(&pods);
+                let relabeled = new
+                    .iter()
+                    .any(|(k, p)| g.pods.get(k).is_some_and(|old| old != p));
+                g.pods = new;
+                g.synced = true;
+                if relabeled {
+                    changed.notify_one();
+                }
             }
+            let mut r = lock(&remote);
+            r.pods = others;
+            r.synced = true;
+            // Written whether or not it differs: the file may be an
+            // earlier run's.
+            remote_changed.notify_one();
         }
-        Event::Apply(p) => {
+        Event::Apply(p) if on_node(&p, &node) => {
             let info = pod_info(&p);
             let old = lock(&pods).pods.insert(key(&p), info.clone());
             if old.is_some_and(|o| o != info) {
                 changed.notify_one();
             }
+            // A pod of that name on another node before (a StatefulSet's,
+            // its deletion missed): not a remote peer any more.
+            if lock(&remote).pods.remove(&key(&p)).is_some() {
+                remote_changed.notify_one();
+            }
+        }
+        Event::Apply(p) => {
+            let k = key(&p);
+            let mut r = lock(&remote);
+            let differs = match remote_pod(&p) {
+                Some(new) => r.pods.insert(k, new.clone()) != Some(new),
+                None => r.pods.remove(&k).is_some(),
+            };
+            if differs {
+                remote_changed.notify_one();
+            }
         }
         Event::Delete(p) => {
             lock(&pods).pods.remove(&key(&p));
+            if lock(&remote).pods.remove(&key(&p)).is_some() {
+                remote_changed.notify_one();
+            }
         }
     })
     .await

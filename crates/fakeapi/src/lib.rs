@@ -1,7 +1,9 @@
 //! A stand-in for kube-apiserver, for tests: no kube-apiserver package exists
 //! on these machines, and the agent's Kubernetes code must be tested with the
 //! real `kube` client. It speaks the part of the API protocol that client
-//! uses, over plain HTTP/1.1:
+//! uses, over plain HTTP/1.1, or over TLS ([`FakeApi::start_tls`], with a
+//! certificate made for the occasion) as a pod's in-cluster config
+//! expects:
 //!
 //! - list (`GET /api/v1/nodes`, `/apis/<group>/<version>/...`, namespaced or
 //!   not): a `<Kind>List` carrying the store's resourceVersion;
@@ -31,8 +33,12 @@ use k8s_openapi::Resource;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+
+/// A client connection: TCP, or TLS over it.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Stream for T {}
 
 /// One stored change, as watches replay it.
 #[derive(Debug, Clone)]
@@ -72,6 +78,8 @@ struct Inner {
     /// BOOKMARK events written to a connection (flushed to the socket).
     bookmarks_sent: u64,
     requests: Vec<String>,
+    /// Each request's Authorization header ("" for none), in order.
+    authorizations: Vec<String>,
     patches: Vec<Patch>,
 }
 
@@ -80,6 +88,7 @@ pub struct FakeApi {
     inner: Arc<Mutex<Inner>>,
     tick: Arc<tokio::sync::watch::Sender<u64>>,
     addr: SocketAddr,
+    tls: bool,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -98,6 +107,46 @@ impl FakeApi {
     /// Serves on `listener` (bound by the caller, in whatever network
     /// namespace the clients are) from a thread of its own.
     pub fn start(listener: std::net::TcpListener) -> FakeApi {
+        Self::serve_on(listener, None)
+    }
+
+    /// Serves HTTPS on `listener` with a certificate for `host` (an IP
+    /// address or a DNS name) signed by a CA made here; the CA's PEM, what a
+    /// service account's `ca.crt` holds, is returned with it.
+    pub fn start_tls(listener: std::net::TcpListener, host: &str) -> (FakeApi, String) {
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA");
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "rcni-fakeapi CA");
+        let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
+        let issuer = rcgen::Issuer::new(ca_params, ca_key);
+        let key = rcgen::KeyPair::generate().expect("server key");
+        let params = rcgen::CertificateParams::new(vec![host.to_string()]).expect("server");
+        let cert = params.signed_by(&key, &issuer).expect("server certificate");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.der().clone()],
+                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+            )
+            .expect("server TLS config");
+        let api = Self::serve_on(
+            listener,
+            Some(tokio_rustls::TlsAcceptor::from(Arc::new(config))),
+        );
+        (api, ca.pem())
+    }
+
+    fn serve_on(
+        listener: std::net::TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> FakeApi {
+        let is_tls = tls.is_some();
         listener
             .set_nonblocking(true)
             .expect("nonblocking listener");
@@ -125,7 +174,22 @@ impl FakeApi {
                             drop(s);
                             continue;
                         }
-                        tokio::spawn(serve(s, i2.clone(), t2.clone()));
+                        let (i, t) = (i2.clone(), t2.clone());
+                        match &tls {
+                            None => {
+                                tokio::spawn(serve(s, i, t));
+                            }
+                            Some(acceptor) => {
+                                let accept = acceptor.accept(s);
+                                tokio::spawn(async move {
+                                    // A client refusing the certificate
+                                    // ends the handshake: nothing to serve.
+                                    if let Ok(s) = accept.await {
+                                        serve(s, i, t).await;
+                                    }
+                                });
+                            }
+                        }
                     }
                 };
                 tokio::select! {
@@ -138,6 +202,7 @@ impl FakeApi {
             inner,
             tick,
             addr,
+            tls: is_tls,
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -149,7 +214,13 @@ impl FakeApi {
 
     /// The server's URL, for a kubeconfig.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    /// Each request's Authorization header so far ("" for none).
+    pub fn authorizations(&self) -> Vec<String> {
+        lock(&self.inner).authorizations.clone()
     }
 
     /// A kubeconfig that points at this server (no credentials: the
@@ -441,7 +512,7 @@ fn not_found(name: &str) -> Value {
     status(404, "NotFound", &format!("{name} not found"))
 }
 
-async fn respond(s: &mut TcpStream, code: u16, body: &Value) {
+async fn respond(s: &mut impl Stream, code: u16, body: &Value) {
     let text = body.to_string();
     let reason = match code {
         200 => "OK",
@@ -459,7 +530,7 @@ async fn respond(s: &mut TcpStream, code: u16, body: &Value) {
     let _ = s.shutdown().await;
 }
 
-async fn chunk(s: &mut TcpStream, v: &Value) -> std::io::Result<()> {
+async fn chunk(s: &mut impl Stream, v: &Value) -> std::io::Result<()> {
     let text = format!("{v}\n");
     s.write_all(format!("{:x}\r\n{text}\r\n", text.len()).as_bytes())
         .await
@@ -486,7 +557,7 @@ fn merge_patch(target: &mut Value, patch: &Value) {
 }
 
 async fn serve(
-    stream: TcpStream,
+    stream: impl Stream,
     inner: Arc<Mutex<Inner>>,
     tick: Arc<tokio::sync::watch::Sender<u64>>,
 ) {
@@ -502,6 +573,7 @@ async fn serve(
     };
     let mut len = 0usize;
     let mut content_type = String::new();
+    let mut authorization = String::new();
     loop {
         let mut h = String::new();
         if r.read_line(&mut h).await.unwrap_or(0) == 0 {
@@ -515,6 +587,7 @@ async fn serve(
             match k.trim().to_ascii_lowercase().as_str() {
                 "content-length" => len = v.trim().parse().unwrap_or(0),
                 "content-type" => content_type = v.trim().to_string(),
+                "authorization" => authorization = v.trim().to_string(),
                 _ => {}
             }
         }
@@ -524,7 +597,11 @@ async fn serve(
         return;
     }
     let mut s = r.into_inner();
-    lock(&inner).requests.push(format!("{method} {uri}"));
+    {
+        let mut g = lock(&inner);
+        g.requests.push(format!("{method} {uri}"));
+        g.authorizations.push(authorization);
+    }
     let (path, q) = uri.split_once('?').unwrap_or((&uri, ""));
     let q = query(q);
     let Some(t) = target(path) else {
@@ -624,7 +701,7 @@ async fn serve(
 }
 
 async fn watch(
-    mut s: TcpStream,
+    mut s: impl Stream,
     t: &Target,
     q: &BTreeMap<String, String>,
     inner: Arc<Mutex<Inner>>,

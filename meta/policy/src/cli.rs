@@ -242,10 +242,11 @@ fn show(network: &str, data_dir: &Path, as_json: bool) -> Result<String, CniErro
     }
     for (id, rs) in &d.rulesets {
         out += &format!(
-            "  rule set {id} ({}; {}): {} identity peers, {} prefixes\n",
+            "  rule set {id} ({}; {}): {} identity peers, {} remote pod addresses, {} prefixes\n",
             rs.dir.as_str(),
             rs.policies.join(", "),
             rs.peers.len(),
+            rs.remote.len(),
             rs.cidrs.len()
         );
     }

@@ -6,9 +6,11 @@
 //!   and a new pod with known labels needs no rule change anywhere.
 //! - A *rule set* is the union of the rules of the policies selecting a pod
 //!   in one direction. Pods selected by the same policies share one. It
-//!   holds peers by identity (from podSelector/namespaceSelector) and CIDRs
-//!   (ipBlock, and `0.0.0.0/0` + `::/0` for rules without peers), each with
-//!   the ports they may use.
+//!   holds peers by identity (this node's pods matching a
+//!   podSelector/namespaceSelector), other nodes' pods matching them by
+//!   address (they have no identity here: their packets arrive with only
+//!   an address), and CIDRs (ipBlock, and `0.0.0.0/0` + `::/0` for rules
+//!   without peers), each with the ports they may use.
 //!
 //! CIDRs are flattened for longest-prefix match: every `cidr` and `except`
 //! becomes one prefix whose value is the union of the ports of the rules
@@ -20,7 +22,7 @@
 //! selection lives, and are freed when it goes.
 
 use crate::model::{
-    Dir, IpBlock, Labels, MAX_PORT_RANGES, NamedPorts, Peer, PolicySet, PortRange, Rule,
+    Dir, IpBlock, Labels, MAX_PORT_RANGES, NamedPorts, Peer, PolicySet, PortRange, RemotePod, Rule,
     proto_number,
 };
 use ipnetwork::IpNetwork;
@@ -117,6 +119,9 @@ pub struct PodView {
     /// Named container ports (not part of the identity: they only
     /// resolve the named ports of the rules that police this pod).
     pub ports: NamedPorts,
+    /// Its addresses (not part of the identity either): another node's
+    /// pod said to have one of them is stale and left out.
+    pub addrs: Vec<IpAddr>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,6 +130,9 @@ pub struct RuleSet {
     /// The selecting policies (`namespace/name`), sorted.
     pub policies: Vec<String>,
     pub peers: BTreeMap<u32, Ports>,
+    /// Other nodes' pods the rules select, by address.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub remote: BTreeMap<IpAddr, Ports>,
     /// Flattened for longest-prefix match, sorted; a prefix with no ports
     /// punches a hole (an `except`) into a shorter one.
     pub cidrs: Vec<(IpNetwork, Ports)>,
@@ -142,11 +150,42 @@ impl RuleSet {
         {
             return true;
         }
+        if self
+            .remote
+            .get(&addr)
+            .is_some_and(|p| p.allows(proto, port))
+        {
+            return true;
+        }
+        self.lpm(addr).is_some_and(|p| p.allows(proto, port))
+    }
+
+    /// The ports of the longest prefix of `cidrs` holding `addr`.
+    fn lpm(&self, addr: IpAddr) -> Option<&Ports> {
         self.cidrs
             .iter()
             .filter(|(n, _)| n.contains(addr))
             .max_by_key(|(n, _)| n.prefix())
-            .is_some_and(|(_, p)| p.allows(proto, port))
+            .map(|(_, p)| p)
+    }
+
+    /// `cidrs` with the remote pods' addresses as host prefixes, each
+    /// allowing what its pod is allowed and what the prefix it falls in
+    /// allows: for a longest-prefix-match table, where a host entry hides
+    /// the shorter prefixes holding it.
+    pub fn lpm_entries(&self) -> Vec<(IpNetwork, Ports)> {
+        if self.remote.is_empty() {
+            return self.cidrs.clone();
+        }
+        let mut m: BTreeMap<IpNetwork, Ports> = self.cidrs.iter().cloned().collect();
+        for (a, p) in &self.remote {
+            let host =
+                IpNetwork::new(*a, if a.is_ipv4() { 32 } else { 128 }).expect("host prefix length");
+            let mut v = self.lpm(*a).cloned().unwrap_or_else(Ports::none);
+            v.union(p);
+            m.insert(host, v);
+        }
+        m.into_iter().collect()
     }
 
     /// The address space as disjoint intervals `[start, end]` of one family
@@ -288,6 +327,7 @@ fn split_identity_key(k: &str) -> PodView {
         namespace,
         labels,
         ports: NamedPorts::new(),
+        addrs: Vec::new(),
     }
 }
 
@@ -327,9 +367,28 @@ pub fn compile(
         identities.insert(n, split_identity_key(k));
         d.identities.insert(n, k.replace('\n', " "));
     }
+    // Other nodes' pods; an address a pod here has is this node's to
+    // judge (by identity), whatever a stale entry says.
+    let local: BTreeSet<IpAddr> = pods.values().flat_map(|p| p.addrs.clone()).collect();
+    let remote: Vec<RemotePod> = set
+        .remote_pods
+        .iter()
+        .map(|r| RemotePod {
+            addrs: r
+                .addrs
+                .iter()
+                .filter(|a| !local.contains(a))
+                .copied()
+                .collect(),
+            ..r.clone()
+        })
+        .filter(|r| !r.addrs.is_empty())
+        .collect();
     let ns_labels: HashMap<&str, Labels> = identities
         .values()
-        .map(|p| (p.namespace.as_str(), set.namespace_labels(&p.namespace)))
+        .map(|p| p.namespace.as_str())
+        .chain(remote.iter().map(|r| r.namespace.as_str()))
+        .map(|ns| (ns, set.namespace_labels(ns)))
         .collect();
 
     let mut wanted_rs: BTreeSet<String> = BTreeSet::new();
@@ -370,7 +429,15 @@ pub fn compile(
         let n = alloc(&mut ids.rulesets, k);
         d.rulesets.insert(
             n,
-            build_ruleset(set, *dir, ps, named.as_ref(), &identities, &ns_labels)?,
+            build_ruleset(
+                set,
+                *dir,
+                ps,
+                named.as_ref(),
+                &identities,
+                &remote,
+                &ns_labels,
+            )?,
         );
     }
     for (key, pod) in pods {
@@ -394,9 +461,11 @@ fn build_ruleset(
     policies: &[String],
     named: Option<&NamedPorts>,
     identities: &BTreeMap<u32, PodView>,
+    remote_pods: &[RemotePod],
     ns_labels: &HashMap<&str, Labels>,
 ) -> Result<RuleSet, CniError> {
     let mut peers: BTreeMap<u32, Ports> = BTreeMap::new();
+    let mut remote: BTreeMap<IpAddr, Ports> = BTreeMap::new();
     let mut blocks: Vec<(IpBlock, Ports)> = Vec::new();
     for p in set.policies.iter().filter(|p| policies.contains(&p.id())) {
         for r in p.rules(dir).unwrap_or_default() {
@@ -418,13 +487,23 @@ fn build_ruleset(
                 match peer {
                     Peer::Block(b) => blocks.push((b.clone(), ports.clone())),
                     Peer::Pods { pods, namespaces } => {
-                        for (id, v) in identities {
+                        let selects = |ns: &str, labels: &Labels| {
                             let ns_ok = match namespaces {
-                                None => v.namespace == p.namespace,
-                                Some(s) => s.matches(&ns_labels[v.namespace.as_str()]),
+                                None => ns == p.namespace,
+                                Some(s) => s.matches(&ns_labels[ns]),
                             };
-                            if ns_ok && pods.matches(&v.labels) {
+                            ns_ok && pods.matches(labels)
+                        };
+                        for (id, v) in identities {
+                            if selects(&v.namespace, &v.labels) {
                                 peers.entry(*id).or_insert_with(Ports::none).union(&ports);
+                            }
+                        }
+                        for r in remote_pods {
+                            if selects(&r.namespace, &r.labels) {
+                                for a in &r.addrs {
+                                    remote.entry(*a).or_insert_with(Ports::none).union(&ports);
+                                }
                             }
                         }
                     }
@@ -434,7 +513,10 @@ fn build_ruleset(
     }
     let cidrs = flatten(&blocks);
     let too_many = |p: &Ports| matches!(p, Ports::Ranges(r) if r.len() > MAX_PORT_RANGES);
-    if peers.values().any(too_many) || cidrs.iter().any(|(_, p)| too_many(p)) {
+    if peers.values().any(too_many)
+        || remote.values().any(too_many)
+        || cidrs.iter().any(|(_, p)| too_many(p))
+    {
         return Err(CniError::config(format!(
             "policies {}: together they allow one peer more than {MAX_PORT_RANGES} port ranges",
             policies.join(", ")
@@ -444,6 +526,7 @@ fn build_ruleset(
         dir,
         policies: policies.to_vec(),
         peers,
+        remote,
         cidrs,
     })
 }
@@ -507,6 +590,7 @@ mod tests {
     fn pod(ns: &str, labels: &[(&str, &str)]) -> PodView {
         PodView {
             ports: NamedPorts::new(),
+            addrs: Vec::new(),
             namespace: ns.into(),
             labels: labels
                 .iter()
@@ -740,5 +824,172 @@ mod tests {
         assert!(!eg.allows(0, any, TCP, 8080));
         // Pods with the same policies and ports share the rule set.
         assert_eq!(d.pods["c/eth0"].egress, d.pods["a/eth0"].egress);
+    }
+
+    /// A Pod object of another node, as the agent writes it.
+    fn remote(ns: &str, name: &str, app: &str, ips: &[&str]) -> serde_json::Value {
+        let ips: Vec<_> = ips.iter().map(|i| json!({"ip": i})).collect();
+        json!({"kind":"Pod","metadata":{"namespace":ns,"name":name,"labels":{"app":app}},
+               "spec":{"nodeName":"n2"},"status":{"podIPs":ips}})
+    }
+
+    #[test]
+    fn pod_and_namespace_selectors_match_other_nodes_pods_by_address() {
+        let mut s = set(json!([
+            {"kind":"Namespace","metadata":{"name":"prod","labels":{"team":"a"}}},
+            {"kind":"Namespace","metadata":{"name":"dev","labels":{"team":"b"}}},
+            {"name":"web","podSelector":{"matchLabels":{"app":"web"}},
+             "policyTypes":["Ingress","Egress"],
+             "ingress":[
+                {"from":[{"podSelector":{"matchLabels":{"app":"client"}}}],"ports":[{"port":80}]},
+                {"from":[{"namespaceSelector":{"matchLabels":{"team":"a"}},
+                          "podSelector":{"matchLabels":{"app":"client"}}}],"ports":[{"port":443}]},
+                {"from":[{"namespaceSelector":{"matchLabels":{"team":"b"}}}],
+                 "ports":[{"protocol":"UDP","port":53}]}],
+             "egress":[{"to":[{"podSelector":{"matchLabels":{"app":"db"}}}],"ports":[{"port":5432}]}]}
+        ]));
+        s.add_document(
+            &json!({"kind":"PodList","items":[
+                remote("default", "client", "client", &["10.244.2.5", "fd00:2::5"]),
+                remote("default", "db", "db", &["10.244.3.7"]),
+                remote("default", "other", "other", &["10.244.3.8"]),
+                remote("prod", "client", "client", &["10.244.2.6"]),
+                remote("prod", "other", "other", &["10.244.2.9"]),
+                remote("dev", "any", "x", &["10.244.3.10"]),
+                // Host network, finished, or without an address: no peers.
+                {"kind":"Pod","metadata":{"namespace":"default","name":"h","labels":{"app":"client"}},
+                 "spec":{"hostNetwork":true},"status":{"podIP":"192.168.50.22"}},
+                {"kind":"Pod","metadata":{"namespace":"default","name":"f","labels":{"app":"client"}},
+                 "status":{"phase":"Succeeded","podIP":"10.244.2.99"}},
+                {"kind":"Pod","metadata":{"namespace":"default","name":"p","labels":{"app":"client"}},
+                 "status":{"phase":"Pending"}}
+            ]}),
+            "k8s-pods.json",
+        )
+        .unwrap();
+        s.sort();
+        assert_eq!(s.remote_pods.len(), 6);
+        let mut pods = BTreeMap::new();
+        pods.insert("w".to_string(), pod("default", &[("app", "web")]));
+        let mut ids = Ids::default();
+        let d = compile(&s, &pods, &mut ids).unwrap();
+        let w = d.pods["w"];
+        let (inr, eg) = (&d.rulesets[&w.ingress], &d.rulesets[&w.egress]);
+        // No identity: by address alone.
+        let cases = [
+            ("10.244.2.5", TCP, 80, true),
+            ("fd00:2::5", TCP, 80, true),
+            ("10.244.2.5", TCP, 443, false),
+            ("10.244.2.6", TCP, 443, true), // prod's client: ns and pod selector
+            ("10.244.2.6", TCP, 80, false), // podSelector alone: own namespace only
+            ("10.244.2.9", TCP, 443, false),
+            ("10.244.3.10", UDP, 53, true), // dev: namespace selector alone
+            ("10.244.3.10", TCP, 80, false),
+            ("10.244.3.7", TCP, 80, false),
+            ("10.244.3.8", TCP, 80, false),
+            ("192.168.50.22", TCP, 80, false),
+            ("10.244.2.99", TCP, 80, false),
+        ];
+        for (a, proto, port, want) in cases {
+            assert_eq!(
+                inr.allows(0, ip(a), proto, port),
+                want,
+                "{a} {proto}/{port}"
+            );
+        }
+        assert!(eg.allows(0, ip("10.244.3.7"), TCP, 5432));
+        assert!(!eg.allows(0, ip("10.244.2.5"), TCP, 5432));
+        assert_eq!(inr.remote.len(), 4, "{:?}", inr.remote);
+        assert!(inr.cidrs.is_empty());
+
+        // Relabeled (the agent rewrites the file): the same rule set
+        // number, other addresses.
+        let before = w.ingress;
+        for r in &mut s.remote_pods {
+            if r.name == "client" && r.namespace == "default" {
+                r.labels.insert("app".into(), "gone".into());
+            }
+            if r.name == "other" && r.namespace == "default" {
+                r.labels.insert("app".into(), "client".into());
+            }
+        }
+        let d = compile(&s, &pods, &mut ids).unwrap();
+        assert_eq!(d.pods["w"].ingress, before);
+        let inr = &d.rulesets[&before];
+        assert!(!inr.allows(0, ip("10.244.2.5"), TCP, 80));
+        assert!(!inr.allows(0, ip("fd00:2::5"), TCP, 80));
+        assert!(inr.allows(0, ip("10.244.3.8"), TCP, 80));
+    }
+
+    #[test]
+    fn a_local_pods_address_is_never_a_remote_peer() {
+        let mut s = set(
+            json!({"name":"web","podSelector":{"matchLabels":{"app":"web"}},
+            "ingress":[{"from":[{"podSelector":{"matchLabels":{"app":"client"}}}]}]}),
+        );
+        // A stale entry: the address is a local pod's now, labelled otherwise.
+        s.add_document(&remote("default", "old", "client", &["10.244.1.7"]), "f")
+            .unwrap();
+        let mut local = pod("default", &[("app", "db")]);
+        local.addrs = vec![ip("10.244.1.7")];
+        let mut pods = BTreeMap::new();
+        pods.insert("w".to_string(), pod("default", &[("app", "web")]));
+        pods.insert("l".to_string(), local);
+        let d = compile(&s, &pods, &mut Ids::default()).unwrap();
+        let inr = &d.rulesets[&d.pods["w"].ingress];
+        assert!(inr.remote.is_empty());
+        assert!(!inr.allows(d.pods["l"].identity, ip("10.244.1.7"), TCP, 80));
+    }
+
+    #[test]
+    fn remote_addresses_join_the_prefixes_for_longest_prefix_match() {
+        let mut s = set(json!({"name":"web","podSelector":{},"ingress":[
+            {"from":[{"ipBlock":{"cidr":"10.244.0.0/16","except":["10.244.2.0/24"]}}],"ports":[{"port":22}]},
+            {"from":[{"podSelector":{"matchLabels":{"app":"client"}}}],"ports":[{"port":80}]}]}));
+        s.add_document(
+            &json!([
+                remote("default", "a", "client", &["10.244.2.5", "fd00::5"]),
+                remote("default", "b", "client", &["10.244.3.5"]),
+                remote("default", "c", "other", &["10.244.3.6"])
+            ]),
+            "f",
+        )
+        .unwrap();
+        let mut pods = BTreeMap::new();
+        pods.insert("w".to_string(), pod("default", &[]));
+        let d = compile(&s, &pods, &mut Ids::default()).unwrap();
+        let rs = &d.rulesets[&d.pods["w"].ingress];
+        let lpm = rs.lpm_entries();
+        let at = |n: &str| lpm.iter().find(|(p, _)| p.to_string() == n).map(|(_, p)| p);
+        let tcp = |ports: &[u16]| {
+            Ports::Ranges(
+                ports
+                    .iter()
+                    .map(|p| PortRange {
+                        proto: TCP,
+                        lo: *p,
+                        hi: *p,
+                    })
+                    .collect(),
+            )
+        };
+        // In the except hole: its own port only; in the block: both.
+        assert_eq!(at("10.244.2.5/32"), Some(&tcp(&[80])));
+        assert_eq!(at("10.244.3.5/32"), Some(&tcp(&[22, 80])));
+        assert_eq!(at("fd00::5/128"), Some(&tcp(&[80])));
+        assert_eq!(at("10.244.3.6/32"), None);
+        assert_eq!(lpm.len(), rs.cidrs.len() + 3);
+        // The table says what `allows` says.
+        for (a, port) in [("10.244.2.5", 80), ("10.244.2.5", 22), ("10.244.3.5", 22)] {
+            let best = lpm
+                .iter()
+                .filter(|(n, _)| n.contains(ip(a)))
+                .max_by_key(|(n, _)| n.prefix())
+                .is_some_and(|(_, p)| p.allows(TCP, port));
+            assert_eq!(best, rs.allows(0, ip(a), TCP, port), "{a} {port}");
+        }
+        // The rule set survives the state file.
+        let back: RuleSet = serde_json::from_str(&serde_json::to_string(rs).unwrap()).unwrap();
+        assert_eq!(&back, rs);
     }
 }

@@ -4,7 +4,9 @@
 //! - endpoints (`rcni_endpoints`, fastpath's map): each pod address gets
 //!   its identity and its ingress and egress rule set;
 //! - `rcni_pol_peer`: (rule set, identity) -> port set;
-//! - `rcni_pol_cidr`: LPM trie (rule set, prefix) -> port set;
+//! - `rcni_pol_cidr`: LPM trie (rule set, prefix) -> port set; other
+//!   nodes' pods a rule set selects are host prefixes here (identities
+//!   are this node's endpoints only);
 //! - `rcni_pol_ports`: port set -> ranges (0 and 1 reserved: none, all).
 //!
 //! Only differences are written: what was applied is kept in the state
@@ -13,8 +15,9 @@
 //! of the network is flushed, so a connection the new policy denies cannot
 //! live on as a "reply".
 
-use crate::compile::{Desired, PodPolicy, Ports, RuleSet};
+use crate::compile::{Desired, PodPolicy, Ports};
 use crate::state::PodRecord;
+use ipnetwork::IpNetwork;
 use rcni_cni::{CniError, ErrorCode};
 use rcni_ebpf::{AttachmentId, Datapath, EndpointKey};
 use serde::{Deserialize, Serialize};
@@ -63,9 +66,9 @@ fn ranges_key(r: &Ports) -> String {
     serde_json::to_string(r).expect("serializable")
 }
 
-fn cidr_hash(rs: &RuleSet) -> String {
+fn cidr_hash(entries: &[(IpNetwork, Ports)]) -> String {
     let mut h = Sha256::new();
-    for (n, p) in &rs.cidrs {
+    for (n, p) in entries {
         h.update(n.to_string().as_bytes());
         h.update(ranges_key(p).as_bytes());
         h.update(b";");
@@ -114,10 +117,15 @@ pub fn apply(
     let mut ch = Changes::default();
     let mut narrowed = false;
 
+    let lpm: BTreeMap<u32, Vec<(IpNetwork, Ports)>> = desired
+        .rulesets
+        .iter()
+        .map(|(id, rs)| (*id, rs.lpm_entries()))
+        .collect();
     // Port sets in use, interned: ids from 2 (0: none, 1: all).
     let mut wanted_ps: BTreeMap<String, &Ports> = BTreeMap::new();
-    for rs in desired.rulesets.values() {
-        for p in rs.peers.values().chain(rs.cidrs.iter().map(|(_, p)| p)) {
+    for (id, rs) in &desired.rulesets {
+        for p in rs.peers.values().chain(lpm[id].iter().map(|(_, p)| p)) {
             if matches!(p, Ports::Ranges(r) if !r.is_empty()) {
                 wanted_ps.insert(ranges_key(p), p);
             }
@@ -161,10 +169,9 @@ pub fn apply(
             narrowed = true;
             ch.peers += 1;
         }
-        let hash = cidr_hash(rs);
+        let hash = cidr_hash(&lpm[id]);
         if hash != old.cidr_hash {
-            let want: BTreeMap<(IpAddr, u8), u32> = rs
-                .cidrs
+            let want: BTreeMap<(IpAddr, u8), u32> = lpm[id]
                 .iter()
                 .map(|(n, p)| ((n.network(), n.prefix()), ps_id(&applied, p)))
                 .collect();

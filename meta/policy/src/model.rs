@@ -7,7 +7,9 @@
 //! "metadata": {"name", "namespace"}, "spec": {...}}`), so `kubectl get
 //! netpol -o json` output can be dropped into the policy directory. A file
 //! holds one object, an array of them, or a `List` with `items`; objects of
-//! kind `Namespace` give namespaces their labels.
+//! kind `Namespace` give namespaces their labels, objects of kind `Pod`
+//! (namespace, labels, `status.podIPs`) are pods of other nodes, which
+//! podSelector and namespaceSelector peers match by address.
 //!
 //! Everything is validated before it is used: a bad policy is code 7 with
 //! a message naming the policy and the field.
@@ -17,6 +19,7 @@ use rcni_cni::CniError;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::Path;
 
 pub type Labels = BTreeMap<String, String>;
@@ -162,12 +165,24 @@ impl Policy {
     }
 }
 
-/// Policies and namespace labels, as read from the config and the policy
-/// directory.
+/// A pod this node has no attachment of (another node's, as the agent
+/// writes them): selectors match it by its labels, and its addresses are
+/// what a rule allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemotePod {
+    pub namespace: String,
+    pub name: String,
+    pub labels: Labels,
+    pub addrs: Vec<IpAddr>,
+}
+
+/// Policies, namespace labels and other nodes' pods, as read from the
+/// config and the policy directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PolicySet {
     pub policies: Vec<Policy>,
     pub namespaces: BTreeMap<String, Labels>,
+    pub remote_pods: Vec<RemotePod>,
 }
 
 impl PolicySet {
@@ -188,7 +203,10 @@ impl PolicySet {
                 Ok(())
             }
             Value::Object(m) => match m.get("kind").and_then(Value::as_str) {
-                Some("List") | Some("NetworkPolicyList") | Some("NamespaceList") => {
+                Some("List")
+                | Some("NetworkPolicyList")
+                | Some("NamespaceList")
+                | Some("PodList") => {
                     let items = m.get("items").cloned().unwrap_or(Value::Array(vec![]));
                     if !items.is_array() {
                         return Err(invalid(origin, "items", "must be an array"));
@@ -211,6 +229,12 @@ impl PolicySet {
                     self.namespaces.insert(name.to_string(), labels);
                     Ok(())
                 }
+                Some("Pod") => {
+                    if let Some(p) = parse_pod(m, origin)? {
+                        self.remote_pods.push(p);
+                    }
+                    Ok(())
+                }
                 Some("NetworkPolicy") | None => {
                     let p = parse_policy(m, origin)?;
                     self.push(p)
@@ -218,7 +242,7 @@ impl PolicySet {
                 Some(other) => Err(invalid(
                     origin,
                     "kind",
-                    &format!("{other:?} is not NetworkPolicy, Namespace or List"),
+                    &format!("{other:?} is not NetworkPolicy, Namespace, Pod or List"),
                 )),
             },
             _ => Err(invalid(origin, "", "a policy must be a JSON object")),
@@ -275,7 +299,87 @@ impl PolicySet {
 
     pub fn sort(&mut self) {
         self.policies.sort_by_key(|p| p.id());
+        self.remote_pods
+            .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     }
+}
+
+/// A Pod object as a peer: `None` for one that has no address to match or
+/// should not match by address (`kubectl get pods -o json` output holds
+/// them too): host-network pods, whose address is their node's (traffic
+/// from nodes passes anyway, and matching by it would admit every process
+/// of that node), and finished pods (Succeeded, Failed), whose addresses
+/// are free for new pods.
+fn parse_pod(m: &Map<String, Value>, origin: &str) -> Result<Option<RemotePod>, CniError> {
+    let meta = m.get("metadata").and_then(Value::as_object);
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| invalid(origin, "metadata.name", "missing"))?;
+    let namespace = meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .unwrap_or("default");
+    let bad = |field: &str, what: &str| {
+        CniError::config(format!(
+            "pod {namespace}/{name} ({origin}): {field}: {what}"
+        ))
+    };
+    let labels = match meta.and_then(|m| m.get("labels")) {
+        None | Some(Value::Null) => Labels::new(),
+        Some(l) => string_map(l)
+            .filter(|l| validate_labels(l).is_ok())
+            .ok_or_else(|| bad("metadata.labels", "must be valid labels"))?,
+    };
+    let spec = m.get("spec");
+    let status = m.get("status");
+    if spec
+        .and_then(|s| s.get("hostNetwork"))
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        return Ok(None);
+    }
+    if matches!(
+        status.and_then(|s| s.get("phase")).and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    ) {
+        return Ok(None);
+    }
+    let mut addrs: Vec<IpAddr> = Vec::new();
+    let mut add = |v: Option<&Value>, field: &str| -> Result<(), CniError> {
+        let Some(s) = v.and_then(Value::as_str).filter(|s| !s.is_empty()) else {
+            return Ok(());
+        };
+        let a: IpAddr = s
+            .parse()
+            .map_err(|_| bad(field, &format!("{s:?} is not an address")))?;
+        if !addrs.contains(&a) {
+            addrs.push(a);
+        }
+        Ok(())
+    };
+    if let Some(ips) = status
+        .and_then(|s| s.get("podIPs"))
+        .and_then(Value::as_array)
+    {
+        for (i, ip) in ips.iter().enumerate() {
+            add(ip.get("ip"), &format!("status.podIPs[{i}].ip"))?;
+        }
+    }
+    add(status.and_then(|s| s.get("podIP")), "status.podIP")?;
+    if addrs.is_empty() {
+        return Ok(None);
+    }
+    addrs.sort();
+    Ok(Some(RemotePod {
+        namespace: namespace.to_string(),
+        name: name.to_string(),
+        labels,
+        addrs,
+    }))
 }
 
 fn invalid(policy: &str, field: &str, what: &str) -> CniError {
@@ -1057,5 +1161,44 @@ mod tests {
         assert_eq!(l.get("team").map(String::as_str), Some("a"));
         assert_eq!(l.get(NS_NAME_LABEL).map(String::as_str), Some("prod"));
         assert_eq!(s.namespace_labels("other").len(), 1);
+    }
+
+    #[test]
+    fn pods_are_read_with_their_addresses_and_bad_ones_refused() {
+        let mut s = PolicySet::default();
+        s.add_document(
+            &json!({"kind":"PodList","items":[
+                {"kind":"Pod","metadata":{"namespace":"prod","name":"a","labels":{"app":"x"}},
+                 "status":{"podIP":"10.0.0.5","podIPs":[{"ip":"10.0.0.5"},{"ip":"fd00::5"}]}},
+                {"kind":"Pod","metadata":{"name":"b"},"status":{"podIP":"10.0.0.6","phase":"Running"}},
+                {"kind":"Pod","metadata":{"name":"c"},"status":{"podIP":"10.0.0.7","phase":"Failed"}},
+                {"kind":"Pod","metadata":{"name":"d"},"spec":{"hostNetwork":true},"status":{"podIP":"10.0.0.8"}},
+                {"kind":"Pod","metadata":{"name":"e"}}]}),
+            "f",
+        )
+        .unwrap();
+        s.sort();
+        let got: Vec<(&str, &str, usize)> = s
+            .remote_pods
+            .iter()
+            .map(|p| (p.namespace.as_str(), p.name.as_str(), p.addrs.len()))
+            .collect();
+        assert_eq!(got, [("default", "b", 1), ("prod", "a", 2)]);
+        assert_eq!(s.remote_pods[1].labels, labels(&[("app", "x")]));
+        for (bad, field) in [
+            (
+                json!({"kind":"Pod","metadata":{"name":"p"},"status":{"podIP":"10.0.0.300"}}),
+                "status.podIP",
+            ),
+            (
+                json!({"kind":"Pod","metadata":{"name":"p","labels":{"a b":"c"}},"status":{"podIP":"10.0.0.3"}}),
+                "metadata.labels",
+            ),
+            (json!({"kind":"Pod","metadata":{}}), "metadata.name"),
+        ] {
+            let e = PolicySet::default().add_document(&bad, "f").unwrap_err();
+            assert_eq!(e.code, 7);
+            assert!(e.msg.contains(field), "{}", e.msg);
+        }
     }
 }

@@ -54,6 +54,7 @@ impl PodRecord {
             namespace: self.namespace.clone(),
             labels: self.labels.clone(),
             ports: self.ports.clone(),
+            addrs: self.addrs.clone(),
         }
     }
 }

@@ -257,3 +257,240 @@ fn changes_run_policy_sync_debounced_and_new_pods_do_not() {
         until("a sync for the label", || calls(&log).len() > n).await;
     });
 }
+
+fn remote_pod_of(ns: &str, name: &str, node: &str, app: &str, ips: &[&str]) -> Pod {
+    use k8s_openapi::api::core::v1::{PodIP, PodStatus};
+    let mut p = pod(ns, name, node, &[("app", app)]);
+    p.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        pod_ip: ips.first().map(|i| i.to_string()),
+        pod_ips: Some(ips.iter().map(|i| PodIP { ip: i.to_string() }).collect()),
+        ..Default::default()
+    });
+    p
+}
+
+/// The remote pods' file as (namespace/name, app label, addresses).
+fn remote_file(dir: &Path) -> Option<Vec<(String, String, Vec<String>)>> {
+    let v: Value = serde_json::from_slice(&std::fs::read(dir.join(REMOTE_PODS_FILE)).ok()?).ok()?;
+    assert_eq!(v["kind"], "PodList");
+    Some(
+        v["items"]
+            .as_array()?
+            .iter()
+            .map(|p| {
+                (
+                    format!(
+                        "{}/{}",
+                        p["metadata"]["namespace"].as_str().unwrap(),
+                        p["metadata"]["name"].as_str().unwrap()
+                    ),
+                    p["metadata"]["labels"]["app"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    p["status"]["podIPs"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|i| i["ip"].as_str().unwrap().to_string())
+                        .collect(),
+                )
+            })
+            .collect(),
+    )
+}
+
+fn entry(name: &str, app: &str, ips: &[&str]) -> (String, String, Vec<String>) {
+    (
+        name.to_string(),
+        app.to_string(),
+        ips.iter().map(|i| i.to_string()).collect(),
+    )
+}
+
+#[test]
+fn other_nodes_pods_are_written_for_the_plugin_and_follow_the_api() {
+    with_api(async |api, kc| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("policy.d");
+        let socket = tmp.path().join("agent.sock");
+        let (bin, log) = fake_policy(tmp.path());
+        std::fs::create_dir_all(&dir).unwrap();
+        // An earlier run's file: replaced by the first list.
+        std::fs::write(
+            dir.join(REMOTE_PODS_FILE),
+            remote_content(
+                &[(
+                    ("prod".to_string(), "gone".to_string()),
+                    RemotePod {
+                        node: "n9".into(),
+                        labels: Default::default(),
+                        ips: vec!["10.244.9.9".into()],
+                    },
+                )]
+                .into(),
+            ),
+        )
+        .unwrap();
+        api.put(&remote_pod_of(
+            "prod",
+            "web-1",
+            "n1",
+            "web",
+            &["10.244.1.5"],
+        ));
+        api.put(&remote_pod_of(
+            "prod",
+            "client",
+            "n2",
+            "client",
+            &["10.244.2.5", "fd00:2::5"],
+        ));
+        // Not peers: no address yet, host network, finished.
+        api.put(&pod("prod", "pending", "n2", &[("app", "client")]));
+        let mut host = remote_pod_of("prod", "host", "n2", "client", &["192.168.50.2"]);
+        host.spec.as_mut().unwrap().host_network = Some(true);
+        api.put(&host);
+        let mut done = remote_pod_of("prod", "done", "n3", "client", &["10.244.3.9"]);
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        api.put(&done);
+
+        let client = crate::k8s::client(Some(&kc)).await.unwrap();
+        let sync = SyncCommand {
+            bin,
+            network: "rcni".into(),
+            data_dir: None,
+        };
+        let _inputs = start(client, dir.clone(), "n1", &socket, Some(sync)).unwrap();
+        let d = dir.as_path();
+        let want =
+            |v: Vec<(String, String, Vec<String>)>| move || remote_file(d) == Some(v.clone());
+        until(
+            "the first list written",
+            want(vec![entry(
+                "prod/client",
+                "client",
+                &["10.244.2.5", "fd00:2::5"],
+            )]),
+        )
+        .await;
+        // This node's pod is answered on the socket, as before.
+        assert_eq!(ask(&socket, "prod", "web-1").await["found"], true);
+        until("a sync for the file", || !calls(&log).is_empty()).await;
+
+        // Added (its address came), relabeled, re-addressed, deleted: the
+        // file follows, and each change runs a sync.
+        let log = log.as_path();
+        let syncs = |n: usize| move || calls(log).len() > n;
+        let n = calls(log).len();
+        api.put(&remote_pod_of(
+            "prod",
+            "pending",
+            "n2",
+            "client",
+            &["10.244.2.6"],
+        ));
+        until(
+            "added",
+            want(vec![
+                entry("prod/client", "client", &["10.244.2.5", "fd00:2::5"]),
+                entry("prod/pending", "client", &["10.244.2.6"]),
+            ]),
+        )
+        .await;
+        until("a sync for the new pod", syncs(n)).await;
+        let n = calls(log).len();
+        api.put(&remote_pod_of(
+            "prod",
+            "client",
+            "n2",
+            "other",
+            &["10.244.2.5", "fd00:2::5"],
+        ));
+        until(
+            "relabeled",
+            want(vec![
+                entry("prod/client", "other", &["10.244.2.5", "fd00:2::5"]),
+                entry("prod/pending", "client", &["10.244.2.6"]),
+            ]),
+        )
+        .await;
+        until("a sync for the label", syncs(n)).await;
+        // The same pod again, nothing a peer depends on changed: no sync.
+        tokio::time::sleep(DEBOUNCE * 3).await;
+        let n = calls(log).len();
+        let mut same = remote_pod_of("prod", "pending", "n2", "client", &["10.244.2.6"]);
+        same.metadata.annotations = Some([("x".to_string(), "y".to_string())].into());
+        api.put(&same);
+        tokio::time::sleep(DEBOUNCE * 3).await;
+        assert_eq!(calls(log).len(), n);
+        // Finished: it goes.
+        let mut fin = remote_pod_of("prod", "pending", "n2", "client", &["10.244.2.6"]);
+        fin.status.as_mut().unwrap().phase = Some("Failed".into());
+        api.put(&fin);
+        until(
+            "finished",
+            want(vec![entry(
+                "prod/client",
+                "other",
+                &["10.244.2.5", "fd00:2::5"],
+            )]),
+        )
+        .await;
+        assert!(api.delete::<Pod>(Some("prod"), "pending"));
+        api.put(&remote_pod_of("dev", "db", "n3", "db", &["10.244.3.7"]));
+        until(
+            "another added",
+            want(vec![
+                entry("dev/db", "db", &["10.244.3.7"]),
+                entry("prod/client", "other", &["10.244.2.5", "fd00:2::5"]),
+            ]),
+        )
+        .await;
+        let n = calls(log).len();
+        assert!(api.delete::<Pod>(Some("dev"), "db"));
+        until(
+            "deleted",
+            want(vec![entry(
+                "prod/client",
+                "other",
+                &["10.244.2.5", "fd00:2::5"],
+            )]),
+        )
+        .await;
+        until("a sync for the deletion", syncs(n)).await;
+
+        // The server gone: the file stays, however long.
+        api.set_down(true);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            remote_file(&dir),
+            Some(vec![entry(
+                "prod/client",
+                "other",
+                &["10.244.2.5", "fd00:2::5"]
+            )])
+        );
+        // Changes it missed, and a history that no longer reaches back:
+        // back up, the watch is told 410 Gone, lists again, and the list
+        // replaces the file.
+        let lists = api.lists_of("/api/v1/pods");
+        assert!(api.delete::<Pod>(Some("prod"), "client"));
+        api.put(&remote_pod_of(
+            "prod",
+            "new",
+            "n3",
+            "client",
+            &["10.244.3.8"],
+        ));
+        api.compact();
+        api.set_down(false);
+        until(
+            "relisted after 410",
+            want(vec![entry("prod/new", "client", &["10.244.3.8"])]),
+        )
+        .await;
+        assert!(api.lists_of("/api/v1/pods") > lists);
+    });
+}

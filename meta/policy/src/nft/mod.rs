@@ -415,6 +415,42 @@ mod tests {
     }
 
     #[test]
+    fn other_nodes_pods_are_elements_of_the_address_sets() {
+        let pods: BTreeMap<_, _> = [app_pod("web/eth0", "web", &["10.0.0.2"], "vweb")].into();
+        let mut set = policies();
+        set.add_document(
+            &json!([
+                {"kind":"Pod","metadata":{"name":"c","labels":{"app":"client"}},
+                 "status":{"podIPs":[{"ip":"10.244.2.5"},{"ip":"fd00:2::5"}]}},
+                {"kind":"Pod","metadata":{"name":"a","labels":{"app":"admin"}},
+                 "status":{"podIP":"10.244.3.5"}},
+                {"kind":"Pod","metadata":{"name":"x","labels":{"app":"x"}},
+                 "status":{"podIP":"10.244.3.6"}}
+            ]),
+            "t",
+        )
+        .unwrap();
+        let views = pods.iter().map(|(k, p)| (k.clone(), p.view())).collect();
+        let d = compile(&set, &views, &mut Ids::default()).unwrap();
+        let c = format!("in_{}", d.pods["web/eth0"].ingress);
+        let m = Model::build(&pods, &d);
+        let (s, _) = plan("T", None, &m);
+        for want in [
+            format!(
+                "add element inet T {c}_pod4p {{ 10.244.2.5 . 17 . 53, 10.244.2.5 . 6 . 80, 10.244.2.5 . 6 . 8000-8080 }}"
+            ),
+            format!(
+                "add element inet T {c}_pod6p {{ fd00:2::5 . 17 . 53, fd00:2::5 . 6 . 80, fd00:2::5 . 6 . 8000-8080 }}"
+            ),
+            format!("add element inet T {c}_pod4 {{ 10.244.3.5 }}"),
+            format!("add rule inet T {c} ip saddr @{c}_pod4 return"),
+        ] {
+            assert!(s.contains(&want), "missing {want:?} in\n{s}");
+        }
+        assert!(!s.contains("10.244.3.6"), "{s}");
+    }
+
+    #[test]
     fn a_pod_with_known_labels_adds_elements_only() {
         let mut pods: BTreeMap<_, _> = [
             app_pod("web/eth0", "web", &["10.0.0.2"], "vweb"),

@@ -33,9 +33,11 @@ pub(super) const FORWARD_HOOK: &str = "type filter hook forward priority filter;
 /// The four sets of one family of a rule set, in rule order.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum SetKind {
-    /// Identity peers allowed everything: their addresses.
+    /// Identity peers and other nodes' pods allowed everything: their
+    /// addresses.
     Pod,
-    /// Identity peers with port ranges: address . protocol . ports.
+    /// Identity peers and other nodes' pods with port ranges: address .
+    /// protocol . ports.
     PodPorts,
     /// CIDR intervals allowed everything.
     Net,
@@ -223,20 +225,32 @@ impl Model {
                 }
             }
             let empty = BTreeSet::new();
-            for (id, ports) in &rs.peers {
-                for a in by_identity.get(id).unwrap_or(&empty) {
-                    let v6 = a.is_ipv6();
-                    match ports {
-                        Ports::All => {
-                            sets.get_mut(&(v6, "pod"))
-                                .expect("all kinds")
-                                .insert(a.to_string());
-                        }
-                        Ports::Ranges(r) => {
-                            let s = sets.get_mut(&(v6, "podp")).expect("all kinds");
-                            for p in r {
-                                s.insert(format!("{a} . {} . {}", p.proto, ports_str(p.lo, p.hi)));
-                            }
+            // Addresses of this node's pods (by identity) and of other
+            // nodes' pods; compile keeps the two apart, and ports per
+            // address are merged, so no two elements overlap.
+            let by_addr = rs
+                .peers
+                .iter()
+                .flat_map(|(id, ports)| {
+                    by_identity
+                        .get(id)
+                        .unwrap_or(&empty)
+                        .iter()
+                        .map(move |a| (a, ports))
+                })
+                .chain(rs.remote.iter());
+            for (a, ports) in by_addr {
+                let v6 = a.is_ipv6();
+                match ports {
+                    Ports::All => {
+                        sets.get_mut(&(v6, "pod"))
+                            .expect("all kinds")
+                            .insert(a.to_string());
+                    }
+                    Ports::Ranges(r) => {
+                        let s = sets.get_mut(&(v6, "podp")).expect("all kinds");
+                        for p in r {
+                            s.insert(format!("{a} . {} . {}", p.proto, ports_str(p.lo, p.hi)));
                         }
                     }
                 }
