@@ -181,11 +181,13 @@ fn a_server_certificate_of_another_ca_is_refused() {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    // kube's error says no more than "client error (Connect)"; with the
-    // same server and the right CA the test above gets through, so it is
-    // the certificate: no request got past the handshake, and no conflist
-    // was written.
-    assert!(text.contains("(Connect)"), "{text}");
+    // The agent spells out kube's "client error (Connect)": the
+    // certificate. No request got past the handshake, and no conflist was
+    // written.
+    assert!(
+        text.contains("(Connect): invalid peer certificate"),
+        "{text}"
+    );
     assert!(lab.api.requests().is_empty(), "{:?}", lab.api.requests());
     assert!(!lab.dir.path().join("net.d/10-rcni.conflist").exists());
 }

@@ -481,7 +481,10 @@ async fn watch_nodes(
                     ev
                 }
                 Err(e) => {
-                    crate::log(format!("Kubernetes API: {e} (retrying in {backoff:?})"));
+                    crate::log(format!(
+                        "Kubernetes API: {} (retrying in {backoff:?})",
+                        crate::causes(&e)
+                    ));
                     if gone_on_start(&e) {
                         break;
                     }
@@ -558,7 +561,10 @@ async fn publish(api: &Api<KNode>, me: &str, patch: Option<Value>) -> Option<Val
             None
         }
         Err(e) => {
-            crate::log(format!("patching Node {me:?} failed: {e} (will retry)"));
+            crate::log(format!(
+                "patching Node {me:?} failed: {} (will retry)",
+                crate::causes(&e)
+            ));
             Some(patch)
         }
     }

@@ -300,7 +300,8 @@ where
             }
             Err(e) => {
                 crate::log(format!(
-                    "Kubernetes API ({what}): {e} (retrying in {backoff:?})"
+                    "Kubernetes API ({what}): {} (retrying in {backoff:?})",
+                    crate::causes(&e)
                 ));
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
