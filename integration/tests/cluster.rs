@@ -1290,33 +1290,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
             &format!("10.244.{}.0/24", i + 1),
         ));
     }
-    let bin_dir = bin("policy").parent().unwrap().to_path_buf();
-    let agent = |n: &ClusterNode| {
-        let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
-        cmd.arg("run")
-            .arg("--kubernetes")
-            .arg("--net-conf")
-            .arg(&k.net_conf)
-            .arg("--kubeconfig")
-            .arg(&k.kubeconfig)
-            .arg("--cni-conf-dir")
-            .arg(n.conf_dir())
-            .arg("--state-dir")
-            .arg(n.dir.path().join("state"))
-            .arg("--ipam-data-dir")
-            .arg(n.dir.path().join("ipam"))
-            .arg("--policy-dir")
-            .arg(n.dir.path().join("policy.d"))
-            .arg("--agent-socket")
-            .arg(n.dir.path().join("run/agent.sock"))
-            .arg("--policy-data-dir")
-            .arg(n.dir.path().join("policy-state"))
-            .arg("--cni-bin-dir")
-            .arg(&bin_dir)
-            .args(["--poll-ms", "20", "--node", &n.name])
-            .stderr(std::fs::File::create(n.dir.path().join("agent.log")).unwrap());
-        Agent(cmd.spawn().unwrap())
-    };
+    let agent = |n: &ClusterNode| policy_agent(&k, n);
     let mut agents: Vec<Option<Agent>> = c.nodes.iter().map(|n| Some(agent(n))).collect();
     for n in &c.nodes {
         wait_for(&format!("{}'s conflist and peers", n.name), || {
