@@ -1,0 +1,112 @@
+//! Cross-node forwarding, for the `rcni-node` agent: the other nodes' pod
+//! subnets (`rcni_remote`) and `rcni_from_net` on the node's uplink and
+//! VXLAN devices, each a tcx link pinned as `link-net-<ifname>`.
+
+use crate::attach::{detach_pinned_link, tcx_programs};
+use crate::bpffs::remove_pin;
+use crate::load::{collect, not_found_ok};
+use crate::types::{remote_key, remote_of};
+use crate::{Datapath, Error, Program, RemoteHop, Result};
+use aya::programs::links::FdLink;
+use aya::programs::tc::TcAttachOptions;
+use aya::programs::{LinkOrder, TcAttachType};
+use ipnetwork::IpNetwork;
+use std::path::Path;
+
+const NET_LINK_PREFIX: &str = "link-net-";
+
+impl Datapath {
+    /// The other nodes' pod subnets and where their packets go.
+    pub fn remote_routes(&self) -> Result<Vec<(IpNetwork, RemoteHop)>> {
+        let all = collect(self.remote.iter(), "read rcni_remote")?;
+        Ok(all
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let (ip, len) = remote_of(&k)?;
+                Some((IpNetwork::new(ip, len).ok()?, v))
+            })
+            .collect())
+    }
+
+    pub fn set_remote_route(&mut self, net: IpNetwork, hop: RemoteHop) -> Result<()> {
+        let k = remote_key(net.network(), net.prefix())
+            .ok_or_else(|| Error::msg(format!("bad prefix {net}")))?;
+        self.remote
+            .insert(&k, hop, 0)
+            .map_err(|e| Error::aya(format!("write rcni_remote {net}"), e))
+    }
+
+    /// Gone already is fine.
+    pub fn remove_remote_route(&mut self, net: IpNetwork) -> Result<()> {
+        let Some(k) = remote_key(net.network(), net.prefix()) else {
+            return Ok(());
+        };
+        not_found_ok(self.remote.remove(&k), "remove from rcni_remote")
+    }
+
+    /// Hooks `rcni_from_net` to `ifname`'s tcx ingress (a name in the
+    /// calling thread's network namespace), last, its link pinned in the
+    /// network's directory. Pinned datapaths only.
+    pub fn attach_net(&mut self, ifname: &str) -> Result<()> {
+        let dir = self
+            .dir
+            .clone()
+            .ok_or_else(|| Error::msg("attach_net needs a pinned datapath"))?;
+        let pin = dir.join(format!("{NET_LINK_PREFIX}{ifname}"));
+        remove_pin(&pin)?;
+        let prog = self.program_of(Program::FromNet);
+        let link = prog
+            .attach_with_options(
+                ifname,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(|e| Error::aya(format!("attach rcni_from_net (tcx) to {ifname}"), e))?;
+        let link = prog
+            .take_link(link)
+            .map_err(|e| Error::aya("take link", e))?;
+        let fd: FdLink = link.try_into().map_err(|e| Error::aya("tcx link fd", e))?;
+        fd.pin(&pin)
+            .map_err(|e| Error::aya(format!("pin {}", pin.display()), e))?;
+        Ok(())
+    }
+
+    /// Whether `rcni_from_net` sits on `ifname`'s tcx ingress with its link
+    /// pinned.
+    pub fn net_attached(&mut self, ifname: &str) -> Result<bool> {
+        let Some(dir) = self.dir.clone() else {
+            return Ok(false);
+        };
+        if !dir.join(format!("{NET_LINK_PREFIX}{ifname}")).exists() {
+            return Ok(false);
+        }
+        let id = self.program_id_of(Program::FromNet)?;
+        Ok(tcx_programs(ifname)?.contains(&id))
+    }
+}
+
+/// The devices with an `rcni_from_net` link pinned in `dir`, sorted.
+pub fn net_links(dir: &Path) -> Result<Vec<String>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+    };
+    let mut v: Vec<String> = rd
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .strip_prefix(NET_LINK_PREFIX)
+                .map(str::to_string)
+        })
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// Detaches and unpins `rcni_from_net`'s link on `ifname`; gone already is
+/// fine. True if there was one.
+pub fn detach_net(dir: &Path, ifname: &str) -> Result<bool> {
+    detach_pinned_link(&dir.join(format!("{NET_LINK_PREFIX}{ifname}")))
+}
