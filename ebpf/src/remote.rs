@@ -1,6 +1,7 @@
 //! Cross-node forwarding, for the `rcni-node` agent: the other nodes' pod
 //! subnets (`rcni_remote`) and `rcni_from_net` on the node's uplink and
-//! VXLAN devices, each a tcx link pinned as `link-net-<ifname>`.
+//! VXLAN devices, each a tcx link pinned as `link-net-<ifname in hex>`
+//! (bpffs refuses a '.' in a name, and VXLAN devices are `rcni.<VNI>`).
 
 use crate::attach::{detach_pinned_link, tcx_programs};
 use crate::bpffs::remove_pin;
@@ -14,6 +15,23 @@ use ipnetwork::IpNetwork;
 use std::path::Path;
 
 const NET_LINK_PREFIX: &str = "link-net-";
+
+fn net_link_pin(ifname: &str) -> String {
+    let hex: String = ifname.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("{NET_LINK_PREFIX}{hex}")
+}
+
+fn ifname_of_pin(name: &str) -> Option<String> {
+    let hex = name.strip_prefix(NET_LINK_PREFIX)?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Option<Vec<u8>> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect();
+    String::from_utf8(bytes?).ok()
+}
 
 impl Datapath {
     /// The other nodes' pod subnets and where their packets go.
@@ -52,7 +70,7 @@ impl Datapath {
             .dir
             .clone()
             .ok_or_else(|| Error::msg("attach_net needs a pinned datapath"))?;
-        let pin = dir.join(format!("{NET_LINK_PREFIX}{ifname}"));
+        let pin = dir.join(net_link_pin(ifname));
         remove_pin(&pin)?;
         let prog = self.program_of(Program::FromNet);
         let link = prog
@@ -77,7 +95,7 @@ impl Datapath {
         let Some(dir) = self.dir.clone() else {
             return Ok(false);
         };
-        if !dir.join(format!("{NET_LINK_PREFIX}{ifname}")).exists() {
+        if !dir.join(net_link_pin(ifname)).exists() {
             return Ok(false);
         }
         let id = self.program_id_of(Program::FromNet)?;
@@ -94,12 +112,7 @@ pub fn net_links(dir: &Path) -> Result<Vec<String>> {
     };
     let mut v: Vec<String> = rd
         .flatten()
-        .filter_map(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .strip_prefix(NET_LINK_PREFIX)
-                .map(str::to_string)
-        })
+        .filter_map(|e| ifname_of_pin(&e.file_name().to_string_lossy()))
         .collect();
     v.sort();
     Ok(v)
@@ -108,5 +121,23 @@ pub fn net_links(dir: &Path) -> Result<Vec<String>> {
 /// Detaches and unpins `rcni_from_net`'s link on `ifname`; gone already is
 /// fine. True if there was one.
 pub fn detach_net(dir: &Path, ifname: &str) -> Result<bool> {
-    detach_pinned_link(&dir.join(format!("{NET_LINK_PREFIX}{ifname}")))
+    detach_pinned_link(&dir.join(net_link_pin(ifname)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn net_link_pins_name_the_device_without_dots() {
+        for dev in ["eth0", "rcni.1", "rcni6.16777215", "a-b_c@d"] {
+            let pin = net_link_pin(dev);
+            assert!(!pin.contains('.'), "{pin}");
+            assert_eq!(ifname_of_pin(&pin).as_deref(), Some(dev));
+        }
+        assert_eq!(net_link_pin("rcni.1"), "link-net-72636e692e31");
+        for bad in ["link-net-7", "link-net-zz", "link-pol-in-00", "prog"] {
+            assert_eq!(ifname_of_pin(bad), None, "{bad}");
+        }
+    }
 }
