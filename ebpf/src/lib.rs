@@ -29,8 +29,8 @@ mod types;
 
 pub use attach::{
     Hook, detach_policy, detach_policy_links_except, detach_policy_tc, detach_policy_tcx,
-    detach_tc, detach_tcx, open_attached, pinned_links, pinned_policy_links,
-    tcx_egress_programs, tcx_programs,
+    detach_tc, detach_tcx, open_attached, pinned_links, pinned_policy_links, tcx_egress_programs,
+    tcx_programs,
 };
 pub use error::{AyaError, Error, Result};
 pub use load::{Datapath, remove_network};

@@ -544,7 +544,11 @@ impl RemoteHop {
         RemoteHop {
             ifindex,
             mtu,
-            nh_family: if family == FAMILY_V4 { AF_INET } else { AF_INET6 },
+            nh_family: if family == FAMILY_V4 {
+                AF_INET
+            } else {
+                AF_INET6
+            },
             nh: addr,
         }
     }

@@ -1302,7 +1302,10 @@ fn to_another_nodes_pod_leaves_by_redirect_neigh_ttl_decremented() {
 
     for (why, pkt) in [
         // Not routed: sent to another MAC than the gateway's.
-        ("bridged", ipv4(POD_B, "10.0.0.2", "10.1.0.7", 64, ICMP_ECHO)),
+        (
+            "bridged",
+            ipv4(POD_B, "10.0.0.2", "10.1.0.7", 64, ICMP_ECHO),
+        ),
         // No node's pod subnet: the node, the outside world.
         ("unknown", ipv4(GW_A, "10.0.0.2", "10.2.0.7", 64, ICMP_ECHO)),
         // Expiring: the normal path answers with ICMP.
@@ -1362,13 +1365,19 @@ fn from_another_node_to_a_local_pod_is_delivered_as_routing_would() {
     .unwrap();
     for (why, pkt) in [
         // Another host's frame (PACKET_OTHERHOST).
-        ("not ours", ipv4(POD_B, "10.1.0.7", "10.0.0.3", 64, ICMP_ECHO)),
+        (
+            "not ours",
+            ipv4(POD_B, "10.1.0.7", "10.0.0.3", 64, ICMP_ECHO),
+        ),
         // The node's own traffic.
         (
             "the node's",
             from_peer(ipv4(GW_A, "192.168.50.2", "192.168.50.1", 64, ICMP_ECHO)),
         ),
-        ("ttl 1", from_peer(ipv4(GW_A, "10.1.0.7", "10.0.0.3", 1, ICMP_ECHO))),
+        (
+            "ttl 1",
+            from_peer(ipv4(GW_A, "10.1.0.7", "10.0.0.3", 1, ICMP_ECHO)),
+        ),
         (
             "shaped pod",
             from_peer(ipv4(GW_A, "10.1.0.7", "10.0.0.4", 64, ICMP_ECHO)),
@@ -1394,7 +1403,10 @@ fn from_another_node_the_receivers_ingress_policy_decides() {
         .unwrap();
     dp.put_cidr(20, ip("10.1.0.0"), 24, 2).unwrap();
     let syn = |src: &str, sport: u16, dport: u16| from_peer(tcp(src, "10.0.0.2", sport, dport));
-    assert_eq!(from_net(&mut dp, &syn("10.1.0.7", 40000, 5432)).0, TC_ACT_REDIRECT);
+    assert_eq!(
+        from_net(&mut dp, &syn("10.1.0.7", 40000, 5432)).0,
+        TC_ACT_REDIRECT
+    );
     assert_eq!(from_net(&mut dp, &syn("10.1.0.7", 40001, 22)).0, DROP);
     assert_eq!(from_net(&mut dp, &syn("10.2.0.7", 40002, 5432)).0, DROP);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 2);
@@ -1415,7 +1427,10 @@ fn a_pods_egress_policy_decides_before_it_leaves_for_another_node() {
     with_remote(&mut dp, 1500);
     dp.put_portset(3, &[PortRange::new(UDP, 53, 53)]).unwrap();
     dp.put_cidr(21, ip("10.1.0.0"), 24, 3).unwrap();
-    assert_eq!(run(&mut dp, &udp("10.0.0.2", "10.1.0.7", 4000, 53)).0, TC_ACT_REDIRECT);
+    assert_eq!(
+        run(&mut dp, &udp("10.0.0.2", "10.1.0.7", 4000, 53)).0,
+        TC_ACT_REDIRECT
+    );
     assert_eq!(run(&mut dp, &udp("10.0.0.2", "10.1.0.7", 4000, 54)).0, DROP);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 1);
     // The reply comes back past A's ingress (no ingress rules: allowed).
@@ -1429,7 +1444,10 @@ fn flows_the_node_translates_keep_the_normal_path_both_ways() {
     with_remote(&mut dp, 1500);
     // A connects to a service address (no pod's): the node DNATs it, maybe
     // to a pod on another node. Its replies must meet the node's conntrack.
-    assert_eq!(run(&mut dp, &tcp("10.0.0.2", "10.96.0.10", 40000, 80)).0, PASS);
+    assert_eq!(
+        run(&mut dp, &tcp("10.0.0.2", "10.96.0.10", 40000, 80)).0,
+        PASS
+    );
     let reply = from_peer(tcp("10.1.0.7", "10.0.0.2", 8080, 40000));
     assert_eq!(from_net(&mut dp, &reply), (PASS, reply.clone()));
     assert_eq!(verdict(&dp, Verdict::NatFlow), 1);
@@ -1440,7 +1458,10 @@ fn flows_the_node_translates_keep_the_normal_path_both_ways() {
     // A's replies to that socket take the normal path (the node un-DNATs).
     let to_node = from_peer(tcp("10.1.0.8", "192.168.50.1", 33000, 8080));
     assert_eq!(from_net(&mut dp, &to_node).0, PASS);
-    assert_eq!(run(&mut dp, &tcp("10.0.0.2", "10.1.0.8", 80, 33000)).0, PASS);
+    assert_eq!(
+        run(&mut dp, &tcp("10.0.0.2", "10.1.0.8", 80, 33000)).0,
+        PASS
+    );
     assert_eq!(verdict(&dp, Verdict::NatFlow), 2);
     assert_eq!(
         run(&mut dp, &tcp("10.0.0.2", "10.1.0.8", 80, 33001)).0,

@@ -156,7 +156,11 @@ impl ClusterNode {
                         let dev = nix::net::if_::if_indextoname(h.ifindex)
                             .map(|n| n.to_string_lossy().into_owned())
                             .unwrap_or_default();
-                        format!("{net} via {} dev {dev} mtu {}", h.next_hop().unwrap(), h.mtu)
+                        format!(
+                            "{net} via {} dev {dev} mtu {}",
+                            h.next_hop().unwrap(),
+                            h.mtu
+                        )
                     })
                     .collect()
             })
@@ -165,7 +169,7 @@ impl ClusterNode {
 
     /// The devices with the agent's program on their tcx ingress, by the
     /// program's name (what the kernel says, not the pins).
-    fn from_net_on(&self) -> BTreeSet<String> {
+    fn net_program_on(&self) -> BTreeSet<String> {
         self.ns
             .ns
             .run(|| {
@@ -1491,7 +1495,14 @@ fn count_forwarded(ns: &NetNs) {
 }
 
 fn forwarded(ns: &NetNs) -> u64 {
-    let out = stdout_of(command_in(ns, "nft").args(["-j", "list", "chain", "inet", "xnode_test", "podfwd"]));
+    let out = stdout_of(command_in(ns, "nft").args([
+        "-j",
+        "list",
+        "chain",
+        "inet",
+        "xnode_test",
+        "podfwd",
+    ]));
     let v: Value = serde_json::from_str(&out).unwrap();
     v["nftables"]
         .as_array()
@@ -1552,7 +1563,7 @@ fn ebpf_forwarding(backend: &str, devs: &[&str], hops: &[&str]) {
         n1.bpffs.path().display().to_string()
     );
     let want: BTreeSet<String> = devs.iter().map(|d| d.to_string()).collect();
-    assert_eq!(n1.from_net_on(), want);
+    assert_eq!(n1.net_program_on(), want);
     let map = n1.remote_map();
     assert_eq!(map.len(), 4, "{map:?}");
     for h in hops {
@@ -1602,10 +1613,51 @@ fn ebpf_forwarding(backend: &str, devs: &[&str], hops: &[&str]) {
     let sent = n1.verdict(TO_REMOTE);
     assert!(sent > 0 && n2.verdict(FROM_REMOTE) > 0);
 
-    // The agent again (a restart): nothing to change, nothing flushed, the
-    // pods keep talking through the fast path.
+    // A connection across the nodes lives through an agent's run and
+    // SIGTERM, and another agent changes nothing: nothing is flushed, the
+    // fast path keeps carrying it.
+    let server = rcni_testkit::tcp_server(&p2.ns, a2.parse().unwrap(), |mut s| {
+        let mut b = [0u8; 64];
+        while let Ok(n) = s.read(&mut b) {
+            if n == 0 || s.write_all(&b[..n]).is_err() {
+                return;
+            }
+        }
+    });
+    let mut stream = p1
+        .ns
+        .run(move || std::net::TcpStream::connect(server).unwrap())
+        .unwrap();
+    let echo = |s: &mut std::net::TcpStream| {
+        s.write_all(b"ping").unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"ping");
+    };
+    echo(&mut stream);
+    let map = n1.remote_map();
+    let mut agent = n1.agent(&c.file).stderr(Stdio::piped()).spawn().unwrap();
+    // Its first pass has nothing to do: wait for its report of that.
+    let mut err = std::io::BufReader::new(agent.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("kernel changes") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut err, &mut line).unwrap() > 0);
+    }
+    assert!(line.contains(": 0 kernel changes"), "{line}");
+    echo(&mut stream);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(agent.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(agent.wait().unwrap().success());
+    echo(&mut stream);
+    assert_eq!(n1.remote_map(), map);
+    assert_eq!(n1.net_program_on(), want);
     let again = n1.reconcile(&c.file);
     assert!(again.contains(": 0 kernel changes"), "{again}");
+    echo(&mut stream);
     assert!(ping(&p1.ns, &a2));
     assert!(n1.verdict(TO_REMOTE) > sent);
     assert_eq!(forwarded(&n1.ns.ns), 0);
@@ -1615,7 +1667,10 @@ fn ebpf_forwarding(backend: &str, devs: &[&str], hops: &[&str]) {
     let out = n1.reconcile(&c.file);
     let map = n1.remote_map();
     assert_eq!(map.len(), 2, "{map:?}\n{out}");
-    assert!(map.iter().all(|m| m.starts_with("10.244.2.") || m.starts_with("fd00:0:0:2:")));
+    assert!(
+        map.iter()
+            .all(|m| m.starts_with("10.244.2.") || m.starts_with("fd00:0:0:2:"))
+    );
     assert!(ping(&p1.ns, &a2));
 
     // "ebpf": false: no program on the devices, no pinned link, no map
@@ -1624,7 +1679,7 @@ fn ebpf_forwarding(backend: &str, devs: &[&str], hops: &[&str]) {
     n1.reconcile(&c.file);
     n2.reconcile(&c.file);
     for n in [n1, n2] {
-        assert!(n.from_net_on().is_empty(), "{}", n.name);
+        assert!(n.net_program_on().is_empty(), "{}", n.name);
         assert!(n.remote_map().is_empty(), "{}", n.name);
         let files = n.bpffs.files();
         assert!(!files.iter().any(|f| f.contains("link-net-")), "{files:?}");
@@ -1674,10 +1729,10 @@ fn ebpf_auto_across_a_router_natively_routes_the_near_node_and_tunnels_the_far_o
         ])
     );
     assert_eq!(
-        n1.from_net_on(),
+        n1.net_program_on(),
         BTreeSet::from(["eth0".to_string(), VTEP.to_string()])
     );
-    assert_eq!(n3.from_net_on(), BTreeSet::from([VTEP.to_string()]));
+    assert_eq!(n3.net_program_on(), BTreeSet::from([VTEP.to_string()]));
     let (p1, a1) = n1.pod("p1");
     let (p2, a2) = n2.pod("p2");
     let (p3, a3) = n3.pod("p3");
@@ -1691,7 +1746,11 @@ fn ebpf_auto_across_a_router_natively_routes_the_near_node_and_tunnels_the_far_o
     tcp_bulk(&p3.ns, &p2.ns, &a2);
     for n in [n1, n2, n3] {
         assert_eq!(forwarded(&n.ns.ns), 0, "{}", n.name);
-        assert!(n.verdict(TO_REMOTE) > 0 && n.verdict(FROM_REMOTE) > 0, "{}", n.name);
+        assert!(
+            n.verdict(TO_REMOTE) > 0 && n.verdict(FROM_REMOTE) > 0,
+            "{}",
+            n.name
+        );
     }
     // The pod MTU is the tunnel's (some peers are tunnelled): a DF ping of
     // it crosses to either kind of peer.

@@ -103,7 +103,14 @@ mod tests {
 
     #[test]
     fn conflist_and_rewrite_only_on_change() {
-        let c = render("10.244.1.0/24".parse().unwrap(), None, 1450, None, None, None);
+        let c = render(
+            "10.244.1.0/24".parse().unwrap(),
+            None,
+            1450,
+            None,
+            None,
+            None,
+        );
         assert_eq!(c["plugins"][0]["mtu"], 1450);
         assert_eq!(
             c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
@@ -131,7 +138,14 @@ mod tests {
         let sub = d.path().join("net.d");
         assert!(write(&sub, &c).unwrap().1);
         assert!(!write(&sub, &c).unwrap().1);
-        let c2 = render("10.244.1.0/24".parse().unwrap(), None, 1500, None, None, None);
+        let c2 = render(
+            "10.244.1.0/24".parse().unwrap(),
+            None,
+            1500,
+            None,
+            None,
+            None,
+        );
         let (p, wrote) = write(&sub, &c2).unwrap();
         assert!(wrote);
         let back: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();

@@ -80,7 +80,11 @@ pub fn diff(
         .filter(|(k, v)| have.get(k) != Some(v))
         .map(|(k, v)| (*k, *v))
         .collect();
-    let remove = have.keys().filter(|k| !want.contains_key(k)).copied().collect();
+    let remove = have
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
     (set, remove)
 }
 
@@ -135,7 +139,9 @@ pub fn sync(pin_root: &Path, want: Option<&Want>) -> Result<Synced, String> {
         out.log.push(format!("ebpf: -{net}"));
     }
     for dev in rcni_ebpf::net_links(&dir).map_err(|x| e("links", x))? {
-        if !want.devices.contains(&dev) && rcni_ebpf::detach_net(&dir, &dev).map_err(|x| e("detach", x))? {
+        if !want.devices.contains(&dev)
+            && rcni_ebpf::detach_net(&dir, &dev).map_err(|x| e("detach", x))?
+        {
             out.changes += 1;
             out.log.push(format!("ebpf: off {dev}"));
         }
@@ -180,8 +186,14 @@ mod tests {
         ];
         let h = hops(&e, 1500, 1450);
         assert_eq!(h.len(), 2);
-        assert_eq!((h[0].oif, h[0].mtu, h[0].next_hop.to_string()), (2, 1500, "192.168.50.2".into()));
-        assert_eq!((h[1].oif, h[1].mtu, h[1].next_hop.to_string()), (9, 1450, "10.244.3.0".into()));
+        assert_eq!(
+            (h[0].oif, h[0].mtu, h[0].next_hop.to_string()),
+            (2, 1500, "192.168.50.2".into())
+        );
+        assert_eq!(
+            (h[1].oif, h[1].mtu, h[1].next_hop.to_string()),
+            (9, 1450, "10.244.3.0".into())
+        );
     }
 
     #[test]
