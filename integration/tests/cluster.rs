@@ -1758,4 +1758,20 @@ fn ebpf_auto_across_a_router_natively_routes_the_near_node_and_tunnels_the_far_o
         let (ok, out) = df_ping(&p1.ns, to, 1450 - 28);
         assert!(ok, "{out}");
     }
+
+    // The fastpath plugin's GC with no pod left valid on n2 unloads the
+    // pods' part, never the agent's program and map: n2 keeps forwarding.
+    let gc = json!({"cniVersion": "1.1.0", "name": "rcni", "type": "fastpath",
+                    "pinRoot": n2.bpffs.path(), "cni.dev/valid-attachments": []});
+    Call::new(bin("fastpath"), "GC")
+        .stdin(&gc)
+        .run_in(&n2.ns.ns)
+        .ok();
+    assert_eq!(n2.remote_map().len(), 2);
+    assert_eq!(
+        n2.net_program_on(),
+        BTreeSet::from(["eth0".to_string(), VTEP.to_string()])
+    );
+    assert!(ping(&p1.ns, &a2));
+    assert!(ping(&p3.ns, &a2));
 }
