@@ -1775,3 +1775,47 @@ fn ebpf_auto_across_a_router_natively_routes_the_near_node_and_tunnels_the_far_o
     assert!(ping(&p1.ns, &a2));
     assert!(ping(&p3.ns, &a2));
 }
+
+#[test]
+fn ebpf_cross_node_traffic_meets_the_receivers_network_policy() {
+    let c = Cluster::new(&[0, 0, 0]);
+    c.write_with("host-gw", &[0, 1, 2], json!({"ebpf": true}));
+    c.reconcile_all();
+    let (n1, n2, n3) = (&c.nodes[0], &c.nodes[1], &c.nodes[2]);
+    // On n2 a pod "web" admitting TCP 80 from n1's pod subnet only (remote
+    // pods are known by address: an ipBlock), policy on the network's
+    // datapath (the same pins as the agent's map).
+    let (web, r) = n2.add_pod("web");
+    let w = addr_of(&r, true);
+    let pol = json!({"cniVersion": "1.1.0", "name": "rcni", "type": "policy",
+        "backend": "ebpf", "pinRoot": n2.bpffs.path(),
+        "dataDir": n2.dir.path().join("policy"),
+        "policies": [{"kind": "NetworkPolicy", "metadata": {"name": "web"},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                "ingress": [{"from": [{"ipBlock": {"cidr": "10.244.1.0/24"}}],
+                             "ports": [{"protocol": "TCP", "port": 80}]}]}}],
+        "args": {"cni": {"labels": {"app": "web"}, "namespace": "default"}},
+        "prevResult": r});
+    Call::new(bin("policy"), "ADD")
+        .env("CNI_CONTAINERID", "web")
+        .netns(&web.path())
+        .stdin(&pol)
+        .run_in(&n2.ns.ns)
+        .ok();
+    listen_ok(&web.ns, 80);
+    listen_ok(&web.ns, 81);
+    let (p1, _) = n1.pod("p1");
+    let (p3, _) = n3.pod("p3");
+    count_forwarded(&n2.ns.ns);
+    let denied = "dropped: receiver's ingress policy";
+    assert!(talks(&p1.ns, &w, 80), "n1's pod, port 80");
+    assert!(!talks(&p1.ns, &w, 81), "n1's pod, port 81");
+    assert!(!talks(&p3.ns, &w, 80), "n3's pod");
+    // Decided by rcni_from_net before its redirect: nothing of it reached
+    // n2's forwarding (where the policy's normal-path hook would sit after).
+    assert_eq!(forwarded(&n2.ns.ns), 0);
+    assert!(n2.verdict(denied) >= 2, "{}", n2.verdict(denied));
+    assert!(n2.verdict(FROM_REMOTE) > 0);
+    // Replies of the admitted connection went back by the fast path too.
+    assert!(n2.verdict(TO_REMOTE) > 0);
+}
