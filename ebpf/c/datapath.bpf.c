@@ -295,11 +295,27 @@ static __always_inline int nat_sock_to(const struct flow *f)
 	return bpf_map_lookup_elem(&rcni_nat_socks, &k) != 0;
 }
 
-// Whether a packet of skb->len bytes (Ethernet header included) fits mtu. A
-// GSO packet is segmented to its sender's MSS, which the pod's MTU bounds.
-static __always_inline int fits(struct __sk_buff *skb, __u32 mtu)
+// Whether the packet (or, GSO, each of its segments: the headers before l4_off
+// and the L4 header, then gso_size bytes) fits the out device's mtu. A pod
+// whose MTU is bigger than the path's (a cluster switched from host-gw to
+// vxlan keeps its pods' MTU) is told so by the normal path, as routing
+// would: "fragmentation needed".
+static __always_inline int fits(struct __sk_buff *skb, __u32 mtu, __u32 l4_off, __u8 proto)
 {
-	return skb->gso_segs > 1 || skb->len <= mtu + ETH_HLEN;
+	if (!skb->gso_size)
+		return skb->len <= mtu + ETH_HLEN;
+	__u32 hdr = l4_off - ETH_HLEN;
+	if (proto == IPPROTO_TCP) {
+		__u8 doff;
+		if (bpf_skb_load_bytes(skb, l4_off + 12, &doff, 1))
+			return 0;
+		hdr += (doff >> 4) * 4;
+	} else if (proto == IPPROTO_UDP) {
+		hdr += 8;
+	} else {
+		return 0;
+	}
+	return skb->gso_size + hdr <= mtu;
 }
 
 // Routing's TTL / hop limit decrement (the caller checked it is above 1).
@@ -374,7 +390,7 @@ static __always_inline int to_remote(struct __sk_buff *skb, struct endpoint *fro
 	// NAT (a hostPort): the reverse translation is the node's.
 	if (nat_sock_to(&f))
 		return pass(V_NAT_FLOW);
-	if (!fits(skb, r->mtu))
+	if (!fits(skb, r->mtu, l4_off, proto))
 		return pass(V_TOO_BIG);
 	// TTL 1 expires here: the normal path answers with ICMP.
 	if (ttl_of(skb, v6) <= 1)

@@ -1336,6 +1336,46 @@ fn to_another_nodes_pod_leaves_by_redirect_neigh_ttl_decremented() {
     assert_eq!(dp.remote_routes().unwrap().len(), 1);
 }
 
+/// The fast path on `pkt` as a GSO packet of `segs` segments of `size`
+/// bytes (what a pod's TCP hands its veth).
+fn run_gso(dp: &mut Datapath, pkt: &[u8], segs: u32, size: u32) -> u32 {
+    let mut out = vec![0u8; pkt.len() + 256];
+    // struct __sk_buff up to gso_size: gso_segs at 164, gso_size at 176
+    // (<linux/bpf.h>).
+    let mut ctx = [0u8; 180];
+    ctx[164..168].copy_from_slice(&segs.to_ne_bytes());
+    ctx[176..180].copy_from_slice(&size.to_ne_bytes());
+    dp.program_of(Program::Fastpath)
+        .test_run(TestRunOptions {
+            data_in: Some(pkt),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::new()
+        })
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN (GSO): {e:?}"))
+        .return_value
+}
+
+#[test]
+fn gso_packets_leave_when_their_segments_fit_the_out_device() {
+    let mut dp = datapath();
+    with_remote(&mut dp, 1450);
+    // A 2-segment TCP packet (20-byte TCP header: data offset 5; a test
+    // run's packet must fit a page).
+    let mut seg = tcp("10.0.0.2", "10.1.0.7", 40000, 80);
+    seg.extend(std::iter::repeat_n(0u8, 2 * 1410));
+    // 1410 + 20 + 20 = 1450: each segment fits.
+    assert_eq!(run_gso(&mut dp, &seg, 2, 1410), TC_ACT_REDIRECT);
+    // One byte more per segment does not: the normal path says so.
+    assert_eq!(run_gso(&mut dp, &seg, 2, 1411), TC_ACT_UNSPEC);
+    assert_eq!(verdict(&dp, Verdict::TooBig), 1);
+    // IPv6: 40-byte header.
+    let mut seg6 = tcp("fd00::2", "fd01::9", 40000, 80);
+    seg6.extend(std::iter::repeat_n(0u8, 2 * 1390));
+    assert_eq!(run_gso(&mut dp, &seg6, 2, 1390), TC_ACT_REDIRECT);
+    assert_eq!(run_gso(&mut dp, &seg6, 2, 1391), TC_ACT_UNSPEC);
+}
+
 #[test]
 fn from_another_node_to_a_local_pod_is_delivered_as_routing_would() {
     let mut dp = datapath();

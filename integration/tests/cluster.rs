@@ -1819,3 +1819,33 @@ fn ebpf_cross_node_traffic_meets_the_receivers_network_policy() {
     // Replies of the admitted connection went back by the fast path too.
     assert!(n2.verdict(TO_REMOTE) > 0);
 }
+
+#[test]
+fn ebpf_pods_whose_mtu_exceeds_the_path_are_told_so_and_tcp_adapts() {
+    let c = Cluster::new(&[0, 0]);
+    let on = json!({"ebpf": true});
+    c.write_with("host-gw", &[0, 1], on.clone());
+    c.reconcile_all();
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    let (p1, _) = n1.pod("p1");
+    let (p2, a2) = n2.pod("p2");
+    assert!(ping(&p1.ns, &a2));
+    // Switched to vxlan: the pods keep their MTU of 1500, the tunnel's is
+    // 1450. A full-size DF packet is too big for the redirect: the normal
+    // path answers with the MTU instead of a silent loss.
+    c.write_with("vxlan", &[0, 1], on);
+    c.reconcile_all();
+    assert_eq!(n1.net_program_on(), BTreeSet::from([VTEP.to_string()]));
+    let (ok, out) = df_ping(&p1.ns, &a2, 1500 - 28);
+    assert!(
+        !ok && (out.contains("Frag needed") || out.contains("mtu=1450")),
+        "{out}"
+    );
+    assert!(n1.verdict("passed: over the out device's MTU") > 0);
+    // TCP learns the path's MTU from that and then fits the fast path,
+    // both ways.
+    tcp_bulk(&p1.ns, &p2.ns, &a2);
+    let sent = n2.verdict(TO_REMOTE);
+    assert!(sent > 0, "{sent}");
+    assert!(n1.verdict(FROM_REMOTE) > 0);
+}
