@@ -1849,3 +1849,46 @@ fn ebpf_pods_whose_mtu_exceeds_the_path_are_told_so_and_tcp_adapts() {
     assert!(sent > 0, "{sent}");
     assert!(n1.verdict(FROM_REMOTE) > 0);
 }
+
+#[test]
+fn ebpf_a_service_address_dnated_to_another_nodes_pod_gets_its_replies_untranslated() {
+    let c = Cluster::new(&[0, 0]);
+    c.write_with("host-gw", &[0, 1], json!({"ebpf": true}));
+    c.reconcile_all();
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    let (p1, _) = n1.pod("p1");
+    let (p2, a2) = n2.pod("p2");
+    listen_ok(&p2.ns, 80);
+    // A service address on n1, as kube-proxy would make it: DNAT to the
+    // pod on n2.
+    let rules = format!(
+        "table ip xnode_svc {{
+            chain pre {{
+                type nat hook prerouting priority dstnat;
+                ip daddr 10.96.0.10 tcp dport 80 dnat to {a2}:80
+            }}
+        }}"
+    );
+    let mut child = command_in(&n1.ns.ns, "nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(rules.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+    // The replies come back from n2 by the fast path, and n1 hands them to
+    // its conntrack (which turns the source back into the service address)
+    // instead of straight to p1.
+    assert!(talks(&p1.ns, "10.96.0.10", 80));
+    assert!(n1.verdict("passed: a flow the node's NAT translates") > 0);
+    assert!(n2.verdict(TO_REMOTE) > 0);
+    // Direct pod-to-pod traffic keeps the fast path both ways.
+    let before = n1.verdict(FROM_REMOTE);
+    assert!(talks(&p1.ns, &a2, 80));
+    assert!(n1.verdict(FROM_REMOTE) > before);
+}
