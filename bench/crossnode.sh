@@ -6,17 +6,28 @@
 #   flannel-hand  flannel's vxlan layout built by hand with iproute2 (the anchor)
 #   rcni-vxlan    rcni-node, backend vxlan, pods attached from its conflist
 #   rcni-host-gw  rcni-node, backend host-gw, same
-#   rcni-ebpf     not implemented yet (printed as such)
+#   rcni-hgw-ebpf rcni-node, host-gw with "ebpf": true (native routing by
+#                 bpf_redirect_neigh / bpf_redirect_peer; pin root: a bpffs
+#                 mounted on a directory of the run's own, never /sys/fs/bpf)
+#   rcni-vx-ebpf  rcni-node, vxlan with "ebpf": true
 # Two node namespaces on an underlay bridge (an underlay namespace), one pod
 # on each; every variant gets fresh node namespaces. Prints a table, ratios
 # against the underlay, and rcni-vxlan against flannel-hand (targets: p50
-# ratio <= 1.0, throughput ratio >= 1.0). Everything lives in namespaces and
+# ratio <= 1.0, throughput ratio >= 1.0), rcni-hgw-ebpf against the underlay
+# (targets: p50 ratio <= 1.1, throughput ratio >= 0.9). Everything lives in namespaces and
 # a temporary directory made here, removed on exit; traffic only between
 # them.
 # Usage: bench/crossnode.sh [--seconds N] [--rr N] [--bin-dir DIR]
 #        (default: 5 s of iperf3, 5000 round trips, the static release build
 #        installed into target/bench-bin; rcni-node comes from the same build)
 set -euo pipefail
+# In a mount namespace of its own, every mount private: the bpffs mounts of
+# the ebpf variants (and the netns bind mounts) go with the run, however
+# it ends.
+if [ -z "${RCNI_XNBENCH_PRIVATE:-}" ]; then
+  export RCNI_XNBENCH_PRIVATE=1
+  exec unshare -m --propagation private "$0" "$@"
+fi
 cd "$(dirname "$0")/.."
 secs=5
 rr=5000
@@ -48,6 +59,9 @@ ul=$tag-ul
 work=$(mktemp -d "/tmp/$tag.XXXXXX")
 cleanup() {
   set +e
+  for m in "$work"/bpf-*; do
+    [ -d "$m" ] && umount -l "$m" 2>/dev/null
+  done
   for n in $(ip netns list | awk '{print $1}' | grep "^$tag-"); do
     ip netns pids "$n" 2>/dev/null | xargs -r kill 2>/dev/null
   done
@@ -193,19 +207,23 @@ dropnodes fl
 # (c), (d): rcni-node --once in each node, then a pod per node attached
 # with cnitool from the conflist the agent wrote.
 rcni() {
-  local v=$1 backend=$2 i
+  local v=$1 backend=$2 ebpf=${3:-false} i
   mknodes "$v"
   cat >"$work/$v.json" <<JSON
-{"network": "10.244.0.0/16", "backend": "$backend", "nodes": [
+{"network": "10.244.0.0/16", "backend": "$backend", "ebpf": $ebpf, "nodes": [
   {"name": "n1", "address": "192.168.50.1", "podCIDR": "10.244.1.0/24"},
   {"name": "n2", "address": "192.168.50.2", "podCIDR": "10.244.2.0/24"}]}
 JSON
   local addr=()
   for i in 1 2; do
-    local n=$tag-$v-n$i p=$tag-$v-p$i d=$work/$v-n$i
+    local n=$tag-$v-n$i p=$tag-$v-p$i d=$work/$v-n$i fs=$work/bpf-$v-n$i
+    # Each node's pins on a bpffs of its own (the agent would mount one
+    # there too; mounted here so that cleanup knows to unmount it).
+    mkdir -p "$fs"
+    mount -t bpf bpf "$fs"
     nsx "$n" "$node_bin" run --once --cluster "$work/$v.json" --node "n$i" \
       --cni-conf-dir "$d/net.d" --state-dir "$d/state" --ipam-data-dir "$d/ipam" \
-      2>"$d.agent.log" || { cat "$d.agent.log" >&2; exit 1; }
+      --bpf-pin-root "$fs" 2>"$d.agent.log" || { cat "$d.agent.log" >&2; exit 1; }
     ip netns add "$p"
     nsx "$p" ip link set lo up
     addr[i]=$(CNI_PATH=$bin NETCONFPATH=$d/net.d CNI_CACHE_DIR=$d/cache \
@@ -217,7 +235,8 @@ JSON
 }
 rcni rcni-vxlan vxlan
 rcni rcni-host-gw host-gw
-echo "  rcni-ebpf     not implemented"
+rcni rcni-hgw-ebpf host-gw true
+rcni rcni-vx-ebpf vxlan true
 
 echo "== ratios (p50: lower is better; throughput: higher is better)"
 python3 - "$work/results" <<'PY'
@@ -228,12 +247,17 @@ for line in open(sys.argv[1]):
     r[name] = (float(p50), float(gbit))
 u = r["underlay"]
 print(f"  {'variant':13s} {'p50 us':>9s} {'Gbit/s':>8s} {'p50/underlay':>13s} {'tput/underlay':>14s}")
-for name in ["underlay", "flannel-hand", "rcni-vxlan", "rcni-host-gw"]:
+for name in ["underlay", "flannel-hand", "rcni-vxlan", "rcni-host-gw", "rcni-hgw-ebpf", "rcni-vx-ebpf"]:
     p, g = r[name]
     print(f"  {name:13s} {p:9.1f} {g:8.2f} {p / u[0]:13.2f} {g / u[1]:14.2f}")
-print(f"  {'rcni-ebpf':13s} {'not implemented':>9s}")
 f, v = r["flannel-hand"], r["rcni-vxlan"]
 rp, rt = v[0] / f[0], v[1] / f[1]
 print(f"  rcni-vxlan vs flannel-hand: p50 ratio {rp:.2f} (target <= 1.0, {'met' if rp <= 1.0 else 'NOT met'}), "
       f"throughput ratio {rt:.2f} (target >= 1.0, {'met' if rt >= 1.0 else 'NOT met'})")
+e = r["rcni-hgw-ebpf"]
+ep, et = e[0] / u[0], e[1] / u[1]
+print(f"  rcni-hgw-ebpf vs underlay: p50 ratio {ep:.2f} (target <= 1.1, {'met' if ep <= 1.1 else 'NOT met'}), "
+      f"throughput ratio {et:.2f} (target >= 0.9, {'met' if et >= 0.9 else 'NOT met'})")
+x = r["rcni-vx-ebpf"]
+print(f"  rcni-vx-ebpf vs rcni-vxlan: p50 ratio {x[0] / v[0]:.2f}, throughput ratio {x[1] / v[1]:.2f}")
 PY

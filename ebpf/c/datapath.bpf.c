@@ -13,6 +13,14 @@
 // discovery, unknown addresses, other nodes) continues on the normal path
 // untouched.
 //
+// Cross-node (the rcni-node agent with "ebpf": true): a routed packet from a
+// pod to a pod subnet of another node (rcni_remote, kept by the agent) leaves
+// with bpf_redirect_neigh on the uplink (native routing) or the VXLAN device
+// (whose permanent neighbour and FDB entries the agent writes), skipping the
+// bridge, netfilter and the routing lookup; rcni_from_net, on the ingress
+// hook of the uplink and the VXLAN devices, hands a packet for a local pod
+// straight to it with bpf_redirect_peer.
+//
 // rcni_pol_out (ingress hook, in front of rcni_fastpath) and rcni_pol_in
 // (egress hook) enforce network policy, see policy.h. The redirect skips the
 // receiver's host veth and with it rcni_pol_in: so rcni_fastpath decides the
@@ -98,6 +106,10 @@ enum verdict {
 	V_POL_DENY_OUT = 7, // dropped: the sender's egress policy
 	V_POL_SPOOF = 8,    // dropped: a pod sent from an address not its own
 	V_NORMAL_PATH = 9,  // an end keeps the normal path (EP_NORMAL_PATH)
+	V_TO_REMOTE = 10,   // redirected to another node (bpf_redirect_neigh)
+	V_FROM_REMOTE = 11, // from another node, redirected to a local pod
+	V_TOO_BIG = 12,     // over the out device's MTU: the normal path answers
+	V_NAT_FLOW = 13,    // a flow the node's NAT translated keeps the normal path
 	V_MAX = 16,
 };
 
@@ -151,6 +163,53 @@ struct {
 	__type(value, __u32);
 } rcni_version SEC(".maps");
 
+// Another node's pod subnet (rcni-node keeps it): an LPM trie keyed by
+// family then address, prefixlen = 32 + the subnet's prefix length.
+struct remote_key {
+	__u32 prefixlen;
+	__u32 family;
+	__u8 addr[16];
+};
+
+struct remote {
+	// The uplink (native routing) or the VXLAN device.
+	__u32 ifindex;
+	// That device's MTU: a bigger packet takes the normal path, which
+	// answers "fragmentation needed" (bpf_check_mtu is GPL-only).
+	__u32 mtu;
+	// The next hop: the peer's node address (host-gw) or its VTEP's
+	// address on the VXLAN device (which has a permanent neighbour entry).
+	struct bpf_redir_neigh nh;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, 8192);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct remote_key);
+	__type(value, struct remote);
+} rcni_remote SEC(".maps");
+
+// Sockets whose traffic the node's NAT translates (a local pod's connection
+// to a service address DNATed to a remote pod, a remote pod's connection to
+// a hostPort): (family, protocol, address, port) of the end that talked to an
+// address that is no pod's. The other direction must take the normal path
+// too, or it would skip the reverse translation in the node's conntrack.
+// The port is the one flow_l4 reads (ICMP echo: the identifier).
+struct nat_sock {
+	__u8 family;
+	__u8 proto;
+	__u16 port;
+	__u8 addr[16];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct nat_sock);
+	__type(value, __u64);
+} rcni_nat_socks SEC(".maps");
+
 static __always_inline void count(__u32 v)
 {
 	__u64 *c = bpf_map_lookup_elem(&rcni_verdicts, &v);
@@ -194,6 +253,170 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 #define ICMPV6_ND_LAST 137  // redirect
 
 #include "policy.h"
+
+#ifndef AF_INET
+#define AF_INET 2
+#define AF_INET6 10
+#endif
+
+static __always_inline struct remote *remote_of(__u32 family, const __u8 *addr)
+{
+	struct remote_key k = { .family = family };
+
+	k.prefixlen = 32 + (family == FAMILY_V4 ? 32 : 128);
+	__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&rcni_remote, &k);
+}
+
+static __always_inline void nat_sock_of(struct nat_sock *k, const struct flow *f, int src)
+{
+	k->family = f->family;
+	k->proto = f->proto;
+	k->port = src ? f->sport : f->dport;
+	__builtin_memcpy(k->addr, src ? f->saddr : f->daddr, 16);
+}
+
+// The source socket of f talks to an address that is no pod's.
+static __always_inline void nat_sock_record(const struct flow *f)
+{
+	struct nat_sock k = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	nat_sock_of(&k, f, 1);
+	bpf_map_update_elem(&rcni_nat_socks, &k, &now, BPF_ANY);
+}
+
+// f goes to a socket recorded above.
+static __always_inline int nat_sock_to(const struct flow *f)
+{
+	struct nat_sock k = {};
+
+	nat_sock_of(&k, f, 0);
+	return bpf_map_lookup_elem(&rcni_nat_socks, &k) != 0;
+}
+
+// Whether the packet (or, GSO, each of its segments: the headers before l4_off
+// and the L4 header, then gso_size bytes) fits the out device's mtu. A pod
+// whose MTU is bigger than the path's (a cluster switched from host-gw to
+// vxlan keeps its pods' MTU) is told so by the normal path, as routing
+// would: "fragmentation needed".
+static __always_inline int fits(struct __sk_buff *skb, __u32 mtu, __u32 l4_off, __u8 proto)
+{
+	if (!skb->gso_size)
+		return skb->len <= mtu + ETH_HLEN;
+	__u32 hdr = l4_off - ETH_HLEN;
+	if (proto == IPPROTO_TCP) {
+		__u8 doff;
+		if (bpf_skb_load_bytes(skb, l4_off + 12, &doff, 1))
+			return 0;
+		hdr += (doff >> 4) * 4;
+	} else if (proto == IPPROTO_UDP) {
+		hdr += 8;
+	} else {
+		return 0;
+	}
+	return skb->gso_size + hdr <= mtu;
+}
+
+// Routing's TTL / hop limit decrement (the caller checked it is above 1).
+// IPv4: ip_decrease_ttl's incremental checksum, so that a CHECKSUM_COMPLETE
+// skb->csum stays right; IPv6 has no header checksum and the helper fixes
+// skb->csum. Nonzero on failure. Invalidates packet pointers.
+static __always_inline int decrement_ttl(struct __sk_buff *skb, int v6)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (!v6) {
+		struct iphdr *ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > data_end)
+			return -1;
+		__u32 check = ip->check;
+		check += bpf_htons(0x0100);
+		ip->check = (__u16)(check + (check >= 0xffff));
+		ip->ttl -= 1;
+		return 0;
+	}
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+	if ((void *)(ip6 + 1) > data_end)
+		return -1;
+	__u8 hop_limit = ip6->hop_limit - 1;
+	return bpf_skb_store_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, hop_limit), &hop_limit,
+				   1, BPF_F_RECOMPUTE_CSUM);
+}
+
+// The TTL or hop limit of the IP header after the Ethernet header; 0 when
+// cut short.
+static __always_inline __u8 ttl_of(struct __sk_buff *skb, int v6)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (!v6) {
+		struct iphdr *ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > data_end)
+			return 0;
+		return ip->ttl;
+	}
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+	if ((void *)(ip6 + 1) > data_end)
+		return 0;
+	return ip6->hop_limit;
+}
+
+// A routed packet from pod `from` to an address that is no local endpoint:
+// to another node's pod subnet it leaves through the out device with
+// bpf_redirect_neigh; anything else (the node, the outside world, a service
+// address) goes on to the normal path, its socket noted when the node may
+// translate it.
+static __always_inline int to_remote(struct __sk_buff *skb, struct endpoint *from,
+				     struct ep_key *dst, struct ep_key *src, __u8 proto,
+				     __u32 l4_off, int has_l4, int v6)
+{
+	struct flow f = {};
+	f.family = src->family;
+	f.proto = proto;
+	__builtin_memcpy(f.saddr, src->addr, 16);
+	__builtin_memcpy(f.daddr, dst->addr, 16);
+	f.l4_off = has_l4 ? l4_off : 0;
+	flow_l4(skb, &f);
+
+	struct remote *r = remote_of(dst->family, dst->addr);
+	if (!r) {
+		nat_sock_record(&f);
+		return pass(V_UNKNOWN_DST);
+	}
+	// A reply to a remote socket that reached this pod through the node's
+	// NAT (a hostPort): the reverse translation is the node's.
+	if (nat_sock_to(&f))
+		return pass(V_NAT_FLOW);
+	if (!fits(skb, r->mtu, l4_off, proto))
+		return pass(V_TOO_BIG);
+	// TTL 1 expires here: the normal path answers with ICMP.
+	if (ttl_of(skb, v6) <= 1)
+		return pass(V_OTHER);
+	// The receiver's ingress policy is its node's to decide; the sender's
+	// egress is decided here (rcni_pol_out in front has already, when the
+	// policy plugin is attached: the flow record makes this a lookup).
+	// A remote pod's identity is not known here: its address is.
+	if ((from->ingress_rs | from->egress_rs) && !egress_point(from, &f, 0, 0, 0))
+		return drop(V_POL_DENY_OUT);
+	if (decrement_ttl(skb, v6))
+		return pass(V_SHORT);
+	struct bpf_redir_neigh nh = r->nh;
+	__u32 ifindex = r->ifindex;
+	__u64 len = skb->len;
+	struct ep_stats *s = bpf_map_lookup_elem(&rcni_ep_stats, &from->slot);
+	if (s) {
+		s->tx_packets += 1;
+		s->tx_bytes += len;
+	}
+	count(V_TO_REMOTE);
+	// The neighbour subsystem fills in both MACs (the out device's, the
+	// next hop's) and queues the packet on the device: no routing lookup,
+	// no netfilter, no bridge.
+	return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
+}
 
 SEC("classifier")
 int rcni_fastpath(struct __sk_buff *skb)
@@ -273,16 +496,30 @@ int rcni_fastpath(struct __sk_buff *skb)
 	}
 
 	// Both ends must be the fast path's own endpoints (an entry the
-	// policy plugin alone wrote has no MACs to deliver with).
+	// policy plugin alone wrote has no MACs to deliver with), or the
+	// destination another node's pod.
 	struct endpoint *to = bpf_map_lookup_elem(&rcni_endpoints, &dst);
-	if (!to || !(to->flags & EP_FASTPATH))
+	if (to && !(to->flags & EP_FASTPATH))
 		return pass(V_UNKNOWN_DST);
 	// The source must be an endpoint behind the veth the packet came in
 	// on: its gateway MAC tells a routed packet from a bridged one, and a
 	// pod cannot use the fast path with another pod's address.
 	struct endpoint *from = bpf_map_lookup_elem(&rcni_endpoints, &src);
-	if (!from || from->ifindex != skb->ifindex || !(from->flags & EP_FASTPATH))
+	if (!from || from->ifindex != skb->ifindex || !(from->flags & EP_FASTPATH)) {
+		if (!to)
+			return pass(V_UNKNOWN_DST);
 		return pass(V_UNKNOWN_SRC);
+	}
+	if (!to) {
+		// Not local: another node's pod, if routed through the
+		// gateway by a pod that may use the fast path.
+		if (from->flags & EP_NORMAL_PATH)
+			return pass(V_NORMAL_PATH);
+		if (!mac_eq(eth->h_source, from->pod_mac) ||
+		    !mac_eq(eth->h_dest, from->node_mac))
+			return pass(V_OTHER);
+		return to_remote(skb, from, &dst, &src, proto, l4_off, has_l4, v6);
+	}
 	// A shaped or isolated pod: the redirect would skip the qdiscs of its
 	// host veth (or the bridge's isolation), so both directions stay off.
 	if ((from->flags | to->flags) & EP_NORMAL_PATH)
@@ -387,6 +624,67 @@ int rcni_fastpath(struct __sk_buff *skb)
 	// Into the peer of the destination's host veth, i.e. the pod's own
 	// interface, at its ingress: no second pass through the host veth (its
 	// TX counters stay still) nor through the node's stack.
+	return bpf_redirect_peer(ifindex, 0);
+}
+
+// From another node: on the ingress hook of the node's uplink (native
+// routing) and of its VXLAN devices (after decapsulation). A packet routed to
+// a local fast path pod is rewritten as the node's forwarding would (TTL or
+// hop limit decremented, source MAC the pod's gateway, destination MAC the
+// pod's) and handed to the pod with bpf_redirect_peer, after the pod's
+// ingress policy (its host veth's egress hook, where rcni_pol_in would
+// decide, is skipped). Everything else, the node's own traffic first,
+// continues unchanged (TC_ACT_UNSPEC).
+SEC("classifier")
+int rcni_from_net(struct __sk_buff *skb)
+{
+	struct flow f = {};
+
+	// Sent to this node's MAC: not another host's frame seen on a shared
+	// segment or flooded by a switch.
+	if (skb->pkt_type != 0 /* PACKET_HOST */)
+		return TC_ACT_UNSPEC;
+	if (flow_parse(skb, &f) || is_nd(&f))
+		return TC_ACT_UNSPEC;
+	struct endpoint *to = endpoint_of(f.family, f.daddr);
+	if (!to || !(to->flags & EP_FASTPATH)) {
+		// A remote pod talking to the node or a service address: its
+		// socket's replies keep the normal path (the node's NAT).
+		if (remote_of(f.family, f.saddr)) {
+			flow_l4(skb, &f);
+			nat_sock_record(&f);
+		}
+		return TC_ACT_UNSPEC;
+	}
+	if (to->flags & EP_NORMAL_PATH)
+		return pass(V_NORMAL_PATH);
+	int v6 = f.family == FAMILY_V6;
+	if (ttl_of(skb, v6) <= 1)
+		return pass(V_OTHER);
+	flow_l4(skb, &f);
+	// A reply to a local socket whose traffic the node translated (a
+	// service address DNATed to a remote pod).
+	if (nat_sock_to(&f))
+		return pass(V_NAT_FLOW);
+	if (!ingress_point(to, &f, 0, 0))
+		return drop(V_POL_DENY_IN);
+	if (decrement_ttl(skb, v6))
+		return pass(V_SHORT);
+	if (ensure(skb, ETH_HLEN))
+		return pass(V_SHORT);
+	struct ethhdr *eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return pass(V_SHORT);
+	__builtin_memcpy(eth->h_source, to->node_mac, 6);
+	__builtin_memcpy(eth->h_dest, to->pod_mac, 6);
+	__u32 ifindex = to->ifindex;
+	__u64 len = skb->len;
+	struct ep_stats *s = bpf_map_lookup_elem(&rcni_ep_stats, &to->slot);
+	if (s) {
+		s->rx_packets += 1;
+		s->rx_bytes += len;
+	}
+	count(V_FROM_REMOTE);
 	return bpf_redirect_peer(ifindex, 0);
 }
 

@@ -72,7 +72,7 @@ impl Datapath {
             Program::PolicyIn | Program::PolicyOut => (LinkOrder::first(), POLICY_TC_PRIORITY),
             // Appended last: a program that must run before the redirect
             // (the policy plugin's) attaches in front.
-            Program::Fastpath => (LinkOrder::default(), FASTPATH_TC_PRIORITY),
+            Program::Fastpath | Program::FromNet => (LinkOrder::default(), FASTPATH_TC_PRIORITY),
         };
         let prog = self.program_of(p);
         match hook {
@@ -309,7 +309,7 @@ fn tc_filter_programs(ifname: &str) -> Result<Option<(Vec<u32>, Vec<u32>)>> {
 /// BPF_LINK_DETACH takes it off the hook now: unpinning alone lets the
 /// kernel free the link only after an RCU grace period (bpffs frees its
 /// inodes that way), and then from a workqueue.
-fn detach_pinned_link(pin: &Path) -> Result<bool> {
+pub(crate) fn detach_pinned_link(pin: &Path) -> Result<bool> {
     match detach_link_at(pin) {
         Ok(()) => {}
         Err(LinkDetach::Open(e)) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),

@@ -24,6 +24,7 @@ mod endpoints;
 mod error;
 mod load;
 mod policy;
+mod remote;
 mod types;
 
 pub use attach::{
@@ -33,10 +34,11 @@ pub use attach::{
 };
 pub use error::{AyaError, Error, Result};
 pub use load::{Datapath, remove_network};
+pub use remote::{detach_net, net_links};
 pub use types::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NORMAL_PATH, EP_POLICY, Endpoint,
     EndpointKey, EndpointStats, MAX_ENDPOINTS, MAX_PORT_RANGES, PORTSET_ALL, PORTSET_NONE, PeerKey,
-    PortRange, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
+    PortRange, RemoteHop, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
 };
 
 /// The fast path program's name in the object (and in the kernel: under 16
@@ -46,6 +48,8 @@ pub const PROGRAM: &str = "rcni_fastpath";
 pub const POLICY_IN_PROGRAM: &str = "rcni_pol_in";
 /// The pod's egress policy, on the ingress hook, in front of the fast path.
 pub const POLICY_OUT_PROGRAM: &str = "rcni_pol_out";
+/// From other nodes, on the ingress hook of the uplink and VXLAN devices.
+pub const FROM_NET_PROGRAM: &str = "rcni_from_net";
 
 /// The object's programs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,16 +57,23 @@ pub enum Program {
     Fastpath = 0,
     PolicyIn = 1,
     PolicyOut = 2,
+    FromNet = 3,
 }
 
 impl Program {
-    pub const ALL: [Program; 3] = [Program::Fastpath, Program::PolicyIn, Program::PolicyOut];
+    pub const ALL: [Program; 4] = [
+        Program::Fastpath,
+        Program::PolicyIn,
+        Program::PolicyOut,
+        Program::FromNet,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Program::Fastpath => PROGRAM,
             Program::PolicyIn => POLICY_IN_PROGRAM,
             Program::PolicyOut => POLICY_OUT_PROGRAM,
+            Program::FromNet => FROM_NET_PROGRAM,
         }
     }
 
@@ -73,6 +84,7 @@ impl Program {
             Program::Fastpath => PROG_PIN,
             Program::PolicyIn => "prog-pol-in",
             Program::PolicyOut => "prog-pol-out",
+            Program::FromNet => "prog-net",
         }
     }
 }
@@ -81,8 +93,9 @@ impl Program {
 /// `rcni_version` at load. Pins of another version are refused (1 was the
 /// fast path alone, before the map held a version). Bump it with any change
 /// of a key, a value or their meaning (3: `EP_NORMAL_PATH`, which a version
-/// 2 program would ignore).
-pub const DATAPATH_VERSION: u32 = 3;
+/// 2 program would ignore; 4: `rcni_remote`, `rcni_nat_socks` and
+/// `rcni_from_net`, cross-node forwarding).
+pub const DATAPATH_VERSION: u32 = 4;
 
 /// The fast path program's pin, pinned last.
 const PROG_PIN: &str = "prog";

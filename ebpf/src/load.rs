@@ -2,8 +2,8 @@
 //! pinned maps' layout checks.
 
 use crate::bpffs::{self, remove_pin};
-use crate::types::{self, CidrData, PortSet};
-use crate::{CtKey, Endpoint, EndpointKey, EndpointStats, PeerKey};
+use crate::types::{self, CidrData, PortSet, RemoteData};
+use crate::{CtKey, Endpoint, EndpointKey, EndpointStats, PeerKey, RemoteHop};
 use crate::{DATAPATH_VERSION, Error, PROG_PIN, Program, Result, object};
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, Map, MapData, MapError, MapType, PerCpuArray};
@@ -22,9 +22,11 @@ const MAP_PEER: &str = "rcni_pol_peer";
 const MAP_PORTS: &str = "rcni_pol_ports";
 const MAP_CT: &str = "rcni_pol_ct";
 const MAP_NODE_ADDRS: &str = "rcni_node_addrs";
+const MAP_REMOTE: &str = "rcni_remote";
+const MAP_NAT_SOCKS: &str = "rcni_nat_socks";
 
 /// What each map must look like: (name, type, key size, value size).
-fn map_specs() -> [(&'static str, MapType, usize, usize); 10] {
+fn map_specs() -> [(&'static str, MapType, usize, usize); 12] {
     use std::mem::size_of;
     [
         (
@@ -47,6 +49,13 @@ fn map_specs() -> [(&'static str, MapType, usize, usize); 10] {
         (MAP_PORTS, MapType::Hash, 4, size_of::<PortSet>()),
         (MAP_CT, MapType::LruHash, size_of::<CtKey>(), 8),
         (MAP_NODE_ADDRS, MapType::Hash, size_of::<EndpointKey>(), 4),
+        (
+            MAP_REMOTE,
+            MapType::LpmTrie,
+            size_of::<LpmKey<RemoteData>>(),
+            size_of::<RemoteHop>(),
+        ),
+        (MAP_NAT_SOCKS, MapType::LruHash, types::NAT_SOCK_SIZE, 8),
     ]
 }
 
@@ -54,7 +63,7 @@ fn map_specs() -> [(&'static str, MapType, usize, usize); 10] {
 enum Prog {
     Object(Box<Ebpf>),
     /// By [`Program`] index.
-    Pinned(Box<[SchedClassifier; 3]>),
+    Pinned(Box<[SchedClassifier; 4]>),
 }
 
 /// One network's programs and maps.
@@ -70,6 +79,8 @@ pub struct Datapath {
     pub(crate) portsets: HashMap<MapData, u32, PortSet>,
     pub(crate) ct: HashMap<MapData, CtKey, u64>,
     pub(crate) node_addrs: HashMap<MapData, EndpointKey, u32>,
+    pub(crate) remote: LpmTrie<MapData, RemoteData, RemoteHop>,
+    _nat_socks: Map,
 }
 
 /// Opens the map pinned as `name` in `dir`, checked against what this
@@ -171,6 +182,7 @@ impl Datapath {
             prog(Program::Fastpath)?,
             prog(Program::PolicyIn)?,
             prog(Program::PolicyOut)?,
+            prog(Program::FromNet)?,
         ];
         Self::assemble(Some(dir), Prog::Pinned(Box::new(progs)), |name| {
             open_pinned_map(dir, name)
@@ -196,6 +208,9 @@ impl Datapath {
             portsets: typed(map(MAP_PORTS)?, MAP_PORTS)?,
             ct: typed(map(MAP_CT)?, MAP_CT)?,
             node_addrs: typed(map(MAP_NODE_ADDRS)?, MAP_NODE_ADDRS)?,
+            remote: typed(map(MAP_REMOTE)?, MAP_REMOTE)?,
+            // Only the programs use it; opening checks its layout.
+            _nat_socks: map(MAP_NAT_SOCKS)?,
         })
     }
 
@@ -260,7 +275,12 @@ impl Datapath {
         let mut dp = Self::assemble(dir, Prog::Object(Box::new(ebpf)), take)?;
         if let Some(dir) = dir {
             // The fast path's program last: its pin says all is there.
-            for p in [Program::PolicyIn, Program::PolicyOut, Program::Fastpath] {
+            for p in [
+                Program::PolicyIn,
+                Program::PolicyOut,
+                Program::FromNet,
+                Program::Fastpath,
+            ] {
                 let pin = dir.join(p.pin());
                 // Left by a load that died before pinning `prog`.
                 remove_pin(&pin)?;

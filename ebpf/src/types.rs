@@ -33,7 +33,9 @@ pod!(
     PortSet,
     PeerKey,
     CidrData,
-    CtKey
+    CtKey,
+    RemoteData,
+    RemoteHop,
 );
 
 const FAMILY_V4: u32 = 4;
@@ -337,10 +339,14 @@ pub enum Verdict {
     PolicyDenyOut = 7,
     PolicySpoof = 8,
     NormalPath = 9,
+    ToRemote = 10,
+    FromRemote = 11,
+    TooBig = 12,
+    NatFlow = 13,
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 10] = [
+    pub const ALL: [Verdict; 14] = [
         Verdict::Redirect,
         Verdict::NotIp,
         Verdict::Short,
@@ -351,6 +357,10 @@ impl Verdict {
         Verdict::PolicyDenyOut,
         Verdict::PolicySpoof,
         Verdict::NormalPath,
+        Verdict::ToRemote,
+        Verdict::FromRemote,
+        Verdict::TooBig,
+        Verdict::NatFlow,
     ];
 
     pub fn name(self) -> &'static str {
@@ -365,6 +375,10 @@ impl Verdict {
             Verdict::PolicyDenyIn => "dropped: receiver's ingress policy",
             Verdict::PolicyDenyOut => "dropped: sender's egress policy",
             Verdict::PolicySpoof => "dropped: source address not the pod's",
+            Verdict::ToRemote => "redirected to another node",
+            Verdict::FromRemote => "redirected from another node",
+            Verdict::TooBig => "passed: over the out device's MTU",
+            Verdict::NatFlow => "passed: a flow the node's NAT translates",
         }
     }
 }
@@ -470,10 +484,7 @@ pub(crate) fn cidr_key(rs: u32, ip: IpAddr, len: u8) -> Option<aya::maps::lpm_tr
         return None;
     }
     let EndpointKey { family, mut addr } = EndpointKey::new(ip);
-    for (i, b) in addr.iter_mut().enumerate() {
-        let keep = (u32::from(len)).saturating_sub(i as u32 * 8).min(8);
-        *b &= if keep == 0 { 0 } else { 0xffu8 << (8 - keep) };
-    }
+    mask(&mut addr, len);
     Some(aya::maps::lpm_trie::Key::new(
         CIDR_PREFIX_BASE + u32::from(len),
         CidrData { rs, family, addr },
@@ -491,6 +502,107 @@ pub(crate) fn cidr_of(k: &aya::maps::lpm_trie::Key<CidrData>) -> Option<(u32, Ip
     let len = k.prefix_len().checked_sub(CIDR_PREFIX_BASE)?;
     Some((d.rs, ip, len as u8))
 }
+
+// ---- cross-node ----
+
+/// `struct remote_key` after its prefix length: family, address.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub(crate) struct RemoteData {
+    pub family: u32,
+    pub addr: [u8; 16],
+}
+
+const _: () = assert!(size_of::<aya::maps::lpm_trie::Key<RemoteData>>() == 24);
+
+/// `rcni_remote`'s prefix length covers the family (32 bits) first.
+const REMOTE_PREFIX_BASE: u32 = 32;
+
+/// `AF_INET`, `AF_INET6`: `struct bpf_redir_neigh`'s `nh_family`.
+const AF_INET: u32 = 2;
+const AF_INET6: u32 = 10;
+
+/// `struct remote`: where packets to another node's pod subnet go.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct RemoteHop {
+    /// The uplink or the VXLAN device.
+    pub ifindex: u32,
+    /// That device's MTU.
+    pub mtu: u32,
+    /// `AF_INET` or `AF_INET6`.
+    pub nh_family: u32,
+    /// The next hop; IPv4 in the first four bytes.
+    pub nh: [u8; 16],
+}
+
+const _: () = assert!(size_of::<RemoteHop>() == 28);
+
+impl RemoteHop {
+    pub fn new(ifindex: u32, mtu: u32, next_hop: IpAddr) -> RemoteHop {
+        let EndpointKey { family, addr } = EndpointKey::new(next_hop);
+        RemoteHop {
+            ifindex,
+            mtu,
+            nh_family: if family == FAMILY_V4 {
+                AF_INET
+            } else {
+                AF_INET6
+            },
+            nh: addr,
+        }
+    }
+
+    /// The next hop; `None` for an unknown family.
+    pub fn next_hop(&self) -> Option<IpAddr> {
+        let family = match self.nh_family {
+            AF_INET => FAMILY_V4,
+            AF_INET6 => FAMILY_V6,
+            _ => return None,
+        };
+        EndpointKey {
+            family,
+            addr: self.nh,
+        }
+        .ip()
+    }
+}
+
+/// `ip/len` masked, as an `rcni_remote` key; `None` when `len` is too long.
+pub(crate) fn remote_key(ip: IpAddr, len: u8) -> Option<aya::maps::lpm_trie::Key<RemoteData>> {
+    let bits = if ip.is_ipv4() { 32 } else { 128 };
+    if u32::from(len) > bits {
+        return None;
+    }
+    let EndpointKey { family, mut addr } = EndpointKey::new(ip);
+    mask(&mut addr, len);
+    Some(aya::maps::lpm_trie::Key::new(
+        REMOTE_PREFIX_BASE + u32::from(len),
+        RemoteData { family, addr },
+    ))
+}
+
+/// What an `rcni_remote` key says: (network address, prefix length).
+pub(crate) fn remote_of(k: &aya::maps::lpm_trie::Key<RemoteData>) -> Option<(IpAddr, u8)> {
+    let d = k.data();
+    let ip = EndpointKey {
+        family: d.family,
+        addr: d.addr,
+    }
+    .ip()?;
+    let len = k.prefix_len().checked_sub(REMOTE_PREFIX_BASE)?;
+    Some((ip, len as u8))
+}
+
+fn mask(addr: &mut [u8; 16], len: u8) {
+    for (i, b) in addr.iter_mut().enumerate() {
+        let keep = (u32::from(len)).saturating_sub(i as u32 * 8).min(8);
+        *b &= if keep == 0 { 0 } else { 0xffu8 << (8 - keep) };
+    }
+}
+
+/// `struct nat_sock` (the key of `rcni_nat_socks`).
+pub(crate) const NAT_SOCK_SIZE: usize = 20;
 
 /// Connection tracking: recorded at the sender's egress point.
 pub const CT_EGRESS: u8 = 1;
@@ -699,6 +811,24 @@ mod tests {
         assert_eq!(cidr_of(&all), Some((1, "0.0.0.0".parse().unwrap(), 0)));
         assert!(cidr_key(1, "1.2.3.4".parse().unwrap(), 33).is_none());
         assert!(cidr_key(1, "::".parse().unwrap(), 129).is_none());
+    }
+
+    #[test]
+    fn remote_keys_and_hops_round_trip() {
+        let k = remote_key("10.244.2.9".parse().unwrap(), 24).unwrap();
+        assert_eq!(k.prefix_len(), 56);
+        assert_eq!(remote_of(&k), Some(("10.244.2.0".parse().unwrap(), 24)));
+        let k6 = remote_key("fd00:0:0:2::5".parse().unwrap(), 64).unwrap();
+        assert_eq!(k6.prefix_len(), 96);
+        assert_eq!(remote_of(&k6), Some(("fd00:0:0:2::".parse().unwrap(), 64)));
+        assert!(remote_key("10.0.0.0".parse().unwrap(), 33).is_none());
+        let h = RemoteHop::new(3, 1450, "10.244.2.0".parse().unwrap());
+        assert_eq!((h.nh_family, &h.nh[..4]), (2, &[10, 244, 2, 0][..]));
+        assert_eq!(h.next_hop(), Some("10.244.2.0".parse().unwrap()));
+        let h6 = RemoteHop::new(3, 1500, "fd50::2".parse().unwrap());
+        assert_eq!(h6.nh_family, 10);
+        assert_eq!(h6.next_hop(), Some("fd50::2".parse().unwrap()));
+        assert_eq!(RemoteHop { nh_family: 7, ..h6 }.next_hop(), None);
     }
 
     #[test]

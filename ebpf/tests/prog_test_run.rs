@@ -11,8 +11,8 @@
 use aya::programs::{TestRun, TestRunOptions};
 use rcni_ebpf::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, Datapath, EP_FASTPATH, EP_POLICY, Endpoint,
-    EndpointKey, Hook, PORTSET_ALL, PORTSET_NONE, PortRange, Program, TC_ACT_REDIRECT, TC_ACT_SHOT,
-    TC_ACT_UNSPEC, Verdict,
+    EndpointKey, Hook, PORTSET_ALL, PORTSET_NONE, PortRange, Program, RemoteHop, TC_ACT_REDIRECT,
+    TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict,
 };
 use rcni_testkit::Bpffs;
 use std::net::IpAddr;
@@ -1242,4 +1242,269 @@ fn the_nodes_own_packets_reach_a_pod_whatever_its_ingress() {
         assert!(tx_packets("v0") >= before + 3, "sent through the hook");
         assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 0);
     });
+}
+
+// ---- cross-node: to other nodes' pods, and from them ----
+
+/// The node's MAC in a test run: loopback's, all zero, so that the kernel's
+/// eth_type_trans marks the frame PACKET_HOST as a frame to the uplink's
+/// own MAC would be.
+const NODE_MAC: [u8; 6] = [0; 6];
+const UPLINK: u32 = 77;
+
+/// [`datapath`] with another node's pod subnets (10.1.0.0/24, fd01::/64)
+/// behind UPLINK, MTU `mtu`.
+fn with_remote(dp: &mut Datapath, mtu: u32) {
+    dp.set_remote_route(
+        "10.1.0.0/24".parse().unwrap(),
+        RemoteHop::new(UPLINK, mtu, ip("192.168.50.2")),
+    )
+    .unwrap();
+    dp.set_remote_route(
+        "fd01::/64".parse().unwrap(),
+        RemoteHop::new(UPLINK, mtu, ip("fd50::2")),
+    )
+    .unwrap();
+}
+
+/// `pkt` as if it arrived from another node for this node's MAC.
+fn from_peer(mut pkt: Vec<u8>) -> Vec<u8> {
+    pkt[0..6].copy_from_slice(&NODE_MAC);
+    pkt
+}
+
+fn from_net(dp: &mut Datapath, pkt: &[u8]) -> (u32, Vec<u8>) {
+    run_prog(dp, Program::FromNet, pkt, 0)
+}
+
+#[test]
+fn to_another_nodes_pod_leaves_by_redirect_neigh_ttl_decremented() {
+    let mut dp = datapath();
+    with_remote(&mut dp, 1500);
+    assert_eq!(dp.remote_routes().unwrap().len(), 2);
+    let pkt = ipv4(GW_A, "10.0.0.2", "10.1.0.7", 64, ICMP_ECHO);
+    let (ret, out) = run(&mut dp, &pkt);
+    assert_eq!(ret, TC_ACT_REDIRECT);
+    // The neighbour subsystem writes the MACs; routing's TTL decrement here.
+    assert_eq!(&out[..12], &pkt[..12]);
+    assert_eq!(out[14 + 8], 63);
+    assert_eq!(csum(&out[14..34]), 0, "IPv4 header checksum still valid");
+    assert_eq!(&out[34..], &pkt[34..]);
+    assert_eq!(verdict(&dp, Verdict::ToRemote), 1);
+    let a = dp.stats(&EndpointKey::new(ip("10.0.0.2"))).unwrap();
+    assert_eq!((a.tx_packets, a.tx_bytes), (1, pkt.len() as u64));
+
+    let pkt6 = ipv6(GW_A, "fd00::2", "fd01::9", 58, ICMPV6_ECHO);
+    let (ret, out) = run(&mut dp, &pkt6);
+    assert_eq!(ret, TC_ACT_REDIRECT);
+    assert_eq!(out[14 + 7], 63, "hop limit decremented");
+    assert_eq!(verdict(&dp, Verdict::ToRemote), 2);
+
+    for (why, pkt) in [
+        // Not routed: sent to another MAC than the gateway's.
+        (
+            "bridged",
+            ipv4(POD_B, "10.0.0.2", "10.1.0.7", 64, ICMP_ECHO),
+        ),
+        // No node's pod subnet: the node, the outside world.
+        ("unknown", ipv4(GW_A, "10.0.0.2", "10.2.0.7", 64, ICMP_ECHO)),
+        // Expiring: the normal path answers with ICMP.
+        ("ttl 1", ipv4(GW_A, "10.0.0.2", "10.1.0.7", 1, ICMP_ECHO)),
+        // Another source address than the veth's pod.
+        ("spoofed", ipv4(GW_A, "10.0.0.9", "10.1.0.7", 64, ICMP_ECHO)),
+    ] {
+        let (ret, out) = run(&mut dp, &pkt);
+        assert_eq!((ret, &out), (TC_ACT_UNSPEC, &pkt), "{why}");
+    }
+    assert_eq!(verdict(&dp, Verdict::ToRemote), 2);
+
+    // Over the out device's MTU (and not GSO): the normal path, which
+    // answers "fragmentation needed".
+    with_remote(&mut dp, 100);
+    let big = ipv4(GW_A, "10.0.0.2", "10.1.0.7", 64, &[0u8; 81]);
+    assert_eq!(run(&mut dp, &big).0, TC_ACT_UNSPEC);
+    assert_eq!(verdict(&dp, Verdict::TooBig), 1);
+    let fits = ipv4(GW_A, "10.0.0.2", "10.1.0.7", 64, &[0u8; 80]);
+    assert_eq!(run(&mut dp, &fits).0, TC_ACT_REDIRECT);
+
+    // Gone from the map: the normal path.
+    dp.remove_remote_route("10.1.0.0/24".parse().unwrap())
+        .unwrap();
+    dp.remove_remote_route("10.1.0.0/24".parse().unwrap())
+        .unwrap();
+    assert_eq!(run(&mut dp, &pkt).0, TC_ACT_UNSPEC);
+    assert_eq!(dp.remote_routes().unwrap().len(), 1);
+}
+
+/// The fast path on `pkt` as a GSO packet of `segs` segments of `size`
+/// bytes (what a pod's TCP hands its veth).
+fn run_gso(dp: &mut Datapath, pkt: &[u8], segs: u32, size: u32) -> u32 {
+    let mut out = vec![0u8; pkt.len() + 256];
+    // struct __sk_buff up to gso_size: gso_segs at 164, gso_size at 176
+    // (<linux/bpf.h>).
+    let mut ctx = [0u8; 180];
+    ctx[164..168].copy_from_slice(&segs.to_ne_bytes());
+    ctx[176..180].copy_from_slice(&size.to_ne_bytes());
+    dp.program_of(Program::Fastpath)
+        .test_run(TestRunOptions {
+            data_in: Some(pkt),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::new()
+        })
+        .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN (GSO): {e:?}"))
+        .return_value
+}
+
+#[test]
+fn gso_packets_leave_when_their_segments_fit_the_out_device() {
+    let mut dp = datapath();
+    with_remote(&mut dp, 1450);
+    // A 2-segment TCP packet (20-byte TCP header: data offset 5; a test
+    // run's packet must fit a page).
+    let mut seg = tcp("10.0.0.2", "10.1.0.7", 40000, 80);
+    seg.extend(std::iter::repeat_n(0u8, 2 * 1410));
+    // 1410 + 20 + 20 = 1450: each segment fits.
+    assert_eq!(run_gso(&mut dp, &seg, 2, 1410), TC_ACT_REDIRECT);
+    // One byte more per segment does not: the normal path says so.
+    assert_eq!(run_gso(&mut dp, &seg, 2, 1411), TC_ACT_UNSPEC);
+    assert_eq!(verdict(&dp, Verdict::TooBig), 1);
+    // IPv6: 40-byte header.
+    let mut seg6 = tcp("fd00::2", "fd01::9", 40000, 80);
+    seg6.extend(std::iter::repeat_n(0u8, 2 * 1390));
+    assert_eq!(run_gso(&mut dp, &seg6, 2, 1390), TC_ACT_REDIRECT);
+    assert_eq!(run_gso(&mut dp, &seg6, 2, 1391), TC_ACT_UNSPEC);
+}
+
+#[test]
+fn from_another_node_to_a_local_pod_is_delivered_as_routing_would() {
+    let mut dp = datapath();
+    with_remote(&mut dp, 1500);
+    let pkt = from_peer(ipv4(GW_A, "10.1.0.7", "10.0.0.3", 64, ICMP_ECHO));
+    let (ret, out) = from_net(&mut dp, &pkt);
+    assert_eq!(ret, TC_ACT_REDIRECT);
+    // As the node would send it to B: from B's gateway to B's MAC.
+    assert_eq!(&out[0..6], &POD_B);
+    assert_eq!(&out[6..12], &GW_B);
+    assert_eq!(out[14 + 8], 63);
+    assert_eq!(csum(&out[14..34]), 0);
+    assert_eq!(&out[34..], &pkt[34..]);
+    let b = dp.stats(&EndpointKey::new(ip("10.0.0.3"))).unwrap();
+    assert_eq!((b.rx_packets, b.rx_bytes), (1, pkt.len() as u64));
+    let pkt6 = from_peer(ipv6(GW_A, "fd01::9", "fd00::3", 58, ICMPV6_ECHO));
+    let (ret, out) = from_net(&mut dp, &pkt6);
+    assert_eq!(ret, TC_ACT_REDIRECT);
+    assert_eq!((&out[0..6], out[14 + 7]), (&POD_B[..], 63));
+    assert_eq!(verdict(&dp, Verdict::FromRemote), 2);
+
+    // Everything else continues unchanged.
+    dp.insert_endpoint(
+        EndpointKey::new(ip("10.0.0.4")),
+        Endpoint::new(B_IFINDEX + 1, POD_B, GW_B, 3).normal_path(true),
+    )
+    .unwrap();
+    for (why, pkt) in [
+        // Another host's frame (PACKET_OTHERHOST).
+        (
+            "not ours",
+            ipv4(POD_B, "10.1.0.7", "10.0.0.3", 64, ICMP_ECHO),
+        ),
+        // The node's own traffic.
+        (
+            "the node's",
+            from_peer(ipv4(GW_A, "192.168.50.2", "192.168.50.1", 64, ICMP_ECHO)),
+        ),
+        (
+            "ttl 1",
+            from_peer(ipv4(GW_A, "10.1.0.7", "10.0.0.3", 1, ICMP_ECHO)),
+        ),
+        (
+            "shaped pod",
+            from_peer(ipv4(GW_A, "10.1.0.7", "10.0.0.4", 64, ICMP_ECHO)),
+        ),
+        (
+            "neighbour solicitation",
+            from_peer(ipv6(GW_A, "fd01::9", "fd00::3", 58, &[135, 0, 0, 0])),
+        ),
+        ("arp", from_peer(eth(NODE_MAC, POD_A, 0x0806))),
+    ] {
+        let (ret, out) = from_net(&mut dp, &pkt);
+        assert_eq!((ret, &out), (TC_ACT_UNSPEC, &pkt), "{why}");
+    }
+    assert_eq!(verdict(&dp, Verdict::FromRemote), 2);
+}
+
+#[test]
+fn from_another_node_the_receivers_ingress_policy_decides() {
+    // A admits TCP 5432 from 10.1.0.0/24 only, and sends anywhere.
+    let mut dp = a_selected(20, 0);
+    with_remote(&mut dp, 1500);
+    dp.put_portset(2, &[PortRange::new(TCP, 5432, 5432)])
+        .unwrap();
+    dp.put_cidr(20, ip("10.1.0.0"), 24, 2).unwrap();
+    let syn = |src: &str, sport: u16, dport: u16| from_peer(tcp(src, "10.0.0.2", sport, dport));
+    assert_eq!(
+        from_net(&mut dp, &syn("10.1.0.7", 40000, 5432)).0,
+        TC_ACT_REDIRECT
+    );
+    assert_eq!(from_net(&mut dp, &syn("10.1.0.7", 40001, 22)).0, DROP);
+    assert_eq!(from_net(&mut dp, &syn("10.2.0.7", 40002, 5432)).0, DROP);
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyIn), 2);
+    // A's replies to the admitted flow leave for the other node.
+    let reply = tcp("10.0.0.2", "10.1.0.7", 5432, 40000);
+    assert_eq!(run(&mut dp, &reply).0, TC_ACT_REDIRECT);
+    // And a pod not selected by any policy takes everything.
+    assert_eq!(
+        from_net(&mut dp, &from_peer(tcp("10.2.0.7", "10.0.0.3", 1, 22))).0,
+        TC_ACT_REDIRECT
+    );
+}
+
+#[test]
+fn a_pods_egress_policy_decides_before_it_leaves_for_another_node() {
+    // A may send to 10.1.0.0/24 on UDP 53 only.
+    let mut dp = a_selected(0, 21);
+    with_remote(&mut dp, 1500);
+    dp.put_portset(3, &[PortRange::new(UDP, 53, 53)]).unwrap();
+    dp.put_cidr(21, ip("10.1.0.0"), 24, 3).unwrap();
+    assert_eq!(
+        run(&mut dp, &udp("10.0.0.2", "10.1.0.7", 4000, 53)).0,
+        TC_ACT_REDIRECT
+    );
+    assert_eq!(run(&mut dp, &udp("10.0.0.2", "10.1.0.7", 4000, 54)).0, DROP);
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 1);
+    // The reply comes back past A's ingress (no ingress rules: allowed).
+    let back = from_peer(udp("10.1.0.7", "10.0.0.2", 53, 4000));
+    assert_eq!(from_net(&mut dp, &back).0, TC_ACT_REDIRECT);
+}
+
+#[test]
+fn flows_the_node_translates_keep_the_normal_path_both_ways() {
+    let mut dp = datapath();
+    with_remote(&mut dp, 1500);
+    // A connects to a service address (no pod's): the node DNATs it, maybe
+    // to a pod on another node. Its replies must meet the node's conntrack.
+    assert_eq!(
+        run(&mut dp, &tcp("10.0.0.2", "10.96.0.10", 40000, 80)).0,
+        PASS
+    );
+    let reply = from_peer(tcp("10.1.0.7", "10.0.0.2", 8080, 40000));
+    assert_eq!(from_net(&mut dp, &reply), (PASS, reply.clone()));
+    assert_eq!(verdict(&dp, Verdict::NatFlow), 1);
+    // Another socket of A's is not concerned.
+    let other = from_peer(tcp("10.1.0.7", "10.0.0.2", 8080, 40001));
+    assert_eq!(from_net(&mut dp, &other).0, TC_ACT_REDIRECT);
+    // A remote pod reaching a hostPort (the node's address, DNATed to A):
+    // A's replies to that socket take the normal path (the node un-DNATs).
+    let to_node = from_peer(tcp("10.1.0.8", "192.168.50.1", 33000, 8080));
+    assert_eq!(from_net(&mut dp, &to_node).0, PASS);
+    assert_eq!(
+        run(&mut dp, &tcp("10.0.0.2", "10.1.0.8", 80, 33000)).0,
+        PASS
+    );
+    assert_eq!(verdict(&dp, Verdict::NatFlow), 2);
+    assert_eq!(
+        run(&mut dp, &tcp("10.0.0.2", "10.1.0.8", 80, 33001)).0,
+        TC_ACT_REDIRECT
+    );
 }

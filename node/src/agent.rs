@@ -3,6 +3,7 @@
 //! changes nothing the second time, and a restart starts from the kernel,
 //! not from a flush.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
@@ -12,7 +13,8 @@ use rcni_netlink::{NUD_PERMANENT, Netlink};
 
 use crate::cluster::{Cluster, Encryption, Node};
 use crate::desired::{self, Actual, Op, Uplink};
-use crate::{conflist, forward, masq, wg, wgkey};
+
+use crate::{conflist, forward, masq, wg, wgkey, xnode};
 
 /// The route protocol that marks the agent's routes (`ip route show proto
 /// 0x52`): unassigned in iproute2's rt_protos.
@@ -33,6 +35,9 @@ pub struct Options {
     pub state_dir: PathBuf,
     /// The policy plugin's entry in the written conflist (--policy-dir).
     pub policy: Option<conflist::PolicyPlugin>,
+    /// The fastpath plugin's pin root (`"ebpf": true`): the agent keeps
+    /// the network's other-node map there.
+    pub bpf_pin_root: PathBuf,
 }
 
 #[derive(Debug, Default)]
@@ -129,7 +134,8 @@ pub async fn reconcile(
         .await?;
         None
     };
-    program(nl, cluster, me, &uplink, vtep, false, &mut report).await?;
+    let entries = program(nl, cluster, me, &uplink, vtep, false, &mut report).await?;
+    let mut hops = xnode::hops(&entries, uplink.mtu, mtu);
 
     // IPv6: the same for the node's IPv6 pod subnet over its address6, or,
     // on a single-stack node, the IPv6 entries of an earlier dual-stack
@@ -146,8 +152,8 @@ pub async fn reconcile(
                     .map_err(kernel)?;
                 report.log.push("net.ipv6.conf.all.forwarding = 1".into());
             }
+            let mtu6 = desired::pod_mtu6(cluster.backend, uplink6.mtu);
             let vtep6 = if cluster.backend.uses_vxlan() {
-                let mtu6 = desired::pod_mtu6(cluster.backend, uplink6.mtu);
                 // One MTU for the pods' interfaces: the smaller of what
                 // each family's path carries.
                 mtu = mtu.min(mtu6);
@@ -172,7 +178,8 @@ pub async fn reconcile(
             if !cluster.backend.uses_vxlan() {
                 mtu = mtu.min(uplink6.mtu);
             }
-            program(nl, cluster, me, uplink6, vtep6, true, &mut report).await?;
+            let entries = program(nl, cluster, me, uplink6, vtep6, true, &mut report).await?;
+            hops.extend(xnode::hops(&entries, uplink6.mtu, mtu6));
         }
         None => {
             drop_vtep(nl, &name6, "node not dual-stack", &mut report).await?;
@@ -188,6 +195,16 @@ pub async fn reconcile(
             program(nl, &empty, me, &none, None, true, &mut report).await?;
         }
     }
+    let want = if cluster.ebpf {
+        let mut devices = BTreeSet::new();
+        for oif in hops.iter().map(|h| h.oif).collect::<BTreeSet<_>>() {
+            devices.insert(nl.link_by_index(oif).await.map_err(kernel)?.name);
+        }
+        Some(xnode::Want { hops, devices })
+    } else {
+        None
+    };
+    sync_ebpf(nl, opts, want.as_ref(), &mut report)?;
 
     finish(
         nl,
@@ -199,6 +216,24 @@ pub async fn reconcile(
         report,
     )
     .await
+}
+
+/// The eBPF forwarding state (in the agent's network namespace).
+fn sync_ebpf(
+    nl: &Netlink,
+    opts: &Options,
+    want: Option<&xnode::Want>,
+    report: &mut Report,
+) -> Result<(), AgentError> {
+    let root = opts.bpf_pin_root.clone();
+    let synced = nl
+        .netns()
+        .run(move || xnode::sync(&root, want))
+        .map_err(kernel)?
+        .map_err(AgentError::Kernel)?;
+    report.changes += synced.changes;
+    report.log.extend(synced.log);
+    Ok(())
 }
 
 /// Masquerade and the node's conflist: the same for every backend.
@@ -242,6 +277,7 @@ async fn finish(
         mtu,
         opts.ipam_data_dir.as_deref(),
         opts.policy.as_ref(),
+        cluster.ebpf.then_some(opts.bpf_pin_root.as_path()),
     );
     let (path, wrote) = conflist::write(&opts.cni_conf_dir, &conf)
         .map_err(|e| kernel(format!("write {}: {e}", opts.cni_conf_dir.display())))?;
@@ -261,7 +297,7 @@ async fn program(
     vtep: Option<u32>,
     v6: bool,
     report: &mut Report,
-) -> Result<(), AgentError> {
+) -> Result<Vec<desired::PeerEntries>, AgentError> {
     let peers = desired::peers(cluster, me, uplink, vtep, v6);
     report.refused.extend(peers.refused);
     // The WireGuard device has no neighbour or FDB entries of ours.
@@ -284,7 +320,7 @@ async fn program(
                 .join(", ")
         ));
     }
-    Ok(())
+    Ok(peers.entries)
 }
 
 /// WireGuard as the tunnel for every peer: no VXLAN devices; the
@@ -300,6 +336,8 @@ async fn reconcile_wireguard(
     mut report: Report,
 ) -> Result<Report, AgentError> {
     let why = "encryption wireguard";
+    // "ebpf" is refused with WireGuard; what an earlier file set goes.
+    sync_ebpf(nl, opts, None, &mut report)?;
     drop_vtep(nl, &desired::vtep_name(cluster.vni), why, &mut report).await?;
     drop_vtep(nl, &desired::vtep_name6(cluster.vni), why, &mut report).await?;
     let keys = wgkey::load_or_create(&opts.state_dir).map_err(AgentError::Config)?;

@@ -1,6 +1,7 @@
 //! The node's CNI network: bridge + host-local on the node's pod subnet,
 //! then portmap, as flannel's CNI plugin delegates it (the agent masquerades,
-//! so the bridge doesn't). With the policy inputs from the API (the
+//! so the bridge doesn't). With `"ebpf": true` the fastpath plugin follows the
+//! bridge (its pin root the agent's, whose other-node map it shares). With the policy inputs from the API (the
 //! Canal-style preset), the policy plugin follows the bridge, reading the
 //! agent's mirror of NetworkPolicies and asking it for pods' labels.
 
@@ -45,6 +46,7 @@ pub fn render(
     mtu: u32,
     ipam_data_dir: Option<&Path>,
     policy: Option<&PolicyPlugin>,
+    fastpath_pin_root: Option<&Path>,
 ) -> Value {
     let mut ranges = vec![json!([{"subnet": pod_cidr.to_string()}])];
     if let Some(p6) = pod_cidr6 {
@@ -66,7 +68,11 @@ pub fn render(
         "mtu": mtu,
         "ipam": ipam,
     })];
-    // Right after the bridge: it needs the pod's veth from prevResult.
+    // Right after the bridge: they need the pod's veth from prevResult.
+    // Their order does not matter: policy's programs attach in front.
+    if let Some(root) = fastpath_pin_root {
+        plugins.push(json!({"type": "fastpath", "pinRoot": root}));
+    }
     plugins.extend(policy.map(PolicyPlugin::render));
     plugins.push(json!({"type": "portmap", "capabilities": {"portMappings": true}}));
     json!({
@@ -97,7 +103,14 @@ mod tests {
 
     #[test]
     fn conflist_and_rewrite_only_on_change() {
-        let c = render("10.244.1.0/24".parse().unwrap(), None, 1450, None, None);
+        let c = render(
+            "10.244.1.0/24".parse().unwrap(),
+            None,
+            1450,
+            None,
+            None,
+            None,
+        );
         assert_eq!(c["plugins"][0]["mtu"], 1450);
         assert_eq!(
             c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"],
@@ -114,6 +127,7 @@ mod tests {
             1430,
             None,
             None,
+            None,
         );
         assert_eq!(
             d6["plugins"][0]["ipam"]["ranges"][1][0]["subnet"],
@@ -124,7 +138,14 @@ mod tests {
         let sub = d.path().join("net.d");
         assert!(write(&sub, &c).unwrap().1);
         assert!(!write(&sub, &c).unwrap().1);
-        let c2 = render("10.244.1.0/24".parse().unwrap(), None, 1500, None, None);
+        let c2 = render(
+            "10.244.1.0/24".parse().unwrap(),
+            None,
+            1500,
+            None,
+            None,
+            None,
+        );
         let (p, wrote) = write(&sub, &c2).unwrap();
         assert!(wrote);
         let back: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
@@ -140,16 +161,24 @@ mod tests {
             agent_socket: "/run/rcni/agent.sock".into(),
             data_dir: None,
         };
-        let c = render("10.244.1.0/24".parse().unwrap(), None, 1450, None, Some(&p));
+        let c = render(
+            "10.244.1.0/24".parse().unwrap(),
+            None,
+            1450,
+            None,
+            Some(&p),
+            Some(Path::new("/sys/fs/bpf/rcni")),
+        );
         let types: Vec<&str> = c["plugins"]
             .as_array()
             .unwrap()
             .iter()
             .map(|p| p["type"].as_str().unwrap())
             .collect();
-        assert_eq!(types, ["bridge", "policy", "portmap"]);
-        assert_eq!(c["plugins"][1]["policyDir"], "/run/rcni/policy.d");
-        assert_eq!(c["plugins"][1]["agentSocket"], "/run/rcni/agent.sock");
-        assert!(c["plugins"][1].get("dataDir").is_none());
+        assert_eq!(types, ["bridge", "fastpath", "policy", "portmap"]);
+        assert_eq!(c["plugins"][1]["pinRoot"], "/sys/fs/bpf/rcni");
+        assert_eq!(c["plugins"][2]["policyDir"], "/run/rcni/policy.d");
+        assert_eq!(c["plugins"][2]["agentSocket"], "/run/rcni/agent.sock");
+        assert!(c["plugins"][2].get("dataDir").is_none());
     }
 }

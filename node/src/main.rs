@@ -16,6 +16,7 @@ mod masq;
 mod registry;
 mod wg;
 mod wgkey;
+mod xnode;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -119,6 +120,11 @@ struct RunArgs {
     /// applied summary there.
     #[arg(long, value_name = "DIR", default_value = "/var/lib/rcni-node")]
     state_dir: PathBuf,
+    /// With "ebpf": true, the bpffs directory of the fastpath plugin's pins
+    /// (its pinRoot in the written config): the agent keeps the network's
+    /// other-node map there and mounts a bpffs when there is none.
+    #[arg(long, value_name = "DIR", default_value = xnode::DEFAULT_PIN_ROOT)]
+    bpf_pin_root: PathBuf,
     /// host-local's dataDir in the written config (its default when unset).
     #[arg(long, value_name = "DIR")]
     ipam_data_dir: Option<PathBuf>,
@@ -194,6 +200,7 @@ fn run(args: RunArgs) -> ExitCode {
                 agent_socket: args.agent_socket.clone(),
                 data_dir: args.policy_data_dir.clone(),
             }),
+            bpf_pin_root: args.bpf_pin_root.clone(),
         };
         let nl = match rcni_netlink::Netlink::connect_current().await {
             Ok(nl) => nl,

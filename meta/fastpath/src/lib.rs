@@ -495,6 +495,11 @@ impl Plugin for Fastpath {
         links_left += rcni_ebpf::pinned_policy_links(&conf.dir)
             .map(|v| v.len())
             .unwrap_or(1);
+        // So are rcni-node's (its program on the uplink and VXLAN devices,
+        // with its other-node map): a node without pods still forwards.
+        links_left += rcni_ebpf::net_links(&conf.dir)
+            .map(|v| v.len())
+            .unwrap_or(1);
         // GC runs alone (no ADD in flight): with nothing left (endpoints of
         // either plugin, links) the network's programs and maps go too, and
         // the next ADD loads them afresh.
