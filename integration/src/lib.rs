@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 pub use rcni_testkit::ip;
 
 pub mod chain;
+pub mod cluster_lab;
 pub mod dhcp_lab;
 pub mod multinet_lab;
 

@@ -6,14 +6,15 @@
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::PathBuf;
+use std::process::Stdio;
 
+use rcni_integration::cluster_lab::{Cluster, ClusterNode};
 use rcni_integration::ip_link_json as link_json;
 use rcni_integration::{addr_of, addrs_of, ip, link_names, nl};
 use rcni_netlink::NUD_PERMANENT;
 use rcni_netns::NetNs;
-use rcni_testkit::{Bpffs, Call, TestNs, bin, command_in, ping, stdout_of, tied_command_in};
+use rcni_testkit::{Call, TestNs, bin, command_in, ping, stdout_of, tied_command_in};
 use serde_json::{Value, json};
 
 /// The agent's route protocol (agent::RTPROT_RCNI).
@@ -22,89 +23,25 @@ const VTEP: &str = "rcni.1";
 /// The IPv6 VXLAN device of a dual-stack node.
 const VTEP6: &str = "rcni6.1";
 
-struct ClusterNode {
-    name: String,
-    ns: TestNs,
-    dir: tempfile::TempDir,
-    /// The node's pin root (`--bpf-pin-root`): a bpffs of its own.
-    bpffs: Bpffs,
+/// What the tests ask of a node beyond the lab's basics
+/// (rcni_integration::cluster_lab).
+trait Probe {
+    fn fastpath_json(&self, sub: &str) -> Vec<Value>;
+    fn verdict(&self, name: &str) -> u64;
+    fn counter(&self, addr: &str, key: &str) -> u64;
+    fn remote_map(&self) -> BTreeSet<String>;
+    fn net_program_on(&self) -> BTreeSet<String>;
+    fn entries(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>);
+    fn entries6(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>);
+    fn assert_host_gw(&self, v6: bool, routes: &[&str]);
+    fn entries_of(
+        &self,
+        vtep: &str,
+        v6: bool,
+    ) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>);
 }
 
-impl ClusterNode {
-    fn conf_dir(&self) -> PathBuf {
-        self.dir.path().join("net.d")
-    }
-
-    fn agent(&self, file: &Path) -> Command {
-        let mut c = tied_command_in(&self.ns.ns, bin("rcni-node"));
-        c.arg("run")
-            .arg("--cluster")
-            .arg(file)
-            .args(["--node", &self.name])
-            .arg("--cni-conf-dir")
-            .arg(self.conf_dir())
-            .arg("--state-dir")
-            .arg(self.dir.path().join("state"))
-            .arg("--ipam-data-dir")
-            .arg(self.dir.path().join("ipam"))
-            .arg("--bpf-pin-root")
-            .arg(self.bpffs.path());
-        c
-    }
-
-    /// `rcni-node run --once`: (exit code, stderr).
-    fn run_once(&self, file: &Path) -> (i32, String) {
-        let out = self.agent(file).arg("--once").output().unwrap();
-        (
-            out.status.code().unwrap_or(-1),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    fn reconcile(&self, file: &Path) -> String {
-        let (code, err) = self.run_once(file);
-        assert_eq!(code, 0, "{}: {err}", self.name);
-        err
-    }
-
-    /// The bridge plugin's config from the conflist the agent wrote.
-    fn plugin_conf(&self) -> Value {
-        let text = std::fs::read(self.conf_dir().join("10-rcni.conflist")).unwrap();
-        let list: Value = serde_json::from_slice(&text).unwrap();
-        let mut c = list["plugins"][0].clone();
-        c["cniVersion"] = list["cniVersion"].clone();
-        c["name"] = list["name"].clone();
-        c
-    }
-
-    /// A pod on this node: its namespace and ADD's result. The bridge,
-    /// and the fastpath plugin after it when the conflist has it.
-    fn add_pod(&self, cid: &str) -> (TestNs, Value) {
-        let pod = TestNs::new();
-        let r = Call::new(bin("bridge"), "ADD")
-            .env("CNI_CONTAINERID", cid)
-            .netns(&pod.path())
-            .stdin(&self.plugin_conf())
-            .run_in(&self.ns.ns)
-            .ok();
-        let text = std::fs::read(self.conf_dir().join("10-rcni.conflist")).unwrap();
-        let list: Value = serde_json::from_slice(&text).unwrap();
-        if list["plugins"][1]["type"] == "fastpath" {
-            let mut c = list["plugins"][1].clone();
-            c["cniVersion"] = list["cniVersion"].clone();
-            c["name"] = list["name"].clone();
-            c["prevResult"] = r.clone();
-            let r2 = Call::new(bin("fastpath"), "ADD")
-                .env("CNI_CONTAINERID", cid)
-                .netns(&pod.path())
-                .stdin(&c)
-                .run_in(&self.ns.ns)
-                .ok();
-            return (pod, r2);
-        }
-        (pod, r)
-    }
-
+impl Probe for ClusterNode {
     /// `fastpath <sub> --json` on this node's pin root.
     fn fastpath_json(&self, sub: &str) -> Vec<Value> {
         let out = command_in(&self.ns.ns, bin("fastpath"))
@@ -193,18 +130,6 @@ impl ClusterNode {
             .unwrap()
     }
 
-    /// A pod on this node: its namespace and IPv4 address.
-    fn pod(&self, cid: &str) -> (TestNs, String) {
-        let (pod, r) = self.add_pod(cid);
-        (pod, addr_of(&r, true))
-    }
-
-    /// A dual-stack pod: its namespace, IPv4 and IPv6 addresses.
-    fn pod_dual(&self, cid: &str) -> (TestNs, String, String) {
-        let (pod, r) = self.add_pod(cid);
-        (pod, addr_of(&r, true), addr_of(&r, false))
-    }
-
     /// (permanent neighbours, FDB entries) on the VTEP and the agent's
     /// routes, as text.
     fn entries(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
@@ -266,145 +191,6 @@ impl ClusterNode {
                 .collect();
             (neigh, fdb, routes)
         })
-    }
-}
-
-/// Underlay namespaces: bridges (one per subnet) in a router namespace
-/// that also routes between them when there are two.
-struct Cluster {
-    router: TestNs,
-    nodes: Vec<ClusterNode>,
-    file: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-/// Underlay subnets: `192.168.50.0/24` on bridge `ul0`, `192.168.60.0/24`
-/// on `ul1`; the router namespace holds `.254` on each.
-fn subnet(i: usize) -> String {
-    format!("192.168.{}", 50 + 10 * i)
-}
-
-impl Cluster {
-    /// Nodes `n1..` placed on underlay subnets `placement[i]`; node i's
-    /// address is `<subnet>.<i+1>`, its pod subnet `10.244.<i+1>.0/24`.
-    fn new(placement: &[usize]) -> Cluster {
-        let router = TestNs::new();
-        ip(&router.ns, "link set lo up");
-        let subnets: BTreeSet<usize> = placement.iter().copied().collect();
-        for s in &subnets {
-            ip(&router.ns, &format!("link add ul{s} type bridge"));
-            ip(
-                &router.ns,
-                &format!("addr add {}.254/24 dev ul{s}", subnet(*s)),
-            );
-            ip(&router.ns, &format!("link set ul{s} up"));
-        }
-        rcni_netlink::sysctl::set(&router.ns, "net.ipv4.ip_forward", "1").unwrap();
-        let mut nodes = Vec::new();
-        for (i, s) in placement.iter().enumerate() {
-            let ns = TestNs::new();
-            let port = format!("u{i}");
-            nl(&router.ns, async |n| {
-                n.create_veth(&port, "eth0", Some(&ns.ns), None)
-                    .await
-                    .unwrap()
-            });
-            ip(&router.ns, &format!("link set {port} master ul{s} up"));
-            ip(&ns.ns, "link set lo up");
-            ip(&ns.ns, "link set eth0 up");
-            ip(
-                &ns.ns,
-                &format!("addr add {}.{}/24 dev eth0", subnet(*s), i + 1),
-            );
-            ip(&ns.ns, &format!("route add default via {}.254", subnet(*s)));
-            nodes.push(ClusterNode {
-                name: format!("n{}", i + 1),
-                ns,
-                dir: tempfile::tempdir().unwrap(),
-                bpffs: Bpffs::mount(),
-            });
-        }
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("cluster.json");
-        Cluster {
-            router,
-            nodes,
-            file,
-            _dir: dir,
-        }
-    }
-
-    /// The cluster file for `backend` with the nodes `which` (indexes),
-    /// each at the address its eth0 holds now.
-    fn write(&self, backend: &str, which: &[usize]) {
-        self.write_with(backend, which, json!({}));
-    }
-
-    /// [`Cluster::write`] with more top-level keys (`"ebpf"`).
-    fn write_with(&self, backend: &str, which: &[usize], extra: Value) {
-        let nodes: Vec<Value> = which
-            .iter()
-            .map(|&i| {
-                let n = &self.nodes[i];
-                json!({"name": n.name, "address": self.address(i),
-                       "podCIDR": format!("10.244.{}.0/24", i + 1)})
-            })
-            .collect();
-        let mut c = json!({"network": "10.244.0.0/16", "backend": backend, "nodes": nodes});
-        for (k, v) in extra.as_object().unwrap() {
-            c[k] = v.clone();
-        }
-        std::fs::write(&self.file, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
-    }
-
-    /// Dual-stack: every node gets `fd50::<i+1>/64` on its eth0 (the one
-    /// L2 carries both families) and the router `fd50::fe`.
-    fn add_ipv6(&self) {
-        ip(&self.router.ns, "addr add fd50::fe/64 dev ul0 nodad");
-        for (i, n) in self.nodes.iter().enumerate() {
-            ip(
-                &n.ns.ns,
-                &format!("addr add fd50::{}/64 dev eth0 nodad", i + 1),
-            );
-        }
-    }
-
-    /// A dual-stack cluster file: node i also has `address6` `fd50::<i+1>`
-    /// and IPv6 pod subnet `fd00:0:0:<i+1>::/64` in `fd00::/48`.
-    fn write_dual(&self, backend: &str, which: &[usize]) {
-        self.write_dual_with(backend, which, json!({}));
-    }
-
-    fn write_dual_with(&self, backend: &str, which: &[usize], extra: Value) {
-        let nodes: Vec<Value> = which
-            .iter()
-            .map(|&i| {
-                json!({"name": self.nodes[i].name, "address": self.address(i),
-                       "address6": format!("fd50::{}", i + 1),
-                       "podCIDRs": [format!("10.244.{}.0/24", i + 1),
-                                    format!("fd00:0:0:{}::/64", i + 1)]})
-            })
-            .collect();
-        let mut c = json!({"network": "10.244.0.0/16", "network6": "fd00::/48",
-                       "backend": backend, "nodes": nodes});
-        for (k, v) in extra.as_object().unwrap() {
-            c[k] = v.clone();
-        }
-        std::fs::write(&self.file, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
-    }
-
-    fn address(&self, i: usize) -> String {
-        addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
-            .split('/')
-            .next()
-            .unwrap()
-            .to_string()
-    }
-
-    fn reconcile_all(&self) {
-        for n in &self.nodes {
-            n.reconcile(&self.file);
-        }
     }
 }
 
