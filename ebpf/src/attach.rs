@@ -459,15 +459,15 @@ fn detach_link_at(path: &Path) -> std::result::Result<(), LinkDetach> {
     Ok(())
 }
 
-/// The attachment ids `of_pin` reads from the names of the pins in `dir`,
-/// sorted; none when there is no such directory.
-fn pinned_ids(dir: &Path, of_pin: fn(&str) -> Option<AttachmentId>) -> Result<Vec<AttachmentId>> {
+/// What `of_pin` reads from the names of the pins in `dir` (attachment
+/// ids, device names), sorted; none when there is no such directory.
+pub(crate) fn pinned_ids<T: Ord>(dir: &Path, of_pin: impl Fn(&str) -> Option<T>) -> Result<Vec<T>> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
         Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
     };
-    let mut v: Vec<AttachmentId> = rd
+    let mut v: Vec<T> = rd
         .flatten()
         .filter_map(|e| of_pin(&e.file_name().to_string_lossy()))
         .collect();

@@ -105,17 +105,7 @@ impl Datapath {
 
 /// The devices with an `rcni_from_net` link pinned in `dir`, sorted.
 pub fn net_links(dir: &Path) -> Result<Vec<String>> {
-    let rd = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
-        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
-    };
-    let mut v: Vec<String> = rd
-        .flatten()
-        .filter_map(|e| ifname_of_pin(&e.file_name().to_string_lossy()))
-        .collect();
-    v.sort();
-    Ok(v)
+    crate::attach::pinned_ids(dir, ifname_of_pin)
 }
 
 /// Detaches and unpins `rcni_from_net`'s link on `ifname`; gone already is
