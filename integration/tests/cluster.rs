@@ -1187,35 +1187,48 @@ impl PolicyNode<'_> {
     }
 }
 
+/// Every node of `c` registered in `k`'s API, its Canal-style agent
+/// running until its conflist and its two peers are there, and the
+/// policy plugin's view of it (`backend`: the plugin's, when not auto).
+fn policy_cluster<'a>(
+    c: &'a Cluster,
+    k: &KubeApi,
+    backend: Option<&'static str>,
+) -> (Vec<Agent>, Vec<PolicyNode<'a>>) {
+    for (i, n) in c.nodes.iter().enumerate() {
+        k.api.put(&knode(
+            &n.name,
+            &c.address(i),
+            &format!("10.244.{}.0/24", i + 1),
+        ));
+    }
+    let agents: Vec<Agent> = c.nodes.iter().map(|n| policy_agent(k, n)).collect();
+    for n in &c.nodes {
+        wait_for(&format!("{}'s conflist and peers", n.name), || {
+            n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
+        });
+    }
+    let nodes = c
+        .nodes
+        .iter()
+        .map(|n| PolicyNode {
+            n,
+            fs: rcni_integration::Bpffs::empty(),
+            backend,
+        })
+        .collect();
+    (agents, nodes)
+}
+
 #[test]
 fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     let c = Cluster::new(&[0, 0, 0]);
     let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
     let api = &k.api;
-    for i in 0..3 {
-        api.put(&knode(
-            &c.nodes[i].name,
-            &c.address(i),
-            &format!("10.244.{}.0/24", i + 1),
-        ));
-    }
+    let (agents, nodes) = policy_cluster(&c, &k, None);
     let agent = |n: &ClusterNode| policy_agent(&k, n);
-    let mut agents: Vec<Option<Agent>> = c.nodes.iter().map(|n| Some(agent(n))).collect();
-    for n in &c.nodes {
-        wait_for(&format!("{}'s conflist and peers", n.name), || {
-            n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
-        });
-    }
-    let nodes: Vec<PolicyNode> = c
-        .nodes
-        .iter()
-        .map(|n| PolicyNode {
-            n,
-            fs: rcni_integration::Bpffs::empty(),
-            backend: None,
-        })
-        .collect();
+    let mut agents: Vec<Option<Agent>> = agents.into_iter().map(Some).collect();
     let log = |i: usize| {
         std::fs::read_to_string(c.nodes[i].dir.path().join("agent.log")).unwrap_or_default()
     };
@@ -1396,28 +1409,7 @@ fn pod_selectors_across_nodes(backend: Option<&'static str>) {
     let c = Cluster::new(&[0, 0, 0]);
     let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
     let api = &k.api;
-    for i in 0..3 {
-        api.put(&knode(
-            &c.nodes[i].name,
-            &c.address(i),
-            &format!("10.244.{}.0/24", i + 1),
-        ));
-    }
-    let agents: Vec<Agent> = c.nodes.iter().map(|n| policy_agent(&k, n)).collect();
-    for n in &c.nodes {
-        wait_for(&format!("{}'s conflist and peers", n.name), || {
-            n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
-        });
-    }
-    let nodes: Vec<PolicyNode> = c
-        .nodes
-        .iter()
-        .map(|n| PolicyNode {
-            n,
-            fs: rcni_integration::Bpffs::empty(),
-            backend,
-        })
-        .collect();
+    let (agents, nodes) = policy_cluster(&c, &k, backend);
 
     // A client on n1, the web pod on n2, a pod that is no client on n3;
     // once each runs, the kubelet writes its address into the API.
