@@ -193,8 +193,8 @@ impl Drop for Reaper {
     }
 }
 
-/// The cgroups named `name` (in every hierarchy), deepest first.
-fn remove_cgroups(name: &str) {
+/// The cgroups named `name`, in every hierarchy.
+fn cgroups_named(name: &str) -> Vec<String> {
     let out = Command::new("find")
         .args([
             "/sys/fs/cgroup",
@@ -208,9 +208,17 @@ fn remove_cgroups(name: &str) {
         .args(["-name", name])
         .output()
         .unwrap();
-    for d in String::from_utf8_lossy(&out.stdout).lines() {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// Removes the cgroups named `name` (in every hierarchy), deepest first.
+fn remove_cgroups(name: &str) {
+    for d in cgroups_named(name) {
         let _ = Command::new("find")
-            .args([d, "-depth", "-type", "d", "-exec", "rmdir", "{}", "+"])
+            .args([&d, "-depth", "-type", "d", "-exec", "rmdir", "{}", "+"])
             .status();
     }
 }
@@ -399,6 +407,25 @@ fn in_cidr(addr: &str, cidr: &str) -> bool {
     u32::from(a) & mask == u32::from(n) & mask
 }
 
+/// Files under the machine's /var/lib/cni (libcni's cache) whose name holds
+/// the sandbox's id, and a /run/netns entry named as its netns file.
+fn host_files_naming(id: &str, netns_path: &str) -> Vec<String> {
+    let netns_name = Path::new(netns_path).file_name().unwrap();
+    let out = Command::new("find")
+        .args(["/var/lib/cni", "-name", &format!("*{id}*")])
+        .output()
+        .unwrap();
+    let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    let entry = Path::new("/run/netns").join(netns_name);
+    if entry.exists() {
+        v.push(entry.display().to_string());
+    }
+    v
+}
+
 fn veths(ns: &NetNs) -> Vec<String> {
     link_names(ns)
         .into_iter()
@@ -556,6 +583,9 @@ fn containerd_cri_runs_a_pod_sandbox_on_the_agents_conflist() {
         "host-local's reservation"
     );
     drop(pod);
+    // The machine's own CNI paths do not see the pod: libcni's cache and
+    // the netns file are in containerd's mounts.
+    assert_eq!(host_files_naming(&id, &netns_path), Vec::<String>::new());
 
     // Stop (CNI DEL) and remove: nothing left.
     rt.block_on(client.stop_pod_sandbox(StopPodSandboxRequest {
@@ -573,6 +603,8 @@ fn containerd_cri_runs_a_pod_sandbox_on_the_agents_conflist() {
         rcni_testkit::reservations(&net_dir)
     );
     assert!(ctrd.netns_files().is_empty(), "{:?}", ctrd.netns_files());
+    // runc removed the sandbox's cgroups (their parent is the reaper's).
+    assert_eq!(cgroups_named(&id), Vec::<String>::new());
     drop(client);
     drop(rt);
     drop(ctrd);
