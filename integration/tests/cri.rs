@@ -160,6 +160,8 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 rm -rf "$1""#;
+        // Its own session: out of the test's process group, which
+        // nextest's timeout signals as a whole.
         let child = Command::new("setsid")
             .args(["sh", "-c", script, "sh"])
             .arg(dir.path())
