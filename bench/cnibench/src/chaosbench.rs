@@ -39,6 +39,10 @@ struct Args {
     /// Plugin runs at once (each in namespaces of its own).
     #[arg(long, default_value_t = 1)]
     jobs: usize,
+    /// Stop each plugin's trials after this many minutes from the start
+    /// (the report counts the trials run).
+    #[arg(long)]
+    minutes: Option<f64>,
     /// Seed of the kill delays (default: from the clock).
     #[arg(long)]
     seed: Option<u64>,
@@ -99,6 +103,11 @@ fn bpf_entries(node: &NetNs, pins: &Path) -> Vec<String> {
     }
     out
 }
+
+/// A plugin run's line of the final table: plugin, command killed, trials,
+/// trials with leftovers, failed DELs, failed GCs, failed ADDs (before a
+/// killed DEL).
+type Row = (Plugin, Kill, usize, usize, usize, usize, usize);
 
 fn main() {
     let a = Args::parse();
@@ -177,8 +186,13 @@ fn main() {
             todo.push((p, k));
         }
     }
+    let deadline = a
+        .minutes
+        .map(|m| std::time::Instant::now() + std::time::Duration::from_secs_f64(m * 60.0));
+    // Popped from the end: the first named run first.
+    todo.reverse();
     let todo = Mutex::new(todo.into_iter().enumerate().collect::<Vec<_>>());
-    let done: Mutex<Vec<(Plugin, Kill, usize, usize, usize, usize, usize)>> = Mutex::default();
+    let done: Mutex<Vec<Row>> = Mutex::default();
     std::thread::scope(|s| {
         for _ in 0..a.jobs.max(1) {
             s.spawn(|| {
@@ -194,7 +208,7 @@ fn main() {
                         Some(bpf_entries),
                         10,
                     );
-                    let r: Report = h.run(a.trials);
+                    let r: Report = h.run_until(a.trials, deadline);
                     print!("{}", r.summary());
                     done.lock().unwrap().push((
                         p,

@@ -158,7 +158,8 @@ fn usage(pid: u32) -> (u64, usize) {
     (rss, fds)
 }
 
-/// The processes whose network namespace is one of `inodes`, by name.
+/// The processes whose network namespace is one of `inodes`, as
+/// `name(pid)`.
 fn processes_in(inodes: &BTreeSet<u64>) -> Vec<String> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -198,22 +199,36 @@ fn main() {
         .iter()
         .map(|ns| std::fs::metadata(ns.proc_path()).unwrap().ino())
         .collect();
-    let report = |label: &str| {
+    // Every process in the run's namespaces at the start and the end; in
+    // between (commands in flight) counts by name.
+    let report = |label: &str, full_list: bool| {
         let (drss, dfd) = usage(daemon);
         let (arss, afd) = usage(agent_pid);
         let procs = processes_in(&inodes);
-        println!(
-            "{label:<12} dhcp daemon RSS {drss:>6} KiB fds {dfd:>3} | agent RSS {arss:>6} KiB fds {afd:>3} | processes in the run's namespaces {}: {}",
-            procs.len(),
+        let shown = if full_list {
             procs.join(" ")
+        } else {
+            let mut by: std::collections::BTreeMap<&str, usize> = Default::default();
+            for p in &procs {
+                *by.entry(p.split('(').next().unwrap_or("")).or_default() += 1;
+            }
+            by.iter()
+                .map(|(n, c)| format!("{n} {c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "{label:<13} dhcp daemon RSS {drss:>6} KiB fds {dfd:>3} | agent RSS {arss:>6} KiB fds {afd:>3} | processes in the run's namespaces {:>3}: {shown}",
+            procs.len(),
         );
     };
     println!(
         "{} cycles of the full chain, {} at a time; a dhcp-network cycle with every {}th; agent on {} nodes",
         a.cycles, a.concurrent, a.dhcp_every, a.agent_nodes
     );
-    report("start");
+    report("start", true);
     let next = AtomicUsize::new(0);
+    let finished = AtomicUsize::new(0);
     let dhcp_cycles = AtomicUsize::new(0);
     let failures: Mutex<Vec<String>> = Mutex::default();
     let t0 = Instant::now();
@@ -235,7 +250,7 @@ fn main() {
                                 .push(format!("{cid} {what}: {}", o.message()));
                         }
                     }
-                    if a.dhcp_every > 0 && i % a.dhcp_every == 0 {
+                    if a.dhcp_every > 0 && i.is_multiple_of(a.dhcp_every) {
                         dhcp_cycles.fetch_add(1, Ordering::Relaxed);
                         let (add, del) = dhcp.cycle(&cid);
                         for (what, o) in [("dhcp ADD", &add), ("dhcp DEL", &del)] {
@@ -247,9 +262,10 @@ fn main() {
                             }
                         }
                     }
+                    let done = finished.fetch_add(1, Ordering::Relaxed) + 1;
                     let tenth = (a.cycles / 10).max(1);
-                    if i % tenth == tenth - 1 {
-                        report(&format!("{} cycles", i + 1));
+                    if done.is_multiple_of(tenth) && done < a.cycles {
+                        report(&format!("{done} done"), false);
                     }
                 }
             });
@@ -259,8 +275,16 @@ fn main() {
     // Anything the last DELs left running (a detached helper) gets a moment
     // to finish, as it would between two pods.
     std::thread::sleep(Duration::from_secs(1));
-    report("end");
-    let failures = failures.into_inner().unwrap();
+    report("end", true);
+    let mut failures = failures.into_inner().unwrap();
+    // The runtime's periodic GC (nothing valid): fastpath keeps a
+    // network's datapath pinned after its last DEL until then.
+    for (what, h) in [("full", &full), ("dhcp", &dhcp)] {
+        let gc = h.gc();
+        if !gc.ok {
+            failures.push(format!("{what} GC: {}", gc.message()));
+        }
+    }
     let (lf, ld) = (full.leftovers(), dhcp.leftovers());
     println!(
         "{} full-chain cycles and {} dhcp cycles in {:.0} s ({:.1} cycles/s); failed commands: {}",

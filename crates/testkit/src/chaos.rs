@@ -1155,6 +1155,12 @@ impl Harness {
     }
 
     pub fn run(&mut self, trials: usize) -> Report {
+        self.run_until(trials, None)
+    }
+
+    /// [`Harness::run`], stopping early at `deadline` (the report holds
+    /// the trials run).
+    pub fn run_until(&mut self, trials: usize, deadline: Option<Instant>) -> Report {
         let mut r = Report {
             runtime: if self.libcni.is_some() {
                 "libcni"
@@ -1168,6 +1174,9 @@ impl Harness {
             trials: Vec::with_capacity(trials),
         };
         for i in 0..trials {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                break;
+            }
             // The node's load drifts (other work, caches): the window
             // follows it.
             if i > 0 && i % 100 == 0 {
