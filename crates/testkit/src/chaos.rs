@@ -1058,9 +1058,31 @@ impl Harness {
         let path = pod.proc_path().display().to_string();
         let first_add = (self.kill == Kill::Del)
             .then(|| Outcome::of(self.add_cmd(&path, &cid).output().expect("run cnitool add")));
+        let started = Instant::now();
         let child = self.killed_cmd(&path, &cid).spawn().expect("spawn cnitool");
-        std::thread::sleep(delay);
         let pid = child.id();
+        match self.target {
+            // Anchored on the plugin's start as it happens (then uniform
+            // over its calibrated length): on a loaded node a command's
+            // pace drifts from the calibration's, and a delay counted from
+            // the command's start lands in other plugins.
+            Some(target) => {
+                let limit = to * 4 + Duration::from_secs(1);
+                loop {
+                    let chain = process_chain(pid);
+                    if chain == "finished"
+                        || chain.split('>').any(|p| p == target)
+                        || started.elapsed() > limit
+                    {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                std::thread::sleep(Duration::from_micros(self.random() % (span + 1)));
+            }
+            None => std::thread::sleep(delay),
+        }
+        let delay = started.elapsed();
         let phase = process_chain(pid);
         // The group is ours until the child is reaped (its ID cannot be
         // reused before), so this reaches no stranger.
@@ -1273,7 +1295,7 @@ impl Report {
             Setup::Plugin(p) => {
                 let _ = writeln!(
                     s,
-                    "== {} {} killed, through {}: {} trials, kill delay uniform over {}'s run in it, [{:.1}, {:.1}] ms of a {:.1} ms {} (medians, last calibration)",
+                    "== {} {} killed, through {}: {} trials, killed at a moment uniform over {}'s run, from its start (calibrated: {:.1} to {:.1} ms into a {:.1} ms {}, medians)",
                     self.setup.label(),
                     self.kill.name(),
                     self.runtime,
