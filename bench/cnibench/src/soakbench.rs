@@ -313,7 +313,10 @@ fn main() {
             format!("{ld:?}")
         }
     );
+    // exit() runs no destructor: the nodes' state directories go first.
     drop(agent);
+    drop(full);
+    drop(dhcp);
     std::process::exit(if failures.is_empty() && lf.is_empty() && ld.is_empty() {
         0
     } else {
