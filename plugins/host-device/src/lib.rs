@@ -3,10 +3,16 @@
 //! moves it back under that name on DEL; the reference plugin's keys and
 //! result shape.
 //!
-//! Moves go through a throwaway namespace, so that neither the original
-//! name (in the container) nor CNI_IFNAME (in the node) can clash on the
-//! way, and any failure on the way puts the device back where it was: a
-//! virtual device left in a namespace that dies is destroyed with it.
+//! Moves go straight between the node and the container, renamed in the
+//! container, so that a plugin killed on the way (a runtime's timeout)
+//! leaves the device where DEL finds it: in the node as it was, or in the
+//! container under CNI_IFNAME or under its own name, with its name in the
+//! alias once that is set. Only when a name would clash (the original name
+//! taken in the container, or CNI_IFNAME's in the node after the rename)
+//! does a move go through a throwaway namespace; a device in it when the
+//! plugin is killed dies with it (a virtual one) or lands in the root
+//! namespace (a physical one). Any failure on the way puts the device back
+//! where it was.
 //!
 //! Unlike the reference, DEL releases the IPAM reservation also when the
 //! netns is gone or not given (cni #1167), and a repeated DEL succeeds.
@@ -85,6 +91,43 @@ async fn move_in(
     ct_ns: &NetNs,
     ifname: &str,
 ) -> Result<Link, CniError> {
+    if ct.find_link(&dev.name).await?.is_some() {
+        return move_in_via_tmp(host, host_ns, dev, ct, ct_ns, ifname).await;
+    }
+    host.move_to_netns(dev.index, ct_ns).await?;
+    // From here DEL finds it in the container: by its name (the
+    // selector's) until the alias is set, by the alias or CNI_IFNAME after.
+    let r: Result<(), CniError> = async {
+        let l = ct.link_by_name(&dev.name).await?;
+        ct.set_alias(l.index, &dev.name).await?;
+        ct.set_name(l.index, ifname).await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = r {
+        restore(
+            ct,
+            &[&dev.name, ifname],
+            &dev.name,
+            dev.alias.as_deref(),
+            host_ns,
+        )
+        .await;
+        return Err(e);
+    }
+    Ok(ct.link_by_name(ifname).await?)
+}
+
+/// [`move_in`] through a throwaway namespace, when the device's name is
+/// taken in the container.
+async fn move_in_via_tmp(
+    host: &Netlink,
+    host_ns: &NetNs,
+    dev: &Link,
+    ct: &Netlink,
+    ct_ns: &NetNs,
+    ifname: &str,
+) -> Result<Link, CniError> {
     let tmp_ns = NetNs::new_anonymous()?;
     let tmp = Netlink::connect(&tmp_ns).await?;
     host.move_to_netns(dev.index, &tmp_ns).await?;
@@ -125,22 +168,83 @@ async fn restore(tmp: &Netlink, names: &[&str], name: &str, alias: Option<&str>,
     }
 }
 
-/// Moves CNI_IFNAME out of the container back into the node under the name
-/// in its alias, alias cleared. `Ok(false)` if there is no such link. On
-/// failure the device stays in the container as it was, so DEL can be
-/// retried.
+/// The container's link that is the node's device: CNI_IFNAME, or, after
+/// a move killed half-way, the device under its own name (the selector's
+/// name or MAC, or a name equal to its alias, which only a move of ours
+/// sets).
+async fn device_in_container(
+    ct: &Netlink,
+    ifname: &str,
+    sel: Option<&Selector>,
+) -> Result<Option<Link>, CniError> {
+    if let Some(l) = ct.find_link(ifname).await? {
+        return Ok(Some(l));
+    }
+    let Some(sel) = sel else { return Ok(None) };
+    Ok(ct.links().await?.into_iter().find(|l| match sel {
+        Selector::Device(name) => &l.name == name,
+        Selector::HwAddr(mac) => l.mac == Some(*mac),
+        Selector::KernelPath(_) | Selector::DeviceId(_) => {
+            l.alias.as_deref() == Some(l.name.as_str())
+        }
+    }))
+}
+
+/// Moves CNI_IFNAME (or the device a killed move left under its own name,
+/// found through `sel`) out of the container back into the node under the
+/// name in its alias, alias cleared. `Ok(false)` if there is no such link.
+/// On failure the device stays in the container, so DEL can be retried.
 async fn move_out(
     ct: &Netlink,
     ct_ns: &NetNs,
     host_ns: &NetNs,
     ifname: &str,
+    sel: Option<&Selector>,
 ) -> Result<bool, CniError> {
-    let Some(l) = ct.find_link(ifname).await? else {
+    let Some(l) = device_in_container(ct, ifname, sel).await? else {
         return Ok(false);
     };
     // Without an alias (not ours, or cleared by someone) the name it has is
     // the best there is.
-    let name = l.alias.clone().unwrap_or_else(|| ifname.to_string());
+    let name = l.alias.clone().unwrap_or_else(|| l.name.clone());
+    let host = Netlink::connect(host_ns).await?;
+    if (l.name != name && ct.find_link(&name).await?.is_some())
+        || host.find_link(&name).await?.is_some()
+    {
+        return move_out_via_tmp(ct, ct_ns, host_ns, &l, &name).await;
+    }
+    // Addresses go with the move; the device comes back down, as it came.
+    ct.set_down(l.index).await?;
+    // Renamed in the container first: killed after it, DEL finds it by
+    // its alias.
+    if l.name != name {
+        ct.set_name(l.index, &name).await?;
+    }
+    if let Err(e) = ct.move_to_netns(l.index, host_ns).await {
+        let _ = ct.set_name(l.index, &l.name).await;
+        return Err(CniError::from(e).context(format!(
+            "failed to move {} back to the node as {name}",
+            l.name
+        )));
+    }
+    // Cleared in the node, after the move: until here the alias is what
+    // names the device for a retry.
+    if let Some(h) = host.find_link(&name).await? {
+        host.set_alias(h.index, "").await?;
+    }
+    Ok(true)
+}
+
+/// [`move_out`] of `l` through a throwaway namespace, when `name` is taken
+/// in the container or the node.
+async fn move_out_via_tmp(
+    ct: &Netlink,
+    ct_ns: &NetNs,
+    host_ns: &NetNs,
+    l: &Link,
+    name: &str,
+) -> Result<bool, CniError> {
+    let ifname = l.name.as_str();
     let tmp_ns = NetNs::new_anonymous()?;
     let tmp = Netlink::connect(&tmp_ns).await?;
     // Addresses go with the move; the device comes back down, as it came.
@@ -148,13 +252,13 @@ async fn move_out(
     ct.move_to_netns(l.index, &tmp_ns).await?;
     let r: Result<(), CniError> = async {
         let t = tmp.link_by_name(ifname).await?;
-        tmp.set_name(t.index, &name).await?;
+        tmp.set_name(t.index, name).await?;
         tmp.move_to_netns(t.index, host_ns).await?;
         Ok(())
     }
     .await;
     if let Err(e) = r {
-        restore(&tmp, &[ifname, &name], ifname, Some(&name), ct_ns).await;
+        restore(&tmp, &[ifname, name], ifname, Some(name), ct_ns).await;
         return Err(e.context(format!(
             "failed to move {ifname} back to the node as {name}"
         )));
@@ -162,7 +266,7 @@ async fn move_out(
     // Cleared in the node, after the move: until here the alias is what
     // names the device for a retry.
     let host = Netlink::connect(host_ns).await?;
-    if let Some(h) = host.find_link(&name).await? {
+    if let Some(h) = host.find_link(name).await? {
         host.set_alias(h.index, "").await?;
     }
     Ok(true)
@@ -218,7 +322,7 @@ impl Attachment for HostDevice {
                     &args.ifname,
                 ))?;
                 undo.push(format!("move {} back", dev.name), || {
-                    let back = move_out(&ns.ct, &ns.ct_ns, &ns.host_ns, &args.ifname);
+                    let back = move_out(&ns.ct, &ns.ct_ns, &ns.host_ns, &args.ifname, None);
                     ns.rt.block_on(back).map(|_| ())
                 });
                 ns.rt.block_on(ns.ct.set_up(link.index))?;
@@ -258,7 +362,7 @@ impl Attachment for HostDevice {
             Some(_) => Ok(()),
             None => in_container_for_del(args, async |ct_ns, ct| {
                 let host_ns = NetNs::current()?;
-                move_out(ct, ct_ns, &host_ns, &args.ifname)
+                move_out(ct, ct_ns, &host_ns, &args.ifname, Some(&conf.selector))
                     .await
                     .map(|_| ())
             }),

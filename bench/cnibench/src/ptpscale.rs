@@ -1,0 +1,173 @@
+//! ptpscale: ptp's ADD and DEL latency on a node holding few pods against
+//! one holding many (issue 20: with 1000 pods at most 1.5x the time with
+//! 10). ptp gives each pod a veth and host routes, no bridge port: any
+//! growth with the pod count is ptp's own (a dump of every link or route
+//! per ADD, say), not the bridge's per-port kernel work. Ours and the
+//! reference (if present) in the same run, each on a node of its own.
+
+use clap::Parser;
+use rcni_bench::{call, pct};
+use rcni_netns::NetNs;
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(about = "ptp ADD/DEL latency with few and with many pods on the node")]
+struct Args {
+    /// Directory with our plugins.
+    #[arg(long, default_value = "target/release")]
+    ours: PathBuf,
+    /// Directory with the reference plugins (skipped if it has no ptp).
+    #[arg(long, default_value = "/usr/lib/cni")]
+    reference: PathBuf,
+    /// Pods on the node for the small measurement.
+    #[arg(long, default_value_t = 10)]
+    few: usize,
+    /// Pods on the node for the large one.
+    #[arg(long, default_value_t = 1000)]
+    many: usize,
+    /// Timed ADD+DEL pairs at each size.
+    #[arg(long, default_value_t = 40)]
+    samples: usize,
+}
+
+struct Node {
+    label: String,
+    plugins: PathBuf,
+    node: NetNs,
+    _state: tempfile::TempDir,
+    conf: Value,
+    pods: Vec<(NetNs, String)>,
+    n: usize,
+}
+
+impl Node {
+    fn new(label: &str, plugins: &Path) -> Node {
+        let state = tempfile::Builder::new()
+            .prefix("rcni-ptpscale-")
+            .tempdir()
+            .unwrap();
+        let conf = json!({"cniVersion": "1.0.0", "name": "ptpnet", "type": "ptp", "mtu": 1500,
+            "ipam": {"type": "host-local", "dataDir": state.path().join("ipam"),
+                     "ranges": [[{"subnet": "10.92.0.0/16"}]],
+                     "routes": [{"dst": "0.0.0.0/0"}]}});
+        Node {
+            label: label.into(),
+            plugins: plugins.to_path_buf(),
+            node: NetNs::new_anonymous().expect("node namespace"),
+            _state: state,
+            conf,
+            pods: Vec::new(),
+            n: 0,
+        }
+    }
+
+    /// One call: (success, µs).
+    fn cmd(&self, op: &str, cid: &str, pod: &NetNs) -> (bool, f64) {
+        let path = pod.proc_path().display().to_string();
+        let (_, ok, us) = call(
+            &self.node,
+            &self.plugins.join("ptp"),
+            &self.plugins,
+            op,
+            cid,
+            &path,
+            &self.conf,
+        );
+        (ok, us)
+    }
+
+    /// Adds pods (4 at a time) until the node holds `n`.
+    fn fill(&mut self, n: usize) {
+        while self.pods.len() < n {
+            let k = (n - self.pods.len()).min(4);
+            let batch: Vec<(NetNs, String)> = (0..k)
+                .map(|_| {
+                    self.n += 1;
+                    (
+                        NetNs::new_anonymous().expect("pod namespace"),
+                        format!("fill{:05}", self.n),
+                    )
+                })
+                .collect();
+            let me = &*self;
+            std::thread::scope(|s| {
+                for (pod, cid) in &batch {
+                    s.spawn(move || {
+                        assert!(me.cmd("ADD", cid, pod).0, "{}: fill ADD failed", me.label)
+                    });
+                }
+            });
+            self.pods.extend(batch);
+        }
+    }
+
+    /// `samples` ADDs of a new pod, each followed by its DEL: µs of each.
+    fn sample(&mut self, samples: usize) -> (Vec<f64>, Vec<f64>) {
+        let (mut add, mut del) = (Vec::new(), Vec::new());
+        for _ in 0..samples {
+            self.n += 1;
+            let cid = format!("probe{:05}", self.n);
+            let pod = NetNs::new_anonymous().expect("pod namespace");
+            let (ok, us) = self.cmd("ADD", &cid, &pod);
+            assert!(ok, "{}: ADD failed", self.label);
+            add.push(us);
+            let (ok, us) = self.cmd("DEL", &cid, &pod);
+            assert!(ok, "{}: DEL failed", self.label);
+            del.push(us);
+        }
+        (add, del)
+    }
+}
+
+fn raise_fd_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+}
+
+fn main() {
+    let a = Args::parse();
+    raise_fd_limit();
+    let mut setups = vec![("rcni", a.ours.clone())];
+    if a.reference.join("ptp").is_file() {
+        setups.push(("reference", a.reference.clone()));
+    }
+    println!(
+        "ptp + host-local, one node each; {} timed ADD+DEL pairs with {} and with {} pods on the node",
+        a.samples, a.few, a.many
+    );
+    println!(
+        "{:<10} {:>6} {:>10} {:>10} {:>10} {:>10}",
+        "", "pods", "ADD p50", "ADD p90", "DEL p50", "DEL p90"
+    );
+    let mut worst: f64 = 0.0;
+    for (label, dir) in setups {
+        let mut node = Node::new(label, &dir);
+        node.fill(a.few);
+        let (a1, d1) = node.sample(a.samples);
+        node.fill(a.many);
+        let (a2, d2) = node.sample(a.samples);
+        let ms = |v: &[f64], p| pct(v, p) / 1e3;
+        for (pods, add, del) in [(a.few, &a1, &d1), (a.many, &a2, &d2)] {
+            println!(
+                "{label:<10} {pods:>6} {:>8.2}ms {:>8.2}ms {:>8.2}ms {:>8.2}ms",
+                ms(add, 0.5),
+                ms(add, 0.9),
+                ms(del, 0.5),
+                ms(del, 0.9)
+            );
+        }
+        let (ra, rd) = (pct(&a2, 0.5) / pct(&a1, 0.5), pct(&d2, 0.5) / pct(&d1, 0.5));
+        println!(
+            "{label:<10} ratio {} pods / {} pods, p50: ADD {ra:.2}x  DEL {rd:.2}x (target <= 1.5x)",
+            a.many, a.few
+        );
+        if label == "rcni" {
+            worst = ra;
+        }
+        // Dropping the pods' namespaces removes their veths; then the node.
+        drop(node);
+    }
+    std::process::exit(if worst <= 1.5 { 0 } else { 1 });
+}
