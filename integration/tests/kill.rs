@@ -102,12 +102,12 @@ fn plugin_trials(plugin: Plugin, kill: Kill) {
     assert_eq!(r.bad(), 0, "seed {seed}\n{summary}");
 }
 
-/// Known leak, left to policy's owners: a policy ADD killed mid-way
-/// leaves a peer entry (`rcni_pol_peer` {rs 1, identity 1}) that neither
-/// DEL nor GC removes, and with it the network's datapath pinned (about 1
-/// kill in 4 inside policy: `bench/chaos.sh --plugins policy --kill add`).
+/// A policy ADD killed between its map writes and its state's save used to
+/// leave a peer entry (`rcni_pol_peer` {rs 1, identity 1}) that neither DEL
+/// nor GC removed, and with it the network's datapath pinned (about 1 kill
+/// in 4 inside policy): DEL and GC now sweep rule entries the state does
+/// not record.
 #[test]
-#[ignore = "known leak: a killed policy ADD leaves a peer entry (README, Reliability)"]
 fn killed_policy_add() {
     plugin_trials(Plugin::Policy, Kill::Add);
 }

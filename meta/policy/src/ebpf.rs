@@ -314,6 +314,53 @@ pub fn apply(
     Ok(ch)
 }
 
+/// Removes the rule entries (peers, CIDRs, port sets) the maps hold beyond
+/// what `applied_json` records (nothing, for a network without pods): an
+/// ADD killed between its map writes and its state's save leaves entries
+/// no later apply knows of, and with them the network's datapath pinned.
+/// Run under the network's lock, so no ADD is half way. Returns how many
+/// went.
+pub fn sweep_rules(
+    dp: &mut Datapath,
+    applied_json: &serde_json::Value,
+    no_pods: bool,
+) -> Result<usize, CniError> {
+    let mut applied: Applied = serde_json::from_value(applied_json.clone()).unwrap_or_default();
+    if no_pods || applied.prog != dp.program_id().map_err(err)? {
+        applied = Applied::default();
+    }
+    let mut n = 0;
+    for (k, _) in dp.peers().map_err(err)? {
+        let kept = applied
+            .rulesets
+            .get(&k.rs)
+            .is_some_and(|rs| rs.peers.contains_key(&k.identity));
+        if !kept {
+            dp.remove_peer(k.rs, k.identity).map_err(err)?;
+            n += 1;
+        }
+    }
+    let cidrs: Vec<(u32, IpAddr, u8)> = dp
+        .cidrs(None)
+        .map_err(err)?
+        .into_iter()
+        .filter(|(rs, ..)| !applied.rulesets.contains_key(rs))
+        .map(|(rs, a, l, _)| (rs, a, l))
+        .collect();
+    for (rs, a, l) in &cidrs {
+        dp.remove_cidr(*rs, *a, *l).map_err(err)?;
+    }
+    n += cidrs.len();
+    let kept_ps: BTreeSet<u32> = applied.portsets.values().copied().collect();
+    for (id, _) in dp.portsets().map_err(err)? {
+        if !kept_ps.contains(&id) {
+            dp.remove_portset(id).map_err(err)?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// Whether the maps hold what `desired` says for one pod (CHECK).
 pub fn check_pod(dp: &Datapath, pod: &PodRecord, want: &PodPolicy) -> Result<(), CniError> {
     for a in &pod.addrs {

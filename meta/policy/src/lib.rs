@@ -251,7 +251,7 @@ impl Policy {
                 eprintln!("policy: undo: {}", u.msg);
             }
             if backend == Backend::Ebpf {
-                sweep_owner(conf, ebpf::owner(&rec));
+                sweep_owner(conf, attachment(&rec));
             }
             locked.state = undo;
             locked.save()?;
@@ -408,10 +408,41 @@ fn sweep_where(conf: &Conf, doomed: impl Fn(u64) -> bool) -> Result<usize, CniEr
     Ok(n)
 }
 
-fn sweep_owner(conf: &Conf, owner: u64) {
+/// An attachment the state does not know (its ADD killed before the state
+/// was saved): its endpoint entries cleared and its tcx links (pinned by
+/// attachment id) taken off, so nothing of it keeps the network's
+/// datapath in use.
+fn sweep_owner(conf: &Conf, id: AttachmentId) {
+    let owner = id.owner();
     if let Err(e) = sweep_where(conf, |o| o == owner) {
         eprintln!("policy: {}", e.msg);
     }
+    if let Err(e) = rcni_ebpf::detach_policy_links_except(&conf.pin_dir, |l| l != id) {
+        eprintln!("policy: {}", ebpf::err(e).msg);
+    }
+}
+
+/// [`ebpf::sweep_rules`] for a network whose state directory exists (an
+/// ADD got as far as locking it), under its lock; a network never added
+/// to gets nothing made for it.
+fn sweep_rules(conf: &Conf, network: &str, locked: Option<&Locked>) -> Result<(), CniError> {
+    let owned;
+    let locked = match locked {
+        Some(l) => l,
+        None if conf.data_dir.join(network).is_dir() => {
+            owned = Locked::open(&conf.data_dir, network)?;
+            &owned
+        }
+        None => return Ok(()),
+    };
+    if locked.state.backend() != Backend::Ebpf {
+        return Ok(());
+    }
+    let Some(mut dp) = Datapath::open(&conf.pin_dir).map_err(ebpf::err)? else {
+        return Ok(());
+    };
+    let no_pods = locked.state.pods.is_empty();
+    ebpf::sweep_rules(&mut dp, &locked.state.applied, no_pods).map(|_| ())
 }
 
 impl Plugin for Policy {
@@ -434,17 +465,20 @@ impl Plugin for Policy {
         let conf = Conf::load(args)?;
         let network = &args.conf.name;
         let key = PodRecord::key(&args.container_id, &args.ifname);
-        let owner = AttachmentId::new(&args.container_id, &args.ifname).owner();
+        let id = AttachmentId::new(&args.container_id, &args.ifname);
         if let Some(mut locked) = Locked::existing(&conf.data_dir, network)? {
             if locked.state.pods.contains_key(&key) {
                 self.remove(&conf, network, &mut locked, &[key])?;
             } else if locked.state.backend() == Backend::Ebpf {
                 // Entries of an attachment the state lost track of (a
                 // crash between writes); a known pod's went with it above.
-                sweep_owner(&conf, owner);
+                sweep_owner(&conf, id);
+                sweep_rules(&conf, network, Some(&locked))?;
             }
         } else {
-            sweep_owner(&conf, owner);
+            sweep_owner(&conf, id);
+            // The network's first ADD killed before its state was saved.
+            sweep_rules(&conf, network, None)?;
         }
         Ok(())
     }
@@ -491,7 +525,8 @@ impl Plugin for Policy {
             .collect();
         let mut errors = Vec::new();
         let mut nft_network = false;
-        if let Some(mut locked) = Locked::existing(&conf.data_dir, network)? {
+        let mut locked = Locked::existing(&conf.data_dir, network)?;
+        if let Some(locked) = &mut locked {
             nft_network = locked.state.backend.as_deref() == Some("nftables");
             let stale: Vec<String> = locked
                 .state
@@ -501,7 +536,7 @@ impl Plugin for Policy {
                 .map(|(k, _)| k.clone())
                 .collect();
             if !stale.is_empty()
-                && let Err(e) = self.remove(&conf, network, &mut locked, &stale)
+                && let Err(e) = self.remove(&conf, network, locked, &stale)
             {
                 errors.push(e);
             }
@@ -510,6 +545,9 @@ impl Plugin for Policy {
             // Nothing of the eBPF backend to sweep.
         } else {
             if let Err(e) = sweep_where(&conf, |o| !owners.contains(&o)) {
+                errors.push(e);
+            }
+            if let Err(e) = sweep_rules(&conf, network, locked.as_ref()) {
                 errors.push(e);
             }
             match rcni_ebpf::detach_policy_links_except(&conf.pin_dir, |id| {
