@@ -33,7 +33,7 @@ pub use attach::{
     tcx_programs,
 };
 pub use error::{AyaError, Error, Result};
-pub use load::{Datapath, remove_network};
+pub use load::{Datapath, entry_keys_under, remove_network};
 pub use remote::{detach_net, net_links};
 pub use types::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NORMAL_PATH, EP_POLICY, Endpoint,

@@ -366,3 +366,42 @@ where
 {
     T::try_from(m).map_err(|e| Error::aya(format!("map {name}"), e))
 }
+
+/// The keys of every map entry of the datapaths pinned in the directories
+/// under `pins` (one per network), as "<network> <map> <key>" lines: what
+/// leak checks compare before and after. Runs in the caller's namespace.
+pub fn entry_keys_under(pins: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let rd = match std::fs::read_dir(pins) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io(format!("read {}", pins.display()), e)),
+    };
+    for e in rd.flatten() {
+        let dir = e.path();
+        if !dir.is_dir() {
+            continue;
+        }
+        let Some(dp) = Datapath::open(&dir)? else {
+            continue;
+        };
+        let net = e.file_name().to_string_lossy().into_owned();
+        let mut add = |map: &str, key: String| out.push(format!("{net} {map} {key}"));
+        for (k, _) in dp.endpoints()? {
+            add("endpoint", format!("{k:?}"));
+        }
+        for c in dp.cidrs(None)? {
+            add("cidr", format!("{c:?}"));
+        }
+        for (k, _) in dp.peers()? {
+            add("peer", format!("{k:?}"));
+        }
+        for (k, _) in dp.portsets()? {
+            add("portset", k.to_string());
+        }
+        for (k, _) in dp.ct_entries()? {
+            add("ct", format!("{k:?}"));
+        }
+    }
+    Ok(out)
+}

@@ -49,40 +49,13 @@ fn killed_chain_add_leaves_nothing_iptables() {
     kill_trials(Setup::Chain(Backend::Iptables), 15);
 }
 
-/// The keys of the BPF maps under a bpffs, per network directory.
+/// The keys of the BPF map entries under a bpffs (rcni_ebpf::entry_keys_under,
+/// inside the node's namespace).
 fn bpf_entries(node: &NetNs, pins: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(pins).into_iter().flatten().flatten() {
-        let dir = e.path();
-        if !dir.is_dir() {
-            continue;
-        }
-        let net = e.file_name().to_string_lossy().into_owned();
-        let d = dir.clone();
-        let Some(dp) = node
-            .run(move || rcni_ebpf::Datapath::open(&d))
-            .unwrap()
-            .unwrap_or_else(|e| panic!("open the datapath in {}: {e}", dir.display()))
-        else {
-            continue;
-        };
-        for (k, _) in dp.endpoints().unwrap() {
-            out.push(format!("{net} endpoint {k:?}"));
-        }
-        for c in dp.cidrs(None).unwrap() {
-            out.push(format!("{net} cidr {c:?}"));
-        }
-        for (k, _) in dp.peers().unwrap() {
-            out.push(format!("{net} peer {k:?}"));
-        }
-        for (k, _) in dp.portsets().unwrap() {
-            out.push(format!("{net} portset {k}"));
-        }
-        for (k, _) in dp.ct_entries().unwrap() {
-            out.push(format!("{net} ct {k:?}"));
-        }
-    }
-    out
+    let p = pins.to_path_buf();
+    node.run(move || rcni_ebpf::entry_keys_under(&p))
+        .expect("enter the node namespace")
+        .unwrap_or_else(|e| panic!("list the BPF entries under {}: {e}", pins.display()))
 }
 
 /// A few kills of `kill` while `plugin` runs in its full chain.

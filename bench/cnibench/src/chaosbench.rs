@@ -52,56 +52,13 @@ struct Args {
     libcni: Option<PathBuf>,
 }
 
-/// The BPF map entries under a bpffs: per network directory, the keys of
-/// endpoints, CIDRs, peers, port sets and connection tracking.
+/// The keys of the BPF map entries under a bpffs (rcni_ebpf::entry_keys_under,
+/// inside the node's namespace).
 fn bpf_entries(node: &NetNs, pins: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(pins).into_iter().flatten().flatten() {
-        let dir = e.path();
-        if !dir.is_dir() {
-            continue;
-        }
-        let net = e.file_name().to_string_lossy().into_owned();
-        let d = dir.clone();
-        let dp = node
-            .run(move || rcni_ebpf::Datapath::open(&d))
-            .expect("enter the node namespace")
-            .unwrap_or_else(|e| panic!("open the datapath in {}: {e}", dir.display()));
-        let Some(dp) = dp else { continue };
-        let list = |what: &str, r: Result<Vec<String>, rcni_ebpf::Error>| {
-            r.unwrap_or_else(|e| panic!("list {what} of {net}: {e}"))
-                .into_iter()
-                .map(|k| format!("{net} {what} {k}"))
-                .collect::<Vec<_>>()
-        };
-        let keys = |v: Vec<String>| Ok::<_, rcni_ebpf::Error>(v);
-        out.extend(list(
-            "endpoint",
-            dp.endpoints()
-                .and_then(|v| keys(v.iter().map(|(k, _)| format!("{k:?}")).collect())),
-        ));
-        out.extend(list(
-            "cidr",
-            dp.cidrs(None)
-                .and_then(|v| keys(v.iter().map(|c| format!("{c:?}")).collect())),
-        ));
-        out.extend(list(
-            "peer",
-            dp.peers()
-                .and_then(|v| keys(v.iter().map(|(k, _)| format!("{k:?}")).collect())),
-        ));
-        out.extend(list(
-            "portset",
-            dp.portsets()
-                .and_then(|v| keys(v.iter().map(|(k, _)| format!("{k}")).collect())),
-        ));
-        out.extend(list(
-            "ct",
-            dp.ct_entries()
-                .and_then(|v| keys(v.iter().map(|(k, _)| format!("{k:?}")).collect())),
-        ));
-    }
-    out
+    let p = pins.to_path_buf();
+    node.run(move || rcni_ebpf::entry_keys_under(&p))
+        .expect("enter the node namespace")
+        .unwrap_or_else(|e| panic!("list the BPF entries under {}: {e}", pins.display()))
 }
 
 /// A plugin run's line of the final table: plugin, command killed, trials,
