@@ -19,25 +19,6 @@ fn fds(pid: u32) -> usize {
         .count()
 }
 
-/// `comm(pid)` of the processes in the network namespaces `inodes`.
-fn processes_in(inodes: &[u64]) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(m) = std::fs::metadata(format!("/proc/{pid}/ns/net")) else {
-            continue;
-        };
-        if inodes.contains(&m.ino()) {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            out.push(format!("{}({pid})", comm.trim()));
-        }
-    }
-    out.sort();
-    out
-}
-
 #[test]
 fn full_chain_cycles_leave_nothing_and_the_daemon_stays_flat() {
     const CYCLES: usize = 80;
@@ -51,12 +32,12 @@ fn full_chain_cycles_leave_nothing_and_the_daemon_stays_flat() {
     // Detached helpers of the calibration's last commands finish first.
     let settle = || {
         for _ in 0..50 {
-            if processes_in(&inodes).len() <= 1 {
+            if rcni_testkit::processes_in(&inodes).len() <= 1 {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        processes_in(&inodes)
+        rcni_testkit::processes_in(&inodes)
     };
     let procs_start = settle();
     let fds_start = fds(daemon);

@@ -130,26 +130,6 @@ fn usage(pid: u32) -> (u64, usize) {
     (rss, fds)
 }
 
-/// The processes whose network namespace is one of `inodes`, as
-/// `name(pid)`.
-fn processes_in(inodes: &BTreeSet<u64>) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(m) = std::fs::metadata(format!("/proc/{pid}/ns/net")) else {
-            continue;
-        };
-        if inodes.contains(&m.ino()) {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            out.push(format!("{}({pid})", comm.trim()));
-        }
-    }
-    out.sort();
-    out
-}
-
 fn main() {
     let a = Args::parse();
     // Its bpffs mounts must not outlive a run killed by a signal.
@@ -176,7 +156,7 @@ fn main() {
     let report = |label: &str, full_list: bool| {
         let (drss, dfd) = usage(daemon);
         let (arss, afd) = usage(agent_pid);
-        let procs = processes_in(&inodes);
+        let procs = rcni_testkit::processes_in(&inodes.iter().copied().collect::<Vec<_>>());
         let shown = if full_list {
             procs.join(" ")
         } else {

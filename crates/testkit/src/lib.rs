@@ -751,6 +751,27 @@ pub fn reservations(net_dir: &Path) -> Vec<String> {
     v
 }
 
+/// `comm(pid)` of every process in the network namespaces whose inode
+/// numbers are `inodes`, sorted: what a soak counts at its start and end.
+pub fn processes_in(inodes: &[u64]) -> Vec<String> {
+    use std::os::unix::fs::MetadataExt;
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(m) = std::fs::metadata(format!("/proc/{pid}/ns/net")) else {
+            continue;
+        };
+        if inodes.contains(&m.ino()) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            out.push(format!("{}({pid})", comm.trim()));
+        }
+    }
+    out.sort();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
