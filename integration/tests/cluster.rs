@@ -194,6 +194,30 @@ impl Probe for ClusterNode {
     }
 }
 
+/// A TCP connection from `client` to an echo server in `server` on `addr`:
+/// a stream whose life the tests follow across agent runs.
+fn echo_stream(client: &NetNs, server: &NetNs, addr: &str) -> std::net::TcpStream {
+    let dst = rcni_testkit::tcp_server(server, addr.parse().unwrap(), |mut s| {
+        let mut b = [0u8; 64];
+        while let Ok(n) = s.read(&mut b) {
+            if n == 0 || s.write_all(&b[..n]).is_err() {
+                return;
+            }
+        }
+    });
+    client
+        .run(move || std::net::TcpStream::connect(dst).unwrap())
+        .unwrap()
+}
+
+/// One round trip on an [`echo_stream`].
+fn echo(s: &mut std::net::TcpStream) {
+    s.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+}
+
 /// `ping -M do -s <size>` once: (success, output).
 fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
     let out = command_in(from, "ping")
@@ -562,25 +586,7 @@ fn the_agent_follows_file_changes_and_sigterm_keeps_the_kernel_state() {
     assert!(ping(&p1.ns, &a2));
 
     // A long-lived connection from a pod on n1 to one on n2.
-    let server = rcni_testkit::tcp_server(&p2.ns, a2.parse().unwrap(), |mut s| {
-        let mut b = [0u8; 64];
-        while let Ok(n) = s.read(&mut b) {
-            if n == 0 || s.write_all(&b[..n]).is_err() {
-                return;
-            }
-        }
-    });
-    let dst: std::net::SocketAddr = format!("{a2}:{}", server.port()).parse().unwrap();
-    let mut stream = p1
-        .ns
-        .run(move || std::net::TcpStream::connect(dst).unwrap())
-        .unwrap();
-    let echo = |s: &mut std::net::TcpStream| {
-        s.write_all(b"ping").unwrap();
-        let mut b = [0u8; 4];
-        s.read_exact(&mut b).unwrap();
-        assert_eq!(&b, b"ping");
-    };
+    let mut stream = echo_stream(&p1.ns, &p2.ns, &a2);
     echo(&mut stream);
 
     // n3 joins: the running agent picks it up.
@@ -1678,24 +1684,7 @@ fn ebpf_forwarding(backend: &str, devs: &[&str], hops: &[&str]) {
     // A connection across the nodes lives through an agent's run and
     // SIGTERM, and another agent changes nothing: nothing is flushed, the
     // fast path keeps carrying it.
-    let server = rcni_testkit::tcp_server(&p2.ns, a2.parse().unwrap(), |mut s| {
-        let mut b = [0u8; 64];
-        while let Ok(n) = s.read(&mut b) {
-            if n == 0 || s.write_all(&b[..n]).is_err() {
-                return;
-            }
-        }
-    });
-    let mut stream = p1
-        .ns
-        .run(move || std::net::TcpStream::connect(server).unwrap())
-        .unwrap();
-    let echo = |s: &mut std::net::TcpStream| {
-        s.write_all(b"ping").unwrap();
-        let mut b = [0u8; 4];
-        s.read_exact(&mut b).unwrap();
-        assert_eq!(&b, b"ping");
-    };
+    let mut stream = echo_stream(&p1.ns, &p2.ns, &a2);
     echo(&mut stream);
     let map = n1.remote_map();
     let mut agent = n1.agent(&c.file).stderr(Stdio::piped()).spawn().unwrap();
