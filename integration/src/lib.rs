@@ -526,3 +526,22 @@ esac
     std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     (dir, log)
 }
+
+/// `fastpath SUB --json --pin-root PIN_ROOT` run in `ns`: its rows.
+pub fn fastpath_json(ns: &NetNs, pin_root: &std::path::Path, sub: &str) -> Vec<Value> {
+    let out = rcni_testkit::command_in(ns, rcni_testkit::bin("fastpath"))
+        .args([sub, "--json", "--pin-root"])
+        .arg(pin_root)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "fastpath {sub}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}

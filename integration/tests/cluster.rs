@@ -44,21 +44,7 @@ trait Probe {
 impl Probe for ClusterNode {
     /// `fastpath <sub> --json` on this node's pin root.
     fn fastpath_json(&self, sub: &str) -> Vec<Value> {
-        let out = command_in(&self.ns.ns, bin("fastpath"))
-            .args([sub, "--json", "--pin-root"])
-            .arg(self.bpffs.path())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "fastpath {sub}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Value>(&out.stdout)
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .clone()
+        rcni_integration::fastpath_json(&self.ns.ns, self.bpffs.path(), sub)
     }
 
     /// A verdict counter of the node's datapath (by its name).

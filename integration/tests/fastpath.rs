@@ -115,18 +115,7 @@ fn output_in(ns: &NetNs, prog: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> st
 
 /// `fastpath SUB --json` run in the node namespace: its rows.
 fn fastpath_json(node: &Node, fs: &Bpffs, sub: &str) -> Vec<Value> {
-    let args = [sub, "--json", "--pin-root", &fs.root()];
-    let out = output_in(&node.ns.ns, bin("fastpath"), &args);
-    assert!(
-        out.status.success(),
-        "fastpath {sub}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice::<Value>(&out.stdout)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .clone()
+    rcni_integration::fastpath_json(&node.ns.ns, fs.path(), sub)
 }
 
 /// `fastpath list --json` run in the node namespace.
