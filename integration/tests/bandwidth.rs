@@ -210,3 +210,32 @@ fn validation_versions_and_pass_through() {
     assert_eq!(v["supportedVersions"][0], "0.3.0");
     br_only.del_pod(&lan, &pod, "pod-v", &br);
 }
+
+/// A runtime whose ADD was killed has no result to pass to DEL. The
+/// egress redirect must still go before the IFB it points at: left behind,
+/// the kernel's mirred drops everything the pod sends until its veth is
+/// deleted, a dhcp IPAM's DHCPRELEASE later in the same DEL included (how
+/// dnsmasq kept leases of killed pods).
+#[test]
+fn del_without_a_cached_result_leaves_the_pods_egress_working() {
+    let lan = Lan::new();
+    let limits = json!({"ingressRate": 8 * MBIT, "ingressBurst": 80_000,
+                        "egressRate": 4 * MBIT, "egressBurst": 40_000});
+    let c = chain(&lan, "1.0.0", limits);
+    let pod = TestNs::new();
+    let r = c.add(&lan, &pod.path(), "pod-k", "eth0");
+    let (veth, ifb) = (host_veth(&r), super_ifb(&r));
+    assert!(rcni_testkit::ping(&pod.ns, CLIENT_V4));
+    let no_result = c.stdin(1, None);
+    assert_success(&lan.run(&bin("bandwidth"), "DEL", &pod, "pod-k", &no_result));
+    assert!(!node_links(&lan).contains(&ifb));
+    let q = qdiscs(&lan, &veth);
+    assert!(!q.contains("tbf") && !q.contains("ingress"), "{q}");
+    assert!(
+        rcni_testkit::ping(&pod.ns, CLIENT_V4),
+        "the pod's packets went to the deleted {ifb}"
+    );
+    // Again, with nothing left to remove.
+    assert_success(&lan.run(&bin("bandwidth"), "DEL", &pod, "pod-k", &no_result));
+    c.only(0).del_pod(&lan, &pod, "pod-k", &r);
+}

@@ -112,6 +112,21 @@ async fn host_veth(
     prev: &CniResult,
     ifname: &str,
 ) -> Result<Link, CniError> {
+    let link = veth_peer(host, container, ifname).await?;
+    if !prev
+        .interfaces
+        .iter()
+        .any(|i| i.sandbox.is_empty() && i.name == link.name)
+    {
+        return Err(CniError::config(
+            "no veth peer of container interface found in host ns",
+        ));
+    }
+    Ok(link)
+}
+
+/// The host end of the container's veth `ifname`.
+async fn veth_peer(host: &Netlink, container: &Netlink, ifname: &str) -> Result<Link, CniError> {
     let ct = container.link_by_name(ifname).await?;
     let peer = match (ct.kind.as_deref(), ct.link) {
         (Some("veth"), Some(p)) => p,
@@ -125,15 +140,6 @@ async fn host_veth(
         .link_by_index(peer)
         .await
         .map_err(|_| CniError::config(format!("veth peer with index {peer} is not in host ns")))?;
-    if !prev
-        .interfaces
-        .iter()
-        .any(|i| i.sandbox.is_empty() && i.name == link.name)
-    {
-        return Err(CniError::config(
-            "no veth peer of container interface found in host ns",
-        ));
-    }
     Ok(link)
 }
 
@@ -257,19 +263,32 @@ impl Plugin for Bandwidth {
         Ok(prev)
     }
 
-    /// Deletes the IFB, and the qdiscs of the host veth when it is still
-    /// there; missing ones are success.
+    /// Deletes the qdiscs of the host veth when it is still there, then the
+    /// IFB; missing ones are success.
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
-        let _ = limits(args)?;
+        let bw = limits(args)?;
         let host_ns = NetNs::current()?;
         let rt = rcni_netlink::runtime()?;
         let host = rt.block_on(Netlink::connect(&host_ns))?;
         let name = ifb_name(&args.conf.name, &args.container_id);
-        rt.block_on(host.ensure_link_deleted(&name))?;
-        if let (Ok(Some(prev)), Ok(ct_ns)) = (args.conf.prev_result(), open_container(args)) {
+        // The redirect goes before the IFB: while it points at a deleted
+        // IFB, the kernel's mirred action drops whatever the pod sends, so
+        // a dhcp IPAM's DHCPRELEASE later in this DEL would never reach its
+        // server. A runtime whose ADD was killed has no cached result to
+        // give: the attachment's veth is then the peer of the container's
+        // interface, cleaned when this plugin shaped it (the IFB is there)
+        // or is configured to.
+        let prev = args.conf.prev_result().ok().flatten();
+        let ours = prev.is_some()
+            || bw.is_some_and(|b| b.ingress_rate > 0 || b.egress_rate > 0)
+            || matches!(rt.block_on(host.find_link(&name)), Ok(Some(_)));
+        if ours && let Ok(ct_ns) = open_container(args) {
             let _ = rt.block_on(async {
                 let ct = Netlink::connect(&ct_ns).await?;
-                let veth = host_veth(&host, &ct, &prev, &args.ifname).await?;
+                let veth = match &prev {
+                    Some(prev) => host_veth(&host, &ct, prev, &args.ifname).await?,
+                    None => veth_peer(&host, &ct, &args.ifname).await?,
+                };
                 host.del_qdisc(veth.index, 0xffff_ffff, TBF_HANDLE).await?;
                 // A clsact qdisc holds other plugins' filters: only ours goes.
                 if has_clsact(&host, veth.index).await? {
@@ -281,6 +300,7 @@ impl Plugin for Bandwidth {
                 Ok::<_, CniError>(())
             });
         }
+        rt.block_on(host.ensure_link_deleted(&name))?;
         Ok(())
     }
 
