@@ -545,3 +545,63 @@ pub fn fastpath_json(ns: &NetNs, pin_root: &std::path::Path, sub: &str) -> Vec<V
         .unwrap()
         .clone()
 }
+
+/// A plugin of a link on a lower device (vlan, macvlan, ipvlan) with
+/// host-local, master `m1` of a [`Node::wired`] node and `extra` keys, its
+/// ADD and its DEL killed on entry to each of their lasting system calls
+/// in turn (`killpoints`: every moment a runtime could kill them, the IPAM
+/// child's included), each followed by the runtime's DEL without a cached
+/// result: the node keeps exactly its links, the container holds only lo,
+/// no address stays reserved.
+pub fn lower_killed_at_every_point(plugin: &str, extra: Value) {
+    use rcni_testkit::killpoints::{Ending, at_every_point};
+    let node = Node::new().wired();
+    let pod = TestNs::new();
+    let c = merged(
+        json!({"cniVersion": "1.0.0", "name": "podnet", "type": plugin, "master": "m1",
+            "ipam": {"type": "host-local", "dataDir": node.data.path(),
+                     "ranges": [[{"subnet": "10.60.7.0/24"}]]}}),
+        extra,
+    );
+    let call = |cmd: &str| {
+        Call::new(bin(plugin), cmd)
+            .env("CNI_PATH", &node.cni_path)
+            .env("CNI_CONTAINERID", "lk")
+            .netns(&pod.path())
+            .stdin(&c)
+    };
+    let node_links = link_names(&node.ns.ns);
+    let settled = |k: u32, ending: &Ending, what: &str| {
+        let out = call("DEL").run_in(&node.ns.ns);
+        let at = format!("{plugin} {what} killed at {k} ({ending:?})");
+        assert_eq!(
+            out.code, 0,
+            "{at}: DEL failed: {} {}",
+            out.stdout, out.stderr
+        );
+        assert_eq!(
+            link_names(&node.ns.ns),
+            node_links,
+            "{at}: the node's links"
+        );
+        assert_eq!(link_names(&pod.ns), ["lo"], "{at}: the container's links");
+        let left = node.reservations();
+        assert!(left.is_empty(), "{at}: reserved {left:?}");
+    };
+    let add_points = at_every_point(
+        || call("ADD").command_in(&node.ns.ns),
+        400,
+        |k, ending| settled(k, ending, "ADD"),
+    );
+    let del_points = at_every_point(
+        || {
+            let out = call("ADD").run_in(&node.ns.ns);
+            assert_eq!(out.code, 0, "ADD failed: {} {}", out.stdout, out.stderr);
+            call("DEL").command_in(&node.ns.ns)
+        },
+        400,
+        |k, ending| settled(k, ending, "DEL"),
+    );
+    eprintln!("{plugin}: {add_points} ADD and {del_points} DEL kill points");
+    assert!(add_points > 3 && del_points > 3);
+}

@@ -194,3 +194,14 @@ fn host_device_killed_at_every_point_comes_back() {
     eprintln!("host-device: {add_points} ADD and {del_points} DEL kill points");
     assert!(add_points > 3 && del_points > 3);
 }
+
+/// macvlan + host-local killed at every point of ADD and of DEL, then DEL:
+/// nothing left. Its pod link is made as vlan's and ipvlan's
+/// (`create_lower_link`: a temporary name, then the rename in the
+/// container); vlan's own run is in vm_vlan (802.1q). Before the temporary
+/// name was derived from the attachment, a kill before the rename left the
+/// link in the container where DEL could not find it.
+#[test]
+fn macvlan_killed_at_every_point_leaves_nothing() {
+    rcni_integration::lower_killed_at_every_point("macvlan", serde_json::json!({}));
+}

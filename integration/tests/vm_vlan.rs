@@ -239,3 +239,12 @@ fn same_result_and_state_as_the_reference() {
         assert_eq!(seen[0].1, seen[1].1, "{v}: kernel state");
     }
 }
+
+/// vlan + host-local killed at every point of ADD and of DEL, then DEL:
+/// nothing left (see `lower_killed_at_every_point`). An ADD killed between
+/// the link's creation and its rename left it in the container under a
+/// random temporary name no DEL could find.
+#[test]
+fn killed_at_every_point_leaves_nothing() {
+    rcni_integration::lower_killed_at_every_point("vlan", json!({"vlanId": 70}));
+}

@@ -280,11 +280,14 @@ pub fn random_veth_name() -> String {
     format!("veth{:02x}{:02x}{:02x}{:02x}", m[2], m[3], m[4], m[5])
 }
 
-/// A temporary name for a link created outside the container and renamed
-/// there (vlan, macvlan, ipvlan, host-device): the final name could clash on the way.
-pub fn random_temp_name() -> String {
-    let m = MacAddr::random_local().0;
-    format!("tmp{:02x}{:02x}{:02x}{:02x}", m[2], m[3], m[4], m[5])
+/// The temporary name of a pod's link (vlan, macvlan, ipvlan) until it is
+/// renamed `ifname` in the container: created from the node's namespace,
+/// the final name would be looked up there too (the kernel's RTM_NEWLINK
+/// finds an existing link by name in the sender's namespace before it
+/// creates one in the target). Derived from the attachment, not random,
+/// so that a DEL after an ADD killed before the rename finds the link.
+pub fn temp_name(container_id: &str, ifname: &str) -> String {
+    rcni_netfilter::hash_with_prefix(15, "tmp", &format!("{container_id}/{ifname}"))
 }
 
 /// The spec: ADD fails when CNI_IFNAME already exists in the container.
@@ -552,8 +555,12 @@ mod tests {
         assert_eq!(v.len(), 12);
         assert!(v.starts_with("veth"));
         assert!(v[4..].bytes().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(random_temp_name(), random_temp_name());
-        assert!(random_temp_name().len() <= 15);
+        let t = temp_name("c1", "eth0");
+        assert_eq!(t, temp_name("c1", "eth0"));
+        assert_ne!(t, temp_name("c1", "eth1"));
+        assert_ne!(t, temp_name("c2", "eth0"));
+        assert_eq!(t.len(), 15);
+        assert!(t.starts_with("tmp") && t[3..].bytes().all(|c| c.is_ascii_hexdigit()));
     }
 
     #[test]

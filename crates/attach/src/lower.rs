@@ -6,8 +6,8 @@
 
 use crate::{
     Dad, Namespaces, check, configure_iface, delete_container_link, ensure_ifname_free, finish_add,
-    in_container_for_del, interface, ipam_config, random_temp_name, sandbox, start_ipam_del,
-    undo_link, wait_ipam,
+    in_container_for_del, interface, ipam_config, sandbox, start_ipam_del, temp_name, undo_link,
+    wait_ipam,
 };
 use rcni_cni::first_error;
 use rcni_cni::invoke::PendingAdd;
@@ -143,8 +143,11 @@ pub fn create_lower_link<'a>(
     undo: &mut Rollback<'a>,
     create: impl AsyncFnOnce(&'a Netlink, &str, Option<&'a NetNs>) -> rcni_netlink::Result<()>,
 ) -> Result<Link, CniError> {
-    let tmp = random_temp_name();
+    let tmp = temp_name(&args.container_id, &args.ifname);
     let link = ns.rt.block_on(async {
+        // An earlier ADD of this attachment killed before its rename, and
+        // no DEL since.
+        ns.ct.ensure_link_deleted(&tmp).await?;
         let (nl, target) = if in_container {
             (&ns.ct, None)
         } else {
@@ -280,6 +283,10 @@ pub fn check_mode<M: PartialEq + std::fmt::Display>(
 pub fn del_lower(args: &CmdArgs, ipam: Option<&str>) -> Result<(), CniError> {
     let pending = start_ipam_del(ipam, args);
     let link = in_container_for_del(args, async |_, ct| {
+        // An ADD killed between the link's creation and its rename left it
+        // under its temporary name.
+        ct.ensure_link_deleted(&temp_name(&args.container_id, &args.ifname))
+            .await?;
         delete_container_link(ct, &args.ifname).await.map(|_| ())
     });
     first_error([wait_ipam(pending), link])
