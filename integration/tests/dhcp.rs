@@ -421,6 +421,38 @@ fn bridge_chained_conflist() {
     lab.assert_released(&got, "bridge DEL released the lease on the server");
 }
 
+/// The runtime's DEL after an ADD killed late in a chain with bandwidth
+/// (no cached result, so no prevResult): bandwidth's DEL removes the veth's
+/// egress redirect, not only its IFB, before the bridge's DEL releases the
+/// lease through that veth. A redirect to the deleted IFB dropped the
+/// DHCPRELEASE, and dnsmasq kept the lease (2 in 1000 killed ADDs).
+#[test]
+fn del_after_a_killed_add_releases_the_lease_past_bandwidth() {
+    let list = conflist("60-bridge-dhcp.conflist");
+    let bridge = list["plugins"][0]["bridge"].as_str().unwrap();
+    let lab = Lab::serving_on(bridge, &["--dhcp-option=option:router,10.77.0.1"]);
+    let conf = lab.first_plugin_conf(&list);
+    let bw = json!({"cniVersion": conf["cniVersion"], "name": conf["name"], "type": "bandwidth",
+                    "egressRate": 8_000_000, "egressBurst": 80_000});
+    let pod = TestNs::new();
+    let call = |plugin: &str, cmd: &str, stdin: &Value| {
+        Call::new(bin(plugin), cmd)
+            .env("CNI_CONTAINERID", "bw1")
+            .netns(&pod.path())
+            .stdin(stdin)
+            .run_in(&lab.node.ns)
+    };
+    let result = call("bridge", "ADD", &conf).ok();
+    let got = addr_ip(&result);
+    let mut chained = bw.clone();
+    chained["prevResult"] = result.clone();
+    call("bandwidth", "ADD", &chained).ok();
+    assert!(lab.lease_of(&got).is_some(), "{}", lab.logs());
+    call("bandwidth", "DEL", &bw).ok();
+    call("bridge", "DEL", &conf).ok();
+    lab.assert_released(&got, "the chain's DEL without a cached result");
+}
+
 /// A server that no longer grants the address answers the renewal with a
 /// DHCPNAK: the lease ends at once, the interface goes down (as the
 /// reference does at expiry), CHECK and ADD say so, DEL clears it.
