@@ -93,8 +93,12 @@ impl Record {
     }
 
     /// Removes the record (or the status file: both are named by `file_of`); absent is fine.
+    /// So do the temporaries of a writer of this attachment killed before
+    /// its rename (no other command of the attachment runs meanwhile:
+    /// spec, "Concurrency"; GC's sweep of the directory waits for an age).
     pub fn remove(dir: &Path, container_id: &str, ifname: &str) -> Result<(), CniError> {
         let path = file_of(dir, container_id, ifname);
+        rcni_statefile::sweep_of(&path).map_err(|e| io_err("sweep", &path, e))?;
         match std::fs::remove_file(&path) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", &path, e)),
             _ => Ok(()),
@@ -171,4 +175,25 @@ pub fn write_status(
     let path = file_of(dir, container_id, ifname);
     let data = serde_json::to_vec_pretty(status).map_err(|e| CniError::internal(e.to_string()))?;
     rcni_statefile::write_replace(&path, &data, 0o644).map_err(|e| io_err("write", &path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DEL's removal of an attachment's record also removes what a writer
+    /// of that record killed before its rename left, and nothing of
+    /// another attachment's.
+    #[test]
+    fn remove_takes_a_killed_writers_temporary() {
+        let d = tempfile::tempdir().unwrap();
+        let killed = rcni_statefile::tmp_path(&file_of(d.path(), "c1", "eth0"));
+        let other = rcni_statefile::tmp_path(&file_of(d.path(), "c2", "eth0"));
+        std::fs::write(&killed, b"{").unwrap();
+        std::fs::write(&other, b"{").unwrap();
+        Record::remove(d.path(), "c1", "eth0").unwrap();
+        assert!(!killed.exists());
+        assert!(other.exists());
+        Record::remove(d.path(), "c1", "eth0").unwrap();
+    }
 }

@@ -125,6 +125,10 @@ impl Locked {
             .map_err(|e| io_err(lock_path.display(), e))?;
         let lock = Flock::lock(f, FlockArg::LockExclusive)
             .map_err(|(_, e)| io_err(format!("lock {}", lock_path.display()), e))?;
+        // A writer killed before its rename left a temporary; every writer
+        // holds this lock, so none is in use. Swept here, not only at the
+        // next save: a DEL or GC with nothing to change saves nothing.
+        rcni_statefile::sweep(&dir, None).map_err(|e| io_err(dir.display(), e))?;
         let path = dir.join("state.json");
         let state = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).map_err(|e| {
@@ -156,11 +160,9 @@ impl Locked {
     }
 
     /// Writes the state (atomically: a kill leaves the old or the new);
-    /// a network left without pods loses its state file. Temporaries a
-    /// killed writer left are swept here: every writer holds the lock.
+    /// a network left without pods loses its state file.
     pub fn save(&mut self) -> Result<(), CniError> {
         let path = self.dir.join("state.json");
-        rcni_statefile::sweep(&self.dir, None).map_err(|e| io_err(self.dir.display(), e))?;
         if self.state.pods.is_empty() {
             // `state.json.tmp`: the temporary of earlier versions.
             for f in [path, self.dir.join("state.json.tmp")] {
@@ -209,13 +211,14 @@ mod tests {
             l.save().unwrap();
         }
         // A writer killed before its rename left a temporary: never read,
-        // swept by the next save (every writer holds the lock).
+        // swept by the next command to take the lock (every writer holds
+        // it), even one that saves nothing.
         let killed = rcni_statefile::tmp_path(&d.path().join("net/state.json"));
         std::fs::write(&killed, b"{\"pods\":").unwrap();
         let mut l = Locked::existing(d.path(), "net").unwrap().unwrap();
         assert_eq!(l.state.pods.len(), 1);
-        l.save().unwrap();
         assert!(!killed.exists());
+        l.save().unwrap();
         assert_eq!(l.state.backend.as_deref(), Some("ebpf"));
         l.state.pods.clear();
         l.save().unwrap();
