@@ -4,6 +4,8 @@
 //! growth with the pod count is ptp's own (a dump of every link or route
 //! per ADD, say), not the bridge's per-port kernel work. Ours and the
 //! reference (if present) in the same run, each on a node of its own.
+//! The "kernel" rows time the kernel work alone on our node, at both sizes
+//! (see `floor`): what no ptp can avoid.
 
 use clap::Parser;
 use rcni_bench::{call, pct};
@@ -120,6 +122,51 @@ impl Node {
     }
 }
 
+/// The kernel's part alone, the floor of any ptp: `samples` times, a veth
+/// made from a new pod's namespace with its peer in the node, both ends up,
+/// the pod's address and the node's host route to it (no plugin, no
+/// process, no IPAM, no sysctl), then the pod's end deleted: µs of each.
+fn floor(node: &NetNs, samples: usize, first: usize) -> (Vec<f64>, Vec<f64>) {
+    use rcni_netlink::{Netlink, Route};
+    let rt = rcni_netlink::runtime().unwrap();
+    let (mut add, mut del) = (Vec::new(), Vec::new());
+    for i in 0..samples {
+        let k = first + i;
+        let pod = NetNs::new_anonymous().expect("pod namespace");
+        let addr: ipnetwork::IpNetwork = format!("10.93.{}.{}/32", k / 250, k % 250 + 1)
+            .parse()
+            .unwrap();
+        let t = std::time::Instant::now();
+        let eth0 = rt.block_on(async {
+            let (p, n) = (
+                Netlink::connect(&pod).await.unwrap(),
+                Netlink::connect(node).await.unwrap(),
+            );
+            let peer = format!("vfloor{k}");
+            let eth0 = p
+                .create_veth("eth0", &peer, Some(node), Some(1500))
+                .await
+                .unwrap();
+            p.set_up(eth0.index).await.unwrap();
+            p.add_address(eth0.index, addr).await.unwrap();
+            let host = n.link_by_name(&peer).await.unwrap();
+            n.set_up(host.index).await.unwrap();
+            n.add_route(&Route::new(addr).oif(host.index))
+                .await
+                .unwrap();
+            eth0.index
+        });
+        add.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = std::time::Instant::now();
+        rt.block_on(async {
+            let p = Netlink::connect(&pod).await.unwrap();
+            p.delete_link(eth0).await.unwrap();
+        });
+        del.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    (add, del)
+}
+
 fn raise_fd_limit() {
     use nix::sys::resource::{Resource, getrlimit, setrlimit};
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
@@ -146,10 +193,12 @@ fn main() {
         let mut node = Node::new(label, &dir);
         node.fill(a.few);
         let (a1, d1) = node.sample(a.samples);
+        let f1 = (label == "rcni").then(|| floor(&node.node, a.samples, 0));
         node.fill(a.many);
         let (a2, d2) = node.sample(a.samples);
+        let f2 = (label == "rcni").then(|| floor(&node.node, a.samples, a.samples));
         let ms = |v: &[f64], p| pct(v, p) / 1e3;
-        for (pods, add, del) in [(a.few, &a1, &d1), (a.many, &a2, &d2)] {
+        let row = |label: &str, pods: usize, add: &[f64], del: &[f64]| {
             println!(
                 "{label:<10} {pods:>6} {:>8.2}ms {:>8.2}ms {:>8.2}ms {:>8.2}ms",
                 ms(add, 0.5),
@@ -157,12 +206,25 @@ fn main() {
                 ms(del, 0.5),
                 ms(del, 0.9)
             );
+        };
+        let ratio = |label: &str, a1: &[f64], d1: &[f64], a2: &[f64], d2: &[f64]| {
+            let (ra, rd) = (pct(a2, 0.5) / pct(a1, 0.5), pct(d2, 0.5) / pct(d1, 0.5));
+            println!(
+                "{label:<10} ratio {} pods / {} pods, p50: ADD {ra:.2}x  DEL {rd:.2}x (target <= 1.5x); ADD +{:.2} ms",
+                a.many,
+                a.few,
+                ms(a2, 0.5) - ms(a1, 0.5)
+            );
+            ra
+        };
+        row(label, a.few, &a1, &d1);
+        row(label, a.many, &a2, &d2);
+        let ra = ratio(label, &a1, &d1, &a2, &d2);
+        if let (Some((fa1, fd1)), Some((fa2, fd2))) = (&f1, &f2) {
+            row("kernel", a.few, fa1, fd1);
+            row("kernel", a.many, fa2, fd2);
+            ratio("kernel", fa1, fd1, fa2, fd2);
         }
-        let (ra, rd) = (pct(&a2, 0.5) / pct(&a1, 0.5), pct(&d2, 0.5) / pct(&d1, 0.5));
-        println!(
-            "{label:<10} ratio {} pods / {} pods, p50: ADD {ra:.2}x  DEL {rd:.2}x (target <= 1.5x)",
-            a.many, a.few
-        );
         if label == "rcni" {
             worst = ra;
         }
