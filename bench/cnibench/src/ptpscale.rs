@@ -5,7 +5,8 @@
 //! per ADD, say), not the bridge's per-port kernel work. Ours and the
 //! reference (if present) in the same run, each on a node of its own.
 //! The "kernel" rows time the kernel work alone on our node, at both sizes
-//! (see `floor`): what no ptp can avoid.
+//! (see `floor`): what no ptp can avoid; "+sysctls" adds the two /proc/sys
+//! writes ptp makes for the host veth.
 
 use clap::Parser;
 use rcni_bench::{call, pct};
@@ -125,8 +126,10 @@ impl Node {
 /// The kernel's part alone, the floor of any ptp: `samples` times, a veth
 /// made from a new pod's namespace with its peer in the node, both ends up,
 /// the pod's address and the node's host route to it (no plugin, no
-/// process, no IPAM, no sysctl), then the pod's end deleted: µs of each.
-fn floor(node: &NetNs, samples: usize, first: usize) -> (Vec<f64>, Vec<f64>) {
+/// process, no IPAM), with `sysctls` also the two /proc/sys writes ptp
+/// makes for the host veth (`accept_ra`, `accept_dad`: IPv6 has no
+/// netlink way), then the pod's end deleted: µs of each.
+fn floor(node: &NetNs, samples: usize, first: usize, sysctls: bool) -> (Vec<f64>, Vec<f64>) {
     use rcni_netlink::{Netlink, Route};
     let rt = rcni_netlink::runtime().unwrap();
     let (mut add, mut del) = (Vec::new(), Vec::new());
@@ -150,6 +153,12 @@ fn floor(node: &NetNs, samples: usize, first: usize) -> (Vec<f64>, Vec<f64>) {
             p.set_up(eth0.index).await.unwrap();
             p.add_address(eth0.index, addr).await.unwrap();
             let host = n.link_by_name(&peer).await.unwrap();
+            if sysctls {
+                for k in ["accept_ra", "accept_dad"] {
+                    rcni_netlink::sysctl::set(node, &format!("net/ipv6/conf/{peer}/{k}"), "0")
+                        .unwrap();
+                }
+            }
             n.set_up(host.index).await.unwrap();
             n.add_route(&Route::new(addr).oif(host.index))
                 .await
@@ -165,6 +174,18 @@ fn floor(node: &NetNs, samples: usize, first: usize) -> (Vec<f64>, Vec<f64>) {
         del.push(t.elapsed().as_secs_f64() * 1e6);
     }
     (add, del)
+}
+
+/// [`floor`] without and with the sysctls; pod addresses from `first`.
+fn floors(node: &NetNs, samples: usize, first: usize) -> [(Vec<f64>, Vec<f64>); 2] {
+    [false, true].map(|sysctls| {
+        floor(
+            node,
+            samples,
+            first + samples * usize::from(sysctls),
+            sysctls,
+        )
+    })
 }
 
 fn raise_fd_limit() {
@@ -193,10 +214,10 @@ fn main() {
         let mut node = Node::new(label, &dir);
         node.fill(a.few);
         let (a1, d1) = node.sample(a.samples);
-        let f1 = (label == "rcni").then(|| floor(&node.node, a.samples, 0));
+        let f1 = (label == "rcni").then(|| floors(&node.node, a.samples, 0));
         node.fill(a.many);
         let (a2, d2) = node.sample(a.samples);
-        let f2 = (label == "rcni").then(|| floor(&node.node, a.samples, a.samples));
+        let f2 = (label == "rcni").then(|| floors(&node.node, a.samples, 2 * a.samples));
         let ms = |v: &[f64], p| pct(v, p) / 1e3;
         let row = |label: &str, pods: usize, add: &[f64], del: &[f64]| {
             println!(
@@ -220,10 +241,14 @@ fn main() {
         row(label, a.few, &a1, &d1);
         row(label, a.many, &a2, &d2);
         let ra = ratio(label, &a1, &d1, &a2, &d2);
-        if let (Some((fa1, fd1)), Some((fa2, fd2))) = (&f1, &f2) {
-            row("kernel", a.few, fa1, fd1);
-            row("kernel", a.many, fa2, fd2);
-            ratio("kernel", fa1, fd1, fa2, fd2);
+        if let (Some(f1), Some(f2)) = (&f1, &f2) {
+            for (what, (fa1, fd1), (fa2, fd2)) in
+                [("kernel", &f1[0], &f2[0]), ("+sysctls", &f1[1], &f2[1])]
+            {
+                row(what, a.few, fa1, fd1);
+                row(what, a.many, fa2, fd2);
+                ratio(what, fa1, fd1, fa2, fd2);
+            }
         }
         if label == "rcni" {
             worst = ra;
