@@ -1536,16 +1536,13 @@ fn count_forwarded(ns: &NetNs) {
             ip6 saddr fd00::/48 ip6 daddr fd00::/48 counter
         }
     }";
-    let mut c = command_in(ns, "nft");
-    c.args(["-f", "-"]).stdin(Stdio::piped());
-    let mut child = c.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(rules.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    nft_script(ns, rules);
+}
+
+/// Loads an nft script into `ns` (the plugins' own runner, failing with
+/// nft's message and the script).
+fn nft_script(ns: &NetNs, script: &str) {
+    rcni_netfilter::exec::run_ok(ns, "nft", &["-f", "-"], Some(script)).unwrap();
 }
 
 fn forwarded(ns: &NetNs) -> u64 {
@@ -1906,18 +1903,7 @@ fn ebpf_a_service_address_dnated_to_another_nodes_pod_gets_its_replies_untransla
             }}
         }}"
     );
-    let mut child = command_in(&n1.ns.ns, "nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(rules.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    nft_script(&n1.ns.ns, &rules);
     // The replies come back from n2 by the fast path, and n1 hands them to
     // its conntrack (which turns the source back into the service address)
     // instead of straight to p1.
