@@ -59,7 +59,7 @@ impl Datapath {
     /// Hooks `p` to `ifname` (a name in the calling thread's network
     /// namespace). With `pin`, a tcx link is pinned there; without (tests)
     /// it lives as long as this value.
-    fn attach_program(
+    pub(crate) fn attach_program(
         &mut self,
         p: Program,
         ifname: &str,

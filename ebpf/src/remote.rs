@@ -3,14 +3,11 @@
 //! VXLAN devices, each a tcx link pinned as `link-net-<ifname in hex>`
 //! (bpffs refuses a '.' in a name, and VXLAN devices are `rcni.<VNI>`).
 
-use crate::attach::{detach_pinned_link, tcx_programs};
-use crate::bpffs::remove_pin;
+use crate::attach::{Hook, detach_pinned_link, tcx_programs};
 use crate::load::{collect, not_found_ok};
 use crate::types::{remote_key, remote_of};
 use crate::{Datapath, Error, Program, RemoteHop, Result};
-use aya::programs::links::FdLink;
-use aya::programs::tc::TcAttachOptions;
-use aya::programs::{LinkOrder, TcAttachType};
+use aya::programs::TcAttachType;
 use ipnetwork::IpNetwork;
 use std::path::Path;
 
@@ -71,22 +68,13 @@ impl Datapath {
             .clone()
             .ok_or_else(|| Error::msg("attach_net needs a pinned datapath"))?;
         let pin = dir.join(net_link_pin(ifname));
-        remove_pin(&pin)?;
-        let prog = self.program_of(Program::FromNet);
-        let link = prog
-            .attach_with_options(
-                ifname,
-                TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(LinkOrder::default()),
-            )
-            .map_err(|e| Error::aya(format!("attach rcni_from_net (tcx) to {ifname}"), e))?;
-        let link = prog
-            .take_link(link)
-            .map_err(|e| Error::aya("take link", e))?;
-        let fd: FdLink = link.try_into().map_err(|e| Error::aya("tcx link fd", e))?;
-        fd.pin(&pin)
-            .map_err(|e| Error::aya(format!("pin {}", pin.display()), e))?;
-        Ok(())
+        self.attach_program(
+            Program::FromNet,
+            ifname,
+            TcAttachType::Ingress,
+            Some(pin),
+            Hook::Tcx,
+        )
     }
 
     /// Whether `rcni_from_net` sits on `ifname`'s tcx ingress with its link
