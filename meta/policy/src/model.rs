@@ -215,10 +215,7 @@ impl PolicySet {
                 }
                 Some("Namespace") => {
                     let meta = m.get("metadata").and_then(Value::as_object);
-                    let name = meta
-                        .and_then(|m| m.get("name"))
-                        .and_then(Value::as_str)
-                        .filter(|s| !s.is_empty())
+                    let name = meta_str(meta, "name")
                         .ok_or_else(|| invalid(origin, "metadata.name", "missing"))?;
                     let labels = match meta.and_then(|m| m.get("labels")) {
                         None | Some(Value::Null) => Labels::new(),
@@ -304,6 +301,13 @@ impl PolicySet {
     }
 }
 
+/// A non-empty string field of an object's `metadata`.
+fn meta_str<'a>(meta: Option<&'a Map<String, Value>>, key: &str) -> Option<&'a str> {
+    meta.and_then(|m| m.get(key))
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+}
+
 /// A Pod object as a peer: `None` for one that has no address to match or
 /// should not match by address (`kubectl get pods -o json` output holds
 /// them too): host-network pods, whose address is their node's (traffic
@@ -312,16 +316,8 @@ impl PolicySet {
 /// are free for new pods.
 fn parse_pod(m: &Map<String, Value>, origin: &str) -> Result<Option<RemotePod>, CniError> {
     let meta = m.get("metadata").and_then(Value::as_object);
-    let name = meta
-        .and_then(|m| m.get("name"))
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| invalid(origin, "metadata.name", "missing"))?;
-    let namespace = meta
-        .and_then(|m| m.get("namespace"))
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .unwrap_or("default");
+    let name = meta_str(meta, "name").ok_or_else(|| invalid(origin, "metadata.name", "missing"))?;
+    let namespace = meta_str(meta, "namespace").unwrap_or("default");
     let bad = |field: &str, what: &str| {
         CniError::config(format!(
             "pod {namespace}/{name} ({origin}): {field}: {what}"
