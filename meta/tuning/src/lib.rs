@@ -26,7 +26,6 @@ use rcni_netlink::{Link, MacAddr, Netlink};
 use rcni_netns::NetNs;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -182,7 +181,7 @@ fn swap_sysctls<T: Send>(
             let read = || -> Result<(PathBuf, String), CniError> {
                 let path = rcni_netlink::sysctl::key_path(real)
                     .map_err(|_| CniError::config(format!("invalid net sysctl key: {key:?}")))?;
-                let old = std::fs::read_to_string(&path)
+                let old = rcni_netlink::sysctl::read_here(&path)
                     .map_err(|e| io_err(format!("read sysctl {real}"), e))?;
                 Ok((path, old.trim_end_matches('\n').to_string()))
             };
@@ -200,10 +199,7 @@ fn swap_sysctls<T: Send>(
         };
         let mut written = BTreeMap::new();
         for ((_, real, value), path) in sysctls.iter().zip(&paths) {
-            let w = std::fs::OpenOptions::new()
-                .write(true)
-                .open(path)
-                .and_then(|mut f| f.write_all(value.as_bytes()))
+            let w = rcni_netlink::sysctl::write_here(path, value)
                 .map_err(|e| io_err(format!("set sysctl {real} to {value:?}"), e));
             if let Err(e) = w {
                 return (written, Some(persisted), Some(e));
