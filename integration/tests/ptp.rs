@@ -71,6 +71,16 @@ fn pods_reach_each_other_through_the_node_routes_dual_stack() {
         addrs_of(&node.ns.ns, &host_veth),
         ["10.77.0.1/32", "fd77::1/128"]
     );
+    // A dual-stack pod's host veth keeps IPv6, without duplicate address
+    // detection or router advertisements from the pod.
+    let v6 = |k: &str| {
+        let key = format!("net/ipv6/conf/{host_veth}/{k}");
+        rcni_netlink::sysctl::get(&node.ns.ns, &key).unwrap()
+    };
+    assert_eq!(
+        [v6("disable_ipv6"), v6("accept_ra"), v6("accept_dad")],
+        ["0", "0", "0"]
+    );
     let node_routes = routes_of(&node.ns.ns);
     for r in [
         "10.77.0.2/32 scope 254",
@@ -143,6 +153,13 @@ fn ipv4_only_and_every_spec_version() {
             }
             _ => {
                 assert_eq!(r["interfaces"].as_array().unwrap().len(), 2);
+                // No IPv6 on an IPv4-only pod's host veth: no link-local
+                // address and routes for every link change on the node to
+                // walk (bench/ptpscale.sh).
+                let hv = r["interfaces"][0]["name"].as_str().unwrap();
+                let key = format!("net/ipv6/conf/{hv}/disable_ipv6");
+                let off = rcni_netlink::sysctl::get(&node.ns.ns, &key).unwrap();
+                assert_eq!(off, "1", "{v}");
                 assert_eq!(r["ips"][0]["interface"], 1);
                 assert_eq!(
                     r["ips"][0]["version"].is_string(),

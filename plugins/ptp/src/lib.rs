@@ -150,29 +150,48 @@ impl Attachment for Ptp {
             ns.rt
                 .block_on(ns.setup_veth(&mut undo, &args.ifname, conf.mtu))?;
 
-        // Both ends own their addresses by construction, so no duplicate
-        // address detection: the global addresses are added without it (a
-        // tentative address is no route source), and the link-local ones
-        // must not wait for it either, because the kernel sends no neighbour
-        // solicitation while a link's link-local address is tentative (the
-        // reference's pods cannot reach each other over IPv6 for a second
-        // or two after ADD). Router advertisements must not add routes to
-        // what the plugin routes itself. Set before the links go up.
-        let hv = &host_veth.name;
-        sysctl_best_effort(
-            &ns.host_ns,
-            &[
-                (format!("net/ipv6/conf/{hv}/accept_ra"), "0"),
-                (format!("net/ipv6/conf/{hv}/accept_dad"), "0"),
-            ],
-        );
-        let key = format!("net/ipv6/conf/{}/accept_dad", args.ifname);
-        sysctl_best_effort(&ns.ct_ns, &[(key, "0")]);
-        ns.rt.block_on(ns.host.set_up(host_veth.index))?;
-
         let mut result = ipam_config(args.version(), ipam.wait_into(&mut undo)?, IDX_CONTAINER)?;
         let ips = addresses_with_gateways(&result)?;
         let addrs: Vec<IpNetwork> = ips.iter().map(|(a, _)| *a).collect();
+
+        // Set before the links go up, so after IPAM: what the host veth
+        // needs depends on the families it gave.
+        let hv = &host_veth.name;
+        if addrs.iter().any(|a| a.is_ipv6()) {
+            // Both ends own their addresses by construction, so no duplicate
+            // address detection: the global addresses are added without it (a
+            // tentative address is no route source), and the link-local ones
+            // must not wait for it either, because the kernel sends no
+            // neighbour solicitation while a link's link-local address is
+            // tentative (the reference's pods cannot reach each other over
+            // IPv6 for a second or two after ADD). Router advertisements must
+            // not add routes to what the plugin routes itself.
+            sysctl_best_effort(
+                &ns.host_ns,
+                &[
+                    (format!("net/ipv6/conf/{hv}/accept_ra"), "0"),
+                    (format!("net/ipv6/conf/{hv}/accept_dad"), "0"),
+                ],
+            );
+            let key = format!("net/ipv6/conf/{}/accept_dad", args.ifname);
+            sysctl_best_effort(&ns.ct_ns, &[(key, "0")]);
+        } else {
+            // An IPv4-only pod's host veth carries no IPv6: with it, each
+            // gets a link-local address and a fe80::/64 and ff00::/8 route
+            // in the node's IPv6 table, and every link going up or down on
+            // the node walks that whole table under the RTNL lock
+            // (fib6_ifup, fib6_ifdown), so each ADD and DEL slows with the
+            // pods already there (ADD 2.0x at 1000 pods against 10,
+            // bench/ptpscale.sh). Nothing is routed over it: the pod's
+            // routes are IPv4, and it takes no router advertisement from the
+            // pod either.
+            sysctl_best_effort(
+                &ns.host_ns,
+                &[(format!("net/ipv6/conf/{hv}/disable_ipv6"), "1")],
+            );
+        }
+        ns.rt.block_on(ns.host.set_up(host_veth.index))?;
+
         enable_forwarding(&ns.host_ns, &addrs)
             .map_err(|e| e.context("Could not enable IP forwarding"))?;
         ns.rt.block_on(async {
