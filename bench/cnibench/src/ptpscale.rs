@@ -4,9 +4,8 @@
 //! growth with the pod count is ptp's own (a dump of every link or route
 //! per ADD, say), not the bridge's per-port kernel work. Ours and the
 //! reference (if present) in the same run, each on a node of its own.
-//! The "kernel" rows time the kernel work alone on our node, at both sizes
-//! (see `floor`): what no ptp can avoid; "+sysctls" adds the two /proc/sys
-//! writes ptp makes for the host veth.
+//! The "kernel" rows time the kernel work alone on each node, at both sizes
+//! (see `floor`): what no ptp can avoid with the node's ends it makes.
 
 use clap::Parser;
 use rcni_bench::{call, pct};
@@ -123,15 +122,18 @@ impl Node {
     }
 }
 
-/// The kernel's part alone, the floor of any ptp: `samples` times, a veth
-/// made from a new pod's namespace with its peer in the node, both ends up,
-/// the pod's address and the node's host route to it (no plugin, no
-/// process, no IPAM), with `sysctls` also the two /proc/sys writes ptp
-/// makes for the host veth (`accept_ra`, `accept_dad`: IPv6 has no
-/// netlink way), then the pod's end deleted: µs of each.
-fn floor(node: &NetNs, samples: usize, first: usize, sysctls: bool) -> (Vec<f64>, Vec<f64>) {
+/// The kernel's part alone, the floor of any ptp: `samples` times what
+/// ptp asks of the kernel for an IPv4 pod, without a plugin, a process or
+/// IPAM: a veth made from a new pod's namespace with its peer in the node,
+/// the pod's end up with its address, the node's end up with the gateway
+/// address and a host route to the pod; then the pod's end deleted: µs of
+/// each. With `ipv6` the node's end keeps IPv6 (a link-local address and
+/// its routes, as the reference leaves it), else it is turned off first
+/// (`disable_ipv6`, as our ptp does for an IPv4-only pod).
+fn floor(node: &NetNs, samples: usize, first: usize, ipv6: bool) -> (Vec<f64>, Vec<f64>) {
     use rcni_netlink::{Netlink, Route};
     let rt = rcni_netlink::runtime().unwrap();
+    let gw: ipnetwork::IpNetwork = "10.93.255.254/32".parse().unwrap();
     let (mut add, mut del) = (Vec::new(), Vec::new());
     for i in 0..samples {
         let k = first + i;
@@ -153,13 +155,12 @@ fn floor(node: &NetNs, samples: usize, first: usize, sysctls: bool) -> (Vec<f64>
             p.set_up(eth0.index).await.unwrap();
             p.add_address(eth0.index, addr).await.unwrap();
             let host = n.link_by_name(&peer).await.unwrap();
-            if sysctls {
-                for k in ["accept_ra", "accept_dad"] {
-                    rcni_netlink::sysctl::set(node, &format!("net/ipv6/conf/{peer}/{k}"), "0")
-                        .unwrap();
-                }
+            if !ipv6 {
+                let key = format!("net/ipv6/conf/{peer}/disable_ipv6");
+                rcni_netlink::sysctl::set(node, &key, "1").unwrap();
             }
             n.set_up(host.index).await.unwrap();
+            n.add_address(host.index, gw).await.unwrap();
             n.add_route(&Route::new(addr).oif(host.index))
                 .await
                 .unwrap();
@@ -174,18 +175,6 @@ fn floor(node: &NetNs, samples: usize, first: usize, sysctls: bool) -> (Vec<f64>
         del.push(t.elapsed().as_secs_f64() * 1e6);
     }
     (add, del)
-}
-
-/// [`floor`] without and with the sysctls; pod addresses from `first`.
-fn floors(node: &NetNs, samples: usize, first: usize) -> [(Vec<f64>, Vec<f64>); 2] {
-    [false, true].map(|sysctls| {
-        floor(
-            node,
-            samples,
-            first + samples * usize::from(sysctls),
-            sysctls,
-        )
-    })
 }
 
 fn raise_fd_limit() {
@@ -214,10 +203,13 @@ fn main() {
         let mut node = Node::new(label, &dir);
         node.fill(a.few);
         let (a1, d1) = node.sample(a.samples);
-        let f1 = (label == "rcni").then(|| floors(&node.node, a.samples, 0));
+        // The kernel floor as each ptp leaves the node's ends: ours without
+        // IPv6 for an IPv4 pod, the reference's with it.
+        let ipv6 = label != "rcni";
+        let f1 = floor(&node.node, a.samples, 0, ipv6);
         node.fill(a.many);
         let (a2, d2) = node.sample(a.samples);
-        let f2 = (label == "rcni").then(|| floors(&node.node, a.samples, 2 * a.samples));
+        let f2 = floor(&node.node, a.samples, a.samples, ipv6);
         let ms = |v: &[f64], p| pct(v, p) / 1e3;
         let row = |label: &str, pods: usize, add: &[f64], del: &[f64]| {
             println!(
@@ -241,15 +233,10 @@ fn main() {
         row(label, a.few, &a1, &d1);
         row(label, a.many, &a2, &d2);
         let ra = ratio(label, &a1, &d1, &a2, &d2);
-        if let (Some(f1), Some(f2)) = (&f1, &f2) {
-            for (what, (fa1, fd1), (fa2, fd2)) in
-                [("kernel", &f1[0], &f2[0]), ("+sysctls", &f1[1], &f2[1])]
-            {
-                row(what, a.few, fa1, fd1);
-                row(what, a.many, fa2, fd2);
-                ratio(what, fa1, fd1, fa2, fd2);
-            }
-        }
+        let what = if ipv6 { " kernel+v6" } else { " kernel" };
+        row(what, a.few, &f1.0, &f1.1);
+        row(what, a.many, &f2.0, &f2.1);
+        ratio(what, &f1.0, &f1.1, &f2.0, &f2.1);
         if label == "rcni" {
             worst = ra;
         }
