@@ -3,7 +3,9 @@
 //! 10). ptp gives each pod a veth and host routes, no bridge port: any
 //! growth with the pod count is ptp's own (a dump of every link or route
 //! per ADD, say), not the bridge's per-port kernel work. Ours and the
-//! reference (if present) in the same run, each on a node of its own.
+//! reference (if present) in the same run, each on two nodes of its own
+//! (few pods, many pods) sampled in turn, so that drift of the machine over
+//! the run does not land on one side of the ratio.
 //! The "kernel" rows time the kernel work alone on each node, at both sizes
 //! (see `floor`): what no ptp can avoid with the node's ends it makes.
 
@@ -191,7 +193,7 @@ fn main() {
         setups.push(("reference", a.reference.clone()));
     }
     println!(
-        "ptp + host-local, one node each; {} timed ADD+DEL pairs with {} and with {} pods on the node",
+        "ptp + host-local, two nodes each; {} timed ADD+DEL pairs with {} and with {} pods on the node, in turn",
         a.samples, a.few, a.many
     );
     println!(
@@ -200,16 +202,33 @@ fn main() {
     );
     let mut worst: f64 = 0.0;
     for (label, dir) in setups {
-        let mut node = Node::new(label, &dir);
-        node.fill(a.few);
-        let (a1, d1) = node.sample(a.samples);
+        // Two nodes of the suite, one holding `few` pods and one `many`,
+        // sampled in turn (which goes first alternating), so that whatever
+        // the machine does meanwhile weighs on both sides of the ratio.
+        let mut small = Node::new(label, &dir);
+        small.fill(a.few);
+        let mut big = Node::new(label, &dir);
+        big.fill(a.many);
         // The kernel floor as each ptp leaves the node's ends: ours without
         // IPv6 for an IPv4 pod, the reference's with it.
         let ipv6 = label != "rcni";
-        let f1 = floor(&node.node, a.samples, 0, ipv6);
-        node.fill(a.many);
-        let (a2, d2) = node.sample(a.samples);
-        let f2 = floor(&node.node, a.samples, a.samples, ipv6);
+        let (mut a1, mut d1, mut a2, mut d2) = (vec![], vec![], vec![], vec![]);
+        let (mut f1, mut f2) = ((vec![], vec![]), (vec![], vec![]));
+        for i in 0..a.samples {
+            for big_turn in [i % 2 == 1, i % 2 == 0] {
+                let (node, adds, dels, floors) = if big_turn {
+                    (&mut big, &mut a2, &mut d2, &mut f2)
+                } else {
+                    (&mut small, &mut a1, &mut d1, &mut f1)
+                };
+                let (add, del) = node.sample(1);
+                adds.extend(add);
+                dels.extend(del);
+                let (fa, fd) = floor(&node.node, 1, i, ipv6);
+                floors.0.extend(fa);
+                floors.1.extend(fd);
+            }
+        }
         let ms = |v: &[f64], p| pct(v, p) / 1e3;
         let row = |label: &str, pods: usize, add: &[f64], del: &[f64]| {
             println!(
@@ -241,7 +260,7 @@ fn main() {
             worst = ra;
         }
         // Dropping the pods' namespaces removes their veths; then the node.
-        drop(node);
+        drop((small, big));
     }
     std::process::exit(if worst <= 1.5 { 0 } else { 1 });
 }
