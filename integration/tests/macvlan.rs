@@ -291,6 +291,36 @@ fn failed_add_rolls_back() {
     .ok();
 }
 
+/// An ADD killed before its rename, with no DEL since, left the pod's link
+/// under its temporary name: the next ADD of that attachment removes it and
+/// makes its own, and the pod ends with its one eth0.
+#[test]
+fn add_takes_over_a_killed_adds_temporary_link() {
+    let node = Node::new().wired();
+    let p = TestNs::new();
+    let tmp = rcni_attach::temp_name("rerun", "eth0");
+    ip(
+        &p.ns,
+        &format!("link add {tmp} type veth peer name leftover"),
+    );
+    let c = conf("m1", "bridge", "10.66.2.1/24", json!({}));
+    let r = node
+        .call(&bin("macvlan"), "ADD", &p.path(), "rerun", &c)
+        .ok();
+    let mut names = link_names(&p.ns);
+    names.sort();
+    assert_eq!(names, ["eth0", "lo"]);
+    node.call(
+        &bin("macvlan"),
+        "DEL",
+        &p.path(),
+        "rerun",
+        &Node::with_prev(&c, &r),
+    )
+    .ok();
+    assert_eq!(link_names(&p.ns), ["lo"]);
+}
+
 #[test]
 fn del_without_master_or_netns_and_check_after_damage() {
     let node = Node::new().wired();

@@ -141,21 +141,25 @@ pub fn create_lower_link<'a>(
     kind: &str,
     in_container: bool,
     undo: &mut Rollback<'a>,
-    create: impl AsyncFnOnce(&'a Netlink, &str, Option<&'a NetNs>) -> rcni_netlink::Result<()>,
+    create: impl AsyncFn(&'a Netlink, &str, Option<&'a NetNs>) -> rcni_netlink::Result<()>,
 ) -> Result<Link, CniError> {
     let tmp = temp_name(&args.container_id, &args.ifname);
     let link = ns.rt.block_on(async {
-        // An earlier ADD of this attachment killed before its rename, and
-        // no DEL since.
-        ns.ct.ensure_link_deleted(&tmp).await?;
         let (nl, target) = if in_container {
             (&ns.ct, None)
         } else {
             (&ns.host, Some(&ns.ct_ns))
         };
-        create(nl, &tmp, target)
-            .await
-            .map_err(|e| CniError::from(e).context(format!("failed to create {kind}")))?;
+        let made = match create(nl, &tmp, target).await {
+            // An earlier ADD of this attachment killed before its rename,
+            // and no DEL since, left the link under this name: removed and
+            // made again (only then, not a lookup on every ADD).
+            Err(e) if e.is_exists() && ns.ct.ensure_link_deleted(&tmp).await? => {
+                create(nl, &tmp, target).await
+            }
+            r => r,
+        };
+        made.map_err(|e| CniError::from(e).context(format!("failed to create {kind}")))?;
         ns.ct.link_by_name(&tmp).await.map_err(CniError::from)
     })?;
     undo_link(
