@@ -4,9 +4,10 @@
 //! thread that opens them, so these functions open the file on a thread inside
 //! `ns` ([`NetNs::run`]); the caller's thread never switches.
 
+use rustix::fs::OFlags;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -141,18 +142,10 @@ fn net_dir() -> std::io::Result<File> {
             | MountAttrFlags::MOUNT_ATTR_NOEXEC;
         fsmount(&fs, FsMountFlags::FSMOUNT_CLOEXEC, attrs).ok()
     });
-    let dir = |at: &OwnedFd, path: &str| {
-        use rustix::fs::{Mode, OFlags, openat};
-        openat(
-            at,
-            path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map(File::from)
-        .map_err(std::io::Error::from)
-    };
-    if let Some(Ok(net)) = private.as_ref().map(|m| dir(m, "sys/net")) {
+    if let Some(Ok(net)) = private
+        .as_ref()
+        .map(|m| open_in(m, "sys/net", OFlags::RDONLY | OFlags::DIRECTORY))
+    {
         return Ok(net);
     }
     File::open("/proc/sys/net")
@@ -160,16 +153,24 @@ fn net_dir() -> std::io::Result<File> {
 
 /// Open `path` (from [`key_path`]) below the `net` directory `net`.
 fn open_at(net: &File, path: &Path, write: bool) -> std::io::Result<File> {
-    use rustix::fs::{Mode, OFlags, openat};
     let rel = path.strip_prefix("/proc/sys/net").unwrap_or(path);
     let access = if write {
         OFlags::WRONLY
     } else {
         OFlags::RDONLY
     };
-    openat(net, rel, access | OFlags::CLOEXEC, Mode::empty())
-        .map(File::from)
-        .map_err(std::io::Error::from)
+    open_in(net, rel, access)
+}
+
+fn open_in(dir: impl AsFd, path: impl rustix::path::Arg, flags: OFlags) -> std::io::Result<File> {
+    rustix::fs::openat(
+        dir,
+        path,
+        flags | OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map(File::from)
+    .map_err(std::io::Error::from)
 }
 
 fn copy_io_error(e: &std::io::Error) -> std::io::Error {
