@@ -252,10 +252,9 @@ struct Index<'a> {
     /// proves the index current and the directory need not be listed (on
     /// ext4 a listing of a thousand reservations costs about 0.3 ms; with
     /// it host-local's ADD at 1000 pods took 1.7 ms against 0.87 at none,
-    /// without it 1.1 ms). Without
-    /// it the mtime is the kernel's, whose clock ticks only every few
-    /// milliseconds, so a change in the same tick would keep it: the
-    /// listing must match as well.
+    /// without it 1.1 ms). Without it the mtime is the kernel's, whose
+    /// clock ticks only every few milliseconds, so a change in the same
+    /// tick would keep it: the listing must match as well.
     #[serde(default)]
     exact: bool,
     /// Borrowed when written: no copy of every owner per ADD.
@@ -725,18 +724,25 @@ mod tests {
         assert_eq!(s.reservations().unwrap().len(), 2);
     }
 
+    /// Network "net" of data dir `data`, created if missing and locked.
+    fn open_net(data: &Path) -> DiskStore {
+        DiskStore::open(data, "net", true, Duration::from_secs(5))
+            .unwrap()
+            .unwrap()
+    }
+
+    fn set_mtime(path: &Path, t: SystemTime) {
+        let times = std::fs::FileTimes::new().set_modified(t);
+        File::open(path).unwrap().set_times(times).unwrap();
+    }
+
     /// The owner index is a cache: whatever the reference (which does not
     /// know it) does to the directory in between, reads see the files.
     #[test]
     fn owner_index_follows_changes_made_without_it() {
         let tmp = tempfile::tempdir().unwrap();
-        let t = Duration::from_secs(5);
         let dir = tmp.path().join("net");
-        let open = || {
-            DiskStore::open(tmp.path(), "net", true, t)
-                .unwrap()
-                .unwrap()
-        };
+        let open = || open_net(tmp.path());
         let owners = |s: &DiskStore| {
             let mut r: Vec<(IpAddr, Option<String>)> = s
                 .reservations()
@@ -793,13 +799,8 @@ mod tests {
     #[test]
     fn exact_index_is_believed_without_a_listing() {
         let tmp = tempfile::tempdir().unwrap();
-        let t = Duration::from_secs(5);
         let dir = tmp.path().join("net");
-        let open = || {
-            DiskStore::open(tmp.path(), "net", true, t)
-                .unwrap()
-                .unwrap()
-        };
+        let open = || open_net(tmp.path());
         let ips = |s: &DiskStore| -> Vec<IpAddr> {
             s.reservations()
                 .unwrap()
@@ -822,10 +823,7 @@ mod tests {
         // A file slipped in with the mtime put back, as no create can: not
         // seen, so the index alone was read.
         std::fs::write(dir.join("10.0.0.7"), "x\r\neth0").unwrap();
-        File::open(&dir)
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(stamped))
-            .unwrap();
+        set_mtime(&dir, stamped);
         assert_eq!(ips(&open()), [ip("10.0.0.2")]);
         // A create at once after the stamp moves the mtime to now, away
         // from it, within the same clock tick too.
@@ -838,16 +836,12 @@ mod tests {
             serde_json::json!({"dir_mtime": index.dir_mtime, "owners": {"10.0.0.2": "a\r\neth0"}});
         let body = serde_json::to_vec(&old).unwrap();
         std::fs::write(dir.join(INDEX_FILE), index_encode(&body)).unwrap();
-        File::open(&dir)
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(stamped))
-            .unwrap();
+        set_mtime(&dir, stamped);
         assert_eq!(ips(&open()), [ip("10.0.0.2"), ip("10.0.0.8")]);
     }
 
     fn age(path: &Path, by: Duration) {
-        let f = File::options().write(true).open(path).unwrap();
-        f.set_modified(SystemTime::now() - by).unwrap();
+        set_mtime(path, SystemTime::now() - by);
     }
 
     /// What a writer killed at any point leaves: never an empty or partial
