@@ -387,14 +387,21 @@ fn socket_activation_refuses_a_socket_that_does_not_listen() {
     assert!(log.contains("fd 3 is not a listening socket"), "{log}");
 }
 
-/// conf/60-bridge-dhcp.conflist: the bridge plugin delegating to dhcp; the
-/// pod gets a leased address on its veth and reaches the server.
-#[test]
-fn bridge_chained_conflist() {
+/// The lab for conf/60-bridge-dhcp.conflist (dnsmasq on its bridge, the
+/// router option 10.77.0.1) and the conflist's bridge config.
+fn bridge_dhcp_lab() -> (Lab, Value) {
     let list = conflist("60-bridge-dhcp.conflist");
     let bridge = list["plugins"][0]["bridge"].as_str().unwrap();
     let lab = Lab::serving_on(bridge, &["--dhcp-option=option:router,10.77.0.1"]);
     let conf = lab.first_plugin_conf(&list);
+    (lab, conf)
+}
+
+/// conf/60-bridge-dhcp.conflist: the bridge plugin delegating to dhcp; the
+/// pod gets a leased address on its veth and reaches the server.
+#[test]
+fn bridge_chained_conflist() {
+    let (lab, conf) = bridge_dhcp_lab();
     let pod = TestNs::new();
     // Only ADD names the pod in CNI_ARGS.
     let call = |cmd: &str, stdin: &Value| {
@@ -428,10 +435,7 @@ fn bridge_chained_conflist() {
 /// DHCPRELEASE, and dnsmasq kept the lease (2 in 1000 killed ADDs).
 #[test]
 fn del_after_a_killed_add_releases_the_lease_past_bandwidth() {
-    let list = conflist("60-bridge-dhcp.conflist");
-    let bridge = list["plugins"][0]["bridge"].as_str().unwrap();
-    let lab = Lab::serving_on(bridge, &["--dhcp-option=option:router,10.77.0.1"]);
-    let conf = lab.first_plugin_conf(&list);
+    let (lab, conf) = bridge_dhcp_lab();
     let bw = json!({"cniVersion": conf["cniVersion"], "name": conf["name"], "type": "bandwidth",
                     "egressRate": 8_000_000, "egressBurst": 80_000});
     let pod = TestNs::new();
