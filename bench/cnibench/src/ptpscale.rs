@@ -106,77 +106,75 @@ impl Node {
         }
     }
 
-    /// `samples` ADDs of a new pod, each followed by its DEL: µs of each.
-    fn sample(&mut self, samples: usize) -> (Vec<f64>, Vec<f64>) {
-        let (mut add, mut del) = (Vec::new(), Vec::new());
-        for _ in 0..samples {
-            self.n += 1;
-            let cid = format!("probe{:05}", self.n);
-            let pod = NetNs::new_anonymous().expect("pod namespace");
-            let (ok, us) = self.cmd("ADD", &cid, &pod);
-            assert!(ok, "{}: ADD failed", self.label);
-            add.push(us);
-            let (ok, us) = self.cmd("DEL", &cid, &pod);
-            assert!(ok, "{}: DEL failed", self.label);
-            del.push(us);
-        }
+    /// An ADD of a new pod, then its DEL: µs of each.
+    fn sample(&mut self) -> (f64, f64) {
+        self.n += 1;
+        let cid = format!("probe{:05}", self.n);
+        let pod = NetNs::new_anonymous().expect("pod namespace");
+        let (ok, add) = self.cmd("ADD", &cid, &pod);
+        assert!(ok, "{}: ADD failed", self.label);
+        let (ok, del) = self.cmd("DEL", &cid, &pod);
+        assert!(ok, "{}: DEL failed", self.label);
         (add, del)
     }
 }
 
-/// The kernel's part alone, the floor of any ptp: `samples` times what
-/// ptp asks of the kernel for an IPv4 pod, without a plugin, a process or
-/// IPAM: a veth made from a new pod's namespace with its peer in the node,
-/// the pod's end up with its address, the node's end up with the gateway
-/// address and a host route to the pod; then the pod's end deleted: µs of
-/// each. With `ipv6` the node's end keeps IPv6 (a link-local address and
-/// its routes, as the reference leaves it), else it is turned off first
-/// (`disable_ipv6`, as our ptp does for an IPv4-only pod).
-fn floor(node: &NetNs, samples: usize, first: usize, ipv6: bool) -> (Vec<f64>, Vec<f64>) {
+/// The kernel's part alone, the floor of any ptp: what ptp asks of the
+/// kernel for an IPv4 pod, without a plugin, a process or IPAM: a veth made
+/// from a new pod's namespace with its peer in the node, the pod's end up
+/// with its address (from `k`), the node's end up with the gateway address
+/// and a host route to the pod; then the pod's end deleted: µs of each. With
+/// `ipv6` the node's end keeps IPv6 (a link-local address and its routes, as
+/// the reference leaves it), else it is turned off first (`disable_ipv6`,
+/// as our ptp does for an IPv4-only pod).
+fn floor(rt: &tokio::runtime::Runtime, node: &NetNs, k: usize, ipv6: bool) -> (f64, f64) {
     use rcni_netlink::{Netlink, Route};
-    let rt = rcni_netlink::runtime().unwrap();
     let gw: ipnetwork::IpNetwork = "10.93.255.254/32".parse().unwrap();
-    let (mut add, mut del) = (Vec::new(), Vec::new());
-    for i in 0..samples {
-        let k = first + i;
-        let pod = NetNs::new_anonymous().expect("pod namespace");
-        let addr: ipnetwork::IpNetwork = format!("10.93.{}.{}/32", k / 250, k % 250 + 1)
-            .parse()
+    let pod = NetNs::new_anonymous().expect("pod namespace");
+    let addr: ipnetwork::IpNetwork = format!("10.93.{}.{}/32", k / 250, k % 250 + 1)
+        .parse()
+        .unwrap();
+    let t = std::time::Instant::now();
+    let eth0 = rt.block_on(async {
+        let (p, n) = (
+            Netlink::connect(&pod).await.unwrap(),
+            Netlink::connect(node).await.unwrap(),
+        );
+        let peer = format!("vfloor{k}");
+        let eth0 = p
+            .create_veth("eth0", &peer, Some(node), Some(1500))
+            .await
             .unwrap();
-        let t = std::time::Instant::now();
-        let eth0 = rt.block_on(async {
-            let (p, n) = (
-                Netlink::connect(&pod).await.unwrap(),
-                Netlink::connect(node).await.unwrap(),
-            );
-            let peer = format!("vfloor{k}");
-            let eth0 = p
-                .create_veth("eth0", &peer, Some(node), Some(1500))
-                .await
-                .unwrap();
-            p.set_up(eth0.index).await.unwrap();
-            p.add_address(eth0.index, addr).await.unwrap();
-            let host = n.link_by_name(&peer).await.unwrap();
-            if !ipv6 {
-                let key = format!("net/ipv6/conf/{peer}/disable_ipv6");
-                rcni_netlink::sysctl::set(node, &key, "1").unwrap();
-            }
-            n.set_up(host.index).await.unwrap();
-            n.add_address(host.index, gw).await.unwrap();
-            n.add_route(&Route::new(addr).oif(host.index))
-                .await
-                .unwrap();
-            eth0.index
-        });
-        add.push(t.elapsed().as_secs_f64() * 1e6);
-        let t = std::time::Instant::now();
-        rt.block_on(async {
-            let p = Netlink::connect(&pod).await.unwrap();
-            p.delete_link(eth0).await.unwrap();
-        });
-        del.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    (add, del)
+        p.set_up(eth0.index).await.unwrap();
+        p.add_address(eth0.index, addr).await.unwrap();
+        let host = n.link_by_name(&peer).await.unwrap();
+        if !ipv6 {
+            let key = format!("net/ipv6/conf/{peer}/disable_ipv6");
+            rcni_netlink::sysctl::set(node, &key, "1").unwrap();
+        }
+        n.set_up(host.index).await.unwrap();
+        n.add_address(host.index, gw).await.unwrap();
+        n.add_route(&Route::new(addr).oif(host.index))
+            .await
+            .unwrap();
+        eth0.index
+    });
+    let add = t.elapsed().as_secs_f64() * 1e6;
+    let t = std::time::Instant::now();
+    rt.block_on(async {
+        let p = Netlink::connect(&pod).await.unwrap();
+        p.delete_link(eth0).await.unwrap();
+    });
+    (add, t.elapsed().as_secs_f64() * 1e6)
+}
+
+/// µs per command on one node: ptp's ADD and DEL, the kernel floor's.
+#[derive(Default)]
+struct Samples {
+    add: Vec<f64>,
+    del: Vec<f64>,
+    floor_add: Vec<f64>,
+    floor_del: Vec<f64>,
 }
 
 fn raise_fd_limit() {
@@ -212,23 +210,20 @@ fn main() {
         // The kernel floor as each ptp leaves the node's ends: ours without
         // IPv6 for an IPv4 pod, the reference's with it.
         let ipv6 = label != "rcni";
-        let (mut a1, mut d1, mut a2, mut d2) = (vec![], vec![], vec![], vec![]);
-        let (mut f1, mut f2) = ((vec![], vec![]), (vec![], vec![]));
+        let rt = rcni_netlink::runtime().unwrap();
+        let mut nodes = [(small, Samples::default()), (big, Samples::default())];
         for i in 0..a.samples {
-            for big_turn in [i % 2 == 1, i % 2 == 0] {
-                let (node, adds, dels, floors) = if big_turn {
-                    (&mut big, &mut a2, &mut d2, &mut f2)
-                } else {
-                    (&mut small, &mut a1, &mut d1, &mut f1)
-                };
-                let (add, del) = node.sample(1);
-                adds.extend(add);
-                dels.extend(del);
-                let (fa, fd) = floor(&node.node, 1, i, ipv6);
-                floors.0.extend(fa);
-                floors.1.extend(fd);
+            for j in [i % 2, 1 - i % 2] {
+                let (node, s) = &mut nodes[j];
+                let (add, del) = node.sample();
+                s.add.push(add);
+                s.del.push(del);
+                let (add, del) = floor(&rt, &node.node, i, ipv6);
+                s.floor_add.push(add);
+                s.floor_del.push(del);
             }
         }
+        let [(_, s1), (_, s2)] = &nodes;
         let ms = |v: &[f64], p| pct(v, p) / 1e3;
         let row = |label: &str, pods: usize, add: &[f64], del: &[f64]| {
             println!(
@@ -249,18 +244,24 @@ fn main() {
             );
             ra
         };
-        row(label, a.few, &a1, &d1);
-        row(label, a.many, &a2, &d2);
-        let ra = ratio(label, &a1, &d1, &a2, &d2);
+        row(label, a.few, &s1.add, &s1.del);
+        row(label, a.many, &s2.add, &s2.del);
+        let ra = ratio(label, &s1.add, &s1.del, &s2.add, &s2.del);
         let what = if ipv6 { " kernel+v6" } else { " kernel" };
-        row(what, a.few, &f1.0, &f1.1);
-        row(what, a.many, &f2.0, &f2.1);
-        ratio(what, &f1.0, &f1.1, &f2.0, &f2.1);
+        row(what, a.few, &s1.floor_add, &s1.floor_del);
+        row(what, a.many, &s2.floor_add, &s2.floor_del);
+        ratio(
+            what,
+            &s1.floor_add,
+            &s1.floor_del,
+            &s2.floor_add,
+            &s2.floor_del,
+        );
         if label == "rcni" {
             worst = ra;
         }
         // Dropping the pods' namespaces removes their veths; then the node.
-        drop((small, big));
+        drop(nodes);
     }
     std::process::exit(if worst <= 1.5 { 0 } else { 1 });
 }
