@@ -88,6 +88,75 @@ pub fn reference_bin(name: &str) -> PathBuf {
     p
 }
 
+/// Where upstream's current release (v1.9.1) is looked for: `RCNI_REFERENCE_V191`
+/// names a directory of its binaries or its release tarball; without it, the
+/// tarball the project's own CI keeps beside the checkout. A user's clone has
+/// neither, and the tests comparing against v1.9.1 then skip (see
+/// [`reference_v191_bin`]).
+pub const REFERENCE_V191_ENV: &str = "RCNI_REFERENCE_V191";
+
+/// The v1.9.1 reference binary `name`, or `None` (with a line on stderr saying
+/// why the caller skips) where no v1.9.1 release is at hand. A tarball is
+/// unpacked once into `target/reference-v1.9.1/` (by rename, so tests racing to
+/// unpack it see a whole directory or none).
+pub fn reference_v191_bin(name: &str) -> Option<PathBuf> {
+    let dir = reference_v191_dir();
+    let p = dir.as_ref().map(|d| d.join(name));
+    match p {
+        Some(p) if p.is_file() => Some(p),
+        _ => {
+            eprintln!(
+                "SKIP: no v1.9.1 reference `{name}`: set {REFERENCE_V191_ENV} to a directory \
+                 of upstream's v1.9.1 binaries or to cni-plugins-linux-amd64-v1.9.1.tgz"
+            );
+            None
+        }
+    }
+}
+
+fn reference_v191_dir() -> Option<PathBuf> {
+    let src = match std::env::var_os(REFERENCE_V191_ENV) {
+        Some(v) => PathBuf::from(v),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/reference/cni-plugins-v1.9.1.tgz"),
+    };
+    if src.is_dir() {
+        return Some(src);
+    }
+    if !src.is_file() {
+        return None;
+    }
+    let out = bin_dir()
+        .parent()
+        .unwrap_or(Path::new("/tmp"))
+        .join("reference-v1.9.1");
+    if out.join("bridge").is_file() {
+        return Some(out);
+    }
+    let parent = out.parent()?;
+    let tmp = tempfile::Builder::new()
+        .prefix(".reference-v1.9.1.")
+        .tempdir_in(parent)
+        .ok()?;
+    let ok = Command::new("tar")
+        .arg("-C")
+        .arg(tmp.path())
+        .arg("-xzf")
+        .arg(&src)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        return None;
+    }
+    let tmp = tmp.keep();
+    // Another test may have unpacked it first: its directory stands.
+    if std::fs::rename(&tmp, &out).is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    out.join("bridge").is_file().then_some(out)
+}
+
 /// A namespace held only by this process: the kernel frees it when the test
 /// ends, however it ends, so nothing can leak.
 pub struct TestNs {
