@@ -1,7 +1,7 @@
 //! conf/40-vlan.conflist through cnitool, ours against the reference: the
 //! same result (apart from the MAC), the same state in the pod, a real
 //! packet to the VLAN's router; DEL leaves nothing. Needs 802.1Q: runs
-//! under ../shared/tools/vm-run (see scripts/test).
+//! under scripts/vm-run (see scripts/test).
 
 use rcni_cnitool_tests::{ip_lines, ours_and_reference};
 use rcni_testkit::{TestNs, ip, normalized_result, ping};

@@ -1,5 +1,5 @@
 //! Bridge VLAN options. This host's kernel has no VLAN filtering on bridges;
-//! scripts/test runs this binary under ../shared/tools/vm-run (Debian's
+//! scripts/test runs this binary under scripts/vm-run (Debian's
 //! full kernel).
 
 use rcni_integration::{Node, bridge_vlans, ip_link_json};

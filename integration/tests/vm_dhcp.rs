@@ -2,7 +2,7 @@
 //! the pod's link on the node's `eth1`, and the dhcp IPAM gets its address
 //! from dnsmasq serving VLAN 200 at the other end of the wire. This host's
 //! kernel has no 802.1Q; scripts/test runs this binary under
-//! ../shared/tools/vm-run.
+//! scripts/vm-run.
 
 use rcni_integration::dhcp_lab::Lab;
 use rcni_integration::{ip, nl};

@@ -1,5 +1,5 @@
 //! host-device with a dummy device, which this host's kernel lacks:
-//! scripts/test runs this binary under ../shared/tools/vm-run.
+//! scripts/test runs this binary under scripts/vm-run.
 
 use rcni_integration::{Node, ip, ipv6_addrs, nl};
 use rcni_testkit::{Call, TestNs, bin};

@@ -1,5 +1,5 @@
 //! The ipvlan binary with real ipvlan links. This host's kernel has no
-//! ipvlan; scripts/test runs this binary under ../shared/tools/vm-run
+//! ipvlan; scripts/test runs this binary under scripts/vm-run
 //! (Debian's full kernel).
 
 use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};

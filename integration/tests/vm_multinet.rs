@@ -1,4 +1,4 @@
-//! multinet with three networks under ../shared/tools/vm-run (this host's
+//! multinet with three networks under scripts/vm-run (this host's
 //! kernel has no ipvlan): eth0 on bridge + host-local, net1 on macvlan to
 //! one LAN, net2 on ipvlan to another; each network reaches its own peer
 //! only, and DEL leaves nothing on any network, also with the extra

@@ -1,5 +1,5 @@
 //! The vlan binary with real 802.1Q links. This host's kernel has no
-//! 802.1Q; scripts/test runs this binary under ../shared/tools/vm-run
+//! 802.1Q; scripts/test runs this binary under scripts/vm-run
 //! (Debian's full kernel).
 
 use rcni_integration::{

@@ -2,7 +2,7 @@
 //! underlay subnet behind a router namespace (so every node-to-node packet
 //! crosses the router's forward hook, where nft counters look at it), an
 //! agent per node, pods on each. This host's kernel has no wireguard
-//! module: scripts/test runs this binary under ../shared/tools/vm-run.
+//! module: scripts/test runs this binary under scripts/vm-run.
 
 use std::path::PathBuf;
 
