@@ -31,6 +31,7 @@ pub mod tc;
 mod types;
 mod unlink;
 mod vlan;
+mod vrf;
 
 use std::net::IpAddr;
 
