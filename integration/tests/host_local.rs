@@ -71,6 +71,29 @@ fn snapshot(data_dir: &Path) -> BTreeMap<String, (String, u32)> {
     out
 }
 
+/// [`snapshot`] without modes: what a comparison with the 1.1.1 reference
+/// looks at (its files are 0644; v1.4.0 and later write 0600, as we do:
+/// `files_are_0600_as_v191`).
+fn contents(data_dir: &Path) -> BTreeMap<String, String> {
+    snapshot(data_dir)
+        .into_iter()
+        .map(|(n, (c, _))| (n, c))
+        .collect()
+}
+
+/// The mode of every file in the network's directory, ours included.
+fn modes(data_dir: &Path) -> BTreeMap<String, u32> {
+    let dir = data_dir.join(NET);
+    std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let mode = e.metadata().unwrap().permissions().mode() & 0o777;
+            (e.file_name().to_string_lossy().into_owned(), mode)
+        })
+        .collect()
+}
+
 fn names(data_dir: &Path) -> Vec<String> {
     snapshot(data_dir).into_keys().collect()
 }
@@ -721,8 +744,8 @@ fn same_results_and_files_as_the_reference() {
                     assert_eq!(o.err().1, r.err().1, "{ctx}: same message");
                 }
                 assert_eq!(
-                    snapshot(ours_dir.path()),
-                    snapshot(ref_dir.path()),
+                    contents(ours_dir.path()),
+                    contents(ref_dir.path()),
                     "{ctx}: same files"
                 );
             }
@@ -818,5 +841,41 @@ fn runtime_ip_ranges_are_prepended_like_the_reference() {
     assert_eq!(o, without_empty_dns(r));
     assert_eq!(address(&o, 0), "10.61.0.2/24");
     assert_eq!(address(&o, 1), "10.60.0.2/24");
-    assert_eq!(snapshot(a.path()), snapshot(b.path()));
+    assert_eq!(contents(a.path()), contents(b.path()));
+}
+
+/// Upstream writes reservations and `last_reserved_ip.N` 0600 since v1.4.0
+/// (CIS Kubernetes 1.1.9: they name every container); so do we, and our
+/// index (`.rcni-owners`, every reservation's content) too, also where an
+/// earlier build left it 0644. The lock stays go-filemutex's 0750, as
+/// upstream's. Files and modes side by side with v1.9.1 where it is at hand.
+#[test]
+fn files_are_0600_as_v191() {
+    let steps = |plugin: &Path, dir: &Path| {
+        let c = conf("1.0.0", dir, dual_ipam());
+        for (cmd, cid) in [("ADD", "a"), ("ADD", "b"), ("DEL", "a"), ("ADD", "c")] {
+            call(plugin, cmd, &c, cid, "eth0").run().ok();
+        }
+    };
+    let tmp = TempDir::new().unwrap();
+    steps(&ours(), tmp.path());
+    let m = modes(tmp.path());
+    assert!(m.contains_key(".rcni-owners"), "{m:?}");
+    for (name, mode) in &m {
+        let want = if name == "lock" { 0o750 } else { 0o600 };
+        assert_eq!(*mode, want, "{name}: {mode:o} in {m:?}");
+    }
+    // An index an earlier build wrote 0644 is 0600 after the next change.
+    let index = tmp.path().join(NET).join(".rcni-owners");
+    std::fs::set_permissions(&index, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let c = conf("1.0.0", tmp.path(), dual_ipam());
+    add(&ours(), &c, "d").ok();
+    assert_eq!(modes(tmp.path())[".rcni-owners"], 0o600);
+
+    if let Some(v191) = rcni_testkit::reference_v191_bin("host-local") {
+        let (a, b) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+        steps(&ours(), a.path());
+        steps(&v191, b.path());
+        assert_eq!(snapshot(a.path()), snapshot(b.path()), "content and mode");
+    }
 }

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime};
@@ -503,14 +503,14 @@ impl Store for DiskStore {
         // Loaded before the change, so the index still matches the listing.
         self.with_owners(|_| ())?;
         let path = self.path_of(ip);
-        if !rcni_statefile::create_new(&path, who.content().as_bytes(), 0o644)? {
+        if !rcni_statefile::create_new(&path, who.content().as_bytes(), FILE_MODE)? {
             return Ok(false);
         }
         let written = rcni_statefile::write_exchange(
             &self.dir.join(format!("{LAST_RESERVED_PREFIX}{range_id}")),
             &self.dir.join(last_reserved_spare(range_id)),
             ip.to_string().as_bytes(),
-            0o644,
+            FILE_MODE,
         );
         if let Err(e) = written {
             // The reference keeps the address file when only the
@@ -545,15 +545,25 @@ impl Store for DiskStore {
     }
 }
 
-/// Opens (creating, 0644) a file whose content
-/// [`rcni_statefile::overwrite`] replaces.
+/// The mode of every file we write but the lock: upstream's since v1.4.0
+/// (CIS Kubernetes 1.1.9; reservations name their containers).
+const FILE_MODE: u32 = 0o600;
+
+/// Opens (creating, [`FILE_MODE`]) a file whose content
+/// [`rcni_statefile::overwrite`] replaces. One an earlier build left 0644
+/// is narrowed: it is rewritten in place, so it would keep that mode
+/// forever (the index lists every container ID).
 fn open_for_overwrite(path: &Path) -> io::Result<File> {
-    OpenOptions::new()
+    let f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(false)
-        .mode(0o644)
-        .open(path)
+        .mode(FILE_MODE)
+        .open(path)?;
+    if f.metadata()?.mode() & 0o777 != FILE_MODE {
+        f.set_permissions(std::fs::Permissions::from_mode(FILE_MODE))?;
+    }
+    Ok(f)
 }
 
 /// An in-memory store with the disk store's semantics, for pure tests.
