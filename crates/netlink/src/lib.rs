@@ -8,7 +8,8 @@
 //! One file per kind of object, each an `impl Netlink` block: `links.rs`,
 //! `bridge.rs`, `lower.rs` (macvlan, ipvlan), `vlan.rs`, `addresses.rs`
 //! (and `dad.rs`), `routes.rs`, `rule.rs`, `neighbours.rs` (ARP/NDP and
-//! FDB entries), `tc.rs`, `overlay.rs` (VXLAN devices and routes a node
+//! FDB entries), `tc.rs`, `tuntap.rs` (TUN/TAP devices, dummy links),
+//! `overlay.rs` (VXLAN devices and routes a node
 //! agent owns). Requests rtnetlink has no call for go through
 //! `Netlink::acked_request`; raw sockets and forked helpers for the
 //! kernel's slow paths are in `detach.rs`, `unlink.rs` and `netconf.rs`.
@@ -28,6 +29,7 @@ mod routes;
 mod rule;
 pub mod sysctl;
 pub mod tc;
+pub mod tuntap;
 mod types;
 mod unlink;
 mod vlan;

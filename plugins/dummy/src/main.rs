@@ -1,4 +1,3 @@
-// Placeholder while the plugin is written.
 fn main() {
-    std::process::exit(2)
+    rcni_cni::skel::run(&rcni_attach::Attach(dummy::Dummy))
 }
