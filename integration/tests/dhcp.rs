@@ -485,37 +485,30 @@ fn nak_on_renewal_ends_the_lease() {
     assert!(lab.state_files().is_empty());
 }
 
-/// A reference `dhcp daemon` still running after /opt/cni/bin was swapped
-/// (it speaks Go net/rpc over HTTP): ADD says so with code 110 and what to
-/// do; DEL goes through (the reference's daemon forgets its leases when it
-/// is restarted).
+/// An rcni daemon from before the net/rpc protocol, still running after
+/// /opt/cni/bin was swapped, answers JSON lines: ADD and DEL say so with
+/// code 110 and what to do (that daemon keeps its leases on disk, so DEL
+/// does not pretend to have released them); STATUS says 50.
 #[test]
-fn a_reference_daemon_left_running_is_named() {
+fn an_older_rcni_daemon_left_running_is_named() {
+    use std::io::{BufRead, BufReader, Write};
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("dhcp.sock");
-    struct Kill(std::process::Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+    let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    // What the JSON-lines daemon answered to a line it could not parse.
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut c) = conn else { return };
+            let mut line = String::new();
+            let _ = BufReader::new(&c).read_line(&mut line);
+            let _ = c.write_all(
+                b"{\"ok\":false,\"error\":{\"code\":6,\"msg\":\"dhcp daemon: bad request\"}}\n",
+            );
         }
-    }
+    });
     let node = TestNs::new();
-    let _daemon = Kill(
-        rcni_testkit::tied_command_in(&node.ns, rcni_testkit::reference_bin("dhcp"))
-            .args(["daemon", "-socketpath"])
-            .arg(&sock)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let start = Instant::now();
-    while !sock.exists() && start.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let pod = TestNs::new();
-    let conf = json!({"cniVersion": "1.0.0", "name": "d", "type": "bridge",
+    let conf = json!({"cniVersion": "1.1.0", "name": "d", "type": "bridge",
         "ipam": {"type": "dhcp", "daemonSocketPath": sock}});
     let call = |cmd: &str| {
         Call::new(bin("dhcp"), cmd)
@@ -524,11 +517,14 @@ fn a_reference_daemon_left_running_is_named() {
             .stdin(&conf)
             .run_in(&node.ns)
     };
-    let (code, msg) = call("ADD").err();
-    assert_eq!(code, 110, "{msg}");
-    assert!(
-        msg.contains("not rcni's") && msg.contains("restart"),
-        "{msg}"
-    );
-    call("DEL").ok();
+    for cmd in ["ADD", "DEL"] {
+        let (code, msg) = call(cmd).err();
+        assert_eq!(code, 110, "{cmd}: {msg}");
+        assert!(
+            msg.contains("older rcni daemon") && msg.contains("restart"),
+            "{cmd}: {msg}"
+        );
+    }
+    let (code, _) = call("STATUS").err();
+    assert_eq!(code, 50);
 }

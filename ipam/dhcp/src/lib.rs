@@ -15,23 +15,20 @@
 
 pub mod client;
 pub mod daemon;
+pub mod gob;
 pub mod options;
 pub mod proto;
 pub mod raw;
 pub mod store;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
-use ipnetwork::IpNetwork;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, IpConfig};
+use rcni_cni::{CniError, CniResult, ErrorCode};
 use serde::Deserialize;
 
 use options::{ProvideOption, RequestOption};
-use proto::{Attachment, LeaseReply, Reply, Request};
+use proto::{CallError, Client, RpcError};
 
 pub struct Dhcp;
 
@@ -51,9 +48,9 @@ pub struct IpamConf {
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct Net {
+pub(crate) struct Net {
     #[serde(default)]
-    ipam: Option<IpamConf>,
+    pub(crate) ipam: Option<IpamConf>,
 }
 
 impl IpamConf {
@@ -72,132 +69,95 @@ impl IpamConf {
     }
 }
 
-/// A call that failed before the daemon answered.
-#[derive(Debug)]
-enum CallError {
-    /// Nobody listens on the socket (or it does not exist).
-    Unreachable(String),
-    /// The daemon was reached but the exchange broke.
-    Broken(String),
-}
-
-/// How long a call may take: acquiring is bounded by the daemon's
-/// `-resendtimeout` (default 208 s); this only guards against a hung daemon.
-const CALL_TIMEOUT: Duration = Duration::from_secs(600);
-
-fn call(socket: &Path, req: &Request) -> Result<Reply, CallError> {
-    let mut s = UnixStream::connect(socket).map_err(|e| {
-        CallError::Unreachable(format!(
-            "error dialing DHCP daemon at {}: {e}",
-            socket.display()
-        ))
-    })?;
-    let broken =
-        |e: std::io::Error| CallError::Broken(format!("DHCP daemon at {}: {e}", socket.display()));
-    s.set_read_timeout(Some(CALL_TIMEOUT)).map_err(broken)?;
-    let mut line = serde_json::to_vec(req).map_err(|e| CallError::Broken(e.to_string()))?;
-    line.push(b'\n');
-    s.write_all(&line).map_err(broken)?;
-    let mut answer = String::new();
-    BufReader::new(&s).read_line(&mut answer).map_err(broken)?;
-    if answer.is_empty() {
-        return Err(CallError::Broken(format!(
-            "DHCP daemon at {} closed the connection without an answer",
-            socket.display()
-        )));
-    }
-    // The reference's daemon serves Go net/rpc over HTTP on the same socket:
-    // it answers a JSON line with an HTTP error. That is a daemon left
-    // running from before /opt/cni/bin was swapped, not a broken one, and
-    // it needs a restart, not a retry.
-    if answer.starts_with("HTTP/") {
-        return Err(CallError::Unreachable(format!(
-            "the DHCP daemon at {} is not rcni's (it answered HTTP, as the reference's net/rpc \
-             daemon does): restart it with rcni's `dhcp daemon` (systemctl restart cni-dhcp.service)",
-            socket.display()
-        )));
-    }
-    serde_json::from_str(&answer)
-        .map_err(|e| CallError::Broken(format!("DHCP daemon answer unreadable: {e}")))
-}
-
 fn daemon_err(e: CallError) -> CniError {
     match e {
-        CallError::Unreachable(m) => CniError::new(ErrorCode::DhcpDaemon, m),
+        CallError::Unreachable(m) | CallError::Foreign(m) => {
+            CniError::new(ErrorCode::DhcpDaemon, m)
+        }
         CallError::Broken(m) => CniError::new(ErrorCode::IoFailure, m),
     }
 }
 
-/// The reply if it says ok, else its error.
-fn reply_ok(r: Reply) -> Result<Reply, CniError> {
-    if !r.ok {
-        return Err(r
-            .error
-            .unwrap_or_else(|| CniError::internal("DHCP daemon failed without a reason")));
+/// A daemon's error answer: ours carries its CNI error; the reference's
+/// only a text, which gets `code` (the reference's plugin answers its
+/// catch-all 999 there).
+fn rpc_err(method: &str, e: RpcError, code: ErrorCode) -> CniError {
+    e.cni
+        .unwrap_or_else(|| CniError::new(code, format!("error calling {method}: {}", e.msg)))
+}
+
+/// The call's `skel.CmdArgs`, as the reference's plugin sends them: the
+/// netns made absolute (the daemon runs with another working directory).
+fn rpc_args(args: &CmdArgs) -> Result<proto::CmdArgs, CniError> {
+    let netns = match args.netns.as_deref() {
+        Some(n) => std::path::absolute(n)
+            .map_err(|e| {
+                CniError::new(
+                    ErrorCode::InvalidEnvironmentVariables,
+                    format!("failed to make {:?} an absolute path: {e}", n.display()),
+                )
+            })?
+            .display()
+            .to_string(),
+        None => String::new(),
+    };
+    Ok(proto::CmdArgs {
+        container_id: args.container_id.clone(),
+        netns,
+        if_name: args.ifname.clone(),
+        args: args.args_raw.clone(),
+        path: args
+            .path
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(":"),
+        stdin_data: args.stdin.clone(),
+    })
+}
+
+/// A daemon's result at the config's version; `priority` becomes each
+/// route's metric (the reference's daemon since v1.6 does it too; an older
+/// one does not, so the plugin makes sure).
+pub fn to_result(mut r: CniResult, priority: Option<u32>, version: &str) -> CniResult {
+    r.cni_version = version.to_string();
+    if let Some(p) = priority.filter(|p| *p != 0) {
+        for route in &mut r.routes {
+            route.priority = Some(p);
+        }
     }
-    Ok(r)
+    r
 }
 
-/// The reply's lease, or its error.
-fn lease_of(r: Reply) -> Result<LeaseReply, CniError> {
-    reply_ok(r)?
-        .lease
-        .ok_or_else(|| CniError::internal("DHCP daemon answered without a lease"))
+fn result_of(v: &gob::Value, version: &str) -> Result<CniResult, CniError> {
+    proto::result_from_value(v, version)
+        .map_err(|e| CniError::internal(format!("DHCP daemon sent a bad result: {e}")))
 }
 
-/// A call that lets go of leases (DEL, GC). No daemon, no lease held: there
-/// is nothing left to do, and failing would stop the runtime's teardown
-/// (the reference fails here); `nothing` says so on stderr.
-fn call_to_let_go(conf: &IpamConf, req: &Request, nothing: &str) -> Result<(), CniError> {
-    match call(&conf.socket_path(), req) {
-        Ok(r) => reply_ok(r).map(drop),
+/// A call that lets go of leases (DEL, GC): no daemon, no lease held, so
+/// there is nothing left to do, and failing would stop the runtime's
+/// teardown (the reference fails here); `nothing` says so on stderr.
+fn call_to_let_go(
+    conf: &IpamConf,
+    method: &str,
+    a: &proto::CmdArgs,
+    nothing: &str,
+) -> Result<(), CniError> {
+    let reply = Client::dial(&conf.socket_path()).and_then(|mut c| c.call(method, a));
+    match reply {
+        Ok(Ok(_)) => Ok(()),
+        // The reference's daemon has no GC: as its plugin, nothing done.
+        Ok(Err(e)) if e.is_unknown_method() => {
+            eprintln!("dhcp: {}; {nothing}", e.msg);
+            Ok(())
+        }
+        Ok(Err(e)) => Err(rpc_err(method, e, ErrorCode::Internal)),
         Err(CallError::Unreachable(m)) => {
             eprintln!("dhcp: {m}; {nothing}");
             Ok(())
         }
         Err(e) => Err(daemon_err(e)),
     }
-}
-
-fn attachment(args: &CmdArgs) -> Attachment {
-    Attachment {
-        container_id: args.container_id.clone(),
-        net_name: args.conf.name.clone(),
-        if_name: args.ifname.clone(),
-    }
-}
-
-/// The abbreviated IPAM result of a lease; `priority` becomes each route's
-/// metric.
-pub fn to_result(
-    lease: &LeaseReply,
-    priority: Option<u32>,
-    version: &str,
-) -> Result<CniResult, CniError> {
-    let bad =
-        |what: &str, v: &str| CniError::internal(format!("DHCP daemon sent a bad {what}: {v}"));
-    let address: IpNetwork = lease
-        .address
-        .parse()
-        .map_err(|_| bad("address", &lease.address))?;
-    let gateway = match &lease.gateway {
-        Some(g) => Some(g.parse().map_err(|_| bad("gateway", g))?),
-        None => None,
-    };
-    let mut r = CniResult::new(version);
-    r.ips.push(IpConfig {
-        interface: None,
-        address,
-        gateway,
-    });
-    r.routes = lease.routes.clone();
-    if let Some(p) = priority.filter(|p| *p != 0) {
-        for route in &mut r.routes {
-            route.priority = Some(p);
-        }
-    }
-    r.dns = lease.dns.clone();
-    Ok(r)
 }
 
 impl Plugin for Dhcp {
@@ -211,51 +171,62 @@ impl Plugin for Dhcp {
 
     fn add(&self, args: &CmdArgs) -> Result<CniResult, CniError> {
         let conf = IpamConf::load(args)?;
-        let opts = options::prepare(&conf.provide, &conf.request, &|k| {
+        // Refused here whichever daemon answers (the reference's checks the
+        // same in its Allocate).
+        options::prepare(&conf.provide, &conf.request, &|k| {
             args.args.get(k).map(String::from)
         })
         .map_err(CniError::config)?;
-        let netns = args.netns.as_deref().ok_or_else(|| {
-            CniError::new(ErrorCode::InvalidEnvironmentVariables, "CNI_NETNS is empty")
-        })?;
-        // The daemon runs with another working directory.
-        let netns = std::path::absolute(netns).map_err(|e| {
-            CniError::new(
+        if args.netns.is_none() {
+            return Err(CniError::new(
                 ErrorCode::InvalidEnvironmentVariables,
-                format!("failed to make {:?} an absolute path: {e}", netns.display()),
-            )
-        })?;
-        let req = Request::Allocate {
-            attachment: attachment(args),
-            netns: netns.display().to_string(),
-            options: opts,
-        };
-        let lease = lease_of(call(&conf.socket_path(), &req).map_err(daemon_err)?)?;
-        to_result(&lease, conf.priority, args.version())
+                "CNI_NETNS is empty",
+            ));
+        }
+        let a = rpc_args(args)?;
+        let mut c = Client::dial(&conf.socket_path()).map_err(daemon_err)?;
+        let body = c
+            .call(proto::ALLOCATE, &a)
+            .map_err(daemon_err)?
+            .map_err(|e| rpc_err(proto::ALLOCATE, e, ErrorCode::DhcpNoLease))?;
+        let r = result_of(&body, args.version())?;
+        Ok(to_result(r, conf.priority, args.version()))
     }
 
     fn del(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = IpamConf::load(args)?;
-        let req = Request::Release {
-            attachment: attachment(args),
-        };
-        call_to_let_go(&conf, &req, "nothing to release")
+        call_to_let_go(
+            &conf,
+            proto::RELEASE,
+            &rpc_args(args)?,
+            "nothing to release",
+        )
     }
 
     fn check(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = IpamConf::load(args)?;
-        let req = Request::Check {
-            attachment: attachment(args),
+        let a = rpc_args(args)?;
+        let mut c = Client::dial(&conf.socket_path()).map_err(daemon_err)?;
+        let failed = |m: String| CniError::new(ErrorCode::CheckFailed, m);
+        let body = match c.call(proto::CHECK, &a).map_err(daemon_err)? {
+            Ok(b) => b,
+            // The reference's daemon: its plugin's CHECK is an Allocate,
+            // which answers with the lease held.
+            Err(e) if e.is_unknown_method() => c
+                .call(proto::ALLOCATE, &a)
+                .map_err(daemon_err)?
+                .map_err(|e| rpc_err(proto::ALLOCATE, e, ErrorCode::CheckFailed))?,
+            Err(e) => return Err(rpc_err(proto::CHECK, e, ErrorCode::CheckFailed)),
         };
-        let lease = lease_of(call(&conf.socket_path(), &req).map_err(daemon_err)?)?;
-        let want: IpNetwork = lease
-            .address
-            .parse()
-            .map_err(|_| CniError::internal(format!("bad address {}", lease.address)))?;
+        let lease = result_of(&body, args.version())?;
+        let want = lease
+            .ips
+            .first()
+            .map(|ip| ip.address)
+            .ok_or_else(|| failed("DHCP daemon answered without an address".into()))?;
         let Some(netns) = args.netns.as_deref() else {
             return Ok(());
         };
-        let failed = |m: String| CniError::new(ErrorCode::CheckFailed, m);
         let ns = rcni_netns::NetNs::open(netns)?;
         let rt = rcni_netlink::runtime()?;
         let found = rt.block_on(async {
@@ -279,9 +250,14 @@ impl Plugin for Dhcp {
 
     fn status(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = IpamConf::load(args)?;
-        match call(&conf.socket_path(), &Request::Status) {
-            Ok(r) => reply_ok(r).map(drop),
-            Err(CallError::Unreachable(m) | CallError::Broken(m)) => {
+        let reply = Client::dial(&conf.socket_path())
+            .and_then(|mut c| c.call(proto::STATUS, &rpc_args(args).unwrap_or_default()));
+        match reply {
+            Ok(Ok(_)) => Ok(()),
+            // The reference's daemon answers: it is up, and has no STATUS.
+            Ok(Err(e)) if e.is_unknown_method() => Ok(()),
+            Ok(Err(e)) => Err(rpc_err(proto::STATUS, e, ErrorCode::PluginNotAvailable)),
+            Err(CallError::Unreachable(m) | CallError::Broken(m) | CallError::Foreign(m)) => {
                 Err(CniError::new(ErrorCode::PluginNotAvailable, m))
             }
         }
@@ -289,11 +265,10 @@ impl Plugin for Dhcp {
 
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
         let conf = IpamConf::load(args)?;
-        let req = Request::Gc {
-            net_name: args.conf.name.clone(),
-            valid: args.conf.gc_required_valid_attachments("releases")?,
-        };
-        call_to_let_go(&conf, &req, "no lease to collect")
+        // Refused before asking anyone: without the key, every lease of
+        // the network would look stale.
+        args.conf.gc_required_valid_attachments("releases")?;
+        call_to_let_go(&conf, proto::GC, &rpc_args(args)?, "no lease to collect")
     }
 }
 
@@ -360,20 +335,18 @@ mod tests {
 
     #[test]
     fn result_carries_priority_as_route_metric() {
-        let lease = LeaseReply {
-            address: "10.0.0.5/24".into(),
-            gateway: Some("10.0.0.1".into()),
-            routes: vec![rcni_cni::Route::new(
-                "0.0.0.0/0".parse().unwrap(),
-                Some("10.0.0.1".parse().unwrap()),
-            )],
-            dns: rcni_cni::Dns {
-                nameservers: vec!["10.0.0.53".into()],
-                ..Default::default()
-            },
-            expires: 0,
-        };
-        let r = to_result(&lease, Some(100), "1.1.0").unwrap();
+        let mut lease = CniResult::new("");
+        lease.ips.push(rcni_cni::IpConfig {
+            interface: None,
+            address: "10.0.0.5/24".parse().unwrap(),
+            gateway: Some("10.0.0.1".parse().unwrap()),
+        });
+        lease.routes.push(rcni_cni::Route::new(
+            "0.0.0.0/0".parse().unwrap(),
+            Some("10.0.0.1".parse().unwrap()),
+        ));
+        lease.dns.nameservers = vec!["10.0.0.53".into()];
+        let r = to_result(lease.clone(), Some(100), "1.1.0");
         let v: Value = serde_json::from_str(&r.to_json("1.1.0").unwrap()).unwrap();
         assert_eq!(
             v,
@@ -382,7 +355,7 @@ mod tests {
                 "routes": [{"dst": "0.0.0.0/0", "gw": "10.0.0.1", "priority": 100}],
                 "dns": {"nameservers": ["10.0.0.53"]}})
         );
-        let r = to_result(&lease, None, "0.4.0").unwrap();
+        let r = to_result(lease, None, "0.4.0");
         assert_eq!(r.routes[0].priority, None);
     }
 }

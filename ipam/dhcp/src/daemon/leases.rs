@@ -7,13 +7,16 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rcni_cni::{CniError, ErrorCode};
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+use rcni_cni::{CniError, CniResult, ErrorCode, IpConfig};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::flags::{Config, prefixed};
 use crate::client::{self, Client};
 use crate::options::{self, ClientOptions};
-use crate::proto::{Attachment, LeaseReply};
+use crate::proto::Attachment;
 use crate::store::{self, LeaseRecord, Store};
 
 pub(super) enum Cmd {
@@ -23,7 +26,7 @@ pub(super) enum Cmd {
 #[derive(Clone)]
 enum Slot {
     /// An ADD is acquiring; others for the same attachment wait for it.
-    Acquiring(watch::Receiver<Option<Result<LeaseReply, CniError>>>),
+    Acquiring(watch::Receiver<Option<Result<CniResult, CniError>>>),
     Active {
         rec: watch::Receiver<LeaseRecord>,
         cmd: mpsc::Sender<Cmd>,
@@ -48,19 +51,22 @@ fn no_lease(e: client::Error) -> CniError {
     CniError::new(code, e.to_string())
 }
 
-/// The reply for a record: address, gateway, routes, DNS of its ACK.
-fn lease_reply(rec: &LeaseRecord) -> Result<LeaseReply, CniError> {
+/// The result for a record: address, gateway, routes, DNS of its ACK
+/// (without a version, as the reference's daemon leaves it to the plugin).
+fn lease_reply(rec: &LeaseRecord) -> Result<CniResult, CniError> {
     let ack = rec
         .ack()
         .map_err(|e| CniError::internal(format!("stored DHCPACK unreadable: {e}")))?;
     let g = options::granted(&ack).map_err(CniError::internal)?;
-    Ok(LeaseReply {
-        address: g.address.to_string(),
-        gateway: g.gateway.map(|g| g.to_string()),
-        routes: g.routes,
-        dns: g.dns,
-        expires: rec.expires_at,
-    })
+    let mut r = CniResult::new("");
+    r.ips.push(IpConfig {
+        interface: None,
+        address: IpNetwork::V4(g.address),
+        gateway: g.gateway.map(IpAddr::V4),
+    });
+    r.routes = g.routes;
+    r.dns = g.dns;
+    Ok(r)
 }
 
 /// Time from now until unix second `t` (zero if past).
@@ -167,7 +173,7 @@ impl Daemon {
         attachment: Attachment,
         netns: String,
         opts: ClientOptions,
-    ) -> Result<LeaseReply, CniError> {
+    ) -> Result<CniResult, CniError> {
         let cid = attachment.client_id();
         let tx = loop {
             let slot = {
@@ -274,7 +280,7 @@ impl Daemon {
         Ok(rec)
     }
 
-    pub(super) fn check(&self, attachment: &Attachment) -> Result<LeaseReply, CniError> {
+    pub(super) fn check(&self, attachment: &Attachment) -> Result<CniResult, CniError> {
         let cid = attachment.client_id();
         let slot = self.slots().get(&cid).cloned();
         let failed = |m: String| CniError::new(ErrorCode::CheckFailed, m);

@@ -1,63 +1,230 @@
-//! Serving the plugin: one JSON request line per connection, one reply
-//! line; and the daemon's main loop until SIGTERM or SIGINT.
+//! Serving the plugin, the reference's or ours: Go net/rpc over HTTP
+//! (see [`crate::proto`]), calls in order on each connection; and the
+//! daemon's main loop until SIGTERM or SIGINT.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rcni_cni::{CniError, ErrorCode};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use rcni_cni::{CniError, CniResult, ErrorCode, NetConf};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use super::Daemon;
 use super::flags::{Config, prefixed};
 use super::listener::{activation_listener, bind_socket};
-use crate::proto::{Reply, Request};
+use crate::gob;
+use crate::options;
+use crate::proto::{self, Attachment, CmdArgs, RequestHeader, ServerCodec};
+
+/// The `ipam` keys the daemon reads from the config in `StdinData`.
+fn ipam_of(conf: &NetConf) -> Result<crate::IpamConf, CniError> {
+    let net: crate::Net = conf.plugin_conf()?;
+    net.ipam
+        .ok_or_else(|| CniError::config("IPAM config missing 'ipam' key"))
+}
+
+fn attachment(args: &CmdArgs, conf: &NetConf) -> Attachment {
+    Attachment {
+        container_id: args.container_id.clone(),
+        net_name: conf.name.clone(),
+        if_name: args.if_name.clone(),
+    }
+}
+
+/// As the reference's Allocate: the config's `priority` on every route.
+fn with_priority(mut r: CniResult, ipam: &crate::IpamConf) -> CniResult {
+    if let Some(p) = ipam.priority.filter(|p| *p != 0) {
+        for route in &mut r.routes {
+            route.priority = Some(p);
+        }
+    }
+    r
+}
 
 impl Daemon {
-    /// Answers one request of the plugin.
-    pub async fn handle(self: &Arc<Self>, req: Request) -> Reply {
-        let r = match req {
-            Request::Allocate {
-                attachment,
-                netns,
-                options,
-            } => self.allocate(attachment, netns, options).await.map(Some),
-            Request::Check { attachment } => self.check(&attachment).map(Some),
-            Request::Release { attachment } => {
-                self.release(&attachment).await;
+    /// Answers one call: `Some` result for Allocate and Check.
+    pub async fn handle(
+        self: &Arc<Self>,
+        method: &str,
+        args: &CmdArgs,
+    ) -> Result<Option<CniResult>, CniError> {
+        let conf = NetConf::parse(&args.stdin_data)?;
+        match method {
+            proto::ALLOCATE => {
+                let ipam = ipam_of(&conf)?;
+                let cni_args = rcni_cni::CniArgs::parse(&args.args);
+                let opts = options::prepare(&ipam.provide, &ipam.request, &|k| {
+                    cni_args.get(k).map(String::from)
+                })
+                .map_err(CniError::config)?;
+                if args.netns.is_empty() {
+                    return Err(CniError::new(
+                        ErrorCode::InvalidEnvironmentVariables,
+                        "CNI_NETNS is empty",
+                    ));
+                }
+                let r = self
+                    .allocate(attachment(args, &conf), args.netns.clone(), opts)
+                    .await?;
+                Ok(Some(with_priority(r, &ipam)))
+            }
+            proto::CHECK => {
+                let ipam = ipam_of(&conf)?;
+                let r = self.check(&attachment(args, &conf))?;
+                Ok(Some(with_priority(r, &ipam)))
+            }
+            proto::RELEASE => {
+                self.release(&attachment(args, &conf)).await;
                 Ok(None)
             }
-            Request::Status => Ok(None),
-            Request::Gc { net_name, valid } => self.gc(&net_name, &valid).await.map(|_| None),
-        };
-        match r {
-            Ok(lease) => Reply::ok(lease),
-            Err(e) => Reply::err(e),
+            proto::STATUS => Ok(None),
+            proto::GC => {
+                let valid = conf.gc_required_valid_attachments("releases")?;
+                self.gc(&conf.name, &valid).await.map(|_| None)
+            }
+            _ => unreachable!("methods are checked by the caller"),
         }
     }
 }
 
-/// Longest request line accepted.
-const MAX_REQUEST: u64 = 1 << 20;
+/// Longest request head accepted; anything longer is not a Go client.
+const MAX_HEAD: u64 = 8 << 10;
+
+/// How long a connection may wait for its handshake or its next call.
+const IDLE: Duration = Duration::from_secs(30);
+
+/// Reads the HTTP request head: `Ok(None)` when it is Go's CONNECT to the
+/// RPC path, else the response to send before closing.
+async fn handshake(
+    r: &mut (impl AsyncBufReadExt + Unpin),
+) -> std::io::Result<Option<&'static str>> {
+    let mut head = r.take(MAX_HEAD);
+    let mut first = String::new();
+    head.read_line(&mut first).await?;
+    loop {
+        let mut line = String::new();
+        let n = head.read_line(&mut line).await?;
+        if n == 0 || line.trim_end().is_empty() {
+            break;
+        }
+    }
+    let mut parts = first.split_whitespace();
+    let (method, path, version) = (parts.next(), parts.next(), parts.next());
+    // As Go's net/http and rpc.Server.ServeHTTP answer.
+    Ok(match (method, path, version) {
+        (Some("CONNECT"), Some(proto::RPC_PATH), Some(v)) if v.starts_with("HTTP/") => None,
+        (Some(_), Some(proto::RPC_PATH), Some(v)) if v.starts_with("HTTP/") => Some(
+            "HTTP/1.0 405 Method Not Allowed\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n405 must CONNECT\n",
+        ),
+        (Some(_), Some(_), Some(v)) if v.starts_with("HTTP/") => Some(
+            "HTTP/1.0 404 Not Found\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n404 page not found\n",
+        ),
+        _ => Some(
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request",
+        ),
+    })
+}
+
+/// Reads one gob message off the connection.
+async fn read_message(r: &mut (impl AsyncRead + Unpin)) -> std::io::Result<Vec<u8>> {
+    let bad = |e: gob::Error| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+    let first = r.read_u8().await?;
+    let mut more = vec![0u8; gob::len_bytes_after(first)];
+    r.read_exact(&mut more).await?;
+    let n = gob::message_len(first, &more).map_err(bad)?;
+    let mut msg = vec![0u8; n];
+    r.read_exact(&mut msg).await?;
+    Ok(msg)
+}
+
+/// The next value of the request stream.
+async fn read_value(
+    r: &mut (impl AsyncRead + Unpin),
+    codec: &mut ServerCodec,
+) -> std::io::Result<gob::Value> {
+    loop {
+        let msg = read_message(r).await?;
+        match codec.message(&msg) {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+        }
+    }
+}
+
+/// net/rpc's own errors for a method name we do not serve (the same text
+/// as Go's server, which our plugin and a Go client recognise).
+fn unknown_method(m: &str) -> Option<String> {
+    let Some((service, _)) = m.rsplit_once('.') else {
+        return Some(format!("rpc: service/method request ill-formed: {m}"));
+    };
+    if service != "DHCP" {
+        return Some(format!("rpc: can't find service {m}"));
+    }
+    if ![
+        proto::ALLOCATE,
+        proto::RELEASE,
+        proto::CHECK,
+        proto::STATUS,
+        proto::GC,
+    ]
+    .contains(&m)
+    {
+        return Some(format!("rpc: can't find method {m}"));
+    }
+    None
+}
 
 async fn serve_conn(d: Arc<Daemon>, stream: tokio::net::UnixStream) {
     let (r, mut w) = stream.into_split();
-    let mut line = String::new();
-    let mut reader = BufReader::new(tokio::io::AsyncReadExt::take(r, MAX_REQUEST));
-    let read = tokio::time::timeout(Duration::from_secs(30), reader.read_line(&mut line)).await;
-    let reply = match read {
-        Ok(Ok(n)) if n > 0 => match serde_json::from_str::<Request>(&line) {
-            Ok(req) => d.handle(req).await,
-            Err(e) => Reply::err(CniError::new(
-                ErrorCode::DecodingFailure,
-                format!("dhcp daemon: bad request: {e}"),
-            )),
-        },
+    let mut r = BufReader::new(r);
+    match tokio::time::timeout(IDLE, handshake(&mut r)).await {
+        Ok(Ok(None)) => {}
+        Ok(Ok(Some(refusal))) => {
+            let _ = w.write_all(refusal.as_bytes()).await;
+            let _ = w.shutdown().await;
+            return;
+        }
         _ => return,
-    };
-    let mut out = serde_json::to_vec(&reply).unwrap_or_default();
-    out.push(b'\n');
-    let _ = w.write_all(&out).await;
-    let _ = w.shutdown().await;
+    }
+    let connected = format!("HTTP/1.0 {}\n\n", proto::CONNECTED);
+    if w.write_all(connected.as_bytes()).await.is_err() {
+        return;
+    }
+    let mut codec = ServerCodec::new();
+    loop {
+        let read = async {
+            let header = read_value(&mut r, &mut codec).await?;
+            let body = read_value(&mut r, &mut codec).await?;
+            Ok::<_, std::io::Error>((ServerCodec::header(&header), body))
+        };
+        // A closed or idle connection, or a stream that is no gob: Go's
+        // server drops those too.
+        let Ok(Ok((h, body))) = tokio::time::timeout(IDLE, read).await else {
+            return;
+        };
+        let reply = answer(&d, &mut codec, &h, &body).await;
+        match reply {
+            Ok(bytes) if w.write_all(&bytes).await.is_ok() => {}
+            _ => return,
+        }
+    }
+}
+
+async fn answer(
+    d: &Arc<Daemon>,
+    codec: &mut ServerCodec,
+    h: &RequestHeader,
+    body: &gob::Value,
+) -> Result<Vec<u8>, gob::Error> {
+    if let Some(e) = unknown_method(&h.method) {
+        return codec.reply_error(h, &e, None);
+    }
+    let args = CmdArgs::from_value(body);
+    match d.handle(&h.method, &args).await {
+        Ok(Some(r)) => codec.reply_result(h, &r),
+        Ok(None) => codec.reply_empty(h),
+        Err(e) => codec.reply_error(h, &e.msg, Some(&e)),
+    }
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. Leases are not released on the
