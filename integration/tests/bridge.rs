@@ -3,12 +3,13 @@
 //! after damage, every DEL path, rollback, and the reference side by side.
 
 use rcni_integration::{
-    Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip_link_json, nl, ours_and_reference,
+    Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip, ip_link_json, nl, ours_and_reference,
     remove_pod_address, remove_route, routes_of,
 };
 use rcni_netlink::{Family, MacvlanMode};
-use rcni_testkit::{Call, TestNs, bin, normalized_result, ping};
+use rcni_testkit::{Call, TestNs, bin, bin_dir, normalized_result, ping, reference_v191_bin};
 use serde_json::json;
+use std::path::PathBuf;
 
 #[test]
 fn pods_reach_each_other_and_the_gateway_dual_stack() {
@@ -608,4 +609,57 @@ fn failed_add_releases_ipam_before_removing_the_veth() {
         .err();
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "present\n");
     assert_eq!(rcni_integration::link_names(&pod.ns), ["lo"]);
+}
+
+/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
+/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
+fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
+    let mut v = vec![(bin(name), bin_dir().display().to_string())];
+    if let Some(p) = reference_v191_bin(name) {
+        let dir = p.parent().unwrap().display().to_string();
+        v.push((p, dir));
+    }
+    v
+}
+
+/// Upstream since v1.7.0 (ConfigureIface): the pod interface of a
+/// dual-stack attachment gets `keep_addr_on_down=1`, so a link down/up
+/// inside the pod keeps its IPv6 address and the pod stays reachable.
+#[test]
+fn ipam_ipv6_addresses_survive_a_link_down_up_as_v191() {
+    for (bridge, path) in ours_and_v191("bridge") {
+        let node = Node::with_path(path);
+        let pod = TestNs::new();
+        let c = node.conf("1.0.0", json!({}));
+        let r = node.call(&bridge, "ADD", &pod.path(), "keep", &c).ok();
+        let v6 = addr_of(&r, false);
+        assert_eq!(
+            rcni_netlink::sysctl::get(&pod.ns, "net/ipv6/conf/eth0/keep_addr_on_down").unwrap(),
+            "1",
+            "{}",
+            bridge.display()
+        );
+        ip(&pod.ns, "link set eth0 down");
+        ip(&pod.ns, "link set eth0 up");
+        assert!(
+            addrs_of(&pod.ns, "eth0").contains(&format!("{v6}/64")),
+            "{}",
+            bridge.display()
+        );
+        // The reference's bridge address may still be tentative (it leaves
+        // duplicate address detection on there): a few seconds' grace.
+        let reached = (0..10).any(|_| {
+            ping(&node.ns.ns, &v6) || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                false
+            }
+        });
+        assert!(
+            reached,
+            "{}: node to pod over IPv6 after down/up",
+            bridge.display()
+        );
+        let with = Node::with_prev(&c, &r);
+        node.call(&bridge, "DEL", &pod.path(), "keep", &with).ok();
+    }
 }

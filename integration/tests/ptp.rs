@@ -3,11 +3,12 @@
 //! path, rollback, ipMasq, GC and STATUS, and the reference side by side.
 
 use rcni_integration::{
-    Damage, Node, addr_of, addrs_of, delete_pod_eth0, masq_rules, merged, nl, ours_and_reference,
-    remove_pod_address, remove_route, routes_of,
+    Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip, masq_rules, merged, nl,
+    ours_and_reference, remove_pod_address, remove_route, routes_of,
 };
-use rcni_testkit::{TestNs, bin, normalized_result, ping};
+use rcni_testkit::{TestNs, bin, bin_dir, normalized_result, ping, reference_v191_bin};
 use serde_json::{Value, json};
+use std::path::PathBuf;
 
 /// A ptp config on the node's host-local data dir; `extra` keys merged in.
 fn conf(node: &Node, version: &str, extra: Value) -> Value {
@@ -325,5 +326,57 @@ fn same_result_and_state_as_the_reference() {
         }
         assert_eq!(seen[0].0, seen[1].0, "{v}: result");
         assert_eq!(seen[0].1, seen[1].1, "{v}: kernel state");
+    }
+}
+
+/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
+/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
+fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
+    let mut v = vec![(bin(name), bin_dir().display().to_string())];
+    if let Some(p) = reference_v191_bin(name) {
+        let dir = p.parent().unwrap().display().to_string();
+        v.push((p, dir));
+    }
+    v
+}
+
+/// Upstream since v1.7.0 (ConfigureIface): an interface that gets an IPv6
+/// address from IPAM gets `keep_addr_on_down=1`, so a link down/up inside
+/// the pod keeps the address; an IPv4-only pod's interface is left as it is.
+#[test]
+fn ipam_ipv6_addresses_survive_a_link_down_up_as_v191() {
+    let key = "net/ipv6/conf/eth0/keep_addr_on_down";
+    for (ptp, path) in ours_and_v191("ptp") {
+        let node = Node::with_path(path);
+        let pod = TestNs::new();
+        let c = conf(&node, "1.0.0", json!({}));
+        let r = node.call(&ptp, "ADD", &pod.path(), "keep", &c).ok();
+        let v6 = format!("{}/64", addr_of(&r, false));
+        assert_eq!(
+            rcni_netlink::sysctl::get(&pod.ns, key).unwrap(),
+            "1",
+            "{}",
+            ptp.display()
+        );
+        ip(&pod.ns, "link set eth0 down");
+        assert!(addrs_of(&pod.ns, "eth0").contains(&v6), "kept while down");
+        ip(&pod.ns, "link set eth0 up");
+        assert!(addrs_of(&pod.ns, "eth0").contains(&v6), "{}", ptp.display());
+
+        let pod4 = TestNs::new();
+        let mut c4 = c.clone();
+        c4["ipam"]["ranges"] = json!([[{"subnet": "10.77.0.0/24"}]]);
+        c4["ipam"]["routes"] = json!([{"dst": "0.0.0.0/0"}]);
+        node.call(&ptp, "ADD", &pod4.path(), "keep4", &c4).ok();
+        assert_eq!(
+            rcni_netlink::sysctl::get(&pod4.ns, key).unwrap(),
+            "0",
+            "IPv4 only: {}",
+            ptp.display()
+        );
+        for (p, cid, c, r) in [(&pod, "keep", &c, Some(&r)), (&pod4, "keep4", &c4, None)] {
+            let with = r.map_or(c.clone(), |r| Node::with_prev(c, r));
+            node.call(&ptp, "DEL", &p.path(), cid, &with).ok();
+        }
     }
 }

@@ -412,7 +412,8 @@ pub enum Dad {
 const DAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Applies an IPAM result to `link` as libcni's `ConfigureIface` does:
-/// IPv6 enabled where it is needed, every address added, the link set up,
+/// IPv6 enabled (and its addresses kept over a link down) where it is
+/// needed, every address added, the link set up,
 /// then every route, via the family's first gateway unless it names its own.
 pub async fn configure_iface(
     ct: &Netlink,
@@ -433,6 +434,13 @@ pub async fn configure_iface(
                 sysctl::set(ct_ns, &key, "0")?;
             }
         }
+        // Without it the kernel drops the interface's IPv6 addresses when
+        // the link goes down, and a down/up inside the pod leaves it without
+        // them (upstream sets it since v1.7.0 and fails ADD when it cannot).
+        let key = format!("net/ipv6/conf/{ifname}/keep_addr_on_down");
+        sysctl::set(ct_ns, &key, "1").map_err(|e| {
+            CniError::from(e).context(format!("failed to enable keep_addr_on_down for {ifname:?}"))
+        })?;
     }
     let (mut gw4, mut gw6) = (None, None);
     for ip in &result.ips {
