@@ -6,8 +6,11 @@
 use rcni_integration::{Node, addrs_of, ip, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::Link;
 use rcni_netns::NetNs;
-use rcni_testkit::{PersistentNs, REFERENCE_DIR, TestNs, bin, normalized_result, ping};
+use rcni_testkit::{
+    PersistentNs, REFERENCE_DIR, TestNs, bin, bin_dir, normalized_result, ping, reference_v191_bin,
+};
 use serde_json::{Value, json};
+use std::path::PathBuf;
 
 fn conf(extra: Value) -> Value {
     let c = json!({
@@ -109,10 +112,9 @@ fn tap_by_hwaddr_and_macvlan_without_ipam() {
     c["ipam"]["dns"] = json!({"nameservers": ["10.62.0.53"]});
     let r = Call(&node).add(&pod, "tap", &c, "eth0");
     assert_eq!(r["interfaces"][0]["mac"], "0a:62:00:00:00:07");
-    assert_eq!(
-        r["dns"],
-        json!({"nameservers": ["10.62.0.53"]}),
-        "IPAM's DNS kept without a config dns"
+    assert!(
+        r.get("dns").is_none(),
+        "the config's DNS (none), not IPAM's, as v1.9.1: {r}"
     );
     assert_eq!(link(&pod.ns, "eth0").unwrap().kind.as_deref(), Some("tun"));
     Call(&node)
@@ -324,5 +326,53 @@ fn every_spec_version_gets_its_result_shape() {
         assert!(ping(&pod.ns, "10.62.0.1"), "{v}");
         Call(&node).run("DEL", &pod, "ctr", &c, "net1").ok();
         assert!(link(&node.ns.ns, "hd0").is_some(), "{v}");
+    }
+}
+
+/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
+/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
+fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
+    let mut v = vec![(bin(name), bin_dir().display().to_string())];
+    if let Some(p) = reference_v191_bin(name) {
+        let dir = p.parent().unwrap().display().to_string();
+        v.push((p, dir));
+    }
+    v
+}
+
+/// As v1.9.1: the result's DNS is the config's `dns` (IPAM's is dropped),
+/// and the moved device, given an IPv6 address, keeps it over a link
+/// down/up (`keep_addr_on_down=1`, v1.7.0).
+#[test]
+fn dns_from_the_config_and_ipv6_kept_on_down_as_v191() {
+    for (plugin, path) in ours_and_v191("host-device") {
+        let what = plugin.display().to_string();
+        let node = Node::with_path(path);
+        ip(&node.ns.ns, "link add hd0 type veth peer name hd0p");
+        ip(&node.ns.ns, "link set hd0p up");
+        let mut c = conf(json!({}));
+        c["ipam"]["addresses"] = json!([{"address": "10.62.0.2/24"}, {"address": "fd62::2/64"}]);
+        c["ipam"]["dns"] = json!({"nameservers": ["10.62.0.53"]});
+        let pod = TestNs::new();
+        let r = node.call(&plugin, "ADD", &pod.path(), "hd", &c).ok();
+        let dns = r.get("dns").cloned().unwrap_or(json!({}));
+        assert_eq!(dns, json!({}), "{what}: IPAM's DNS is not the result's");
+        assert_eq!(
+            rcni_netlink::sysctl::get(&pod.ns, "net/ipv6/conf/eth0/keep_addr_on_down").unwrap(),
+            "1",
+            "{what}"
+        );
+        ip(&pod.ns, "link set eth0 down");
+        ip(&pod.ns, "link set eth0 up");
+        assert!(
+            addrs_of(&pod.ns, "eth0").contains(&"fd62::2/64".to_string()),
+            "{what}"
+        );
+        node.call(&plugin, "DEL", &pod.path(), "hd", &Node::with_prev(&c, &r))
+            .ok();
+        assert!(
+            link(&node.ns.ns, "hd0").is_some(),
+            "{what}: back on the node"
+        );
     }
 }

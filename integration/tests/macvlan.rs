@@ -5,8 +5,12 @@
 
 use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::MacvlanMode;
-use rcni_testkit::{Call, PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
+use rcni_testkit::{
+    Call, PersistentNs, TestNs, bin, bin_dir, normalized_result, ping, reference_bin,
+    reference_v191_bin,
+};
 use serde_json::{Value, json};
+use std::path::PathBuf;
 
 fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
     let c = json!({
@@ -406,4 +410,87 @@ fn failed_add_releases_ipam_before_removing_the_link() {
         .err();
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "present\n");
     assert_eq!(link_names(&pod.ns), ["lo"]);
+}
+
+/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
+/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
+fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
+    let mut v = vec![(bin(name), bin_dir().display().to_string())];
+    if let Some(p) = reference_v191_bin(name) {
+        let dir = p.parent().unwrap().display().to_string();
+        v.push((p, dir));
+    }
+    v
+}
+
+/// A result's DNS, `{}` when it has none (Go prints an empty struct, we
+/// leave the key out).
+fn dns_of(r: &Value) -> Value {
+    r.get("dns").cloned().unwrap_or(json!({}))
+}
+
+/// What upstream changed after 1.1.1, side by side with v1.9.1: with IPAM
+/// the link gets `ndisc_notify=1` beside `arp_notify=1` (v1.4.0: neighbours
+/// learn the new MAC of an IPv6 address at once) and, having an IPv6
+/// address, `keep_addr_on_down=1` (v1.7.0); an L2-only link gets neither.
+/// The result's DNS is the config's `dns`, never IPAM's.
+#[test]
+fn notify_sysctls_keep_addr_and_dns_as_v191() {
+    let get = |pod: &TestNs, key: &str| rcni_netlink::sysctl::get(&pod.ns, key).unwrap();
+    let sysctls = |pod: &TestNs| {
+        [
+            "net/ipv4/conf/eth0/arp_notify",
+            "net/ipv6/conf/eth0/ndisc_notify",
+            "net/ipv6/conf/eth0/keep_addr_on_down",
+        ]
+        .map(|k| get(pod, k))
+    };
+    let ipam_dns = json!({"nameservers": ["10.65.0.53"], "search": ["ipam.example"]});
+    for (plugin, path) in ours_and_v191("macvlan") {
+        let node = Node::with_path(path).wired();
+        let what = plugin.display().to_string();
+        let mut c = conf("m1", "bridge", "10.65.0.5/24", json!({}));
+        c["ipam"]["addresses"] = json!([{"address": "10.65.0.5/24"}, {"address": "fd65::5/64"}]);
+        c["ipam"]["dns"] = ipam_dns.clone();
+        let pod = TestNs::new();
+        let r = node.call(&plugin, "ADD", &pod.path(), "l3", &c).ok();
+        assert_eq!(sysctls(&pod), ["1", "1", "1"], "{what}");
+        assert_eq!(
+            dns_of(&r),
+            json!({}),
+            "{what}: IPAM's DNS is not the result's"
+        );
+        ip(&pod.ns, "link set eth0 down");
+        ip(&pod.ns, "link set eth0 up");
+        assert!(
+            addrs_of(&pod.ns, "eth0").contains(&"fd65::5/64".to_string()),
+            "{what}"
+        );
+        node.call(&plugin, "DEL", &pod.path(), "l3", &Node::with_prev(&c, &r))
+            .ok();
+
+        // The config's dns is the result's.
+        let mut cd = c.clone();
+        cd["dns"] = json!({"nameservers": ["10.65.0.1"]});
+        let pod = TestNs::new();
+        let r = node.call(&plugin, "ADD", &pod.path(), "dns", &cd).ok();
+        assert_eq!(dns_of(&r), json!({"nameservers": ["10.65.0.1"]}), "{what}");
+        node.call(
+            &plugin,
+            "DEL",
+            &pod.path(),
+            "dns",
+            &Node::with_prev(&cd, &r),
+        )
+        .ok();
+
+        // L2 only: no sysctl written.
+        let l2 = conf("m1", "bridge", "unused", json!({"ipam": {}}));
+        let pod = TestNs::new();
+        let r = node.call(&plugin, "ADD", &pod.path(), "l2", &l2).ok();
+        assert_eq!(sysctls(&pod), ["0", "0", "0"], "{what}");
+        node.call(&plugin, "DEL", &pod.path(), "l2", &Node::with_prev(&l2, &r))
+            .ok();
+        assert!(node_macvlans(&node).is_empty());
+    }
 }

@@ -4,8 +4,11 @@
 
 use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
 use rcni_netlink::IpvlanMode;
-use rcni_testkit::{PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
+use rcni_testkit::{
+    PersistentNs, TestNs, bin, bin_dir, normalized_result, ping, reference_bin, reference_v191_bin,
+};
 use serde_json::{Value, json};
+use std::path::PathBuf;
 
 fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
     let c = json!({
@@ -256,4 +259,81 @@ fn chained_check_errors_rollback_and_del() {
     let c = merged(c, json!({"cniVersion": "1.1.0"}));
     node.status(&bin("ipvlan"), &c).ok();
     node.gc(&bin("ipvlan"), &c, json!([])).ok();
+}
+
+/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
+/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
+fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
+    let mut v = vec![(bin(name), bin_dir().display().to_string())];
+    if let Some(p) = reference_v191_bin(name) {
+        let dir = p.parent().unwrap().display().to_string();
+        v.push((p, dir));
+    }
+    v
+}
+
+/// What upstream changed after 1.1.1, side by side with v1.9.1: the link
+/// gets `ndisc_notify=1` beside `arp_notify=1` (v1.4.0) and, with an IPv6
+/// address, `keep_addr_on_down=1` (v1.7.0); the result's DNS is the
+/// config's `dns`, neither IPAM's nor, chained, prevResult's.
+#[test]
+fn notify_sysctls_keep_addr_and_dns_as_v191() {
+    let sysctls = |pod: &TestNs| {
+        [
+            "net/ipv4/conf/eth0/arp_notify",
+            "net/ipv6/conf/eth0/ndisc_notify",
+            "net/ipv6/conf/eth0/keep_addr_on_down",
+        ]
+        .map(|k| rcni_netlink::sysctl::get(&pod.ns, k).unwrap())
+    };
+    let dns_of = |r: &Value| r.get("dns").cloned().unwrap_or(json!({}));
+    for (plugin, path) in ours_and_v191("ipvlan") {
+        let what = plugin.display().to_string();
+        let node = Node::with_path(path).wired();
+        let mut c = conf("m1", "l2", "10.74.0.5/24", json!({}));
+        c["ipam"]["addresses"] = json!([{"address": "10.74.0.5/24"}, {"address": "fd74::5/64"}]);
+        c["ipam"]["dns"] = json!({"nameservers": ["10.74.0.53"]});
+        let pod = TestNs::new();
+        let r = node.call(&plugin, "ADD", &pod.path(), "l3", &c).ok();
+        assert_eq!(sysctls(&pod), ["1", "1", "1"], "{what}");
+        assert_eq!(
+            dns_of(&r),
+            json!({}),
+            "{what}: IPAM's DNS is not the result's"
+        );
+        ip(&pod.ns, "link set eth0 down");
+        ip(&pod.ns, "link set eth0 up");
+        assert!(
+            addrs_of(&pod.ns, "eth0").contains(&"fd74::5/64".to_string()),
+            "{what}"
+        );
+        node.call(&plugin, "DEL", &pod.path(), "l3", &Node::with_prev(&c, &r))
+            .ok();
+
+        // Chained: prevResult's addresses; its DNS is dropped for the
+        // config's (none here), as v1.9.1's `result.DNS = n.DNS`.
+        let chained = merged(
+            conf("m1", "l2", "unused", json!({})),
+            json!({"ipam": {}, "prevResult": {"cniVersion": "1.0.0",
+                "interfaces": [{"name": "m1"}],
+                "ips": [{"address": "10.74.1.5/24", "interface": 0}],
+                "dns": {"nameservers": ["10.74.1.53"]}}}),
+        );
+        let pod = TestNs::new();
+        let r = node.call(&plugin, "ADD", &pod.path(), "ch", &chained).ok();
+        assert_eq!(sysctls(&pod)[..2], ["1", "1"], "{what}");
+        assert_eq!(
+            dns_of(&r),
+            json!({}),
+            "{what}: prevResult's DNS is not the result's"
+        );
+        node.call(
+            &plugin,
+            "DEL",
+            &pod.path(),
+            "ch",
+            &Node::with_prev(&chained, &r),
+        )
+        .ok();
+    }
 }

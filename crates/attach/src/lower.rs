@@ -6,8 +6,8 @@
 
 use crate::{
     Dad, Namespaces, check, configure_iface, delete_container_link, ensure_ifname_free, finish_add,
-    in_container_for_del, interface, ipam_config, sandbox, start_ipam_del, temp_name, undo_link,
-    wait_ipam,
+    in_container_for_del, interface, ipam_config, sandbox, start_ipam_del, sysctl_best_effort,
+    temp_name, undo_link, wait_ipam,
 };
 use rcni_cni::first_error;
 use rcni_cni::invoke::PendingAdd;
@@ -178,15 +178,17 @@ pub fn create_lower_link<'a>(
 /// `prevResult`), with addresses and routes (other hosts share the segment,
 /// so IPv6 addresses go through duplicate address detection, waited for as
 /// the reference does), or only brought up for an L2-only attachment; its
-/// interface in the result; the undo stack committed. With `arp_notify`,
-/// neighbours learn the link's MAC for its addresses at once (best effort,
-/// as the reference's macvlan and ipvlan).
+/// interface in the result; the result's DNS the config's `dns`, never
+/// IPAM's or prevResult's (upstream's `result.DNS = n.DNS`); the undo stack
+/// committed. With `notify`, neighbours learn the link's MAC for its
+/// addresses at once: `arp_notify` and `ndisc_notify` (best effort, as the
+/// reference's macvlan and ipvlan; ndisc_notify since v1.4.0).
 pub fn finish_lower_add(
     ns: &Namespaces,
     args: &CmdArgs,
     link: &Link,
     without_ipam: Option<CniResult>,
-    arp_notify: bool,
+    notify: bool,
     // Before `undo`: parameters drop in reverse order, so a failure here
     // removes the link before host-local or static release its addresses
     // (any other IPAM releases first: `wait_into`).
@@ -203,11 +205,14 @@ pub fn finish_lower_add(
     };
     let mut result = match result {
         Some(result) => {
-            if arp_notify {
+            if notify {
                 let _ = ns.rt.block_on(
                     ns.ct
                         .set_ipv4_devconf(link.index, &[(IPV4_DEVCONF_ARP_NOTIFY, 1)]),
                 );
+                // IPv6's devconf is read-only over netlink.
+                let key = format!("net/ipv6/conf/{}/ndisc_notify", link.name);
+                sysctl_best_effort(&ns.ct_ns, &[(key, "1")]);
             }
             ns.rt
                 .block_on(configure_iface(&ns.ct, &ns.ct_ns, link, &result, Dad::Wait))?;
@@ -220,6 +225,7 @@ pub fn finish_lower_add(
     };
     let link = ns.rt.block_on(ns.ct.link_by_index(link.index))?;
     result.interfaces = vec![interface(&link, &sandbox(args))];
+    result.dns = args.conf.dns.clone().unwrap_or_default();
     Ok(finish_add(result, args, undo, ipam))
 }
 

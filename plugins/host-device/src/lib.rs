@@ -345,7 +345,15 @@ impl Attachment for HostDevice {
             Some(link) => interface(&ns.rt.block_on(ns.ct.link_by_index(link.index))?, &sandbox),
             None => dpdk_interface(&args.ifname, &sandbox, dpdk.as_deref().unwrap_or_default()),
         }];
-        Ok(finish_add(result, args, undo, ipam))
+        // As v1.9.1: with IPAM the config's `dns` (never IPAM's); without,
+        // none at all (its result is the device alone).
+        let with_ipam = ipam.is_some();
+        result.dns = args.conf.dns.clone().unwrap_or_default();
+        let mut result = finish_add(result, args, undo, ipam);
+        if !with_ipam {
+            result.dns = Default::default();
+        }
+        Ok(result)
     }
 
     /// IPAM's release, whether or not the netns is there (the reference
