@@ -428,6 +428,50 @@ fn bridge_chained_conflist() {
     lab.assert_released(&got, "bridge DEL released the lease on the server");
 }
 
+/// An option-121 route whose router is 0.0.0.0 is on-link (RFC 3442; the
+/// reference's v1.8.0+): the result says `gw` 0.0.0.0 with scope link, and
+/// the bridge plugin installs it without a gateway, not via the lease's.
+#[test]
+fn classless_route_via_0_0_0_0_is_on_link() {
+    let list = conflist("60-bridge-dhcp.conflist");
+    let bridge = list["plugins"][0]["bridge"].as_str().unwrap();
+    let lab = Lab::serving_on(
+        bridge,
+        &[
+            "--dhcp-option=option:router,10.77.0.1",
+            "--dhcp-option=option:classless-static-route,10.99.0.0/16,0.0.0.0,0.0.0.0/0,10.77.0.1",
+        ],
+    );
+    let conf = lab.first_plugin_conf(&list);
+    let pod = TestNs::new();
+    let call = |cmd: &str, stdin: &Value| {
+        Call::new(bin("bridge"), cmd)
+            .env("CNI_CONTAINERID", "onlink")
+            .netns(&pod.path())
+            .stdin(stdin)
+            .run_in(&lab.node.ns)
+    };
+    let result = call("ADD", &conf).ok();
+    assert_eq!(
+        result["routes"],
+        json!([{"dst": "10.99.0.0/16", "gw": "0.0.0.0", "scope": 253, "priority": 100},
+               {"dst": "0.0.0.0/0", "gw": "10.77.0.1", "priority": 100}]),
+        "{}",
+        lab.logs()
+    );
+    let routes = nl(&pod.ns, async |n| {
+        n.routes(rcni_netlink::Family::V4).await.unwrap()
+    });
+    let onlink = routes
+        .iter()
+        .find(|r| r.dst.to_string() == "10.99.0.0/16")
+        .unwrap_or_else(|| panic!("no route to 10.99.0.0/16: {routes:?}"));
+    assert_eq!(onlink.gateway, None, "{onlink:?}");
+    assert_eq!(onlink.scope, 253, "{onlink:?}");
+    call("DEL", &conf).ok();
+    lab.assert_released(&addr_ip(&result), "DEL");
+}
+
 /// The runtime's DEL after an ADD killed late in a chain with bandwidth
 /// (no cached result, so no prevResult): bandwidth's DEL removes the veth's
 /// egress redirect, not only its IFB, before the bridge's DEL releases the

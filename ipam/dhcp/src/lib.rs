@@ -358,4 +358,42 @@ mod tests {
         let r = to_result(lease, None, "0.4.0");
         assert_eq!(r.routes[0].priority, None);
     }
+
+    /// An option-121 route via 0.0.0.0, from the server's ACK through the
+    /// daemon's reply on the wire to the plugin's result: on-link, as the
+    /// reference's v1.8.0+ print it.
+    #[test]
+    fn on_link_classless_route_in_the_result() {
+        use dhcproto::v4::{DhcpOption as O, Message};
+        use std::net::Ipv4Addr;
+        let mut ack = Message::default();
+        ack.set_yiaddr(Ipv4Addr::new(10, 77, 0, 60));
+        for o in [
+            O::SubnetMask(Ipv4Addr::new(255, 255, 255, 0)),
+            O::AddressLeaseTime(600),
+            O::Router(vec![Ipv4Addr::new(10, 77, 0, 1)]),
+            O::ClasslessStaticRoute(vec![
+                ("10.99.0.0/16".parse().unwrap(), Ipv4Addr::UNSPECIFIED),
+                ("0.0.0.0/0".parse().unwrap(), Ipv4Addr::new(10, 77, 0, 1)),
+            ]),
+        ] {
+            ack.opts_mut().insert(o);
+        }
+        let g = options::granted(&ack).unwrap();
+        let mut lease = CniResult::new("");
+        lease.ips.push(rcni_cni::IpConfig {
+            interface: None,
+            address: ipnetwork::IpNetwork::V4(g.address),
+            gateway: g.gateway.map(std::net::IpAddr::V4),
+        });
+        lease.routes = g.routes;
+        let wire = proto::result_to_value(&lease);
+        let r = to_result(result_of(&wire, "1.1.0").unwrap(), None, "1.1.0");
+        let v: Value = serde_json::from_str(&r.to_json("1.1.0").unwrap()).unwrap();
+        assert_eq!(
+            v["routes"],
+            json!([{"dst": "10.99.0.0/16", "gw": "0.0.0.0", "scope": 253},
+                   {"dst": "0.0.0.0/0", "gw": "10.77.0.1"}])
+        );
+    }
 }

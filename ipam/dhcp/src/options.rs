@@ -224,10 +224,16 @@ fn route(dst: Ipv4Network, gw: Option<Ipv4Addr>) -> Route {
     Route::new(IpNetwork::V4(dst), gw.map(IpAddr::V4))
 }
 
+/// `scope link` (RT_SCOPE_LINK).
+pub const SCOPE_LINK: u32 = 253;
+
 /// Routes of an ACK. RFC 3442: when classless static routes (121) are
 /// present the client ignores static routes (33) and the router option for
-/// routing; a 121 entry whose router is 0.0.0.0 is on-link. Otherwise: the
-/// static routes, then a default route via the first router.
+/// routing. A 121 entry whose router is 0.0.0.0 is on-link: as the
+/// reference since v1.8.0, it keeps `gw` 0.0.0.0 and gets scope link. (A
+/// route without `gw` would be sent via the lease's gateway by the
+/// interface plugin, which fills in the gateway of the address's family.)
+/// Otherwise: the static routes, then a default route via the first router.
 pub fn routes(m: &Message) -> Vec<Route> {
     if let Some(DhcpOption::ClasslessStaticRoute(list)) = opt(m, OptionCode::ClasslessStaticRoute)
         && !list.is_empty()
@@ -236,7 +242,11 @@ pub fn routes(m: &Message) -> Vec<Route> {
             .iter()
             .map(|(net, gw)| {
                 let dst = Ipv4Network::new(net.network(), net.prefix_len()).expect("prefix <= 32");
-                route(dst, Some(*gw).filter(|g| !g.is_unspecified()))
+                let mut r = route(dst, Some(*gw));
+                if gw.is_unspecified() {
+                    r.scope = Some(SCOPE_LINK);
+                }
+                r
             })
             .collect();
     }
@@ -453,14 +463,17 @@ mod tests {
         let r: Vec<String> = g
             .routes
             .iter()
-            .map(|r| format!("{} {:?}", r.dst, r.gw))
+            .map(|r| format!("{} {:?} {:?}", r.dst, r.gw, r.scope))
             .collect();
+        // The route via 0.0.0.0 is on-link: gw 0.0.0.0 and scope link, as
+        // the reference's v1.8.0+ (without a gw it would go via the
+        // lease's gateway).
         assert_eq!(
             r,
             [
-                "192.168.7.0/24 Some(10.1.2.7)",
-                "10.99.0.0/16 None",
-                "0.0.0.0/0 Some(10.1.2.254)"
+                "192.168.7.0/24 Some(10.1.2.7) None",
+                "10.99.0.0/16 Some(0.0.0.0) Some(253)",
+                "0.0.0.0/0 Some(10.1.2.254) None"
             ]
         );
     }
