@@ -59,6 +59,12 @@ impl Attachment for Tap {
     }
 
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+        if conf.ipam.is_none() {
+            // A result without addresses has no 0.1.0/0.2.0 form: refused
+            // before the device is made (the reference fails after, and
+            // leaves the device behind).
+            CniResult::new(args.version()).to_value(args.version())?;
+        }
         let rt = rt()?;
         let ct_ns = open_container(args)?;
         let ct = rt.block_on(Netlink::connect(&ct_ns))?;
