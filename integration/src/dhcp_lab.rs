@@ -234,6 +234,40 @@ impl Lab {
         });
     }
 
+    /// Another suite's daemon (the reference's) in the node namespace:
+    /// its socket in the temp dir, no other flag but `extra` (its leases
+    /// live in its memory only; it has no state directory).
+    pub fn start_foreign_daemon(&mut self, daemon: &Path, extra: &[&str]) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path("daemon.log"))
+            .unwrap();
+        let mut cmd = rcni_testkit::tied_command_in(&self.node.ns, daemon);
+        cmd.arg("daemon")
+            .arg("-socketpath")
+            .arg(self.socket())
+            .arg("-pidfile")
+            .arg(self.path("dhcp.pid"))
+            .args(extra);
+        self.daemon = spawn_logged(&mut cmd, log, "foreign dhcp daemon");
+        let sock = self.socket();
+        wait_for(Duration::from_secs(30), "the daemon's socket", || {
+            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        });
+    }
+
+    /// A CNI_PATH directory whose `dhcp` is `plugin` (another suite's IPAM
+    /// binary for an interface plugin of ours to delegate to).
+    pub fn cni_path_with_dhcp(&self, plugin: &Path) -> PathBuf {
+        let dir = self.path("cni-bin");
+        std::fs::create_dir_all(&dir).unwrap();
+        let link = dir.join("dhcp");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(plugin, &link).unwrap();
+        dir
+    }
+
     pub fn stop_daemon(&mut self) {
         self.daemon.stop();
     }

@@ -49,8 +49,12 @@ const T_BYTES: i64 = 5;
 const T_STRING: i64 = 6;
 const T_COMPLEX: i64 = 7;
 const T_INTERFACE: i64 = 8;
-/// The first id a stream may give a type of its own.
+/// The first id our streams give a type of their own (Go's encoders start
+/// at 64 or 65 depending on the release).
 const FIRST_USER_ID: i64 = 65;
+/// The highest id Go predefines (its wire-type descriptors end at 23):
+/// a stream may define any id above.
+const LAST_PREDEFINED_ID: i64 = 23;
 
 /// A decoded value, or one to encode.
 #[derive(Debug, Clone, PartialEq)]
@@ -454,7 +458,7 @@ impl Decoder {
         let id = r.int()?;
         if id < 0 {
             let id = -id;
-            if id < FIRST_USER_ID {
+            if id <= LAST_PREDEFINED_ID {
                 return err(format!("definition of predefined type id {id}"));
             }
             let wt = read_wire_type(&mut r)?;
