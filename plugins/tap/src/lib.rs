@@ -121,7 +121,8 @@ impl Attachment for Tap {
                 // Without a reader attached the device has no carrier, so
                 // the kernel holds IPv6 duplicate address detection until a
                 // VM attaches; waiting for it here would wait for nothing
-                // (the reference waits out its 10 seconds, then succeeds).
+                // (the reference, given an IPv6 gateway, waits out its 10 seconds,
+                // then succeeds).
                 rt.block_on(configure_iface(&ct, &ct_ns, &link, &result, Dad::NoWait))?;
                 result
             }
