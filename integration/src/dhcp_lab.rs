@@ -454,3 +454,124 @@ pub fn addresses(ns: &rcni_netns::NetNs, dev: &str) -> Vec<String> {
             .collect()
     })
 }
+
+// ---- the dhcp daemon's wire, by hand (for tests that abuse it) ----
+
+fn gob_uint(b: &[u8], pos: &mut usize) -> Option<u64> {
+    let first = *b.get(*pos)?;
+    *pos += 1;
+    if first < 128 {
+        return Some(u64::from(first));
+    }
+    let n = (-(first as i8)) as usize;
+    let bytes = b.get(*pos..*pos + n)?;
+    *pos += n;
+    Some(bytes.iter().fold(0, |u, x| (u << 8) | u64::from(*x)))
+}
+
+fn gob_put_uint(out: &mut Vec<u8>, u: u64) {
+    if u < 128 {
+        out.push(u as u8);
+    } else {
+        let bytes = u.to_be_bytes();
+        let skip = bytes.iter().take_while(|x| **x == 0).count();
+        out.push((-((8 - skip) as i8)) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+}
+
+/// The messages of a gob stream (each without its length).
+fn gob_messages(mut b: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let mut pos = 0;
+        let Some(n) = gob_uint(b, &mut pos) else {
+            break;
+        };
+        let Some(m) = b.get(pos..pos + n as usize) else {
+            break;
+        };
+        out.push(m);
+        b = &b[pos + n as usize..];
+    }
+    out
+}
+
+/// What Go's net/rpc client writes on a new connection for one call of
+/// `method` whose `skel.CmdArgs` carry only `stdin` (what a daemon's
+/// STATUS or GC reads): the HTTP CONNECT, then the type definitions the
+/// reference's v1.9.1 plugin sends (taken from its recorded stream in
+/// ipam/dhcp/tests/gob) and the two values.
+pub fn rpc_call_bytes(method: &str, stdin: &[u8]) -> Vec<u8> {
+    let go = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../ipam/dhcp/tests/gob/v1.9.1-allocate-request.bin"),
+    )
+    .unwrap();
+    let msgs = gob_messages(&go);
+    // Request's definition (id 65), its value, CmdArgs' definition (66).
+    let (request_def, args_def) = (msgs[0], msgs[2]);
+    let mut out = b"CONNECT /_goRPC_ HTTP/1.0\n\n".to_vec();
+    let mut frame = |m: &[u8]| {
+        gob_put_uint(&mut out, m.len() as u64);
+        out.extend_from_slice(m);
+    };
+    frame(request_def);
+    // Request{ServiceMethod: method} (Seq 0 is left out, as Go does).
+    let mut v = vec![0xff, 0x82, 0x01];
+    gob_put_uint(&mut v, method.len() as u64);
+    v.extend_from_slice(method.as_bytes());
+    v.push(0);
+    frame(&v);
+    frame(args_def);
+    // CmdArgs{StdinData: stdin}: field 6, delta 7.
+    let mut v = vec![0xff, 0x84, 0x07];
+    gob_put_uint(&mut v, stdin.len() as u64);
+    v.extend_from_slice(stdin);
+    v.push(0);
+    frame(&v);
+    out
+}
+
+/// Whether `answer` (all a daemon sent for [`rpc_call_bytes`]) accepted
+/// the CONNECT and answered a Response without an error.
+pub fn rpc_answer_ok(answer: &[u8]) -> bool {
+    let Some(rest) = answer.strip_prefix(b"HTTP/1.0 200 Connected to Go RPC\n\n") else {
+        return false;
+    };
+    // The first value message is the Response: ServiceMethod (field 0),
+    // Seq (1), Error (2).
+    for m in gob_messages(rest) {
+        let mut pos = 0;
+        let Some(id) = gob_uint(m, &mut pos) else {
+            return false;
+        };
+        if id & 1 == 1 {
+            continue; // a negative id: a type definition
+        }
+        let mut field: i64 = -1;
+        loop {
+            match gob_uint(m, &mut pos) {
+                None => return false,
+                Some(0) => return true,
+                Some(d) => field += d as i64,
+            }
+            match field {
+                0 | 2 => {
+                    let Some(n) = gob_uint(m, &mut pos) else {
+                        return false;
+                    };
+                    if field == 2 {
+                        return false;
+                    }
+                    pos += n as usize;
+                }
+                1 => {
+                    gob_uint(m, &mut pos);
+                }
+                _ => return false,
+            }
+        }
+    }
+    false
+}

@@ -572,3 +572,107 @@ fn an_older_rcni_daemon_left_running_is_named() {
     let (code, _) = call("STATUS").err();
     assert_eq!(code, 50);
 }
+
+/// The daemon on its net/rpc wire: a Go client's call answers; junk (not
+/// HTTP, another method or path, a gob stream that lies about its lengths
+/// or types, an unknown method, a connection left idle) gets Go's refusal
+/// or a closed connection, and the daemon keeps answering; 200 clients at
+/// once all get their answer.
+#[test]
+fn daemon_survives_junk_on_its_rpc_wire() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let mut lab = Lab::new("br0");
+    lab.start_daemon(&[]);
+    let sock = lab.socket();
+    let conf = serde_json::to_vec(&lab.conf(json!({}))).unwrap();
+    let exchange = |bytes: &[u8]| -> Vec<u8> {
+        let mut s = UnixStream::connect(&sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let _ = s.write_all(bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
+    };
+    let status = rpc_call_bytes("DHCP.Status", &conf);
+    assert!(rpc_answer_ok(&exchange(&status)));
+    let connect = b"CONNECT /_goRPC_ HTTP/1.0\n\n".to_vec();
+    let junk: Vec<(Vec<u8>, &str)> = vec![
+        (b"not http at all\n\n".to_vec(), "HTTP/1.1 400"),
+        (b"GET /_goRPC_ HTTP/1.1\r\n\r\n".to_vec(), "HTTP/1.0 405"),
+        (b"CONNECT /elsewhere HTTP/1.0\n\n".to_vec(), "HTTP/1.0 404"),
+        (
+            [b"[".repeat(100_000), b"\n".to_vec()].concat(),
+            "HTTP/1.1 400",
+        ),
+        // A message claiming 2^62 bytes, then one claiming 4 MiB + 1.
+        (
+            [&connect[..], &[0xf8, 0x40, 0, 0, 0, 0, 0, 0, 0]].concat(),
+            "",
+        ),
+        ([&connect[..], &[0xfc, 0x00, 0x40, 0x00, 0x01]].concat(), ""),
+        // A value of a type never defined; a definition of a predefined id.
+        ([&connect[..], &[0x03, 0xff, 0x90, 0x00]].concat(), ""),
+        ([&connect[..], &[0x03, 0x03, 0x00, 0x00]].concat(), ""),
+        ([&connect[..], &[0xff; 64][..]].concat(), ""),
+        (Vec::new(), ""),
+    ];
+    for (j, want) in &junk {
+        let answer = exchange(j);
+        let text = String::from_utf8_lossy(&answer);
+        if want.is_empty() {
+            // The handshake, and then nothing: the stream was dropped.
+            assert_eq!(
+                text.trim_end(),
+                if j.is_empty() {
+                    ""
+                } else {
+                    "HTTP/1.0 200 Connected to Go RPC"
+                },
+                "{:?}",
+                &j[..j.len().min(40)]
+            );
+        } else {
+            assert!(text.starts_with(want), "{text}");
+        }
+        assert!(rpc_answer_ok(&exchange(&status)), "alive after junk");
+    }
+    // An unknown method: Go's error text, which our plugin and Go's
+    // client read as "not served here".
+    let answer = exchange(&rpc_call_bytes("DHCP.Renew", &conf));
+    assert!(!rpc_answer_ok(&answer));
+    assert!(
+        String::from_utf8_lossy(&answer).contains("rpc: can't find method DHCP.Renew"),
+        "{answer:?}"
+    );
+    // Release and GC of what was never leased succeed; a config that is
+    // no JSON is an error answer, not a crash.
+    let mut gc = lab.conf(json!({}));
+    gc["cni.dev/valid-attachments"] = json!([]);
+    let gc = serde_json::to_vec(&gc).unwrap();
+    assert!(rpc_answer_ok(&exchange(&rpc_call_bytes("DHCP.GC", &gc))));
+    assert!(rpc_answer_ok(&exchange(&rpc_call_bytes(
+        "DHCP.Release",
+        &conf
+    ))));
+    assert!(!rpc_answer_ok(&exchange(&rpc_call_bytes(
+        "DHCP.Allocate",
+        b"{not json"
+    ))));
+    // Many clients at once, all connected before any asks.
+    let conns: Vec<UnixStream> = (0..200)
+        .map(|_| UnixStream::connect(&sock).unwrap())
+        .collect();
+    for mut c in &conns {
+        c.write_all(&status).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    for mut c in conns {
+        c.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).unwrap();
+        assert!(rpc_answer_ok(&out));
+    }
+    assert!(lab.state_files().is_empty());
+}

@@ -897,6 +897,29 @@ mod tests {
     }
 
     #[test]
+    fn newer_go_numbers_types_from_64() {
+        // Go 1.24's first type id is 64 (the v1.9.1 reference's daemon
+        // sends it); the predefined ids (up to 23) cannot be redefined.
+        let t = Type::structure("S", &[("A", Type::Int)]);
+        let b = Encoder::new()
+            .encode(&t, &Value::Struct(vec![("A".into(), Value::Int(5))]))
+            .unwrap();
+        let msgs = split_messages(&b).unwrap();
+        let renumber = |m: &[u8], id: i64| {
+            let mut out = Vec::new();
+            put_int(&mut out, id);
+            out.extend_from_slice(&m[2..]);
+            out
+        };
+        let mut dec = Decoder::new();
+        assert_eq!(dec.message(&renumber(msgs[0], -64)).unwrap(), None);
+        let v = dec.message(&renumber(msgs[1], 64)).unwrap().unwrap();
+        assert_eq!(v.int_field("A"), 5);
+        assert_eq!(dec.last_type(), "S{A:int}");
+        assert!(Decoder::new().message(&renumber(msgs[0], -16)).is_err());
+    }
+
+    #[test]
     fn corrupt_input_is_an_error_not_a_panic() {
         let mut dec = Decoder::new();
         for bad in [
@@ -918,9 +941,13 @@ mod tests {
         for m in &msgs[..msgs.len() - 1] {
             dec.message(m).unwrap();
         }
-        let slice_id = 65;
-        let struct_id = 66;
-        let _ = slice_id;
+        // The struct's id, as its value message starts with it.
+        let struct_id = Reader {
+            buf: msgs[msgs.len() - 1],
+            pos: 0,
+        }
+        .int()
+        .unwrap();
         let mut v = Vec::new();
         put_int(&mut v, struct_id);
         v.extend_from_slice(&[0x01, 0xfc, 0x7f, 0xff, 0xff, 0xff]);

@@ -99,7 +99,10 @@ async fn handshake(
 ) -> std::io::Result<Option<&'static str>> {
     let mut head = r.take(MAX_HEAD);
     let mut first = String::new();
-    head.read_line(&mut first).await?;
+    if head.read_line(&mut first).await? == 0 {
+        // Closed without a word: nothing to answer (as Go's server).
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
     loop {
         let mut line = String::new();
         let n = head.read_line(&mut line).await?;
@@ -293,4 +296,30 @@ pub fn run(cfg: Config) -> Result<(), String> {
     // Lease tasks may be mid-exchange: they are dropped with the runtime.
     drop(rt);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_methods_get_go_s_errors() {
+        assert_eq!(unknown_method(proto::ALLOCATE), None);
+        assert_eq!(unknown_method(proto::GC), None);
+        assert_eq!(
+            unknown_method("DHCP.Renew").as_deref(),
+            Some("rpc: can't find method DHCP.Renew")
+        );
+        assert_eq!(
+            unknown_method("Other.Allocate").as_deref(),
+            Some("rpc: can't find service Other.Allocate")
+        );
+        assert!(unknown_method("nodot").unwrap().contains("ill-formed"));
+        // What our plugin takes for a daemon without the method.
+        let e = proto::RpcError {
+            msg: unknown_method("DHCP.Nope").unwrap(),
+            cni: None,
+        };
+        assert!(e.is_unknown_method());
+    }
 }
