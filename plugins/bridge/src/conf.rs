@@ -11,10 +11,6 @@ fn default_bridge() -> String {
     "cni0".into()
 }
 
-fn yes() -> bool {
-    true
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Raw {
@@ -38,8 +34,9 @@ struct Raw {
     vlan: i64,
     #[serde(default)]
     vlan_trunk: Option<Vec<VlanTrunk>>,
-    // The reference defaults this to true "to maintain existing behavior".
-    #[serde(default = "yes")]
+    // False since upstream v1.8.0 ("complete vlan isolation"): a port with
+    // `vlan` or `vlanTrunk` leaves the default VLAN; 1.1.1 to v1.7 kept it.
+    #[serde(default)]
     preserve_default_vlan: bool,
     #[serde(default, rename = "macspoofchk")]
     mac_spoof_chk: bool,
@@ -77,6 +74,9 @@ pub struct Conf {
     pub vlan: u16,
     /// Trunk VLANs, sorted and unique.
     pub trunk: Vec<u16>,
+    /// `vlan` or any `vlanTrunk`, even `[]`: a bridge we create filters
+    /// VLANs (the reference tests its trunk slice for nil).
+    pub vlan_filtering: bool,
     pub preserve_default_vlan: bool,
     pub mac_spoof_chk: bool,
     pub enable_dad: bool,
@@ -145,10 +145,9 @@ impl AttachConf for Conf {
                 raw.vlan
             )));
         }
+        // Both together since upstream v1.8.0: `vlan` is the trunk's
+        // native (untagged) VLAN.
         let trunk = collect_trunk(raw.vlan_trunk.as_deref().unwrap_or_default())?;
-        if raw.vlan > 0 && !trunk.is_empty() {
-            return Err(bad("cannot set vlan and vlanTrunk at the same time"));
-        }
         let mtu = rcni_attach::mtu(raw.mtu)?;
         if raw.hairpin_mode && raw.promisc_mode {
             return Err(bad(
@@ -199,6 +198,7 @@ impl AttachConf for Conf {
             promisc: raw.promisc_mode,
             vlan: raw.vlan as u16,
             trunk,
+            vlan_filtering: raw.vlan != 0 || raw.vlan_trunk.is_some(),
             preserve_default_vlan: raw.preserve_default_vlan,
             mac_spoof_chk: raw.mac_spoof_chk,
             enable_dad: raw.enable_dad,
@@ -225,6 +225,32 @@ mod tests {
 
     fn trunk(v: serde_json::Value) -> Result<Vec<u16>, CniError> {
         collect_trunk(&rcni_cni::ci::from_value::<Vec<VlanTrunk>>(v).unwrap())
+    }
+
+    fn load(extra: serde_json::Value) -> Result<Conf, CniError> {
+        let mut c = json!({"cniVersion": "1.0.0", "name": "n", "type": "bridge"});
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        Conf::load(&CmdArgs::for_conf(&c).unwrap())
+    }
+
+    /// v1.8.0's VLAN changes: the default VLAN no longer preserved unless
+    /// asked, `vlan` beside `vlanTrunk`, and any `vlanTrunk` (even empty)
+    /// turning VLAN filtering on.
+    #[test]
+    fn vlan_defaults_as_v191() {
+        let c = load(json!({"vlan": 100})).unwrap();
+        assert!(!c.preserve_default_vlan && c.vlan_filtering);
+        let c = load(json!({"vlan": 100, "preserveDefaultVlan": true})).unwrap();
+        assert!(c.preserve_default_vlan);
+        let c = load(json!({"vlan": 7, "vlanTrunk": [{"id": 100}]})).unwrap();
+        assert_eq!((c.vlan, c.trunk), (7, vec![100]));
+        let c = load(json!({"vlanTrunk": []})).unwrap();
+        assert!(c.vlan_filtering && c.trunk.is_empty());
+        let c = load(json!({"vlanTrunk": null})).unwrap();
+        assert!(!c.vlan_filtering);
+        assert!(!load(json!({})).unwrap().vlan_filtering);
     }
 
     #[test]

@@ -158,8 +158,15 @@ async fn setup_port(
     if o.vlan != 0 {
         host.bridge_vlan_add(port.index, o.vlan, true).await?;
     }
+    // The kernel updates an entry that exists: a trunk VLAN equal to `vlan`
+    // ends tagged and without PVID, as with the reference (same order).
     for v in o.trunk {
         host.bridge_vlan_add(port.index, *v, false).await?;
+    }
+    // A trunk without `vlan` carries VLAN 1 untagged (upstream v1.8.0):
+    // its native VLAN also where the default VLAN was removed above.
+    if o.vlan == 0 && !o.trunk.is_empty() {
+        host.bridge_vlan_add(port.index, 1, true).await?;
     }
     // A bridge port's own IPv6 stack never receives (the bridge takes its
     // frames), yet with a link-local address it sends DAD, router
@@ -252,10 +259,9 @@ impl Attachment for Bridge {
         // between (sysctls, nft, IPAM's wait) block it as they blocked the
         // caller before, and nothing else runs on it meanwhile.
         let result = ns.rt.block_on(async {
-            let vlan_filtering = conf.vlan != 0 || !conf.trunk.is_empty();
             let br = ns
                 .host
-                .ensure_bridge_with(&conf.bridge, conf.mtu, vlan_filtering)
+                .ensure_bridge_with(&conf.bridge, conf.mtu, conf.vlan_filtering)
                 .await?;
             if conf.promisc && !br.promisc {
                 ns.host.set_promisc(br.index, true).await?;
