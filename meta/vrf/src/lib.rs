@@ -185,13 +185,7 @@ async fn restore_v6(nl: &Netlink, saved: &Saved) -> Result<Vec<IpNetwork>, CniEr
 }
 
 /// Enslaving done: the addresses back and usable, the routes in `table`.
-async fn settle(
-    nl: &Netlink,
-    saved: &Saved,
-    vrf: &str,
-    table: u32,
-    ifname: &str,
-) -> Result<(), CniError> {
+async fn settle(nl: &Netlink, saved: &Saved, table: u32, ifname: &str) -> Result<(), CniError> {
     for addr in restore_v6(nl, saved).await? {
         let mut wait = RESTORE_FIRST_WAIT;
         let mut look = 1;
@@ -201,7 +195,7 @@ async fn settle(
                     ErrorCode::Netlink,
                     format!(
                         "failed getting local/host addresses for {ifname} in table {table} \
-                         with dst {addr} (restored in vrf {vrf})"
+                         with dst {addr}"
                     ),
                 ));
             }
@@ -265,7 +259,7 @@ async fn enslave(
     nl.set_master(link.index, vrf_index).await.map_err(|e| {
         CniError::from(e).context(format!("could not set vrf {vrf} as master of {ifname}"))
     })?;
-    let r = settle(nl, &saved, vrf, table, ifname).await;
+    let r = settle(nl, &saved, table, ifname).await;
     if r.is_err() {
         unslave(nl, &saved).await;
     }
