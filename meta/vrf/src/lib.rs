@@ -1,6 +1,6 @@
 //! `vrf`: puts the pod interface made by the plugin before it into a VRF
 //! (an L3 master device whose routing table is the interface's), chained.
-//! upstream v1.9.1's behaviour: the VRF `vrfname` is created in the pod's
+//! Upstream v1.9.1's behaviour: the VRF `vrfname` is created in the pod's
 //! namespace if missing (on `table`, or the lowest table no VRF there uses),
 //! CNI_IFNAME is enslaved, the global IPv6 addresses the enslaving drops are
 //! put back (and waited for), and the interface's main-table routes are
