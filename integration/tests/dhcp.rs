@@ -468,6 +468,10 @@ fn classless_route_via_0_0_0_0_is_on_link() {
         .unwrap_or_else(|| panic!("no route to 10.99.0.0/16: {routes:?}"));
     assert_eq!(onlink.gateway, None, "{onlink:?}");
     assert_eq!(onlink.scope, 253, "{onlink:?}");
+    // CHECK takes `gw` 0.0.0.0 for the gateway-less route ADD made.
+    let mut checked = conf.clone();
+    checked["prevResult"] = result.clone();
+    call("CHECK", &checked).ok();
     call("DEL", &conf).ok();
     lab.assert_released(&addr_ip(&result), "DEL");
 }

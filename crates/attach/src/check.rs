@@ -103,15 +103,19 @@ pub async fn validate_ips(
 
 /// Every route of `routes` is in the main table. A route without `gw` was
 /// sent via the interface's gateway by ADD, so any gateway matches it (the
-/// reference demands a gateway-less route there and fails its own ADD).
+/// reference demands a gateway-less route there and fails its own ADD). A
+/// `gw` of 0.0.0.0 or :: is on-link (dhcp's option-121 routes): the kernel
+/// keeps no gateway for it.
 pub async fn validate_routes(ct: &Netlink, routes: &[Route]) -> Result<(), CniError> {
     let have = ct.routes(Family::All).await?;
     for r in routes {
         let dst = IpNetwork::new(r.dst.network(), r.dst.prefix()).unwrap_or(r.dst);
-        if !have
-            .iter()
-            .any(|k| k.dst == dst && (r.gw.is_none() || k.gateway == r.gw))
-        {
+        let gw_matches = |k: &rcni_netlink::Route| match r.gw {
+            None => true,
+            Some(g) if g.is_unspecified() => k.gateway.is_none(),
+            g => k.gateway == g,
+        };
+        if !have.iter().any(|k| k.dst == dst && gw_matches(k)) {
             return Err(CniError::check_failed(format!(
                 "Failed to find a route to {} in the container",
                 r.dst
