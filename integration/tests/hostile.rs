@@ -23,7 +23,7 @@ use rcni_testkit::parallel::{Chain, Node};
 use rcni_testkit::{Call, Output, TestNs, bin, bin_dir, require_root};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -400,15 +400,28 @@ fn dhcp_daemon_refuses_strangers_and_survives_abuse() {
     rcni_integration::dhcp_lab::wait_for(Duration::from_secs(10), "the socket", || {
         UnixStream::connect(&sock).is_ok()
     });
-    let status = || -> Option<Value> {
+    use rcni_integration::dhcp_lab::{rpc_answer_ok, rpc_call_bytes};
+    let conf = |name: &str| {
+        serde_json::to_vec(
+            &json!({"cniVersion": "1.1.0", "name": name, "type": "bridge",
+            "ipam": {"type": "dhcp"}, "cni.dev/valid-attachments": []}),
+        )
+        .unwrap()
+    };
+    // One call on its own connection, as Go's net/rpc client makes it:
+    // everything the daemon answered until it closed.
+    let exchange = |bytes: &[u8]| -> Option<Vec<u8>> {
         let mut s = UnixStream::connect(&sock).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-        s.write_all(b"{\"op\":\"status\"}\n").ok()?;
-        let mut line = String::new();
-        BufReader::new(s).read_line(&mut line).ok()?;
-        serde_json::from_str(&line).ok()
+        let _ = s.write_all(bytes);
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        Some(out)
     };
-    assert_eq!(status().expect("status")["ok"], json!(true));
+    let status_call = rpc_call_bytes("DHCP.Status", &conf("n"));
+    let status = || exchange(&status_call).is_some_and(|a| rpc_answer_ok(&a));
+    assert!(status(), "status");
 
     // Another user: refused by the socket's mode.
     let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
@@ -425,47 +438,46 @@ fn dhcp_daemon_refuses_strangers_and_survives_abuse() {
         .unwrap();
     assert_eq!(nobody.code(), Some(3), "nobody connected to the daemon");
 
-    // Malformed requests: each gets an error reply or is dropped.
-    let junk: Vec<Vec<u8>> = vec![
-        b"not json\n".to_vec(),
-        b"{\"op\":\"allocate\"}\n".to_vec(),
-        b"{\"op\":\"allocate\",\"attachment\":{\"containerId\":\"../../x\",\"netName\":\"../n\",\"ifName\":\"/\"},\"netns\":\"/proc/1/ns/net\",\"options\":{}}\n".to_vec(),
-        b"{\"op\":\"release\",\"attachment\":{\"containerId\":\"../../../etc/passwd\",\"netName\":\"..\",\"ifName\":\"..\"}}\n".to_vec(),
-        b"{\"op\":\"gc\",\"netName\":\"../../..\",\"valid\":[]}\n".to_vec(),
-        vec![0xff, 0xfe, 0, 1, b'\n'],
-        [b"[".repeat(100_000), b"\n".to_vec()].concat(),
-        // Longer than the daemon reads (1 MiB), without a newline.
-        vec![b'a'; 3 << 20],
-        Vec::new(),
+    // Malformed requests: each gets an error reply, Go's HTTP refusal, or
+    // is dropped. A network name that tries to escape is refused (code 7)
+    // before any lease is looked up; releasing or collecting what was
+    // never leased is a success (DEL and GC are idempotent).
+    let hostile_args = |method: &str| rpc_call_bytes(method, &conf("../n"));
+    let connect = b"CONNECT /_goRPC_ HTTP/1.0\n\n".to_vec();
+    let junk: Vec<(Vec<u8>, Option<bool>)> = vec![
+        (b"not http\n\n".to_vec(), Some(false)),
+        (hostile_args("DHCP.Allocate"), Some(false)),
+        (hostile_args("DHCP.Release"), Some(false)),
+        (rpc_call_bytes("DHCP.GC", &conf("../../..")), Some(false)),
+        (rpc_call_bytes("DHCP.Release", &conf("n")), Some(true)),
+        (rpc_call_bytes("DHCP.GC", &conf("n")), Some(true)),
+        ([&connect[..], &[0xff, 0xfe, 0, 1]].concat(), None),
+        ([b"[".repeat(100_000), b"\n".to_vec()].concat(), Some(false)),
+        // A message claiming more than the daemon accepts (4 MiB).
+        (
+            [
+                &connect[..],
+                &[0xfc, 0x00, 0x40, 0x00, 0x01],
+                &vec![b'a'; 3 << 20][..],
+            ]
+            .concat(),
+            None,
+        ),
+        (vec![b'a'; 3 << 20], Some(false)),
+        (Vec::new(), None),
     ];
-    for j in &junk {
-        if let Ok(mut s) = UnixStream::connect(&sock) {
-            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-            let _ = s.write_all(j);
-            let _ = s.shutdown(std::net::Shutdown::Write);
-            let mut reply = String::new();
-            let _ = s.read_to_string(&mut reply);
-            if !reply.is_empty() {
-                // Releasing or collecting what was never leased is a
-                // success (DEL and GC are idempotent; GC matches leases in
-                // memory, no path is made from its names); anything else
-                // is an error reply.
-                let v: Value = serde_json::from_str(reply.trim()).unwrap();
-                let idempotent = [&b"{\"op\":\"release\""[..], b"{\"op\":\"gc\""]
-                    .iter()
-                    .any(|p| j.starts_with(p));
-                assert_eq!(
-                    v["ok"],
-                    json!(idempotent),
-                    "{}: {reply}",
-                    String::from_utf8_lossy(&j[..j.len().min(80)])
-                );
-            }
+    for (j, ok) in &junk {
+        let reply = exchange(j).unwrap_or_default();
+        if let Some(ok) = ok {
+            assert_eq!(
+                rpc_answer_ok(&reply),
+                *ok,
+                "{}: {}",
+                String::from_utf8_lossy(&j[..j.len().min(80)]),
+                String::from_utf8_lossy(&reply[..reply.len().min(200)])
+            );
         }
-        assert_eq!(
-            status().expect("daemon alive after junk")["ok"],
-            json!(true)
-        );
+        assert!(status(), "daemon alive after junk");
     }
     // Nothing written outside the state directory.
     for f in files_below(dir.path()) {
@@ -482,19 +494,19 @@ fn dhcp_daemon_refuses_strangers_and_survives_abuse() {
         .map(|i| UnixStream::connect(&sock).unwrap_or_else(|e| panic!("connection {i}: {e}")))
         .collect();
     for mut c in &conns {
-        c.write_all(b"{\"op\":\"status\"}\n").unwrap();
+        c.write_all(&status_call).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
     }
     let mut answered = 0;
-    for c in conns {
+    for mut c in conns {
         c.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-        let mut line = String::new();
-        BufReader::new(c).read_line(&mut line).unwrap();
-        let v: Value = serde_json::from_str(&line).unwrap();
-        assert_eq!(v["ok"], json!(true), "{line}");
+        let mut reply = Vec::new();
+        c.read_to_end(&mut reply).unwrap();
+        assert!(rpc_answer_ok(&reply), "{reply:?}");
         answered += 1;
     }
     assert_eq!(answered, 1000);
-    assert_eq!(status().expect("alive at the end")["ok"], json!(true));
+    assert!(status(), "alive at the end");
     daemon.stop();
 }
 
