@@ -53,10 +53,10 @@ fn interop(case: Case) {
     }
     let mut conf = lab.first_plugin_conf(&list);
     conf["cniVersion"] = json!(case.version);
-    // The reference knows five option names (routers, subnet-mask,
-    // host-name, user-class, vendor-class-identifier) and numbers: the
-    // conflist's "classless-static-routes" is ours.
-    conf["ipam"]["request"] = json!([{"option": "121"}]);
+    // The conflist asks for option 121 by number: the reference knows five
+    // option names (routers, subnet-mask, host-name, user-class,
+    // vendor-class-identifier) and numbers.
+    assert_eq!(conf["ipam"]["request"], json!([{"option": "121"}]));
     let cni_path = lab.cni_path_with_dhcp(&case.plugin);
     let pod = TestNs::new();
     let cid = "interop1";
