@@ -258,6 +258,17 @@ pub fn ours_and_reference(name: &str) -> [(PathBuf, String); 2] {
     ]
 }
 
+/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
+/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
+pub fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
+    let mut v = vec![(bin(name), bin_dir().display().to_string())];
+    if let Some(p) = rcni_testkit::reference_v191_bin(name) {
+        let dir = p.parent().unwrap().display().to_string();
+        v.push((p, dir));
+    }
+    v
+}
+
 /// ipMasq over two attachments' lives, with each backend: ADD puts rules
 /// for the addresses of `pod_ips` (pod a's, pod b's) in place and CHECK
 /// finds them; DEL without CNI_NETNS still removes a's (the reference leaks

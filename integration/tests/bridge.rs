@@ -4,12 +4,11 @@
 
 use rcni_integration::{
     Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip, ip_link_json, nl, ours_and_reference,
-    remove_pod_address, remove_route, routes_of,
+    ours_and_v191, remove_pod_address, remove_route, routes_of,
 };
 use rcni_netlink::{Family, MacvlanMode};
-use rcni_testkit::{Call, TestNs, bin, bin_dir, normalized_result, ping, reference_v191_bin};
+use rcni_testkit::{Call, TestNs, bin, normalized_result, ping};
 use serde_json::json;
-use std::path::PathBuf;
 
 #[test]
 fn pods_reach_each_other_and_the_gateway_dual_stack() {
@@ -609,17 +608,6 @@ fn failed_add_releases_ipam_before_removing_the_veth() {
         .err();
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "present\n");
     assert_eq!(rcni_integration::link_names(&pod.ns), ["lo"]);
-}
-
-/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
-/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
-fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
-    let mut v = vec![(bin(name), bin_dir().display().to_string())];
-    if let Some(p) = reference_v191_bin(name) {
-        let dir = p.parent().unwrap().display().to_string();
-        v.push((p, dir));
-    }
-    v
 }
 
 /// Upstream since v1.7.0 (ConfigureIface): the pod interface of a

@@ -3,14 +3,13 @@
 //! one): real packets through the moved device, the device back intact
 //! after DEL, every DEL path, rollback, and the reference side by side.
 
-use rcni_integration::{Node, addrs_of, ip, merged, nl, ours_and_reference, routes_of};
+use rcni_integration::{
+    Node, addrs_of, ip, merged, nl, ours_and_reference, ours_and_v191, routes_of,
+};
 use rcni_netlink::Link;
 use rcni_netns::NetNs;
-use rcni_testkit::{
-    PersistentNs, REFERENCE_DIR, TestNs, bin, bin_dir, normalized_result, ping, reference_v191_bin,
-};
+use rcni_testkit::{PersistentNs, REFERENCE_DIR, TestNs, bin, normalized_result, ping};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 
 fn conf(extra: Value) -> Value {
     let c = json!({
@@ -327,17 +326,6 @@ fn every_spec_version_gets_its_result_shape() {
         Call(&node).run("DEL", &pod, "ctr", &c, "net1").ok();
         assert!(link(&node.ns.ns, "hd0").is_some(), "{v}");
     }
-}
-
-/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
-/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
-fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
-    let mut v = vec![(bin(name), bin_dir().display().to_string())];
-    if let Some(p) = reference_v191_bin(name) {
-        let dir = p.parent().unwrap().display().to_string();
-        v.push((p, dir));
-    }
-    v
 }
 
 /// As v1.9.1: the result's DNS is the config's `dns` (IPAM's is dropped),

@@ -3,14 +3,12 @@
 //! kernel state at 0.3.1 and 1.0.0, config errors, rollback, DEL without
 //! master or netns, CHECK after damage, STATUS and GC reaching IPAM.
 
-use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
-use rcni_netlink::MacvlanMode;
-use rcni_testkit::{
-    Call, PersistentNs, TestNs, bin, bin_dir, normalized_result, ping, reference_bin,
-    reference_v191_bin,
+use rcni_integration::{
+    Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, ours_and_v191, routes_of,
 };
+use rcni_netlink::MacvlanMode;
+use rcni_testkit::{Call, PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 
 fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
     let c = json!({
@@ -410,17 +408,6 @@ fn failed_add_releases_ipam_before_removing_the_link() {
         .err();
     assert_eq!(std::fs::read_to_string(&log).unwrap(), "present\n");
     assert_eq!(link_names(&pod.ns), ["lo"]);
-}
-
-/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
-/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
-fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
-    let mut v = vec![(bin(name), bin_dir().display().to_string())];
-    if let Some(p) = reference_v191_bin(name) {
-        let dir = p.parent().unwrap().display().to_string();
-        v.push((p, dir));
-    }
-    v
 }
 
 /// A result's DNS, `{}` when it has none (Go prints an empty struct, we

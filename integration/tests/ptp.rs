@@ -4,11 +4,10 @@
 
 use rcni_integration::{
     Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip, masq_rules, merged, nl,
-    ours_and_reference, remove_pod_address, remove_route, routes_of,
+    ours_and_reference, ours_and_v191, remove_pod_address, remove_route, routes_of,
 };
-use rcni_testkit::{TestNs, bin, bin_dir, normalized_result, ping, reference_v191_bin};
+use rcni_testkit::{TestNs, bin, normalized_result, ping};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 
 /// A ptp config on the node's host-local data dir; `extra` keys merged in.
 fn conf(node: &Node, version: &str, extra: Value) -> Value {
@@ -327,17 +326,6 @@ fn same_result_and_state_as_the_reference() {
         assert_eq!(seen[0].0, seen[1].0, "{v}: result");
         assert_eq!(seen[0].1, seen[1].1, "{v}: kernel state");
     }
-}
-
-/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
-/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
-fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
-    let mut v = vec![(bin(name), bin_dir().display().to_string())];
-    if let Some(p) = reference_v191_bin(name) {
-        let dir = p.parent().unwrap().display().to_string();
-        v.push((p, dir));
-    }
-    v
 }
 
 /// Upstream since v1.7.0 (ConfigureIface): an interface that gets an IPv6

@@ -2,12 +2,11 @@
 //! scripts/test runs this binary under scripts/vm-run (Debian's
 //! full kernel).
 
-use rcni_integration::{Node, ip, ip_link_json, merged};
+use rcni_integration::{Node, ip, ip_link_json, merged, ours_and_v191};
 use rcni_netns::NetNs;
-use rcni_testkit::{TestNs, bin, bin_dir, ping, reference_v191_bin};
+use rcni_testkit::{TestNs, ping};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 #[test]
 fn access_vlans_isolate_pods() {
@@ -88,17 +87,6 @@ fn vlan_1_hosts_do_not_reach_access_vlan_pods() {
             "preserveDefaultVlan {preserve:?}: {got} echoes"
         );
     }
-}
-
-/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
-/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
-fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
-    let mut v = vec![(bin(name), bin_dir().display().to_string())];
-    if let Some(p) = reference_v191_bin(name) {
-        let dir = p.parent().unwrap().display().to_string();
-        v.push((p, dir));
-    }
-    v
 }
 
 /// A port's VLANs and their flags, as `bridge vlan show`.

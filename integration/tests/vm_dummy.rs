@@ -6,25 +6,14 @@
 //! failed ADD, STATUS and GC reaching IPAM, and the address answering.
 
 use rcni_integration::{
-    Node, addrs_of, delete_pod_eth0, ip, link_names, merged, nl, remove_pod_address, routes_of,
+    Node, addrs_of, delete_pod_eth0, ip, link_names, merged, nl, ours_and_v191, remove_pod_address,
+    routes_of,
 };
 use rcni_netns::NetNs;
-use rcni_testkit::{TestNs, bin, bin_dir, normalized_result, ping, reference_v191_bin};
+use rcni_testkit::{TestNs, bin, normalized_result, ping};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 
 const VERSIONS: [&str; 6] = ["0.1.0", "0.2.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
-
-/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
-/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
-fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
-    let mut v = vec![(bin(name), bin_dir().display().to_string())];
-    if let Some(p) = reference_v191_bin(name) {
-        let dir = p.parent().unwrap().display().to_string();
-        v.push((p, dir));
-    }
-    v
-}
 
 /// Static IPv4 and IPv6 with a default route; DNS from IPAM and the config.
 fn conf(version: &str) -> Value {

@@ -2,13 +2,12 @@
 //! ipvlan; scripts/test runs this binary under scripts/vm-run
 //! (Debian's full kernel).
 
-use rcni_integration::{Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, routes_of};
-use rcni_netlink::IpvlanMode;
-use rcni_testkit::{
-    PersistentNs, TestNs, bin, bin_dir, normalized_result, ping, reference_bin, reference_v191_bin,
+use rcni_integration::{
+    Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, ours_and_v191, routes_of,
 };
+use rcni_netlink::IpvlanMode;
+use rcni_testkit::{PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 
 fn conf(master: &str, mode: &str, addr: &str, extra: Value) -> Value {
     let c = json!({
@@ -259,17 +258,6 @@ fn chained_check_errors_rollback_and_del() {
     let c = merged(c, json!({"cniVersion": "1.1.0"}));
     node.status(&bin("ipvlan"), &c).ok();
     node.gc(&bin("ipvlan"), &c, json!([])).ok();
-}
-
-/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
-/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
-fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
-    let mut v = vec![(bin(name), bin_dir().display().to_string())];
-    if let Some(p) = reference_v191_bin(name) {
-        let dir = p.parent().unwrap().display().to_string();
-        v.push((p, dir));
-    }
-    v
 }
 
 /// What upstream changed after 1.1.1, side by side with v1.9.1: the link
