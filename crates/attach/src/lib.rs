@@ -26,6 +26,21 @@ use rcni_netns::NetNs;
 use std::net::IpAddr;
 use tokio::runtime::Runtime;
 
+/// Serialises a chained plugin's runs in one pod namespace, as the
+/// reference's sbr and vrf do (an `flock` on the namespace file), so that two
+/// never pick one routing table.
+pub fn lock_netns(path: &std::path::Path) -> Result<nix::fcntl::Flock<std::fs::File>, CniError> {
+    let fail = |e: std::io::Error| {
+        CniError::new(
+            ErrorCode::Netns,
+            format!("failed to lock netns {path:?}: {e}"),
+        )
+    };
+    let f = std::fs::File::open(path).map_err(fail)?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| fail(std::io::Error::from(e)))
+}
+
 /// A main plugin's config, loaded and validated by every command before
 /// anything is touched.
 pub trait AttachConf: Sized {

@@ -16,12 +16,11 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::path::Path;
 
 use ipnetwork::IpNetwork;
 use rcni_attach::open_container_for_del;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, ErrorCode, IpConfig};
+use rcni_cni::{CniError, CniResult, IpConfig};
 use rcni_netlink::{Family, Netlink, Route, Rule, TABLE_MAIN};
 use rcni_netns::NetNs;
 use serde::Deserialize;
@@ -91,20 +90,6 @@ fn next_free(used: &BTreeSet<u32>, mut from: u32) -> u32 {
         from += 1;
     }
     from
-}
-
-/// Serialises sbr runs in one namespace, as the reference (and with it:
-/// the same `flock` on the namespace file), so two never pick one table.
-fn lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, CniError> {
-    let fail = |e: std::io::Error| {
-        CniError::new(
-            ErrorCode::Netns,
-            format!("failed to lock netns {path:?}: {e}"),
-        )
-    };
-    let f = std::fs::File::open(path).map_err(fail)?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| fail(std::io::Error::from(e)))
 }
 
 /// What ADD changed, undone in reverse when a later step fails.
@@ -225,7 +210,7 @@ impl Plugin for Sbr {
             .as_deref()
             .ok_or_else(|| CniError::config("CNI_NETNS is required"))?;
         let ns = NetNs::open(path)?;
-        let _lock = lock(path)?;
+        let _lock = rcni_attach::lock_netns(path)?;
         let rt = rcni_netlink::runtime()?;
         rt.block_on(async {
             let nl = Netlink::connect(&ns).await?;
@@ -252,7 +237,7 @@ impl Plugin for Sbr {
         let (Some(ns), Some(path)) = (open_container_for_del(args)?, args.netns.as_deref()) else {
             return Ok(());
         };
-        let _lock = lock(path)?;
+        let _lock = rcni_attach::lock_netns(path)?;
         let rt = rcni_netlink::runtime()?;
         rt.block_on(async {
             let nl = Netlink::connect(&ns).await?;

@@ -95,19 +95,6 @@ pub fn free_table(used: &[u32]) -> Option<u32> {
     (1..=u32::MAX).find(|t| !(253..=255).contains(t) && !used.contains(t))
 }
 
-/// Serialises vrf runs in one namespace: an flock on its file.
-fn lock(path: &Path) -> Result<nix::fcntl::Flock<std::fs::File>, CniError> {
-    let fail = |e: std::io::Error| {
-        CniError::new(
-            ErrorCode::Netns,
-            format!("failed to lock netns {path:?}: {e}"),
-        )
-    };
-    let f = std::fs::File::open(path).map_err(fail)?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| fail(std::io::Error::from(e)))
-}
-
 fn netns_path(args: &CmdArgs) -> Result<&Path, CniError> {
     args.netns.as_deref().ok_or_else(|| {
         CniError::new(
@@ -322,7 +309,7 @@ impl Plugin for Vrf {
             .conf
             .required_prev_result("missing prevResult from earlier plugin")?;
         let ns = open_container(args)?;
-        let _lock = lock(netns_path(args)?)?;
+        let _lock = rcni_attach::lock_netns(netns_path(args)?)?;
         let rt = rcni_netlink::runtime()?;
         rt.block_on(async {
             let nl = Netlink::connect(&ns).await?;
@@ -339,7 +326,7 @@ impl Plugin for Vrf {
         let Some(ns) = open_container_for_del(args)? else {
             return Ok(());
         };
-        let _lock = lock(netns_path(args)?)?;
+        let _lock = rcni_attach::lock_netns(netns_path(args)?)?;
         let rt = rcni_netlink::runtime()?;
         rt.block_on(async {
             let nl = Netlink::connect(&ns).await?;
