@@ -301,6 +301,8 @@ disabled_plugins = [
         .expect("share it");
         let script = r#"set -e
 mount -t proc proc /proc
+# A fresh machine may have no /var/lib/cni yet (podman.rs makes it too).
+mkdir -p /var/lib/cni
 mount -t tmpfs tmpfs /var/lib/cni
 mount -t tmpfs tmpfs /run/netns
 exec containerd --config "$1/config.toml" >"$1/log" 2>&1"#;
