@@ -45,6 +45,17 @@ impl Netlink {
     /// The unicast routes of `family` (`Inet`, `Inet6`) in every table, as
     /// the kernel sends them.
     pub(crate) async fn route_messages(&self, family: AddressFamily) -> Result<Vec<RouteMessage>> {
+        Ok(self
+            .route_dump(family)
+            .await?
+            .into_iter()
+            .filter(|m| m.header.kind == RouteType::Unicast)
+            .collect())
+    }
+
+    /// The routes of `family` of every type (a VRF's `local` ones too) in
+    /// every table.
+    pub(crate) async fn route_dump(&self, family: AddressFamily) -> Result<Vec<RouteMessage>> {
         let mut msg = RouteMessage::default();
         msg.header.address_family = family;
         // Without NETLINK_GET_STRICT_CHK the kernel ignores every header
@@ -59,7 +70,7 @@ impl Netlink {
             .map_err(|e| Error::netlink("list routes", e))?;
         Ok(msgs
             .into_iter()
-            .filter(|m| m.header.address_family == family && m.header.kind == RouteType::Unicast)
+            .filter(|m| m.header.address_family == family)
             .collect())
     }
 

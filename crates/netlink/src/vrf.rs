@@ -5,13 +5,12 @@
 
 use std::net::IpAddr;
 
-use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::LinkVrf;
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags};
 use rtnetlink::packet_route::link::{InfoData, InfoVrf};
-use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute};
 
 use crate::links::info_data;
 use crate::{Address, Error, Family, Link, Netlink, Result, family_of};
@@ -142,16 +141,7 @@ impl Netlink {
     pub async fn has_host_route(&self, ip: IpAddr, table: u32, oif: u32) -> Result<bool> {
         let family = family_of(ip);
         let host = if ip.is_ipv4() { 32 } else { 128 };
-        let mut msg = RouteMessage::default();
-        msg.header.address_family = family;
-        let msgs: Vec<RouteMessage> = self
-            .handle
-            .route()
-            .get(msg)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(|e| Error::netlink(format!("list routes to {ip}"), e))?;
+        let msgs = self.route_dump(family).await?;
         Ok(msgs.iter().any(|m| {
             let mut t = u32::from(m.header.table);
             let (mut dst, mut dev) = (None, None);
