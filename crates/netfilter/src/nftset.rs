@@ -737,6 +737,19 @@ impl Exprs {
     }
 }
 
+impl crate::nfnl::Nfnl {
+    /// Sends messages built by [`crate::nftset`] (sets, elements and the
+    /// rules using them, for the policy plugin) as one nf_tables
+    /// transaction, through the same writer as [`Nfnl::nft_apply`].
+    pub fn nft_batch(&mut self, msgs: &[crate::nftset::Msg]) -> rcni_netlink::Result<()> {
+        let what = format!("nftables transaction of {} messages", msgs.len());
+        let it = msgs
+            .iter()
+            .map(|m| (m.subsys_type(), m.flags, m.family, m.attrs.clone()));
+        self.transaction(&what, it)
+    }
+}
+
 // ---- reading back ------------------------------------------------------
 
 use crate::nfnl::{attr as nla, attrs as nlas};

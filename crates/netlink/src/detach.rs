@@ -7,14 +7,13 @@
 //! for: when the plugin exits first it is re-parented (to init or the
 //! nearest subreaper), which reaps it.
 
-use crate::{Error, Result};
 use nix::fcntl::OFlag;
-use nix::sys::socket::{AddressFamily, SockFlag, SockProtocol, SockType};
 use nix::sys::socket::{MsgFlags, recv, send};
 use nix::unistd::Pid;
-use rcni_netns::NetNs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::Duration;
+
+pub use crate::nlsock::netlink_socket;
 
 /// What a forked child may do. Only these jobs run after a fork, so the
 /// fork itself stays behind a safe interface: each is bare syscalls (nix's
@@ -144,36 +143,6 @@ pub(crate) fn spawn_send_and_report(
         request,
         report: report.as_fd(),
     })
-}
-
-/// A raw netlink socket of protocol `proto` (`NETLINK_ROUTE`,
-/// `NETLINK_NETFILTER`) bound to `ns`: a socket talks to the namespace it was
-/// created in.
-///
-/// From nix rather than netlink-sys: callers (also crates/netfilter) keep an
-/// `OwnedFd`, which netlink-sys's `Socket` becomes only through an unsafe
-/// `from_raw_fd`.
-pub fn netlink_socket(ns: &NetNs, proto: i32, op: &str) -> Result<OwnedFd> {
-    let proto = match proto {
-        libc::NETLINK_ROUTE => SockProtocol::NetlinkRoute,
-        libc::NETLINK_NETFILTER => SockProtocol::NetlinkNetFilter,
-        _ => {
-            return Err(Error::io(
-                op,
-                std::io::Error::from_raw_os_error(libc::EPROTONOSUPPORT),
-            ));
-        }
-    };
-    ns.run(|| {
-        nix::sys::socket::socket(
-            AddressFamily::Netlink,
-            SockType::Raw,
-            SockFlag::SOCK_CLOEXEC,
-            proto,
-        )
-    })
-    .map_err(|e| Error::netns(op, e))?
-    .map_err(|e| Error::io(op, e.into()))
 }
 
 /// A close-on-exec pipe: (read end, write end).

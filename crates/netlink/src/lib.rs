@@ -23,6 +23,7 @@ mod links;
 mod lower;
 mod neighbours;
 pub mod netconf;
+pub mod nlsock;
 pub mod overlay;
 pub mod packet;
 mod routes;

@@ -623,21 +623,10 @@ impl Nfnl {
         self.transaction(&what, msgs)
     }
 
-    /// Sends messages built by [`crate::nftset`] (sets, elements and the
-    /// rules using them, for the policy plugin) as one nf_tables
-    /// transaction, through the same writer as [`Nfnl::nft_apply`].
-    pub fn nft_batch(&mut self, msgs: &[crate::nftset::Msg]) -> Result<()> {
-        let what = format!("nftables transaction of {} messages", msgs.len());
-        let it = msgs
-            .iter()
-            .map(|m| (m.subsys_type(), m.flags, m.family, m.attrs.clone()));
-        self.transaction(&what, it)
-    }
-
     /// The one nf_tables writer: `msgs` as (type, flags besides request and
     /// ack, family, payload) between batch markers, every message
     /// acknowledged, all or nothing.
-    fn transaction(
+    pub(crate) fn transaction(
         &mut self,
         what: &str,
         msgs: impl Iterator<Item = (u16, u16, u8, Vec<u8>)>,
