@@ -17,7 +17,7 @@ pub mod nft;
 
 pub use crate::conntrack::{Flow, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 pub use netlink_packet_netfilter::nftables::NfTablesMessage;
-pub use nft::{Hook, NftChain, NftFamily, NftOp, NftRule};
+pub use nft::{Hook, NftChain, NftFamily, NftOp, NftRule, SetElem, SetSpec};
 
 use rcni_netlink::{Error, Result};
 use rcni_netns::NetNs;

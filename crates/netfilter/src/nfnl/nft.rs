@@ -10,8 +10,9 @@ use crate::expr::{Expr, Term, terms};
 use netlink_packet_core::{DefaultNla, Emitable, Nla, Parseable};
 use netlink_packet_netfilter::nftables::{
     ChainAttribute, ChainMessage, ExpressionAttribute, Expressions, Hook as NlHook, HookNumber,
-    Immediate, ListAttribute, NfTablesMessage, RuleAttribute, RuleMessage, TableAttribute,
-    TableMessage, Verdict, VerdictAttribute,
+    Immediate, ListAttribute, NfTablesMessage, RuleAttribute, RuleMessage, SetAttribute,
+    SetDescription, SetElementAttribute, SetElementList, SetElementMessage, SetFlags, SetMessage,
+    TableAttribute, TableMessage, Verdict, VerdictAttribute,
 };
 use rcni_netlink::Result;
 use rcni_netns::NetNs;
@@ -55,7 +56,7 @@ impl NftFamily {
         }
     }
 
-    fn from_code(c: u8) -> Option<NftFamily> {
+    pub(crate) fn from_code(c: u8) -> Option<NftFamily> {
         Some(match c {
             1 => NftFamily::Inet,
             2 => NftFamily::Ip,
@@ -163,7 +164,74 @@ pub enum NftOp {
         comment: Option<String>,
         insert: bool,
     },
+    /// `add chain` of a base chain with an explicit `policy` (`NF_DROP` 0,
+    /// `NF_ACCEPT` 1), as nft sends `policy accept;`; an existing chain
+    /// takes the policy.
+    AddBaseChain {
+        family: NftFamily,
+        table: String,
+        chain: String,
+        hook: Hook,
+        policy: u32,
+    },
+    /// `add set` / `add map` (no error if it exists).
+    AddSet {
+        family: NftFamily,
+        table: String,
+        set: String,
+        spec: SetSpec,
+    },
+    DeleteSet {
+        family: NftFamily,
+        table: String,
+        set: String,
+    },
+    /// `flush set`: every element goes.
+    FlushSet {
+        family: NftFamily,
+        table: String,
+        set: String,
+    },
+    /// `add element`, one message of them; `set_id` names a set declared
+    /// earlier in the same transaction (an anonymous one).
+    AddElements {
+        family: NftFamily,
+        table: String,
+        set: String,
+        set_id: Option<u32>,
+        elements: Vec<SetElem>,
+    },
+    /// `delete element`, by key.
+    DeleteElements {
+        family: NftFamily,
+        table: String,
+        set: String,
+        elements: Vec<SetElem>,
+    },
 }
+
+/// How a set is declared (see [`crate::nftset::SetDecl`], which fills it
+/// as nft would).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetSpec {
+    pub(crate) flags: SetFlags,
+    /// nft's datatype of the key (a concatenation's: its fields' types).
+    pub(crate) key_type: u32,
+    pub(crate) key_len: u32,
+    /// A map's data type and length.
+    pub(crate) data: Option<(u32, u32)>,
+    /// `NFTA_SET_ID`, unique within the transaction.
+    pub(crate) id: u32,
+    pub(crate) desc: Option<SetDescription>,
+    /// nft's userdata (byte orders, the key's expression), which `nft
+    /// list` reads to print the set as nft would.
+    pub(crate) userdata: Vec<u8>,
+}
+
+/// One element of a set or map (an `NFTA_LIST_ELEM`), as
+/// [`crate::nftset`] encodes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetElem(pub(crate) ListAttribute<SetElementAttribute>);
 
 /// A base chain's hook: `type <kind> hook <hook> priority <priority>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -398,8 +466,132 @@ impl NftOp {
                     flags,
                 )
             }
+            NftOp::AddBaseChain {
+                family,
+                table,
+                chain,
+                hook,
+                policy,
+            } => {
+                let a = vec![
+                    ChainAttribute::Table(s(table)),
+                    ChainAttribute::Name(s(chain)),
+                    ChainAttribute::Hook(vec![
+                        NlHook::Number(HookNumber::Other(hook.hook)),
+                        NlHook::Priority(hook.priority as u32),
+                    ]),
+                    ChainAttribute::Policy(*policy),
+                    ChainAttribute::Type(s(hook.kind)),
+                ];
+                (
+                    *family,
+                    NfTablesMessage::NewChain(ChainMessage { attributes: a }),
+                    NLM_F_CREATE,
+                )
+            }
+            NftOp::AddSet {
+                family,
+                table,
+                set,
+                spec,
+            } => {
+                let mut a = vec![
+                    SetAttribute::Table(s(table)),
+                    SetAttribute::Name(s(set)),
+                    SetAttribute::Flags(spec.flags),
+                    SetAttribute::KeyType(spec.key_type),
+                    SetAttribute::KeyLen(spec.key_len),
+                ];
+                if let Some((ty, len)) = spec.data {
+                    a.push(SetAttribute::DataType(ty));
+                    a.push(SetAttribute::DataLen(len));
+                }
+                a.push(SetAttribute::Id(spec.id));
+                if let Some(d) = &spec.desc {
+                    a.push(SetAttribute::Description(vec![d.clone()]));
+                }
+                if !spec.userdata.is_empty() {
+                    a.push(SetAttribute::UserData(spec.userdata.clone()));
+                }
+                (
+                    *family,
+                    NfTablesMessage::NewSet(SetMessage { attributes: a }),
+                    NLM_F_CREATE,
+                )
+            }
+            NftOp::DeleteSet { family, table, set } => (
+                *family,
+                NfTablesMessage::DeleteSet(SetMessage {
+                    attributes: vec![SetAttribute::Table(s(table)), SetAttribute::Name(s(set))],
+                }),
+                0,
+            ),
+            NftOp::FlushSet { family, table, set } => (
+                *family,
+                NfTablesMessage::DeleteSetElement(SetElementMessage {
+                    attributes: vec![SetElementList::Table(s(table)), SetElementList::Set(s(set))],
+                }),
+                0,
+            ),
+            NftOp::AddElements {
+                family,
+                table,
+                set,
+                set_id,
+                elements,
+            } => (
+                *family,
+                NfTablesMessage::NewSetElement(SetElementMessage {
+                    attributes: element_list(table, set, *set_id, elements),
+                }),
+                NLM_F_CREATE,
+            ),
+            NftOp::DeleteElements {
+                family,
+                table,
+                set,
+                elements,
+            } => (
+                *family,
+                NfTablesMessage::DeleteSetElement(SetElementMessage {
+                    attributes: element_list(table, set, None, elements),
+                }),
+                0,
+            ),
         }
     }
+
+    /// The message as the transaction sends it: (type, flags besides
+    /// request and ack, family, attributes after nfgenmsg).
+    pub(crate) fn encode(&self) -> (u16, u16, u8, Vec<u8>) {
+        let (family, msg, flags) = self.message();
+        (nft_type(&msg), flags, family.code(), emit(&msg))
+    }
+
+    /// The message's attribute bytes (for tests comparing encodings).
+    pub fn attrs(&self) -> Vec<u8> {
+        self.encode().3
+    }
+}
+
+/// The attributes of an element message: the set, then its elements.
+pub(crate) fn element_list(
+    table: &str,
+    set: &str,
+    set_id: Option<u32>,
+    elements: &[SetElem],
+) -> Vec<SetElementList> {
+    let mut a = vec![
+        SetElementList::Table(table.to_string()),
+        SetElementList::Set(set.to_string()),
+    ];
+    if let Some(id) = set_id {
+        a.push(SetElementList::SetId(id));
+    }
+    a.push(SetElementList::Elements(
+        elements.iter().map(|e| e.0.clone()).collect(),
+    ));
+    a
 }
 
 fn parse<T: for<'a> Parseable<[u8]>>(what: &str, a: &[u8]) -> Result<T> {
@@ -615,12 +807,8 @@ impl Nfnl {
 
     /// Applies `ops` as one nf_tables transaction: all or nothing.
     pub fn nft_apply(&mut self, ops: &[NftOp]) -> Result<()> {
-        let msgs = ops.iter().map(|op| {
-            let (family, msg, flags) = op.message();
-            (nft_type(&msg), flags, family.code(), emit(&msg))
-        });
         let what = format!("nftables transaction of {} changes", ops.len());
-        self.transaction(&what, msgs)
+        self.transaction(&what, ops.iter().map(NftOp::encode))
     }
 
     /// The one nf_tables writer: `msgs` as (type, flags besides request and
