@@ -13,6 +13,9 @@
 //! agent owns). Requests rtnetlink has no call for go through
 //! `Netlink::acked_request`; raw sockets and forked helpers for the
 //! kernel's slow paths are in `detach.rs`, `unlink.rs` and `netconf.rs`.
+//! `nlsock.rs` is the one synchronous socket (sequence numbers, acks,
+//! dumps retried when interrupted) of netconf, nfnetlink and generic
+//! netlink.
 
 mod addresses;
 mod bridge;
