@@ -19,23 +19,14 @@ pub use crate::conntrack::{Flow, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
 pub use netlink_packet_netfilter::nftables::NfTablesMessage;
 pub use nft::{Hook, NftChain, NftFamily, NftOp, NftRule, SetElem, SetSpec};
 
+use rcni_netlink::nlsock::{NLM_F_DUMP, NlSocket, Protocol};
 use rcni_netlink::{Error, Result};
 use rcni_netns::NetNs;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 
-// <linux/netlink.h>
-const NLMSG_ERROR: u16 = 2;
-const NLMSG_DONE: u16 = 3;
-pub(crate) const NLM_F_REQUEST: u16 = 0x1;
-pub(crate) const NLM_F_ACK: u16 = 0x4;
-const NLM_F_DUMP: u16 = 0x300;
-/// Set by the kernel on a dump the table changed under (<linux/netlink.h>).
-const NLM_F_DUMP_INTR: u16 = 0x10;
-/// Dumps of a busy table before taking what the last one gave.
-const DUMP_TRIES: usize = 20;
+pub(crate) use rcni_netlink::nlsock::{NLM_F_ACK, NLM_F_REQUEST};
 const NLA_TYPE_MASK: u16 = 0x3fff;
 pub(crate) const NLA_F_NESTED: u16 = 0x8000;
-const NLMSG_HDRLEN: usize = 16;
 
 /// The messages of a dump: each one's family and its attributes.
 pub(crate) type Dumped = Vec<(u8, Vec<u8>)>;
@@ -45,11 +36,12 @@ pub struct Nfnl {
     /// Declared before `releaser`: fields drop in declaration order, and
     /// the releaser child must learn of the close only once our own
     /// reference to the socket is gone.
-    fd: OwnedFd,
+    pub(crate) sock: NlSocket,
     /// Write end of the pipe that tells the releaser child (see
     /// [`spawn_releaser`]) this socket is closed; set before the first
     /// transaction.
     releaser: Option<OwnedFd>,
+    /// The sequence number of the last message [`Nfnl::message`] made.
     pub(crate) seq: u32,
 }
 
@@ -73,7 +65,7 @@ const RELEASE_DELAY: std::time::Duration = std::time::Duration::from_millis(300)
 /// after the plugin is done, when the grace periods of the chain's commits
 /// are long over. Without a child (fork failed), the plugin closes the
 /// socket itself, waiting as before.
-fn spawn_releaser(sock: &OwnedFd) -> Option<OwnedFd> {
+fn spawn_releaser(sock: &NlSocket) -> Option<OwnedFd> {
     rcni_netlink::detach::spawn_releaser(sock, RELEASE_DELAY)
 }
 
@@ -114,32 +106,34 @@ pub(crate) fn attr(buf: &[u8], ty: u16) -> Option<&[u8]> {
     attrs(buf).find(|(t, _)| *t == ty).map(|(_, v)| v)
 }
 
+/// `nfgenmsg` (family, `NFNETLINK_V0`, res_id in network order), then
+/// `payload`.
+fn nfgen(family: u8, res_id: u16, payload: &[u8]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(4 + payload.len());
+    m.push(family);
+    m.push(0); // NFNETLINK_V0
+    m.extend_from_slice(&res_id.to_be_bytes());
+    m.extend_from_slice(payload);
+    m
+}
+
 impl Nfnl {
     /// Opens a socket inside `ns`.
     pub fn open(ns: &NetNs) -> Result<Nfnl> {
         let op = "open NETLINK_NETFILTER socket";
-        let fd = rcni_netlink::detach::netlink_socket(ns, libc::NETLINK_NETFILTER, op)?;
+        let sock = NlSocket::open(ns, Protocol::Netfilter, op)?;
         // A reply that never comes (a kernel without the subsystem) must not
         // hang a plugin forever.
-        let tv = nix::sys::time::TimeVal::new(5, 0);
-        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &tv)
-            .map_err(|e| io_err(op, e.into()))?;
+        sock.set_recv_timeout(std::time::Duration::from_secs(5), op)?;
         Ok(Nfnl {
-            fd,
-            seq: 1,
+            sock,
+            seq: 0,
             releaser: None,
         })
     }
 
-    fn raw_fd(&self) -> i32 {
-        self.fd.as_raw_fd()
-    }
-
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
+    /// One message (nlmsghdr, nfgenmsg, `payload`) for
+    /// [`Nfnl::send_acked`]; its sequence number is then in `self.seq`.
     pub(crate) fn message(
         &mut self,
         ty: u16,
@@ -148,77 +142,20 @@ impl Nfnl {
         res_id: u16,
         payload: &[u8],
     ) -> Vec<u8> {
-        let seq = self.next_seq();
-        let len = NLMSG_HDRLEN + 4 + payload.len();
-        let mut m = Vec::with_capacity(len);
-        m.extend_from_slice(&(len as u32).to_ne_bytes());
-        m.extend_from_slice(&ty.to_ne_bytes());
-        m.extend_from_slice(&flags.to_ne_bytes());
-        m.extend_from_slice(&seq.to_ne_bytes());
-        m.extend_from_slice(&0u32.to_ne_bytes());
-        m.push(family);
-        m.push(0); // NFNETLINK_V0
-        m.extend_from_slice(&res_id.to_be_bytes());
-        m.extend_from_slice(payload);
+        let mut m = Vec::new();
+        self.seq = self
+            .sock
+            .push_message(&mut m, ty, flags, &nfgen(family, res_id, payload));
         m
     }
 
-    fn send(&self, op: &str, buf: &[u8]) -> Result<()> {
-        // The kernel is the default destination of a netlink socket.
-        nix::sys::socket::send(self.raw_fd(), buf, nix::sys::socket::MsgFlags::empty())
-            .map(|_| ())
-            .map_err(|e| io_err(op, e.into()))
-    }
-
-    /// Receives one datagram (possibly several messages).
-    fn recv(&self, op: &str, buf: &mut [u8]) -> Result<usize> {
-        loop {
-            match nix::sys::socket::recv(self.raw_fd(), buf, nix::sys::socket::MsgFlags::empty()) {
-                Ok(n) => return Ok(n),
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => return Err(io_err(op, e.into())),
-            }
-        }
-    }
-
-    /// Splits a datagram into `(type, flags-less payload after nlmsghdr)`.
-    fn messages(buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
-        Self::messages_with_flags(buf)
-            .into_iter()
-            .map(|(ty, _, seq, p)| (ty, seq, p))
-            .collect()
-    }
-
-    /// [`Nfnl::messages`] with each message's flags.
-    fn messages_with_flags(buf: &[u8]) -> Vec<(u16, u16, u32, &[u8])> {
-        let mut out = Vec::new();
-        let mut rest = buf;
-        while rest.len() >= NLMSG_HDRLEN {
-            let len = u32::from_ne_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            let ty = u16::from_ne_bytes([rest[4], rest[5]]);
-            let flags = u16::from_ne_bytes([rest[6], rest[7]]);
-            let seq = u32::from_ne_bytes([rest[8], rest[9], rest[10], rest[11]]);
-            if len < NLMSG_HDRLEN || len > rest.len() {
-                break;
-            }
-            out.push((ty, flags, seq, &rest[NLMSG_HDRLEN..len]));
-            rest = &rest[((len + 3) & !3).min(rest.len())..];
-        }
-        out
-    }
-
-    /// The errno of an `NLMSG_ERROR` payload (0 for an ack).
-    fn error_code(payload: &[u8]) -> i32 {
-        payload
-            .first_chunk::<4>()
-            .map(|b| i32::from_ne_bytes(*b))
-            .unwrap_or(0)
-    }
-
     /// Sends one request and collects its answers until the end of a
-    /// dump (`NLMSG_DONE`) or the ack of a plain request: each message's
-    /// family and attributes (after nfgenmsg). `Err` with `is_not_found()`
-    /// when the kernel answers ENOENT (a table that does not exist).
+    /// dump or the ack of a plain request: each message's family and
+    /// attributes (after nfgenmsg). A dump the kernel flags interrupted is
+    /// run again (see [`NlSocket::request`]): one that missed objects would
+    /// let a DEL not see its own rule and leave it. `Err` with
+    /// `is_not_found()` when the kernel answers ENOENT (a table that does
+    /// not exist).
     fn request(
         &mut self,
         op: &str,
@@ -228,59 +165,14 @@ impl Nfnl {
         res_id: u16,
         payload: &[u8],
     ) -> Result<Dumped> {
-        // A dump that spans several reads while another process commits a
-        // transaction is marked NLM_F_DUMP_INTR and may miss objects (a
-        // DEL would then not see its own rule and leave it): dump again.
-        // Still interrupted after DUMP_TRIES: an error, so the caller (a DEL)
-        // fails and is retried rather than acting on a partial listing.
-        for _ in 0..DUMP_TRIES {
-            let (out, interrupted) = self.request_once(op, ty, flags, family, res_id, payload)?;
-            if !interrupted {
-                return Ok(out);
-            }
-        }
-        Err(Error::other(
-            op,
-            format!("the dump was interrupted by concurrent changes {DUMP_TRIES} times"),
-        ))
-    }
-
-    fn request_once(
-        &mut self,
-        op: &str,
-        ty: u16,
-        flags: u16,
-        family: u8,
-        res_id: u16,
-        payload: &[u8],
-    ) -> Result<(Dumped, bool)> {
-        let msg = self.message(ty, NLM_F_REQUEST | flags, family, res_id, payload);
-        let seq = self.seq;
-        self.send(op, &msg)?;
-        let mut out = Vec::new();
-        let mut interrupted = false;
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = self.recv(op, &mut buf)?;
-            for (ty, mflags, mseq, p) in Self::messages_with_flags(&buf[..n]) {
-                if mseq != seq {
-                    continue;
-                }
-                interrupted |= mflags & NLM_F_DUMP_INTR != 0;
-                match ty {
-                    NLMSG_DONE => return Ok((out, interrupted)),
-                    // A plain request's answer comes first, then the ack.
-                    NLMSG_ERROR => match Self::error_code(p) {
-                        0 => return Ok((out, interrupted)),
-                        code => {
-                            return Err(io_err(op, std::io::Error::from_raw_os_error(-code)));
-                        }
-                    },
-                    _ if p.len() >= 4 => out.push((p[0], p[4..].to_vec())),
-                    _ => {}
-                }
-            }
-        }
+        let answers = self
+            .sock
+            .request(op, ty, flags, &nfgen(family, res_id, payload))?;
+        Ok(answers
+            .into_iter()
+            .filter(|m| m.payload.len() >= 4)
+            .map(|m| (m.payload[0], m.payload[4..].to_vec()))
+            .collect())
     }
 
     /// Runs a dump (see [`Nfnl::request`]).
@@ -311,32 +203,13 @@ impl Nfnl {
     /// Sends messages that each request an ack and waits for all answers;
     /// the first error wins.
     pub(crate) fn send_acked(&mut self, op: &str, buf: &[u8], acked: &[u32]) -> Result<()> {
-        self.send(op, buf)?;
-        let mut pending: std::collections::HashSet<u32> = acked.iter().copied().collect();
-        let mut first_err = None;
-        let mut rbuf = vec![0u8; 16 * 1024];
-        while !pending.is_empty() {
-            let n = self.recv(op, &mut rbuf)?;
-            for (ty, seq, p) in Self::messages(&rbuf[..n]) {
-                if ty != NLMSG_ERROR || !pending.remove(&seq) {
-                    continue;
-                }
-                let code = Self::error_code(p);
-                if code != 0 && first_err.is_none() {
-                    first_err = Some(std::io::Error::from_raw_os_error(-code));
-                }
-            }
-        }
-        match first_err {
-            None => Ok(()),
-            Some(e) => Err(io_err(op, e)),
-        }
+        self.sock.send_batch(op, buf, acked)
     }
 
     /// Starts the releaser child before the first transaction.
     pub(crate) fn spawn_releaser_once(&mut self) {
         if self.releaser.is_none() {
-            self.releaser = spawn_releaser(&self.fd);
+            self.releaser = spawn_releaser(&self.sock);
         }
     }
 }

@@ -854,10 +854,11 @@ impl Nfnl {
         let snd = buf.len() + 64 * 1024;
         let rcv = acked.len() * 1024 + buf.len() + 64 * 1024;
         if snd > DEFAULT_SOCK_BUF || rcv > DEFAULT_SOCK_BUF {
-            use nix::sys::socket::{setsockopt, sockopt};
-            setsockopt(&self.fd, sockopt::SndBufForce, &snd.max(DEFAULT_SOCK_BUF))
-                .and_then(|()| setsockopt(&self.fd, sockopt::RcvBufForce, &rcv))
-                .map_err(|e| io_err("size the nfnetlink socket buffers", e.into()))?;
+            self.sock.force_buffers(
+                snd.max(DEFAULT_SOCK_BUF),
+                rcv,
+                "size the nfnetlink socket buffers",
+            )?;
         }
         self.spawn_releaser_once();
         self.send_acked(what, &buf, &acked)
