@@ -6,8 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnetwork::IpNetwork;
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload, NetlinkSerializable,
+    NLM_F_ACK, NLM_F_DUMP, NetlinkDeserializable, NetlinkHeader, NetlinkSerializable,
 };
 use netlink_packet_generic::GenlMessage;
 use netlink_packet_generic::ctrl::nlas::GenlCtrlAttrs;
@@ -16,7 +15,7 @@ use netlink_packet_wireguard::{
     WireguardAddressFamily, WireguardAllowedIp, WireguardAllowedIpAttr, WireguardAttribute,
     WireguardCmd, WireguardMessage, WireguardPeer, WireguardPeerAttribute, WireguardPeerFlags,
 };
-use netlink_sys::{Socket, SocketAddr as NlAddr, protocols::NETLINK_GENERIC};
+use rcni_netlink::nlsock::{NlSocket, Protocol};
 
 use crate::wgkey::KEY_LEN;
 
@@ -66,104 +65,115 @@ pub fn diff(desired: &[Peer], actual: &[Peer]) -> Vec<PeerOp> {
     out
 }
 
-fn err(op: &str, e: impl std::fmt::Display) -> String {
-    format!("{op}: {e}")
+/// Why talking to the `wireguard` family failed.
+#[derive(Debug)]
+pub enum WgError {
+    /// The socket failed or the kernel refused (the errno is kept).
+    Netlink(rcni_netlink::Error),
+    /// An answer that does not decode.
+    Answer { op: &'static str, reason: String },
+}
+
+impl std::fmt::Display for WgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WgError::Netlink(e) => e.fmt(f),
+            WgError::Answer { op, reason } => write!(f, "{op}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for WgError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            WgError::Netlink(e) => Some(e),
+            WgError::Answer { .. } => None,
+        }
+    }
+}
+
+impl From<rcni_netlink::Error> for WgError {
+    fn from(e: rcni_netlink::Error) -> WgError {
+        WgError::Netlink(e)
+    }
+}
+
+/// The agent reports kernel failures as text.
+impl From<WgError> for String {
+    fn from(e: WgError) -> String {
+        e.to_string()
+    }
 }
 
 /// A generic netlink socket in the calling thread's namespace, with the
 /// `wireguard` family resolved.
 pub struct WgSocket {
-    sock: Socket,
+    sock: NlSocket,
     family: u16,
-    seq: u32,
 }
 
 impl WgSocket {
-    pub fn open() -> Result<WgSocket, String> {
-        let mut sock =
-            Socket::new(NETLINK_GENERIC).map_err(|e| err("generic netlink socket", e))?;
-        sock.bind_auto()
-            .map_err(|e| err("bind generic netlink socket", e))?;
-        sock.connect(&NlAddr::new(0, 0))
-            .map_err(|e| err("connect generic netlink socket", e))?;
-        let mut s = WgSocket {
-            sock,
-            family: 0,
-            seq: 0,
-        };
+    pub fn open() -> Result<WgSocket, WgError> {
+        let sock = NlSocket::open_here(Protocol::Generic, "generic netlink socket")?;
+        let mut s = WgSocket { sock, family: 0 };
         let mut req = GenlMessage::from_payload(GenlCtrl {
             cmd: GenlCtrlCmd::GetFamily,
             nlas: vec![GenlCtrlAttrs::FamilyName("wireguard".into())],
         });
         req.finalize();
-        let replies = s.request(req, NLM_F_REQUEST | NLM_F_ACK).map_err(|e| {
-            err(
-                "resolve the wireguard netlink family (is the wireguard module available?)",
-                e,
-            )
-        })?;
+        let replies: Vec<GenlMessage<GenlCtrl>> = s.request(
+            "resolve the wireguard netlink family (is the wireguard module available?)",
+            req,
+            NLM_F_ACK,
+        )?;
         s.family = replies
             .iter()
-            .flat_map(|m: &GenlMessage<GenlCtrl>| m.payload.nlas.iter())
+            .flat_map(|m| m.payload.nlas.iter())
             .find_map(|a| match a {
                 GenlCtrlAttrs::FamilyId(id) => Some(*id),
                 _ => None,
             })
-            .ok_or("resolve the wireguard netlink family: no id in the answer")?;
+            .ok_or(WgError::Answer {
+                op: "resolve the wireguard netlink family",
+                reason: "no id in the answer".into(),
+            })?;
         Ok(s)
     }
 
-    /// Sends one request (with `NLM_F_ACK` or `NLM_F_DUMP`, so the answer
-    /// ends with an ACK or Done) and collects the answer's messages.
-    fn request<I, O>(&mut self, payload: I, flags: u16) -> Result<Vec<O>, String>
+    /// Sends one request (`flags` ask for an ack or a dump) and decodes the
+    /// answer's messages.
+    fn request<I, O>(&mut self, op: &'static str, payload: I, flags: u16) -> Result<Vec<O>, WgError>
     where
         I: NetlinkSerializable,
         O: NetlinkDeserializable,
     {
-        self.seq += 1;
-        let mut header = NetlinkHeader::default();
-        header.flags = flags;
-        header.sequence_number = self.seq;
-        let mut msg = NetlinkMessage::new(header, NetlinkPayload::InnerMessage(payload));
-        msg.finalize();
-        let mut buf = vec![0u8; msg.buffer_len()];
-        msg.serialize(&mut buf);
-        self.sock.send(&buf, 0).map_err(|e| e.to_string())?;
-        let mut out = Vec::new();
-        loop {
-            let (data, _) = self.sock.recv_from_full().map_err(|e| e.to_string())?;
-            let mut off = 0;
-            while off < data.len() {
-                let m = NetlinkMessage::<O>::deserialize(&data[off..])
-                    .map_err(|e| format!("bad netlink answer: {e}"))?;
-                let len = m.header.length as usize;
-                if len == 0 {
-                    return Err("bad netlink answer: zero length".into());
-                }
-                off += (len + 3) & !3;
-                if m.header.sequence_number != self.seq {
-                    continue;
-                }
-                match m.payload {
-                    NetlinkPayload::Done(_) => return Ok(out),
-                    NetlinkPayload::Error(e) => match e.code {
-                        // An ACK: the answer is complete (a dump ends with
-                        // Done instead).
-                        None => return Ok(out),
-                        Some(_) => return Err(e.to_io().to_string()),
-                    },
-                    NetlinkPayload::InnerMessage(inner) => out.push(inner),
-                    _ => {}
-                }
-            }
-        }
+        let mut buf = vec![0u8; payload.buffer_len()];
+        payload.serialize(&mut buf);
+        let answers = self.sock.request(op, payload.message_type(), flags, &buf)?;
+        answers
+            .iter()
+            .map(|m| {
+                let mut header = NetlinkHeader::default();
+                header.message_type = m.ty;
+                header.flags = m.flags;
+                O::deserialize(&header, &m.payload).map_err(|e| WgError::Answer {
+                    op,
+                    reason: format!("bad netlink answer: {e}"),
+                })
+            })
+            .collect()
     }
 
-    fn wg(&mut self, msg: WireguardMessage, flags: u16) -> Result<Vec<WireguardMessage>, String> {
+    fn wg(
+        &mut self,
+        op: &'static str,
+        msg: WireguardMessage,
+        flags: u16,
+    ) -> Result<Vec<WireguardMessage>, WgError> {
         let mut req = GenlMessage::from_payload(msg);
         req.set_resolved_family_id(self.family);
         Ok(self
-            .request::<_, GenlMessage<WireguardMessage>>(req, flags)?
+            .request::<_, GenlMessage<WireguardMessage>>(op, req, flags)?
             .into_iter()
             .map(|m| m.payload)
             .collect())
@@ -171,16 +181,15 @@ impl WgSocket {
 
     /// The device's key, port and peers (a dump: the kernel splits a large
     /// peer list, even one peer's allowed IPs, over several messages).
-    pub fn get(&mut self, ifindex: u32) -> Result<Device, String> {
-        let answers = self
-            .wg(
-                WireguardMessage {
-                    cmd: WireguardCmd::GetDevice,
-                    attributes: vec![WireguardAttribute::IfIndex(ifindex)],
-                },
-                NLM_F_REQUEST | NLM_F_DUMP,
-            )
-            .map_err(|e| err("read the WireGuard device", e))?;
+    pub fn get(&mut self, ifindex: u32) -> Result<Device, WgError> {
+        let answers = self.wg(
+            "read the WireGuard device",
+            WireguardMessage {
+                cmd: WireguardCmd::GetDevice,
+                attributes: vec![WireguardAttribute::IfIndex(ifindex)],
+            },
+            NLM_F_DUMP,
+        )?;
         let mut dev = Device::default();
         let mut peers: Vec<Peer> = Vec::new();
         for m in answers {
@@ -211,7 +220,7 @@ impl WgSocket {
         ifindex: u32,
         key_port: Option<(Key, u16)>,
         ops: &[PeerOp],
-    ) -> Result<(), String> {
+    ) -> Result<(), WgError> {
         let mut first = true;
         for chunk in ops
             .chunks(16)
@@ -232,13 +241,13 @@ impl WgSocket {
                 return Ok(());
             }
             self.wg(
+                "configure the WireGuard device",
                 WireguardMessage {
                     cmd: WireguardCmd::SetDevice,
                     attributes,
                 },
-                NLM_F_REQUEST | NLM_F_ACK,
-            )
-            .map_err(|e| err("configure the WireGuard device", e))?;
+                NLM_F_ACK,
+            )?;
         }
         Ok(())
     }
@@ -357,6 +366,37 @@ mod tests {
             [PeerOp::Remove([2; KEY_LEN]), PeerOp::Remove([9; KEY_LEN])]
         );
     }
+
+    #[test]
+    fn errors_read_as_before_and_keep_the_errno() {
+        let e = WgError::from(rcni_netlink::Error::io(
+            "read the WireGuard device",
+            std::io::Error::from_raw_os_error(ENODEV),
+        ));
+        assert_eq!(
+            String::from(e),
+            "read the WireGuard device: No such device (os error 19)"
+        );
+        let e = WgError::from(rcni_netlink::Error::io(
+            "configure the WireGuard device",
+            std::io::Error::from_raw_os_error(ENODEV),
+        ));
+        match &e {
+            WgError::Netlink(n) => assert_eq!(n.errno(), Some(ENODEV)),
+            other => panic!("{other:?}"),
+        }
+        let e = WgError::Answer {
+            op: "resolve the wireguard netlink family",
+            reason: "no id in the answer".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "resolve the wireguard netlink family: no id in the answer"
+        );
+    }
+
+    /// <errno.h>'s ENODEV (this crate has no libc dependency).
+    const ENODEV: i32 = 19;
 
     #[test]
     fn peer_message_carries_replace_and_allowed_ips() {
