@@ -90,8 +90,8 @@ const BYTEORDER_BIG_ENDIAN: u32 = 2;
 /// The most attribute bytes in one message: a set's elements are split
 /// over several `NFT_MSG_NEWSETELEM` messages of the same transaction.
 /// Netlink attribute lengths are 16 bits, and a failing message comes back
-/// whole inside its error, which must fit the receive buffer of
-/// [`crate::nfnl::Nfnl`] (16 KiB).
+/// whole inside its error, which must fit one read of the socket
+/// (`rcni_netlink::nlsock::NlSocket`'s 64 KiB).
 const MAX_MSG_ATTRS: usize = 8 * 1024;
 
 /// One message of an nf_tables transaction, ready for

@@ -57,8 +57,9 @@ impl Protocol {
 }
 
 /// A raw netlink socket of protocol `proto` (`NETLINK_ROUTE`,
-/// `NETLINK_NETFILTER`) bound to `ns`: a socket talks to the namespace it was
-/// created in.
+/// `NETLINK_NETFILTER`, `NETLINK_GENERIC`) bound to `ns`: a socket talks to
+/// the namespace it was created in. For a forked child that must send on
+/// it (`unlink.rs`); everything else uses [`NlSocket`].
 ///
 /// From nix rather than netlink-sys: callers (also crates/netfilter) keep an
 /// `OwnedFd`, which netlink-sys's `Socket` becomes only through an unsafe

@@ -8,10 +8,12 @@
 //! transaction as long as the kernel takes to commit it. `nft -f -` is left
 //! only where rule text must be parsed (portmap's `conditionsV4`/`V6`).
 //!
-//! The socket is created inside the target namespace (on a throwaway thread,
-//! like `rcni_netlink::Netlink::connect`) and is then used synchronously
-//! from the caller's thread: the kernel ties a netlink socket to the
-//! namespace it was created in.
+//! The socket is an `rcni_netlink::nlsock::NlSocket`, created inside the
+//! target namespace (on a throwaway thread, like
+//! `rcni_netlink::Netlink::connect`) and then used synchronously from the
+//! caller's thread: the kernel ties a netlink socket to the namespace it was
+//! created in. It frames the messages, waits for acks and runs interrupted
+//! dumps again; this module adds `nfgenmsg` and the attributes.
 
 pub mod nft;
 
