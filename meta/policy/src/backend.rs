@@ -1,15 +1,252 @@
-//! The backends' halves of the plugin's steps: choosing one, and the eBPF
-//! datapath's programs and leftovers.
+//! The backends behind one trait (as portmap's `PortMapper` and
+//! firewall's `FirewallBackend`), and the choice among them: a network
+//! keeps the backend its pods use ([`recorded`]); ADD picks one when it
+//! has none ([`choose`]).
 
+use crate::compile::{Desired, PodPolicy};
 use crate::conf::{Backend, Conf};
 use crate::state::{Locked, PodRecord, State};
 use crate::{ebpf, nft};
 use rcni_cni::{CniError, ErrorCode};
 use rcni_ebpf::{AttachmentId, Datapath, EndpointKey, bpffs};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+/// What a policy backend does for one network.
+pub trait PolicyBackend {
+    /// Its name, as the config and the state file spell it.
+    fn kind(&self) -> Backend;
+    /// Refuses, before anything is written, a pod with `addrs` whose
+    /// traffic this backend cannot see.
+    fn admit(&self, addrs: &[IpAddr]) -> Result<(), CniError>;
+    /// Makes the kernel enforce `desired` for `pods`, writing the
+    /// difference from `applied` (what the last call left, in the
+    /// backend's own terms; updated on success); `attach` is a pod whose
+    /// veth gets the backend's hooks.
+    fn apply(
+        &mut self,
+        pods: &BTreeMap<String, PodRecord>,
+        desired: &Desired,
+        applied: &mut serde_json::Value,
+        attach: Option<&PodRecord>,
+    ) -> Result<(), CniError>;
+    /// Takes the backend's hooks off a pod's veth, before its entries go:
+    /// a veth without its endpoint entries would otherwise drop the pod's
+    /// traffic as spoofed. A gone veth or link is fine.
+    fn detach(&self, p: &PodRecord) -> Result<(), CniError>;
+    /// Whether the kernel holds `want` for `rec` (CHECK).
+    fn check(&self, rec: &PodRecord, want: &PodPolicy) -> Result<(), CniError>;
+    /// Clears what an attachment the state does not know left (its ADD
+    /// killed before the state was saved); failures are only reported.
+    fn sweep_attachment(&self, id: AttachmentId);
+    /// Removes rule entries the network's state (`locked`, or read here
+    /// when the network's directory exists) does not record.
+    fn sweep_rules(&self, locked: Option<&Locked>) -> Result<(), CniError>;
+    /// GC: clears what attachments not in `valid` left beyond the state.
+    fn gc(
+        &self,
+        locked: Option<&Locked>,
+        valid: &BTreeSet<(String, String)>,
+    ) -> Result<(), CniError>;
+    /// Whether the backend works on this node (STATUS): the error is code
+    /// 50 with the reason.
+    fn available(&self) -> Result<(), CniError>;
+}
+
+/// Programs on each pod's host veth and maps shared with fastpath (see
+/// [`ebpf`]).
+pub struct Ebpf<'a> {
+    conf: &'a Conf,
+    network: &'a str,
+    /// The datapath [`choose`] loaded, used by the first [`apply`](PolicyBackend::apply).
+    dp: Option<Datapath>,
+}
+
+/// One table in the node namespace over nfnetlink (see [`nft`]).
+pub struct Nftables<'a> {
+    conf: &'a Conf,
+    network: &'a str,
+}
+
+/// The backend of `kind` for `network`.
+pub fn of<'a>(kind: Backend, conf: &'a Conf, network: &'a str) -> Box<dyn PolicyBackend + 'a> {
+    match kind {
+        Backend::Ebpf => Box::new(Ebpf {
+            conf,
+            network,
+            dp: None,
+        }),
+        Backend::Nftables => Box::new(Nftables { conf, network }),
+    }
+}
+
+/// The backend the network's state records (eBPF when it has none, or no
+/// state): DEL, GC, CHECK and `policy sync` keep what ADD chose.
+pub fn recorded<'a>(
+    conf: &'a Conf,
+    network: &'a str,
+    st: Option<&State>,
+) -> Box<dyn PolicyBackend + 'a> {
+    of(st.map_or(Backend::Ebpf, State::backend), conf, network)
+}
+
+fn unavailable(msg: String) -> CniError {
+    CniError::new(ErrorCode::PluginNotAvailable, msg)
+}
+
+/// STATUS: whether the config's backend (auto: either) works here.
+pub fn status(conf: &Conf, network: &str) -> Result<(), CniError> {
+    let ebpf = || of(Backend::Ebpf, conf, network).available();
+    let nft = || of(Backend::Nftables, conf, network).available();
+    match conf.backend {
+        Some(Backend::Ebpf) => ebpf(),
+        Some(Backend::Nftables) => nft(),
+        None => ebpf().or_else(|e| nft().map_err(|n| unavailable(format!("{}; {}", e.msg, n.msg)))),
+    }
+}
+
+impl PolicyBackend for Ebpf<'_> {
+    fn kind(&self) -> Backend {
+        Backend::Ebpf
+    }
+
+    fn admit(&self, _addrs: &[IpAddr]) -> Result<(), CniError> {
+        Ok(())
+    }
+
+    fn apply(
+        &mut self,
+        pods: &BTreeMap<String, PodRecord>,
+        desired: &Desired,
+        applied: &mut serde_json::Value,
+        attach: Option<&PodRecord>,
+    ) -> Result<(), CniError> {
+        let mut dp = match self.dp.take() {
+            Some(dp) => dp,
+            None => datapath(self.conf)?,
+        };
+        dp.set_node_addrs(&node_addrs()?).map_err(ebpf::err)?;
+        ebpf::apply(&mut dp, pods, desired, applied)?;
+        if let Some(p) = attach {
+            attach_programs(&mut dp, self.conf, p)?;
+        }
+        Ok(())
+    }
+
+    fn detach(&self, p: &PodRecord) -> Result<(), CniError> {
+        detach_programs(self.conf, p)
+    }
+
+    fn check(&self, rec: &PodRecord, want: &PodPolicy) -> Result<(), CniError> {
+        let conf = self.conf;
+        let mut dp = Datapath::open(&conf.pin_dir)
+            .map_err(ebpf::err)?
+            .ok_or_else(|| {
+                CniError::check_failed("policy: the network's datapath is not loaded")
+            })?;
+        if !dp
+            .policy_attached(
+                &conf.pin_dir,
+                &rec.host_ifname,
+                attachment(rec),
+                conf.hook(),
+            )
+            .map_err(ebpf::err)?
+        {
+            return Err(CniError::check_failed(format!(
+                "policy: the programs are not attached to {}",
+                rec.host_ifname
+            )));
+        }
+        ebpf::check_pod(&dp, rec, want)
+    }
+
+    fn sweep_attachment(&self, id: AttachmentId) {
+        sweep_owner(self.conf, id)
+    }
+
+    fn sweep_rules(&self, locked: Option<&Locked>) -> Result<(), CniError> {
+        sweep_rules(self.conf, self.network, locked)
+    }
+
+    fn gc(
+        &self,
+        locked: Option<&Locked>,
+        valid: &BTreeSet<(String, String)>,
+    ) -> Result<(), CniError> {
+        let owners: BTreeSet<u64> = valid
+            .iter()
+            .map(|(c, i)| AttachmentId::new(c, i).owner())
+            .collect();
+        // Each step runs whatever the one before did.
+        rcni_cni::first_error([
+            sweep_where(self.conf, |o| !owners.contains(&o)).map(|_| ()),
+            self.sweep_rules(locked),
+            rcni_ebpf::detach_policy_links_except(&self.conf.pin_dir, |id| {
+                valid.iter().any(|(c, i)| AttachmentId::new(c, i) == id)
+            })
+            .map(|_| ())
+            .map_err(ebpf::err),
+        ])
+    }
+
+    fn available(&self) -> Result<(), CniError> {
+        // A private copy: loading proves the kernel takes the programs,
+        // without pinning anything.
+        Datapath::load()
+            .map(|_| ())
+            .map_err(|e| unavailable(format!("policy: eBPF: {e}")))
+    }
+}
+
+impl PolicyBackend for Nftables<'_> {
+    fn kind(&self) -> Backend {
+        Backend::Nftables
+    }
+
+    fn admit(&self, addrs: &[IpAddr]) -> Result<(), CniError> {
+        refuse_fastpath(self.conf, addrs)
+    }
+
+    fn apply(
+        &mut self,
+        pods: &BTreeMap<String, PodRecord>,
+        desired: &Desired,
+        applied: &mut serde_json::Value,
+        _attach: Option<&PodRecord>,
+    ) -> Result<(), CniError> {
+        nft::apply(self.network, pods, desired, applied)
+    }
+
+    fn detach(&self, _p: &PodRecord) -> Result<(), CniError> {
+        Ok(())
+    }
+
+    fn check(&self, rec: &PodRecord, want: &PodPolicy) -> Result<(), CniError> {
+        nft::check(self.network, rec, want)
+    }
+
+    fn sweep_attachment(&self, _id: AttachmentId) {}
+
+    fn sweep_rules(&self, _locked: Option<&Locked>) -> Result<(), CniError> {
+        Ok(())
+    }
+
+    fn gc(
+        &self,
+        _locked: Option<&Locked>,
+        _valid: &BTreeSet<(String, String)>,
+    ) -> Result<(), CniError> {
+        Ok(())
+    }
+
+    fn available(&self) -> Result<(), CniError> {
+        nft::available().map_err(|e| unavailable(format!("policy: {}", e.msg)))
+    }
+}
 
 /// The eBPF backend's datapath, loaded and pinned on first use.
-pub(crate) fn datapath(conf: &Conf) -> Result<Datapath, CniError> {
+fn datapath(conf: &Conf) -> Result<Datapath, CniError> {
     bpffs::ensure_root(&conf.pin_root).map_err(ebpf::err)?;
     Datapath::open_or_load(&conf.pin_dir).map_err(ebpf::err)
 }
@@ -17,11 +254,11 @@ pub(crate) fn datapath(conf: &Conf) -> Result<Datapath, CniError> {
 /// The backend a network uses: the one its pods already use, else the
 /// config's, else (auto) eBPF where it loads and nftables otherwise. The
 /// datapath auto loaded comes along, so ADD does not open it twice.
-pub(crate) fn choose_backend(
-    conf: &Conf,
+pub fn choose<'a>(
+    conf: &'a Conf,
     st: &State,
-    network: &str,
-) -> Result<(Backend, Option<Datapath>), CniError> {
+    network: &'a str,
+) -> Result<Box<dyn PolicyBackend + 'a>, CniError> {
     let current = st
         .backend
         .as_deref()
@@ -35,14 +272,18 @@ pub(crate) fn choose_backend(
             st.pods.len(),
             want.as_str()
         ))),
-        (Some(cur), _) => Ok((cur, None)),
-        (None, Some(want)) => Ok((want, None)),
+        (Some(cur), _) => Ok(of(cur, conf, network)),
+        (None, Some(want)) => Ok(of(want, conf, network)),
         (None, None) => match datapath(conf) {
-            Ok(dp) => Ok((Backend::Ebpf, Some(dp))),
+            Ok(dp) => Ok(Box::new(Ebpf {
+                conf,
+                network,
+                dp: Some(dp),
+            })),
             Err(ebpf_err) => match nft::available() {
                 Ok(()) => {
                     eprintln!("policy: eBPF unavailable ({ebpf_err}); using nftables");
-                    Ok((Backend::Nftables, None))
+                    Ok(of(Backend::Nftables, conf, network))
                 }
                 Err(nft_err) => Err(CniError::new(
                     ErrorCode::Ebpf,
@@ -60,17 +301,17 @@ pub(crate) fn choose_backend(
 /// between a pod and its node always passes. IPv6 link-local ones are left
 /// out: the programs never check link-local traffic, and there is one per
 /// host veth.
-pub(crate) fn node_addrs() -> Result<Vec<std::net::IpAddr>, CniError> {
+fn node_addrs() -> Result<Vec<IpAddr>, CniError> {
     let addrs = rcni_attach::rt()?.block_on(async {
         rcni_netlink::Netlink::connect_current()
             .await?
             .addresses(None)
             .await
     })?;
-    let mut v: Vec<std::net::IpAddr> = addrs
+    let mut v: Vec<IpAddr> = addrs
         .iter()
         .map(|a| a.addr.ip())
-        .filter(|ip| !matches!(ip, std::net::IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
+        .filter(|ip| !matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80))
         .collect();
     v.sort();
     v.dedup();
@@ -81,11 +322,7 @@ pub(crate) fn attachment(p: &PodRecord) -> AttachmentId {
     AttachmentId::new(&p.container_id, &p.ifname)
 }
 
-pub(crate) fn attach_programs(
-    dp: &mut Datapath,
-    conf: &Conf,
-    p: &PodRecord,
-) -> Result<(), CniError> {
+fn attach_programs(dp: &mut Datapath, conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
     let id = attachment(p);
     if !dp
         .policy_attached(&conf.pin_dir, &p.host_ifname, id, conf.hook())
@@ -98,12 +335,12 @@ pub(crate) fn attach_programs(
 }
 
 /// Takes the programs off a pod's veth; a gone veth or link is fine.
-pub(crate) fn detach_programs(conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
+fn detach_programs(conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
     rcni_ebpf::detach_policy(&conf.pin_dir, attachment(p), &p.host_ifname).map_err(ebpf::err)
 }
 
 /// nftables cannot see what fastpath redirects: refuse to pretend.
-pub(crate) fn refuse_fastpath(conf: &Conf, addrs: &[std::net::IpAddr]) -> Result<(), CniError> {
+fn refuse_fastpath(conf: &Conf, addrs: &[IpAddr]) -> Result<(), CniError> {
     let Ok(Some(dp)) = Datapath::open(&conf.pin_dir) else {
         return Ok(());
     };
@@ -122,11 +359,11 @@ pub(crate) fn refuse_fastpath(conf: &Conf, addrs: &[std::net::IpAddr]) -> Result
 
 /// Clears policy entries of endpoints whose owner `doomed` selects, left by
 /// an attachment the state no longer knows (a crash between writes).
-pub(crate) fn sweep_where(conf: &Conf, doomed: impl Fn(u64) -> bool) -> Result<usize, CniError> {
+fn sweep_where(conf: &Conf, doomed: impl Fn(u64) -> bool) -> Result<usize, CniError> {
     let Some(mut dp) = Datapath::open(&conf.pin_dir).map_err(ebpf::err)? else {
         return Ok(0);
     };
-    let mut by_owner: std::collections::BTreeMap<u64, Vec<EndpointKey>> = Default::default();
+    let mut by_owner: BTreeMap<u64, Vec<EndpointKey>> = Default::default();
     for (k, ep) in dp.endpoints().map_err(ebpf::err)? {
         if ep.flags & rcni_ebpf::EP_POLICY != 0 && doomed(ep.owner) {
             by_owner.entry(ep.owner).or_default().push(k);
@@ -147,7 +384,7 @@ pub(crate) fn sweep_where(conf: &Conf, doomed: impl Fn(u64) -> bool) -> Result<u
 /// was saved): its endpoint entries cleared and its tcx links (pinned by
 /// attachment id) taken off, so nothing of it keeps the network's
 /// datapath in use.
-pub(crate) fn sweep_owner(conf: &Conf, id: AttachmentId) {
+fn sweep_owner(conf: &Conf, id: AttachmentId) {
     let owner = id.owner();
     if let Err(e) = sweep_where(conf, |o| o == owner) {
         eprintln!("policy: {}", e.msg);
@@ -160,11 +397,7 @@ pub(crate) fn sweep_owner(conf: &Conf, id: AttachmentId) {
 /// [`ebpf::sweep_rules`] for a network whose state directory exists (an
 /// ADD got as far as locking it), under its lock; a network never added
 /// to gets nothing made for it.
-pub(crate) fn sweep_rules(
-    conf: &Conf,
-    network: &str,
-    locked: Option<&Locked>,
-) -> Result<(), CniError> {
+fn sweep_rules(conf: &Conf, network: &str, locked: Option<&Locked>) -> Result<(), CniError> {
     let owned;
     let locked = match locked {
         Some(l) => l,

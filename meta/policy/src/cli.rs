@@ -156,17 +156,9 @@ fn sync(network: &str, data_dir: &Path, config: Option<&Path>) -> Result<String,
             }
         }
     }
-    let backend = locked.state.backend();
+    let mut backend = crate::backend::recorded(&conf, network, Some(&locked.state));
     let before = locked.state.desired.clone();
-    crate::reconcile(
-        &conf,
-        network,
-        Some(&set),
-        &mut locked.state,
-        backend,
-        None,
-        None,
-    )?;
+    crate::reconcile(Some(&set), &mut locked.state, backend.as_mut(), None)?;
     locked.state.conf = Some(crate::conf::stored(&conf_v));
     let after = locked.state.desired.clone().unwrap_or_default();
     locked.save()?;
@@ -186,7 +178,7 @@ fn sync(network: &str, data_dir: &Path, config: Option<&Path>) -> Result<String,
         set.policies.len(),
         after.pods.len(),
         after.rulesets.len(),
-        backend.as_str(),
+        backend.kind().as_str(),
         t.elapsed().as_secs_f64() * 1e3
     ))
 }

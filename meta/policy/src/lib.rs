@@ -21,7 +21,7 @@
 //! and `policy show` (see [`cli`]).
 
 pub mod agent;
-mod backend;
+pub mod backend;
 pub mod cli;
 pub mod compile;
 pub mod conf;
@@ -30,17 +30,14 @@ pub mod model;
 pub mod nft;
 pub mod state;
 
-use backend::{
-    attach_programs, attachment, choose_backend, datapath, detach_programs, node_addrs,
-    refuse_fastpath, sweep_owner, sweep_rules, sweep_where,
-};
+use backend::{PolicyBackend, attachment};
 use compile::{Desired, compile};
-use conf::{Backend, Conf};
+use conf::Conf;
 use model::PolicySet;
 use rcni_attach::podveth;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode};
-use rcni_ebpf::{AttachmentId, Datapath};
+use rcni_ebpf::AttachmentId;
 use state::{Locked, PodRecord, State};
 use std::collections::BTreeSet;
 
@@ -60,17 +57,14 @@ fn required_prev(args: &CmdArgs) -> Result<CniResult, CniError> {
     })
 }
 
-/// Recomputes the network and applies it; `attach` is a pod whose veth gets
-/// the programs (eBPF); `dp` the network's datapath if the caller has it
-/// open already. On success the state holds what is enforced.
+/// Recomputes the network and applies it with `backend`; `attach` is a pod
+/// whose veth gets the backend's hooks. On success the state holds what is
+/// enforced.
 pub fn reconcile(
-    conf: &Conf,
-    network: &str,
     set: Option<&PolicySet>,
     st: &mut State,
-    backend: Backend,
+    backend: &mut dyn PolicyBackend,
     attach: Option<&PodRecord>,
-    dp: Option<Datapath>,
 ) -> Result<(), CniError> {
     let desired = match set {
         Some(set) => compile(set, &st.views(), &mut st.ids)?,
@@ -82,20 +76,7 @@ pub fn reconcile(
             d
         }
     };
-    match backend {
-        Backend::Ebpf => {
-            let mut dp = match dp {
-                Some(dp) => dp,
-                None => datapath(conf)?,
-            };
-            dp.set_node_addrs(&node_addrs()?).map_err(ebpf::err)?;
-            ebpf::apply(&mut dp, &st.pods, &desired, &mut st.applied)?;
-            if let Some(p) = attach {
-                attach_programs(&mut dp, conf, p)?;
-            }
-        }
-        Backend::Nftables => nft::apply(network, &st.pods, &desired, &mut st.applied)?,
-    }
+    backend.apply(&st.pods, &desired, &mut st.applied, attach)?;
     st.desired = Some(desired);
     Ok(())
 }
@@ -131,10 +112,8 @@ impl Policy {
         }
         let network = &args.conf.name;
         let mut locked = Locked::open(&conf.data_dir, network)?;
-        let (backend, dp) = choose_backend(conf, &locked.state, network)?;
-        if backend == Backend::Nftables {
-            refuse_fastpath(conf, &veth.addrs)?;
-        }
+        let mut backend = backend::choose(conf, &locked.state, network)?;
+        backend.admit(&veth.addrs)?;
         let rec = PodRecord {
             container_id: args.container_id.clone(),
             ifname: args.ifname.clone(),
@@ -150,24 +129,20 @@ impl Policy {
         let before = locked.state.clone();
         let st = &mut locked.state;
         st.pods.insert(key, rec.clone());
-        st.backend = Some(backend.as_str().into());
+        st.backend = Some(backend.kind().as_str().into());
         st.conf = Some(conf::stored(&args.conf.raw));
-        if let Err(e) = reconcile(conf, network, Some(set), st, backend, Some(&rec), dp) {
+        if let Err(e) = reconcile(Some(set), st, backend.as_mut(), Some(&rec)) {
             // Undo: the pod's programs and entries go, the others get back
             // what they had.
             let mut undo = before;
             undo.applied = std::mem::take(&mut st.applied);
-            if backend == Backend::Ebpf
-                && let Err(u) = detach_programs(conf, &rec)
-            {
+            if let Err(u) = backend.detach(&rec) {
                 eprintln!("policy: undo attachment: {}", u.msg);
             }
-            if let Err(u) = reconcile(conf, network, Some(set), &mut undo, backend, None, None) {
+            if let Err(u) = reconcile(Some(set), &mut undo, backend.as_mut(), None) {
                 eprintln!("policy: undo: {}", u.msg);
             }
-            if backend == Backend::Ebpf {
-                sweep_owner(conf, attachment(&rec));
-            }
+            backend.sweep_attachment(attachment(&rec));
             locked.state = undo;
             locked.save()?;
             return Err(e);
@@ -175,15 +150,15 @@ impl Policy {
         locked.save()
     }
 
-    /// Removes attachments from the network's state and enforcement.
+    /// Removes attachments from the network's state and enforcement
+    /// (`backend`: the one the state records).
     fn remove(
         &self,
         conf: &Conf,
-        network: &str,
+        backend: &mut dyn PolicyBackend,
         locked: &mut Locked,
         keys: &[String],
     ) -> Result<(), CniError> {
-        let backend = locked.state.backend();
         let mut removed = Vec::new();
         for k in keys {
             if let Some(p) = locked.state.pods.remove(k) {
@@ -191,25 +166,14 @@ impl Policy {
             }
         }
         let mut errors = Vec::new();
-        if backend == Backend::Ebpf {
-            for p in &removed {
-                // Off the hook first: a veth without its endpoint entries
-                // would otherwise drop the pod's traffic as spoofed.
-                if let Err(e) = detach_programs(conf, p) {
-                    errors.push(e);
-                }
+        for p in &removed {
+            // Off the hook first (see PolicyBackend::detach).
+            if let Err(e) = backend.detach(p) {
+                errors.push(e);
             }
         }
         let set = policies_or_last(conf);
-        if let Err(e) = reconcile(
-            conf,
-            network,
-            set.as_ref(),
-            &mut locked.state,
-            backend,
-            None,
-            None,
-        ) {
+        if let Err(e) = reconcile(set.as_ref(), &mut locked.state, backend, None) {
             errors.push(e);
         }
         locked.save()?;
@@ -254,31 +218,7 @@ impl Policy {
             )));
         }
         let want = desired.pods[&key];
-        match st.backend() {
-            Backend::Nftables => nft::check(network, rec, &want),
-            Backend::Ebpf => {
-                let mut dp = Datapath::open(&conf.pin_dir)
-                    .map_err(ebpf::err)?
-                    .ok_or_else(|| {
-                        CniError::check_failed("policy: the network's datapath is not loaded")
-                    })?;
-                if !dp
-                    .policy_attached(
-                        &conf.pin_dir,
-                        &rec.host_ifname,
-                        attachment(rec),
-                        conf.hook(),
-                    )
-                    .map_err(ebpf::err)?
-                {
-                    return Err(CniError::check_failed(format!(
-                        "policy: the programs are not attached to {}",
-                        rec.host_ifname
-                    )));
-                }
-                ebpf::check_pod(&dp, rec, &want)
-            }
-        }
+        backend::recorded(conf, network, Some(st)).check(rec, &want)
     }
 }
 
@@ -303,19 +243,19 @@ impl Plugin for Policy {
         let network = &args.conf.name;
         let key = PodRecord::key(&args.container_id, &args.ifname);
         let id = AttachmentId::new(&args.container_id, &args.ifname);
-        if let Some(mut locked) = Locked::existing(&conf.data_dir, network)? {
-            if locked.state.pods.contains_key(&key) {
-                self.remove(&conf, network, &mut locked, &[key])?;
-            } else if locked.state.backend() == Backend::Ebpf {
-                // Entries of an attachment the state lost track of (a
-                // crash between writes); a known pod's went with it above.
-                sweep_owner(&conf, id);
-                sweep_rules(&conf, network, Some(&locked))?;
+        let locked = Locked::existing(&conf.data_dir, network)?;
+        let mut backend = backend::recorded(&conf, network, locked.as_ref().map(|l| &l.state));
+        match locked {
+            Some(mut locked) if locked.state.pods.contains_key(&key) => {
+                self.remove(&conf, backend.as_mut(), &mut locked, &[key])?;
             }
-        } else {
-            sweep_owner(&conf, id);
-            // The network's first ADD killed before its state was saved.
-            sweep_rules(&conf, network, None)?;
+            // Entries of an attachment the state lost track of (a crash
+            // between writes), or of the network's first ADD killed before
+            // its state was saved; a known pod's went with it above.
+            locked => {
+                backend.sweep_attachment(id);
+                backend.sweep_rules(locked.as_ref())?;
+            }
         }
         Ok(())
     }
@@ -330,21 +270,7 @@ impl Plugin for Policy {
         let unavailable = |msg: String| CniError::new(ErrorCode::PluginNotAvailable, msg);
         conf.policies()
             .map_err(|e| unavailable(format!("policy: ADD would fail: {}", e.msg)))?;
-        let ebpf = || {
-            // A private copy: loading proves the kernel takes the
-            // programs, without pinning anything.
-            Datapath::load()
-                .map(|_| ())
-                .map_err(|e| unavailable(format!("policy: eBPF: {e}")))
-        };
-        let nft = || nft::available().map_err(|e| unavailable(format!("policy: {}", e.msg)));
-        match conf.backend {
-            Some(Backend::Ebpf) => ebpf(),
-            Some(Backend::Nftables) => nft(),
-            None => {
-                ebpf().or_else(|e| nft().map_err(|n| unavailable(format!("{}; {}", e.msg, n.msg))))
-            }
-        }
+        backend::status(&conf, &args.conf.name)
     }
 
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
@@ -356,15 +282,10 @@ impl Plugin for Policy {
             .into_iter()
             .map(|a| (a.container_id, a.ifname))
             .collect();
-        let owners: BTreeSet<u64> = valid
-            .iter()
-            .map(|(c, i)| AttachmentId::new(c, i).owner())
-            .collect();
         let mut errors = Vec::new();
-        let mut nft_network = false;
         let mut locked = Locked::existing(&conf.data_dir, network)?;
+        let mut backend = backend::recorded(&conf, network, locked.as_ref().map(|l| &l.state));
         if let Some(locked) = &mut locked {
-            nft_network = locked.state.backend.as_deref() == Some("nftables");
             let stale: Vec<String> = locked
                 .state
                 .pods
@@ -373,26 +294,14 @@ impl Plugin for Policy {
                 .map(|(k, _)| k.clone())
                 .collect();
             if !stale.is_empty()
-                && let Err(e) = self.remove(&conf, network, locked, &stale)
+                && let Err(e) = self.remove(&conf, backend.as_mut(), locked, &stale)
             {
                 errors.push(e);
             }
         }
-        if nft_network {
-            // Nothing of the eBPF backend to sweep.
-        } else {
-            if let Err(e) = sweep_where(&conf, |o| !owners.contains(&o)) {
-                errors.push(e);
-            }
-            if let Err(e) = sweep_rules(&conf, network, locked.as_ref()) {
-                errors.push(e);
-            }
-            match rcni_ebpf::detach_policy_links_except(&conf.pin_dir, |id| {
-                valid.iter().any(|(c, i)| AttachmentId::new(c, i) == id)
-            }) {
-                Ok(_) => {}
-                Err(e) => errors.push(ebpf::err(e)),
-            }
+        // What attachments outside `valid` left beyond the state.
+        if let Err(e) = backend.gc(locked.as_ref(), &valid) {
+            errors.push(e);
         }
         match errors.into_iter().next() {
             Some(e) => Err(e),
