@@ -15,7 +15,7 @@
 //! of the network is flushed, so a connection the new policy denies cannot
 //! live on as a "reply".
 
-use crate::compile::{Desired, PodPolicy, Ports};
+use crate::compile::{Desired, PodPolicy, Ports, RuleSet};
 use crate::state::PodRecord;
 use ipnetwork::IpNetwork;
 use rcni_cni::{CniError, ErrorCode};
@@ -106,6 +106,39 @@ pub fn apply(
     desired: &Desired,
     applied_json: &mut serde_json::Value,
 ) -> Result<Changes, CniError> {
+    let applied = load_applied(dp, applied_json)?;
+    let mut w = Writer {
+        dp,
+        applied,
+        ch: Changes::default(),
+        narrowed: false,
+    };
+    let lpm: BTreeMap<u32, Vec<(IpNetwork, Ports)>> = desired
+        .rulesets
+        .iter()
+        .map(|(id, rs)| (*id, rs.lpm_entries()))
+        .collect();
+    let wanted_ps = wanted_portsets(desired, &lpm);
+    w.put_portsets(&wanted_ps)?;
+    for (id, rs) in &desired.rulesets {
+        w.put_ruleset(*id, rs, &lpm[id])?;
+    }
+    w.put_endpoints(pods, desired)?;
+    w.clear_gone_pods(pods, desired)?;
+    w.remove_dead_rulesets(desired)?;
+    w.remove_dead_portsets(&wanted_ps)?;
+    if w.narrowed {
+        w.ch.ct_flushed += w.dp.flush_ct(|_| true).map_err(err)?;
+    }
+    *applied_json =
+        serde_json::to_value(&w.applied).map_err(|e| CniError::internal(e.to_string()))?;
+    Ok(w.ch)
+}
+
+/// What the state says was applied, or nothing when the datapath's program
+/// changed since: a network loaded afresh (its pins removed) has empty
+/// maps, whatever the state file says.
+fn load_applied(dp: &mut Datapath, applied_json: &serde_json::Value) -> Result<Applied, CniError> {
     let prog = dp.program_id().map_err(err)?;
     let mut applied: Applied = serde_json::from_value(applied_json.clone()).unwrap_or_default();
     if applied.prog != prog {
@@ -114,15 +147,15 @@ pub fn apply(
             ..Default::default()
         };
     }
-    let mut ch = Changes::default();
-    let mut narrowed = false;
+    Ok(applied)
+}
 
-    let lpm: BTreeMap<u32, Vec<(IpNetwork, Ports)>> = desired
-        .rulesets
-        .iter()
-        .map(|(id, rs)| (*id, rs.lpm_entries()))
-        .collect();
-    // Port sets in use, interned: ids from 2 (0: none, 1: all).
+/// The port sets the rule sets use, by their key: only real ranges need an
+/// entry (0 and 1 are none and all).
+fn wanted_portsets<'a>(
+    desired: &'a Desired,
+    lpm: &'a BTreeMap<u32, Vec<(IpNetwork, Ports)>>,
+) -> BTreeMap<String, &'a Ports> {
     let mut wanted_ps: BTreeMap<String, &Ports> = BTreeMap::new();
     for (id, rs) in &desired.rulesets {
         for p in rs.peers.values().chain(lpm[id].iter().map(|(_, p)| p)) {
@@ -131,187 +164,269 @@ pub fn apply(
             }
         }
     }
-    for (k, p) in &wanted_ps {
-        if !applied.portsets.contains_key(k) {
-            let used: BTreeSet<u32> = applied.portsets.values().copied().collect();
-            let id = (2..).find(|n| !used.contains(n)).expect("u32 space");
-            dp.put_portset(id, &to_ebpf_ranges(p)).map_err(err)?;
-            applied.portsets.insert(k.clone(), id);
-        }
-    }
-    let ps_id = |applied: &Applied, p: &Ports| -> u32 {
+    wanted_ps
+}
+
+impl Applied {
+    /// The port set id entries point at for `p`; a range list must have
+    /// been interned first ([`Writer::put_portsets`]).
+    fn portset_id(&self, p: &Ports) -> u32 {
         match p {
             Ports::All => rcni_ebpf::PORTSET_ALL,
             Ports::Ranges(r) if r.is_empty() => rcni_ebpf::PORTSET_NONE,
-            _ => applied.portsets[&ranges_key(p)],
+            _ => self.portsets[&ranges_key(p)],
         }
-    };
+    }
+}
 
-    // Rule sets, before any endpoint points at them.
-    for (id, rs) in &desired.rulesets {
-        let old = applied.rulesets.get(id).cloned().unwrap_or_default();
-        let peers: BTreeMap<u32, u32> = rs
-            .peers
-            .iter()
-            .map(|(i, p)| (*i, ps_id(&applied, p)))
-            .collect();
-        for (ident, ps) in &peers {
-            if old.peers.get(ident) != Some(ps) {
-                if old.peers.contains_key(ident) {
-                    narrowed = true;
-                }
-                dp.put_peer(*id, *ident, *ps).map_err(err)?;
-                ch.peers += 1;
+/// One [`apply`] under way: the datapath, what is applied so far, what
+/// changed, and whether anything allowed before may now be denied.
+struct Writer<'a> {
+    dp: &'a mut Datapath,
+    applied: Applied,
+    ch: Changes,
+    /// An allowed set shrank: connection tracking is flushed at the end,
+    /// so a connection the new policy denies cannot live on as a "reply".
+    narrowed: bool,
+}
+
+impl Writer<'_> {
+    /// Port sets first, interned with ids from 2 (0: none, 1: all): rule
+    /// set entries point at them.
+    fn put_portsets(&mut self, wanted_ps: &BTreeMap<String, &Ports>) -> Result<(), CniError> {
+        for (k, p) in wanted_ps {
+            if !self.applied.portsets.contains_key(k) {
+                let used: BTreeSet<u32> = self.applied.portsets.values().copied().collect();
+                let id = (2..).find(|n| !used.contains(n)).expect("u32 space");
+                self.dp.put_portset(id, &to_ebpf_ranges(p)).map_err(err)?;
+                self.applied.portsets.insert(k.clone(), id);
             }
         }
-        for ident in old.peers.keys().filter(|i| !peers.contains_key(i)) {
-            dp.remove_peer(*id, *ident).map_err(err)?;
-            narrowed = true;
-            ch.peers += 1;
-        }
-        let hash = cidr_hash(&lpm[id]);
+        Ok(())
+    }
+
+    /// A rule set's peers and prefixes, before any endpoint points at it.
+    fn put_ruleset(
+        &mut self,
+        id: u32,
+        rs: &RuleSet,
+        lpm: &[(IpNetwork, Ports)],
+    ) -> Result<(), CniError> {
+        let old = self.applied.rulesets.get(&id).cloned().unwrap_or_default();
+        let peers = self.put_peers(id, rs, &old)?;
+        let hash = cidr_hash(lpm);
         if hash != old.cidr_hash {
-            let want: BTreeMap<(IpAddr, u8), u32> = lpm[id]
-                .iter()
-                .map(|(n, p)| ((n.network(), n.prefix()), ps_id(&applied, p)))
-                .collect();
-            let have = dp.cidrs(Some(*id)).map_err(err)?;
-            let mut have_map = BTreeMap::new();
-            for (_, addr, len, ps) in have {
-                have_map.insert((addr, len), ps);
-            }
-            let puts: Vec<(IpAddr, u8, u32)> = want
-                .iter()
-                .filter(|(k, v)| have_map.get(k) != Some(v))
-                .map(|((a, l), v)| (*a, *l, *v))
-                .collect();
-            if puts
-                .iter()
-                .any(|(a, l, _)| have_map.contains_key(&(*a, *l)))
-            {
-                narrowed = true;
-            }
-            dp.put_cidrs(*id, &puts).map_err(err)?;
-            ch.cidrs += puts.len();
-            let gone: Vec<(IpAddr, u8)> = have_map
-                .keys()
-                .filter(|k| !want.contains_key(k))
-                .copied()
-                .collect();
-            if !gone.is_empty() {
-                narrowed = true;
-                dp.remove_cidrs(*id, &gone).map_err(err)?;
-                ch.cidrs += gone.len();
-            }
+            self.put_cidrs(id, lpm)?;
         }
-        applied.rulesets.insert(
-            *id,
+        self.applied.rulesets.insert(
+            id,
             AppliedRs {
                 cidr_hash: hash,
                 peers,
             },
         );
+        Ok(())
     }
 
-    // Endpoints.
-    for (key, pod) in pods {
-        let Some(policy) = desired.pods.get(key) else {
-            continue;
-        };
-        let want = AppliedPod {
-            policy: *policy,
-            addrs: pod.addrs.clone(),
-            ifindex: pod.host_ifindex,
-            owner: owner(pod),
-        };
-        let old = applied.pods.get(key);
-        if old == Some(&want) {
-            continue;
-        }
-        if let Some(old) = old {
-            let stale: Vec<IpAddr> = old
-                .addrs
-                .iter()
-                .filter(|a| !want.addrs.contains(a))
-                .copied()
-                .collect();
-            if !stale.is_empty() {
-                dp.clear_policy_endpoint(&keys(&stale), old.owner)
-                    .map_err(err)?;
-            }
-            // A pod whose policy got stricter must not keep connections
-            // through its old one.
-            if old.policy != want.policy {
-                narrowed = true;
-            }
-        }
-        dp.set_policy_endpoint(
-            &keys(&want.addrs),
-            want.ifindex,
-            want.owner,
-            policy.identity,
-            policy.ingress,
-            policy.egress,
-        )
-        .map_err(err)?;
-        ch.endpoints += want.addrs.len();
-        applied.pods.insert(key.clone(), want);
-    }
-    let gone: Vec<String> = applied
-        .pods
-        .keys()
-        .filter(|k| !pods.contains_key(*k) || !desired.pods.contains_key(*k))
-        .cloned()
-        .collect();
-    for k in gone {
-        let old = applied.pods.remove(&k).expect("listed");
-        dp.clear_policy_endpoint(&keys(&old.addrs), old.owner)
-            .map_err(err)?;
-        ch.endpoints += old.addrs.len();
-        let addrs: BTreeSet<EndpointKey> = keys(&old.addrs).into_iter().collect();
-        ch.ct_flushed += dp
-            .flush_ct(|k| addrs.contains(&k.src()) || addrs.contains(&k.dst()))
-            .map_err(err)?;
-    }
-
-    // Rule sets and port sets nothing uses any more.
-    let dead: Vec<u32> = applied
-        .rulesets
-        .keys()
-        .filter(|id| !desired.rulesets.contains_key(id))
-        .copied()
-        .collect();
-    for id in dead {
-        let old = applied.rulesets.remove(&id).expect("listed");
-        for ident in old.peers.keys() {
-            dp.remove_peer(id, *ident).map_err(err)?;
-            ch.peers += 1;
-        }
-        let have: Vec<(IpAddr, u8)> = dp
-            .cidrs(Some(id))
-            .map_err(err)?
-            .into_iter()
-            .map(|(_, a, l, _)| (a, l))
+    /// The (rule set, identity) entries that differ from `old`, and those
+    /// gone removed; returns the peers now applied.
+    fn put_peers(
+        &mut self,
+        id: u32,
+        rs: &RuleSet,
+        old: &AppliedRs,
+    ) -> Result<BTreeMap<u32, u32>, CniError> {
+        let peers: BTreeMap<u32, u32> = rs
+            .peers
+            .iter()
+            .map(|(i, p)| (*i, self.applied.portset_id(p)))
             .collect();
-        ch.cidrs += have.len();
-        dp.remove_cidrs(id, &have).map_err(err)?;
+        for (ident, ps) in &peers {
+            if old.peers.get(ident) != Some(ps) {
+                if old.peers.contains_key(ident) {
+                    self.narrowed = true;
+                }
+                self.dp.put_peer(id, *ident, *ps).map_err(err)?;
+                self.ch.peers += 1;
+            }
+        }
+        for ident in old.peers.keys().filter(|i| !peers.contains_key(i)) {
+            self.dp.remove_peer(id, *ident).map_err(err)?;
+            self.narrowed = true;
+            self.ch.peers += 1;
+        }
+        Ok(peers)
     }
-    let dead_ps: Vec<(String, u32)> = applied
-        .portsets
-        .iter()
-        .filter(|(k, _)| !wanted_ps.contains_key(*k))
-        .map(|(k, v)| (k.clone(), *v))
-        .collect();
-    for (k, id) in dead_ps {
-        dp.remove_portset(id).map_err(err)?;
-        applied.portsets.remove(&k);
+
+    /// A rule set's prefixes, when their list changed (its hash differs):
+    /// the state keeps only the hash, so the difference is taken against
+    /// what the trie holds.
+    fn put_cidrs(&mut self, id: u32, lpm: &[(IpNetwork, Ports)]) -> Result<(), CniError> {
+        let want: BTreeMap<(IpAddr, u8), u32> = lpm
+            .iter()
+            .map(|(n, p)| ((n.network(), n.prefix()), self.applied.portset_id(p)))
+            .collect();
+        let have = self.dp.cidrs(Some(id)).map_err(err)?;
+        let mut have_map = BTreeMap::new();
+        for (_, addr, len, ps) in have {
+            have_map.insert((addr, len), ps);
+        }
+        let puts: Vec<(IpAddr, u8, u32)> = want
+            .iter()
+            .filter(|(k, v)| have_map.get(k) != Some(v))
+            .map(|((a, l), v)| (*a, *l, *v))
+            .collect();
+        if puts
+            .iter()
+            .any(|(a, l, _)| have_map.contains_key(&(*a, *l)))
+        {
+            self.narrowed = true;
+        }
+        self.dp.put_cidrs(id, &puts).map_err(err)?;
+        self.ch.cidrs += puts.len();
+        let gone: Vec<(IpAddr, u8)> = have_map
+            .keys()
+            .filter(|k| !want.contains_key(k))
+            .copied()
+            .collect();
+        if !gone.is_empty() {
+            self.narrowed = true;
+            self.dp.remove_cidrs(id, &gone).map_err(err)?;
+            self.ch.cidrs += gone.len();
+        }
+        Ok(())
     }
-    if narrowed {
-        ch.ct_flushed += dp.flush_ct(|_| true).map_err(err)?;
+
+    /// Each pod's addresses point at its identity and rule sets; addresses
+    /// it no longer has lose theirs.
+    fn put_endpoints(
+        &mut self,
+        pods: &BTreeMap<String, PodRecord>,
+        desired: &Desired,
+    ) -> Result<(), CniError> {
+        for (key, pod) in pods {
+            let Some(policy) = desired.pods.get(key) else {
+                continue;
+            };
+            let want = AppliedPod {
+                policy: *policy,
+                addrs: pod.addrs.clone(),
+                ifindex: pod.host_ifindex,
+                owner: owner(pod),
+            };
+            let old = self.applied.pods.get(key);
+            if old == Some(&want) {
+                continue;
+            }
+            if let Some(old) = old {
+                let stale: Vec<IpAddr> = old
+                    .addrs
+                    .iter()
+                    .filter(|a| !want.addrs.contains(a))
+                    .copied()
+                    .collect();
+                if !stale.is_empty() {
+                    self.dp
+                        .clear_policy_endpoint(&keys(&stale), old.owner)
+                        .map_err(err)?;
+                }
+                // A pod whose policy got stricter must not keep connections
+                // through its old one.
+                if old.policy != want.policy {
+                    self.narrowed = true;
+                }
+            }
+            self.dp
+                .set_policy_endpoint(
+                    &keys(&want.addrs),
+                    want.ifindex,
+                    want.owner,
+                    policy.identity,
+                    policy.ingress,
+                    policy.egress,
+                )
+                .map_err(err)?;
+            self.ch.endpoints += want.addrs.len();
+            self.applied.pods.insert(key.clone(), want);
+        }
+        Ok(())
     }
-    *applied_json =
-        serde_json::to_value(&applied).map_err(|e| CniError::internal(e.to_string()))?;
-    Ok(ch)
+
+    /// Pods gone (or no longer given a policy) lose their entries and
+    /// their connections.
+    fn clear_gone_pods(
+        &mut self,
+        pods: &BTreeMap<String, PodRecord>,
+        desired: &Desired,
+    ) -> Result<(), CniError> {
+        let gone: Vec<String> = self
+            .applied
+            .pods
+            .keys()
+            .filter(|k| !pods.contains_key(*k) || !desired.pods.contains_key(*k))
+            .cloned()
+            .collect();
+        for k in gone {
+            let old = self.applied.pods.remove(&k).expect("listed");
+            self.dp
+                .clear_policy_endpoint(&keys(&old.addrs), old.owner)
+                .map_err(err)?;
+            self.ch.endpoints += old.addrs.len();
+            let addrs: BTreeSet<EndpointKey> = keys(&old.addrs).into_iter().collect();
+            self.ch.ct_flushed += self
+                .dp
+                .flush_ct(|k| addrs.contains(&k.src()) || addrs.contains(&k.dst()))
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// Rule sets nothing uses any more, once no endpoint points at them.
+    fn remove_dead_rulesets(&mut self, desired: &Desired) -> Result<(), CniError> {
+        let dead: Vec<u32> = self
+            .applied
+            .rulesets
+            .keys()
+            .filter(|id| !desired.rulesets.contains_key(id))
+            .copied()
+            .collect();
+        for id in dead {
+            let old = self.applied.rulesets.remove(&id).expect("listed");
+            for ident in old.peers.keys() {
+                self.dp.remove_peer(id, *ident).map_err(err)?;
+                self.ch.peers += 1;
+            }
+            let have: Vec<(IpAddr, u8)> = self
+                .dp
+                .cidrs(Some(id))
+                .map_err(err)?
+                .into_iter()
+                .map(|(_, a, l, _)| (a, l))
+                .collect();
+            self.ch.cidrs += have.len();
+            self.dp.remove_cidrs(id, &have).map_err(err)?;
+        }
+        Ok(())
+    }
+
+    /// Port sets nothing uses any more, once no rule set points at them.
+    fn remove_dead_portsets(
+        &mut self,
+        wanted_ps: &BTreeMap<String, &Ports>,
+    ) -> Result<(), CniError> {
+        let dead_ps: Vec<(String, u32)> = self
+            .applied
+            .portsets
+            .iter()
+            .filter(|(k, _)| !wanted_ps.contains_key(*k))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        for (k, id) in dead_ps {
+            self.dp.remove_portset(id).map_err(err)?;
+            self.applied.portsets.remove(&k);
+        }
+        Ok(())
+    }
 }
 
 /// Removes the rule entries (peers, CIDRs, port sets) the maps hold beyond
