@@ -3,7 +3,7 @@
 //!
 //! Every ADD, DEL and GC, and `policy sync`, recomputes the network's whole
 //! policy from the policies in force and the pods on the node (kept in
-//! [`state`]), and the backend writes the difference:
+//! [`state`]), and the backend ([`backend`]) writes the difference:
 //!
 //! - `ebpf` (the default where it loads): programs on each pod's host veth,
 //!   both directions, deciding with identities, rule-set maps and
