@@ -1,0 +1,255 @@
+//! A simulated cluster (rcni_integration::cluster_lab) whose agents read
+//! the Kubernetes API (a stand-in server) instead of a cluster file.
+
+use std::path::PathBuf;
+
+use rcni_integration::cluster_lab::{Agent, Cluster, KubeApi, Probe, VTEP, knode, wait_for};
+use rcni_integration::ip;
+use rcni_integration::ip_link_json as link_json;
+use rcni_testkit::{bin, command_in, ping, tied_command_in};
+
+#[test]
+fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
+    use k8s_openapi::api::core::v1::Node as KNode;
+    let c = Cluster::new(&[0, 0, 0]);
+    let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
+    let (api, kubeconfig, net_conf) = (&k.api, &k.kubeconfig, &k.net_conf);
+    for i in 0..3 {
+        api.put(&knode(
+            &c.nodes[i].name,
+            &c.address(i),
+            &format!("10.244.{}.0/24", i + 1),
+        ));
+    }
+    let logs: Vec<PathBuf> = c
+        .nodes
+        .iter()
+        .map(|n| n.dir.path().join("agent.log"))
+        .collect();
+    let _agents: Vec<Agent> = c
+        .nodes
+        .iter()
+        .zip(&logs)
+        .map(|(n, log)| {
+            let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
+            cmd.arg("run")
+                .arg("--kubernetes")
+                .arg("--net-conf")
+                .arg(net_conf)
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .arg("--cni-conf-dir")
+                .arg(n.conf_dir())
+                .arg("--state-dir")
+                .arg(n.dir.path().join("state"))
+                .arg("--ipam-data-dir")
+                .arg(n.dir.path().join("ipam"))
+                .args(["--poll-ms", "20"])
+                // The node's name the DaemonSet way.
+                .env("NODE_NAME", &n.name)
+                .stderr(std::fs::File::create(log).unwrap());
+            Agent(cmd.spawn().unwrap())
+        })
+        .collect();
+    let log_of = |i: usize| std::fs::read_to_string(&logs[i]).unwrap_or_default();
+    for (i, n) in c.nodes.iter().enumerate() {
+        wait_for(&format!("{}'s two peers", n.name), || {
+            n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
+        });
+        let _ = i;
+    }
+    let (n1, n2, n3) = (&c.nodes[0], &c.nodes[1], &c.nodes[2]);
+    let (neigh, fdb, routes) = n1.entries();
+    assert_eq!((neigh.len(), fdb.len()), (2, 2), "{neigh:?} {fdb:?}");
+    assert!(
+        routes.contains("10.244.3.0/24 via 10.244.3.0 onlink"),
+        "{routes:?}"
+    );
+    assert_eq!(
+        n1.plugin_conf()["ipam"]["ranges"][0][0]["subnet"],
+        "10.244.1.0/24"
+    );
+
+    // Each node published its VTEP's MAC and its address on its Node; the
+    // MAC is the device's, and what its peers programmed for it.
+    for (i, n) in c.nodes.iter().enumerate() {
+        wait_for(&format!("{}'s annotations", n.name), || {
+            api.get::<KNode>(None, &n.name)
+                .and_then(|k| k.metadata.annotations)
+                .is_some_and(|a| a.contains_key("rcni.io/vtep-mac"))
+        });
+        let a = api
+            .get::<KNode>(None, &n.name)
+            .unwrap()
+            .metadata
+            .annotations
+            .unwrap();
+        let mac = link_json(&n.ns.ns, VTEP)["address"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(a["rcni.io/vtep-mac"], mac, "{}", n.name);
+        assert_eq!(a["rcni.io/public-ip"], c.address(i));
+        assert_eq!(a["rcni.io/backend"], "vxlan");
+        let other = &c.nodes[(i + 1) % 3];
+        assert!(
+            other
+                .entries()
+                .1
+                .contains(&format!("{mac} {}", c.address(i))),
+            "{:?}",
+            other.entries()
+        );
+    }
+    assert!(
+        api.patches()
+            .iter()
+            .all(|p| p.content_type == "application/merge-patch+json")
+    );
+
+    let (p1, a1) = n1.pod("p1");
+    let (p2, a2) = n2.pod("p2");
+    let (p3, a3) = n3.pod("p3");
+    for (from, to) in [(&p1, &a2), (&p1, &a3), (&p2, &a3), (&p3, &a1), (&p2, &a1)] {
+        assert!(ping(&from.ns, to), "ping {to}");
+    }
+
+    // The API server goes away: every agent notices, and nothing is
+    // removed: traffic keeps flowing on what was programmed.
+    let before: Vec<_> = c.nodes.iter().map(|n| n.entries()).collect();
+    api.set_down(true);
+    api.delete::<KNode>(None, "n2");
+    for i in 0..3 {
+        let l = log_of(i);
+        let seen = l.matches("Kubernetes API:").count();
+        wait_for(&format!("n{} sees the API gone", i + 1), || {
+            log_of(i).matches("Kubernetes API:").count() > seen
+        });
+    }
+    let after: Vec<_> = c.nodes.iter().map(|n| n.entries()).collect();
+    assert_eq!(before, after);
+    assert!(ping(&p1.ns, &a2) && ping(&p3.ns, &a1));
+
+    // Back, with its history gone: every agent lists again and learns that
+    // n2 was deleted meanwhile; exactly n2's entries go.
+    api.compact();
+    api.set_down(false);
+    for n in [n1, n3] {
+        wait_for(&format!("n2's entries gone from {}", n.name), || {
+            let (neigh, fdb, routes) = n.entries();
+            (neigh.len(), fdb.len(), routes.len()) == (1, 1, 1)
+        });
+        let (neigh, fdb, routes) = n.entries();
+        assert_eq!((neigh.len(), fdb.len()), (1, 1), "{}", n.name);
+        assert!(
+            !routes.iter().any(|r| r.starts_with("10.244.2.")),
+            "{routes:?}"
+        );
+    }
+    assert!(ping(&p1.ns, &a3) && ping(&p3.ns, &a1));
+
+    // n2 comes back at another address (its Node re-registered): the
+    // others follow without a stale FDB entry, and pods reach it again.
+    // The old address stays on the link: n2's agent's watch connection
+    // comes from it (a watch whose source address vanished is only noticed
+    // at the watch's idle timeout, minutes later).
+    ip(&n2.ns.ns, "addr add 192.168.50.22/24 dev eth0");
+    api.put(&knode("n2", "192.168.50.22", "10.244.2.0/24"));
+    for n in [n1, n3] {
+        wait_for(&format!("n2 back on {}", n.name), || {
+            let (neigh, fdb, routes) = n.entries();
+            (neigh.len(), fdb.len(), routes.len()) == (2, 2, 2)
+                && fdb.iter().any(|f| f.ends_with(" 192.168.50.22"))
+        });
+        assert!(!n.entries().1.iter().any(|f| f.ends_with(" 192.168.50.2")));
+    }
+    let republished = || {
+        api.get::<KNode>(None, "n2")
+            .and_then(|k| k.metadata.annotations)
+            .is_some_and(|a| {
+                a.get("rcni.io/public-ip").map(String::as_str) == Some("192.168.50.22")
+            })
+    };
+    for _ in 0..500 {
+        if republished() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(republished(), "n2 never republished: {}", log_of(1));
+    // n2's own agent re-makes its VTEP on the new local address and
+    // programs its peers again.
+    wait_for("n2's VTEP on its new address", || {
+        let l = link_json(&n2.ns.ns, VTEP);
+        let (neigh, fdb, routes) = n2.entries();
+        l["linkinfo"]["info_data"]["local"] == "192.168.50.22"
+            && (neigh.len(), fdb.len(), routes.len()) == (2, 2, 2)
+    });
+    assert!(ping(&p1.ns, &a2), "after n2 came back: {}", log_of(1));
+    assert!(ping(&p2.ns, &a3), "after n2 came back: {}", log_of(1));
+}
+
+#[test]
+fn kubernetes_once_and_a_node_without_a_pod_subnet() {
+    use k8s_openapi::api::core::v1::Node as KNode;
+    let c = Cluster::new(&[0, 0]);
+    let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16"}"#);
+    let (api, kubeconfig, net_conf) = (&k.api, &k.kubeconfig, &k.net_conf);
+    let n1 = &c.nodes[0];
+    let once = || {
+        let out = command_in(&n1.ns.ns, bin("rcni-node"))
+            .args(["run", "--kubernetes", "--once", "--node", "n1"])
+            .arg("--net-conf")
+            .arg(net_conf)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--cni-conf-dir")
+            .arg(n1.conf_dir())
+            .arg("--state-dir")
+            .arg(n1.dir.path().join("state"))
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // No Node yet, then one without a pod subnet: exit 4, with advice;
+    // nothing programmed.
+    let (code, err) = once();
+    assert_eq!(code, 4, "{err}");
+    assert!(err.contains("no Node \"n1\""), "{err}");
+    let mut k = knode("n1", &c.address(0), "10.244.1.0/24");
+    k.spec = None;
+    api.put(&k);
+    let (code, err) = once();
+    assert_eq!(code, 4, "{err}");
+    assert!(
+        err.contains("no spec.podCIDRs") && err.contains("--allocate-node-cidrs=true"),
+        "{err}"
+    );
+    assert!(!n1.conf_dir().join("10-rcni.conflist").exists());
+    // Assigned: one reconcile, the conflist on its subnet, and the Node
+    // annotated.
+    api.put(&knode("n1", &c.address(0), "10.244.1.0/24"));
+    api.put(&knode("n2", &c.address(1), "10.244.2.0/24"));
+    let (code, err) = once();
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        n1.plugin_conf()["ipam"]["ranges"][0][0]["subnet"],
+        "10.244.1.0/24"
+    );
+    assert_eq!(n1.entries().2.len(), 1);
+    let a = api
+        .get::<KNode>(None, "n1")
+        .unwrap()
+        .metadata
+        .annotations
+        .unwrap();
+    assert_eq!(a["rcni.io/public-ip"], c.address(0));
+    // A net-conf with "nodes" is refused (exit 2), naming the mistake.
+    std::fs::write(net_conf, r#"{"network": "10.244.0.0/16", "nodes": []}"#).unwrap();
+    let (code, err) = once();
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("\"nodes\" does not belong"), "{err}");
+}
