@@ -45,9 +45,11 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
+use rcni_agent_proto::pods::{Pod as ListedPod, PodList};
+use rcni_agent_proto::socket::{NamedPorts, PodAnswer, PodQuery};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Notify;
 
@@ -56,7 +58,7 @@ use tokio::sync::Notify;
 const PREFIX: &str = "k8s-";
 
 /// Other nodes' pods, in the policy directory.
-pub const REMOTE_PODS_FILE: &str = "k8s-pods.json";
+pub use rcni_agent_proto::pods::REMOTE_PODS_FILE;
 
 /// A burst of pod events (a rollout, a relist) is one rewrite of the
 /// remote pods' file; short, as the sync waits its own [`DEBOUNCE`] too.
@@ -74,7 +76,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 struct PodInfo {
     labels: BTreeMap<String, String>,
     /// Named container ports: name -> (protocol, port).
-    ports: BTreeMap<String, (String, i32)>,
+    ports: NamedPorts,
 }
 
 #[derive(Default)]
@@ -414,20 +416,11 @@ fn remote_pod(p: &Pod) -> Option<RemotePod> {
 
 /// The remote pods' file: a `PodList` of the fields the plugin reads.
 fn remote_content(pods: &BTreeMap<(String, String), RemotePod>) -> Vec<u8> {
-    let items: Vec<Value> = pods
+    let items = pods
         .iter()
-        .map(|((ns, name), p)| {
-            let ips: Vec<Value> = p.ips.iter().map(|i| json!({ "ip": i })).collect();
-            json!({"kind": "Pod",
-                   "metadata": {"namespace": ns, "name": name, "labels": p.labels},
-                   "spec": {"nodeName": p.node},
-                   "status": {"podIPs": ips}})
-        })
+        .map(|((ns, name), p)| ListedPod::remote(ns, name, p.labels.clone(), &p.node, &p.ips))
         .collect();
-    let mut v = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "PodList", "items": items}))
-        .unwrap_or_default();
-    v.push(b'\n');
-    v
+    PodList::new(items).to_file()
 }
 
 /// Rewrites the remote pods' file after each burst of changes, and wakes
@@ -552,23 +545,23 @@ async fn watch_pods(
 }
 
 /// The answer to one request line.
-fn answer(pods: &Mutex<Pods>, line: &str) -> Value {
+fn answer(pods: &Mutex<Pods>, line: &str) -> PodAnswer {
     let req: Value = match serde_json::from_str(line) {
         Ok(v) => v,
-        Err(e) => return json!({"error": format!("not a JSON request: {e}")}),
+        Err(e) => return PodAnswer::error(format!("not a JSON request: {e}")),
     };
-    let (Some(ns), Some(name)) = (req["namespace"].as_str(), req["name"].as_str()) else {
-        return json!({"error": "a request is {\"namespace\": ..., \"name\": ...}"});
+    let Ok(PodQuery { namespace, name }) = serde_json::from_value::<PodQuery>(req) else {
+        return PodAnswer::error("a request is {\"namespace\": ..., \"name\": ...}");
     };
     let g = lock(pods);
     // Before the first list, "not found" would be a guess: the plugin is
     // to try again later (CNI code 11).
     if !g.synced {
-        return json!({"synced": false});
+        return PodAnswer::not_synced();
     }
-    match g.pods.get(&(ns.to_string(), name.to_string())) {
-        Some(p) => json!({"synced": true, "found": true, "labels": p.labels, "ports": p.ports}),
-        None => json!({"synced": true, "found": false}),
+    match g.pods.get(&(namespace, name)) {
+        Some(p) => PodAnswer::found(p.labels.clone(), p.ports.clone()),
+        None => PodAnswer::not_found(),
     }
 }
 
@@ -582,7 +575,7 @@ async fn serve(listener: tokio::net::UnixListener, pods: Arc<Mutex<Pods>>) {
             let (r, mut w) = s.into_split();
             let mut lines = BufReader::new(r).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let mut out = answer(&pods, &line).to_string();
+                let mut out = serde_json::to_string(&answer(&pods, &line)).unwrap_or_default();
                 out.push('\n');
                 if w.write_all(out.as_bytes()).await.is_err() {
                     return;
