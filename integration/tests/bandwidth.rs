@@ -2,7 +2,7 @@
 //! configured rates in both directions; CHECK, DEL, GC; and interop with
 //! the reference's TBF/IFB layout.
 
-use rcni_integration::chain::*;
+use rcni_integration::lab::chain::*;
 use rcni_testkit::{TestNs, bin, reference_bin};
 use serde_json::{Value, json};
 

@@ -1,4 +1,4 @@
-//! A simulated cluster (rcni_integration::cluster_lab) with eBPF
+//! A simulated cluster (rcni_integration::lab::cluster) with eBPF
 //! cross-node forwarding ("ebpf": true).
 
 use std::collections::BTreeSet;
@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::process::Stdio;
 
 use rcni_integration::addr_of;
-use rcni_integration::cluster_lab::{
+use rcni_integration::lab::cluster::{
     Cluster, Probe, VTEP, VTEP6, df_ping, echo, echo_stream, listen_ok, ping6, talks,
 };
 use rcni_netns::NetNs;

@@ -1,11 +1,11 @@
-//! A simulated cluster (rcni_integration::cluster_lab) whose agents read
+//! A simulated cluster (rcni_integration::lab::cluster) whose agents read
 //! the Kubernetes API (a stand-in server) instead of a cluster file.
 
 use std::path::PathBuf;
 
-use rcni_integration::cluster_lab::{Agent, Cluster, KubeApi, Probe, VTEP, knode, wait_for};
 use rcni_integration::ip;
 use rcni_integration::ip_link_json as link_json;
+use rcni_integration::lab::cluster::{Agent, Cluster, KubeApi, Probe, VTEP, knode, wait_for};
 use rcni_testkit::{bin, command_in, ping, tied_command_in};
 
 #[test]

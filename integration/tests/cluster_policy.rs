@@ -1,8 +1,8 @@
-//! A simulated cluster (rcni_integration::cluster_lab) with Canal-style
+//! A simulated cluster (rcni_integration::lab::cluster) with Canal-style
 //! agents: NetworkPolicies from the Kubernetes API enforced on pods
 //! across nodes.
 
-use rcni_integration::cluster_lab::{
+use rcni_integration::lab::cluster::{
     Agent, Cluster, ClusterNode, KubeApi, Probe, knode, listen_ok, talks, wait_for,
 };
 use rcni_integration::{addr_of, link_names};

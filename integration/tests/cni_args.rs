@@ -3,7 +3,7 @@
 //! ADD and CHECK, as in the reference; DEL always cleans up (the
 //! reference's bridge, tuning and host-local fail DEL there).
 
-use rcni_integration::chain::*;
+use rcni_integration::lab::chain::*;
 use rcni_netlink::Netlink;
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, Output, TestNs, bin, reference_bin, reservations};

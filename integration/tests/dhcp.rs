@@ -3,7 +3,7 @@
 //! Every namespace, socket, pidfile, lease directory and lease file belongs
 //! to the test; guards stop the daemon and dnsmasq however a test ends.
 
-use rcni_integration::dhcp_lab::*;
+use rcni_integration::lab::dhcp::*;
 use rcni_integration::{ip, nl};
 use rcni_testkit::{Call, PersistentNs, TestNs, bin, ping};
 use serde_json::{Value, json};

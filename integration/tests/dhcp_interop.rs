@@ -13,7 +13,7 @@
 //! and pidfile in the lab's temporary directory; it keeps leases in memory
 //! only, and nothing of it outlives the test.
 
-use rcni_integration::dhcp_lab::*;
+use rcni_integration::lab::dhcp::*;
 use rcni_integration::nl;
 use rcni_testkit::{Call, TestNs, bin, ping, reference_bin, reference_v191_bin};
 use serde_json::{Value, json};

@@ -5,7 +5,7 @@
 //! firewalld) getting pods through iptables' `FORWARD` policy DROP.
 //! firewalld itself: `firewalld.rs`.
 
-use rcni_integration::chain::*;
+use rcni_integration::lab::chain::*;
 use rcni_testkit::{TestNs, bin, ping, reference_bin};
 use serde_json::{Value, json};
 use std::path::Path;

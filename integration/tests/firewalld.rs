@@ -16,7 +16,7 @@
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use rcni_integration::chain::*;
+use rcni_integration::lab::chain::*;
 use rcni_testkit::{TestNs, bin, ping, reference_bin};
 use serde_json::{Value, json};
 use std::path::Path;

@@ -17,7 +17,7 @@
 //! node and the pod, every file below the test's directories, the node's
 //! nftables and iptables rules.
 
-use rcni_integration::multinet_lab;
+use rcni_integration::lab::multinet;
 use rcni_testkit::Bpffs;
 use rcni_testkit::parallel::{Chain, Node};
 use rcni_testkit::{Call, Output, TestNs, bin, bin_dir, require_root};
@@ -149,7 +149,7 @@ impl Bench {
             .env("CNI_NETNS", &self.pod.path())
             .env(
                 "DBUS_SYSTEM_BUS_ADDRESS",
-                rcni_integration::chain::NO_SYSTEM_BUS,
+                rcni_integration::lab::chain::NO_SYSTEM_BUS,
             )
             .stdin(conf)
             .run_in(&self.node.ns)
@@ -313,7 +313,7 @@ fn cnitool_refuses_plugin_types_with_a_path() {
 /// other networks' attachments rolled back, nothing left.
 #[test]
 fn multinet_refuses_delegate_types_with_a_path() {
-    let lab = multinet_lab::Lab::new();
+    let lab = multinet::Lab::new();
     let pod = TestNs::new();
     for t in BAD_TYPES {
         lab.write(
@@ -384,7 +384,7 @@ fn dhcp_daemon_refuses_strangers_and_survives_abuse() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let sock = dir.path().join("dhcp.sock");
     let node = TestNs::new();
-    let mut daemon = rcni_integration::dhcp_lab::Guard(Some(
+    let mut daemon = rcni_integration::lab::dhcp::Guard(Some(
         rcni_testkit::tied_command_in(&node.ns, bin("dhcp"))
             .arg("daemon")
             .arg("-socketpath")
@@ -397,10 +397,10 @@ fn dhcp_daemon_refuses_strangers_and_survives_abuse() {
             .spawn()
             .unwrap(),
     ));
-    rcni_integration::dhcp_lab::wait_for(Duration::from_secs(10), "the socket", || {
+    rcni_integration::lab::dhcp::wait_for(Duration::from_secs(10), "the socket", || {
         UnixStream::connect(&sock).is_ok()
     });
-    use rcni_integration::dhcp_lab::{rpc_answer_ok, rpc_call_bytes};
+    use rcni_integration::lab::dhcp::{rpc_answer_ok, rpc_call_bytes};
     let conf = |name: &str| {
         serde_json::to_vec(
             &json!({"cniVersion": "1.1.0", "name": name, "type": "bridge",

@@ -4,7 +4,7 @@
 //! from the record after the macvlan conflist is gone; a failing network
 //! rolling back the others; default-route requests.
 
-use rcni_integration::multinet_lab::{Lab, addr_on, pod_ifnames};
+use rcni_integration::lab::multinet::{Lab, addr_on, pod_ifnames};
 use rcni_testkit::{TestNs, bin, ping, reservations, stdout_of};
 use serde_json::json;
 

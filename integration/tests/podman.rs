@@ -10,7 +10,7 @@
 //! the node and from the node itself, and that removing the containers
 //! leaves no rules, reservations or cached results.
 
-use rcni_integration::chain::*;
+use rcni_integration::lab::chain::*;
 use rcni_testkit::bin_dir;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

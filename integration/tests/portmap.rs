@@ -4,7 +4,7 @@
 //! upstream's; CHECK, DEL (also without portMappings), GC, conntrack
 //! flushing; and interop with the reference plugin's iptables rules.
 
-use rcni_integration::chain::*;
+use rcni_integration::lab::chain::*;
 use rcni_netfilter::nfnl::{IPPROTO_UDP, Nfnl};
 use rcni_testkit::{TestNs, bin, reference_bin};
 use serde_json::{Value, json};

@@ -3,7 +3,7 @@
 //! and the reference restores from ours), a failed ADD changes nothing,
 //! the allowlist refuses sysctls, GC drops stale backups.
 
-use rcni_integration::chain::*;
+use rcni_integration::lab::chain::*;
 use rcni_netlink::Link;
 use rcni_testkit::{TestNs, bin, file_names, reference_bin};
 use serde_json::{Value, json};

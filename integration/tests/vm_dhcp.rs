@@ -4,14 +4,14 @@
 //! kernel has no 802.1Q; scripts/test runs this binary under
 //! scripts/vm-run.
 
-use rcni_integration::dhcp_lab::Lab;
+use rcni_integration::lab::dhcp::Lab;
 use rcni_integration::{ip, nl};
 use rcni_testkit::{Call, TestNs, bin, ping};
 use serde_json::{Value, json};
 
 #[test]
 fn vlan_chained_conflist_gets_a_lease_over_802_1q() {
-    let list = rcni_integration::dhcp_lab::conflist("61-vlan-dhcp.conflist");
+    let list = rcni_integration::lab::dhcp::conflist("61-vlan-dhcp.conflist");
     let plugin = &list["plugins"][0];
     let master = plugin["master"].as_str().unwrap();
     let vid = plugin["vlanId"].as_u64().unwrap();
@@ -52,7 +52,7 @@ fn vlan_chained_conflist_gets_a_lease_over_802_1q() {
             .run_in(&lab.node.ns)
     };
     let result = call("ADD", &conf).ok();
-    let got = rcni_integration::dhcp_lab::addr_ip(&result);
+    let got = rcni_integration::lab::dhcp::addr_ip(&result);
     assert!(got.starts_with("10.77.0."), "{result}\n{}", lab.logs());
     assert_eq!(
         result["routes"],

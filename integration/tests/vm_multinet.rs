@@ -4,7 +4,7 @@
 //! only, and DEL leaves nothing on any network, also with the extra
 //! networks' conflists deleted between ADD and DEL.
 
-use rcni_integration::multinet_lab::{Lab, addr_on, pod_ifnames};
+use rcni_integration::lab::multinet::{Lab, addr_on, pod_ifnames};
 use rcni_testkit::{TestNs, ip, ping, reservations};
 use serde_json::json;
 

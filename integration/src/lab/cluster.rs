@@ -1,7 +1,7 @@
 //! The simulated cluster of the cross-node tests: node namespaces joined
 //! by an underlay (one L2, a bridge in a router namespace; or several
 //! subnets the router routes between), `rcni-node` run in each node, pods
-//! attached from the conflist the agent wrote. integration/tests/cluster.rs
+//! attached from the conflist the agent wrote. integration/tests/cluster_*.rs
 //! and vm_wireguard.rs build on it.
 
 use std::collections::BTreeSet;
@@ -257,7 +257,7 @@ pub const VTEP: &str = "rcni.1";
 pub const VTEP6: &str = "rcni6.1";
 
 /// What the tests ask of a node beyond the lab's basics
-/// (rcni_integration::cluster_lab).
+/// (rcni_integration::lab::cluster).
 pub trait Probe {
     fn fastpath_json(&self, sub: &str) -> Vec<Value>;
     fn verdict(&self, name: &str) -> u64;
