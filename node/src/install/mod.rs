@@ -24,7 +24,7 @@ use std::process::ExitCode;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::conflist;
+pub mod conflist;
 
 /// The manifest's file name in the state dir.
 pub const MANIFEST: &str = "install.json";

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::*;
-use crate::k8s::tests::{until, with_api};
+use crate::registry::k8s::tests::{until, with_api};
 use serde_json::json;
 
 fn meta(ns: Option<&str>, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
@@ -92,7 +92,7 @@ fn policies_namespaces_mirrored_and_pod_labels_answered() {
         api.put(&pod("prod", "web-1", "n1", &[("app", "web")]));
         api.put(&pod("prod", "db-1", "n2", &[("app", "db")]));
 
-        let client = crate::k8s::client(Some(&kc)).await.unwrap();
+        let client = crate::registry::k8s::client(Some(&kc)).await.unwrap();
         let _inputs = start(client, dir.clone(), "n1", &socket, None).unwrap();
         {
             use std::os::unix::fs::PermissionsExt;
@@ -220,7 +220,7 @@ fn changes_run_policy_sync_debounced_and_new_pods_do_not() {
         let socket = tmp.path().join("agent.sock");
         let (bin, log) = fake_policy(tmp.path());
         api.put(&pod("prod", "web-1", "n1", &[("app", "web")]));
-        let client = crate::k8s::client(Some(&kc)).await.unwrap();
+        let client = crate::registry::k8s::client(Some(&kc)).await.unwrap();
         let sync = SyncCommand {
             bin,
             network: "rcni".into(),
@@ -357,7 +357,7 @@ fn other_nodes_pods_are_written_for_the_plugin_and_follow_the_api() {
         done.status.as_mut().unwrap().phase = Some("Succeeded".into());
         api.put(&done);
 
-        let client = crate::k8s::client(Some(&kc)).await.unwrap();
+        let client = crate::registry::k8s::client(Some(&kc)).await.unwrap();
         let sync = SyncCommand {
             bin,
             network: "rcni".into(),

@@ -23,9 +23,9 @@ use kube::runtime::watcher::{self, Event};
 use rcni_netlink::MacAddr;
 use serde_json::{Value, json};
 
-use crate::cluster::{Cluster, ClusterError, NetConf, Node};
-use crate::desired;
 use crate::registry::Registry;
+use crate::registry::cluster::{Cluster, ClusterError, NetConf, Node};
+use crate::sync::desired;
 
 /// The node's public address as it publishes it (peers send to it).
 pub const ANN_PUBLIC_IP: &str = "rcni.io/public-ip";
@@ -221,7 +221,7 @@ impl Registry for KubeRegistry {
         let mut skipped = Vec::new();
         for (name, s) in st.nodes.iter().filter(|(n, _)| **n != self.node) {
             match node_of(&self.net, name, s, false) {
-                Ok(n) => match crate::cluster::conflict(&nodes, &n) {
+                Ok(n) => match crate::registry::cluster::conflict(&nodes, &n) {
                     None => nodes.push(n),
                     Some(m) => skipped.push(m),
                 },
@@ -338,7 +338,7 @@ fn node_of(net: &NetConf, name: &str, s: &Seen, own: bool) -> Result<Node, Strin
     {
         o["address6"] = json!(a6.to_string());
     }
-    let mut n = crate::cluster::parse_node("Kubernetes Node", &o, net.network, net.network6)
+    let mut n = crate::registry::cluster::parse_node("Kubernetes Node", &o, net.network, net.network6)
         .map_err(|e| {
             let m = e.to_string();
             if own && m.contains("outside") {

@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use crate::cluster::{self, Cluster, ClusterError};
+pub mod cluster;
+pub mod k8s;
+
+use self::cluster::{Cluster, ClusterError};
 
 pub trait Registry {
     /// The cluster as the source has it now.

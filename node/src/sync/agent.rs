@@ -11,10 +11,12 @@ use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use rcni_netlink::overlay::VxlanSpec;
 use rcni_netlink::{NUD_PERMANENT, Netlink};
 
-use crate::cluster::{Cluster, Encryption, Node};
-use crate::desired::{self, Actual, Op, Uplink};
+use crate::registry::cluster::{Cluster, Encryption, Node};
+use crate::sync::desired::{self, Actual, Op, Uplink};
 
-use crate::{conflist, forward, masq, wg, wgkey, xnode};
+use crate::install::conflist;
+use crate::sync::{forward, masq, xnode};
+use crate::{wg, wgkey};
 
 /// The route protocol that marks the agent's routes (`ip route show proto
 /// 0x52`): unassigned in iproute2's rt_protos.

@@ -9,7 +9,7 @@ use rcni_netlink::MacAddr;
 use rcni_netlink::overlay::{FdbEntry, OwnedRoute};
 use sha2::{Digest, Sha256};
 
-use crate::cluster::{Backend, Cluster, Encryption, Node};
+use crate::registry::cluster::{Backend, Cluster, Encryption, Node};
 use crate::wg;
 
 /// VXLAN's encapsulation: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner
@@ -423,7 +423,7 @@ pub fn diff(desired: &[PeerEntries], actual: &Actual) -> Vec<Change> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cluster;
+    use crate::registry::cluster;
 
     fn cluster(backend: &str) -> Cluster {
         cluster::parse(&format!(

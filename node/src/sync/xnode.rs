@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use ipnetwork::IpNetwork;
 use rcni_ebpf::{Datapath, RemoteHop};
 
-use crate::conflist::NETWORK_NAME;
-use crate::desired::{PeerEntries, Via};
+use crate::install::conflist::NETWORK_NAME;
+use crate::sync::desired::{PeerEntries, Via};
 
 /// Where the fastpath plugin pins its networks unless told otherwise.
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/rcni";
@@ -159,7 +159,7 @@ pub fn sync(pin_root: &Path, want: Option<&Want>) -> Result<Synced, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::desired::PeerEntries;
+    use crate::sync::desired::PeerEntries;
     use rcni_netlink::overlay::OwnedRoute;
 
     fn entry(via: Via, dst: &str, gw: &str, oif: u32) -> PeerEntries {

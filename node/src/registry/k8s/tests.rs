@@ -11,7 +11,7 @@ use rcni_fakeapi::FakeApi;
 use rcni_testkit::TestNs;
 
 use super::*;
-use crate::cluster::{Backend, parse_net_conf};
+use crate::registry::cluster::{Backend, parse_net_conf};
 
 fn knode(name: &str, ip: &str, cidr: Option<&str>, ann: &[(&str, &str)]) -> KNode {
     KNode {

@@ -1,0 +1,342 @@
+//! `rcni-node run`: the agent's loop, one reconcile per change of the node
+//! source (a cluster file or the Kubernetes API) and a full one every
+//! `--resync-s`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use crate::install::conflist;
+use crate::k8s_policy;
+use crate::registry::cluster::{self, ClusterError};
+use crate::registry::k8s;
+use crate::registry::{FileRegistry, Registry};
+use crate::sync::{agent, xnode};
+use crate::{log, wgkey};
+
+/// How long `--once --kubernetes` waits for the first list of Nodes.
+const ONCE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The cluster file (JSON: network, backend, vni, port, nodes).
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "kubernetes",
+        conflicts_with = "kubernetes"
+    )]
+    pub cluster: Option<PathBuf>,
+    /// Nodes from the Kubernetes API (Node objects) instead of a cluster
+    /// file; needs --net-conf.
+    #[arg(long, requires = "net_conf")]
+    pub kubernetes: bool,
+    /// With --kubernetes: the cluster file's JSON without "nodes" (network,
+    /// backend, ebpf, encryption, vni, port), as flannel's net-conf.json.
+    // (Not `requires = "kubernetes"`: a flag's implicit `false` satisfies
+    // it; with one of --cluster and --kubernetes required, this is the same.)
+    #[arg(long, value_name = "FILE", conflicts_with = "cluster")]
+    pub net_conf: Option<PathBuf>,
+    /// With --kubernetes: the kubeconfig to use; without it, the in-cluster
+    /// config (the pod's service account), or KUBECONFIG.
+    #[arg(long, value_name = "FILE", conflicts_with = "cluster")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With --kubernetes: mirror NetworkPolicy and Namespace objects into
+    /// DIR (the policy plugin's policyDir) and answer this node's pods'
+    /// labels on --agent-socket.
+    #[arg(long, value_name = "DIR", conflicts_with = "cluster")]
+    pub policy_dir: Option<PathBuf>,
+    /// With --policy-dir: the root-only socket the policy plugin asks for
+    /// a pod's labels.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/run/rcni/agent.sock",
+        requires = "policy_dir"
+    )]
+    pub agent_socket: PathBuf,
+    /// With --policy-dir: the directory holding the `policy` plugin, run
+    /// as `policy sync` after a NetworkPolicy, Namespace or Pod label
+    /// change (in the DaemonSet, the image's copy). --policy-dir and
+    /// --agent-socket go into the conflist as they are: the node must see
+    /// them at the same paths.
+    #[arg(
+        long,
+        value_name = "DIR",
+        default_value = "/opt/cni/bin",
+        requires = "policy_dir"
+    )]
+    pub cni_bin_dir: PathBuf,
+    /// With --policy-dir: the policy plugin's dataDir (its default,
+    /// /var/lib/cni/rcni-policy, when unset).
+    #[arg(long, value_name = "DIR", requires = "policy_dir")]
+    pub policy_data_dir: Option<PathBuf>,
+    /// This node's name (in the cluster file, or its Node object's).
+    #[arg(long, value_name = "NAME", env = "NODE_NAME")]
+    pub node: String,
+    /// Where the node's CNI config (10-rcni.conflist) is written.
+    #[arg(long, value_name = "DIR", default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// Reconcile once and exit.
+    #[arg(long)]
+    pub once: bool,
+    /// The agent's own state (created if missing); it keeps the last
+    /// applied summary there.
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/rcni-node")]
+    pub state_dir: PathBuf,
+    /// With "ebpf": true, the bpffs directory of the fastpath plugin's pins
+    /// (its pinRoot in the written config): the agent keeps the network's
+    /// other-node map there and mounts a bpffs when there is none.
+    #[arg(long, value_name = "DIR", default_value = xnode::DEFAULT_PIN_ROOT)]
+    pub bpf_pin_root: PathBuf,
+    /// host-local's dataDir in the written config (its default when unset).
+    #[arg(long, value_name = "DIR")]
+    pub ipam_data_dir: Option<PathBuf>,
+    /// How often the cluster file is checked for changes.
+    #[arg(long, value_name = "MS", default_value_t = 500)]
+    pub poll_ms: u64,
+    /// A full reconcile against the kernel at least this often, changed
+    /// file or not: entries someone removed come back.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub resync_s: u64,
+}
+
+/// Exit status for a cluster file or command line that is wrong.
+const EXIT_CONFIG: u8 = 2;
+/// Exit status for a feature asked for that is not implemented.
+const EXIT_NOT_IMPLEMENTED: u8 = 3;
+
+pub fn run(args: RunArgs) -> ExitCode {
+    let rt = match rcni_netlink::runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            log(e);
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let mut registry: Box<dyn Registry> = match (&args.cluster, &args.net_conf) {
+            (Some(file), _) => Box::new(FileRegistry::new(file)),
+            (None, Some(net_conf)) => match kube_registry(&args, net_conf).await {
+                Ok(r) => r,
+                Err(code) => return code,
+            },
+            (None, None) => unreachable!("clap requires --cluster or --kubernetes --net-conf"),
+        };
+        let opts = agent::Options {
+            node: args.node.clone(),
+            cni_conf_dir: args.cni_conf_dir.clone(),
+            ipam_data_dir: args.ipam_data_dir.clone(),
+            state_dir: args.state_dir.clone(),
+            policy: args.policy_dir.as_ref().map(|d| conflist::PolicyPlugin {
+                policy_dir: d.clone(),
+                agent_socket: args.agent_socket.clone(),
+                data_dir: args.policy_data_dir.clone(),
+            }),
+            bpf_pin_root: args.bpf_pin_root.clone(),
+        };
+        let nl = match rcni_netlink::Netlink::connect_current().await {
+            Ok(nl) => nl,
+            Err(e) => {
+                log(e);
+                return ExitCode::FAILURE;
+            }
+        };
+        if let Err(e) = std::fs::create_dir_all(&args.state_dir) {
+            log(format!("state dir {}: {e}", args.state_dir.display()));
+            return ExitCode::FAILURE;
+        }
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    log(format!("SIGTERM handler: {e}"));
+                    return ExitCode::FAILURE;
+                }
+            };
+        let mut last_full = Instant::now();
+        let mut first = true;
+        loop {
+            let status = once(&mut *registry, &nl, &opts, &args.state_dir).await;
+            // A Kubernetes node without its Node or podCIDR yet waits for
+            // them; a cluster file that lacks the node is a mistake.
+            if args.once || (first && status == Some(EXIT_CONFIG_NODE) && !args.kubernetes) {
+                return match status {
+                    None => ExitCode::SUCCESS,
+                    Some(c) => ExitCode::from(c),
+                };
+            }
+            first = false;
+            // Wait for a change of the file, the periodic resync, or the
+            // end. Exiting flushes nothing: what is programmed stays, and
+            // the next start reconciles from it.
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(args.poll_ms)) => {}
+                    _ = term.recv() => {
+                        log("SIGTERM: exiting, kernel state kept");
+                        return ExitCode::SUCCESS;
+                    }
+                    _ = tokio::signal::ctrl_c() => {
+                        log("SIGINT: exiting, kernel state kept");
+                        return ExitCode::SUCCESS;
+                    }
+                }
+                if registry.maybe_changed() {
+                    log(format!("{} changed", registry.describe()));
+                    break;
+                }
+                if last_full.elapsed() >= Duration::from_secs(args.resync_s) {
+                    break;
+                }
+            }
+            last_full = Instant::now();
+        }
+    })
+}
+
+/// Exit status for this node not being in the cluster (or not fitting it).
+const EXIT_CONFIG_NODE: u8 = 4;
+
+/// One load and reconcile; `None` on full success, else the exit status
+/// `--once` ends with. A file that cannot be loaded keeps what is
+/// programmed.
+/// The Kubernetes node source, its first list of Nodes in.
+async fn kube_registry(
+    args: &RunArgs,
+    net_conf: &std::path::Path,
+) -> Result<Box<dyn Registry>, ExitCode> {
+    let net = std::fs::read_to_string(net_conf)
+        .map_err(|e| ClusterError::Invalid(format!("cannot read {}: {e}", net_conf.display())))
+        .and_then(|t| cluster::parse_net_conf(&t))
+        .map_err(|e| {
+            log(format!("--net-conf {}: {e}", net_conf.display()));
+            ExitCode::from(match e {
+                ClusterError::NotImplemented(_) => EXIT_NOT_IMPLEMENTED,
+                _ => EXIT_CONFIG,
+            })
+        })?;
+    let client = k8s::client(args.kubeconfig.as_deref()).await.map_err(|e| {
+        log(e);
+        ExitCode::from(EXIT_CONFIG)
+    })?;
+    // Made (or read) before the agent's first pass makes the device, so
+    // peers learn the key from the Node as early as possible.
+    let wireguard_key = match net.encryption {
+        cluster::Encryption::WireGuard => {
+            let keys = wgkey::load_or_create(&args.state_dir).map_err(|e| {
+                log(e);
+                ExitCode::FAILURE
+            })?;
+            Some(wgkey::encode(&keys.public))
+        }
+        cluster::Encryption::None => None,
+    };
+    let mut registry =
+        k8s::KubeRegistry::start(client.clone(), net, args.node.clone(), wireguard_key);
+    if let Some(dir) = &args.policy_dir {
+        let sync = k8s_policy::SyncCommand {
+            bin: args.cni_bin_dir.join("policy"),
+            network: conflist::NETWORK_NAME.into(),
+            data_dir: args.policy_data_dir.clone(),
+        };
+        let p = k8s_policy::start(
+            client,
+            dir.clone(),
+            &args.node,
+            &args.agent_socket,
+            Some(sync),
+        )
+        .map_err(|e| {
+            log(e);
+            ExitCode::FAILURE
+        })?;
+        registry.policy = Some(p);
+    }
+    if args.once {
+        if tokio::time::timeout(ONCE_SYNC_TIMEOUT, registry.synced())
+            .await
+            .is_err()
+        {
+            log(format!(
+                "no list of Nodes from the Kubernetes API within {ONCE_SYNC_TIMEOUT:?}"
+            ));
+            return Err(ExitCode::FAILURE);
+        }
+        // The annotations are not this run's to wait for forever: a
+        // refused patch is logged, and the next run tries again.
+        let _ = tokio::time::timeout(ONCE_SYNC_TIMEOUT, registry.published()).await;
+    } else {
+        registry.synced().await;
+    }
+    log("listed the Kubernetes API's Nodes");
+    Ok(Box::new(registry))
+}
+
+async fn once(
+    registry: &mut dyn Registry,
+    nl: &rcni_netlink::Netlink,
+    opts: &agent::Options,
+    state_dir: &std::path::Path,
+) -> Option<u8> {
+    let cluster = match registry.load() {
+        Ok(c) => c,
+        Err(e @ ClusterError::Invalid(_)) => {
+            log(format!("invalid cluster, nothing changed: {e}"));
+            return Some(EXIT_CONFIG);
+        }
+        Err(e @ ClusterError::NotImplemented(_)) => {
+            log(e);
+            return Some(EXIT_NOT_IMPLEMENTED);
+        }
+        Err(e @ ClusterError::ThisNode(_)) => {
+            log(format!(
+                "this node cannot be programmed yet, nothing changed: {e}"
+            ));
+            return Some(EXIT_CONFIG_NODE);
+        }
+    };
+    let t0 = Instant::now();
+    match agent::reconcile(nl, &cluster, opts).await {
+        Ok(report) => {
+            for l in &report.log {
+                log(l);
+            }
+            for r in &report.refused {
+                log(format!("refused {r}"));
+            }
+            log(format!(
+                "reconciled {} nodes ({}) in {:.1} ms: {} kernel changes",
+                cluster.nodes.len(),
+                cluster.backend.as_str(),
+                t0.elapsed().as_secs_f64() * 1000.0,
+                report.changes
+            ));
+            let summary = serde_json::json!({
+                "cluster": registry.describe(),
+                "node": opts.node,
+                "backend": cluster.backend.as_str(),
+                "nodes": cluster.nodes.len(),
+                "refused": report.refused,
+            });
+            let _ = rcni_statefile::write_replace(
+                &state_dir.join("applied.json"),
+                summary.to_string().as_bytes(),
+                0o644,
+            );
+            if report.refused.is_empty() {
+                None
+            } else {
+                Some(EXIT_CONFIG)
+            }
+        }
+        Err(e @ agent::AgentError::Config(_)) => {
+            log(e);
+            Some(EXIT_CONFIG_NODE)
+        }
+        Err(e @ agent::AgentError::Kernel(_)) => {
+            log(e);
+            Some(1)
+        }
+    }
+}
