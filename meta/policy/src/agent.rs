@@ -1,7 +1,8 @@
 //! The client of `rcni-node`'s pod socket (`agentSocket`): one JSON line
 //! `{"namespace", "name"}` out, one line back, `{"synced": false}`,
 //! `{"synced": true, "found": false}` or `{"synced": true, "found": true,
-//! "labels": {...}, "ports": {"http": ["TCP", 8080]}}`.
+//! "labels": {...}, "ports": {"http": ["TCP", 8080]}}` (the types are
+//! `rcni_agent_proto::socket`'s, shared with the agent).
 //!
 //! Kubernetes runtimes send no labels, only K8S_POD_NAMESPACE and
 //! K8S_POD_NAME: the agent, which watches this node's Pods, is where a
@@ -10,8 +11,8 @@
 //! than attach a pod policed as if it had no labels.
 
 use crate::model::{Labels, NamedPorts, validate_labels};
+use rcni_agent_proto::socket::{PodAnswer, PodQuery};
 use rcni_cni::{CniError, ErrorCode};
-use serde::Deserialize;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
@@ -28,20 +29,6 @@ const IO_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct PodInfo {
     pub labels: Labels,
     pub ports: NamedPorts,
-}
-
-#[derive(Deserialize)]
-struct Answer {
-    #[serde(default)]
-    synced: bool,
-    #[serde(default)]
-    found: bool,
-    #[serde(default)]
-    labels: Labels,
-    #[serde(default)]
-    ports: std::collections::BTreeMap<String, (String, u32)>,
-    #[serde(default)]
-    error: Option<String>,
 }
 
 /// Why one attempt gave no labels.
@@ -63,7 +50,11 @@ fn once(socket: &Path, ns: &str, name: &str) -> Result<PodInfo, Miss> {
     let mut s = UnixStream::connect(socket).map_err(at)?;
     s.set_read_timeout(Some(IO_TIMEOUT)).map_err(at)?;
     s.set_write_timeout(Some(IO_TIMEOUT)).map_err(at)?;
-    let mut req = serde_json::json!({"namespace": ns, "name": name}).to_string();
+    let query = PodQuery {
+        namespace: ns.into(),
+        name: name.into(),
+    };
+    let mut req = serde_json::to_string(&query).map_err(|e| Miss::Bad(e.to_string()))?;
     req.push('\n');
     s.write_all(req.as_bytes()).map_err(at)?;
     let mut line = String::new();
@@ -74,26 +65,27 @@ fn once(socket: &Path, ns: &str, name: &str) -> Result<PodInfo, Miss> {
             socket.display()
         )));
     }
-    let a: Answer = serde_json::from_str(&line)
+    let a: PodAnswer = serde_json::from_str(&line)
         .map_err(|e| Miss::Bad(format!("the rcni-node agent's answer {line:?}: {e}")))?;
     if let Some(e) = a.error {
         return Err(Miss::Bad(format!("the rcni-node agent: {e}")));
     }
-    if !a.synced {
+    if !a.is_synced() {
         return Err(Miss::Later(
             "the rcni-node agent has not listed this node's Pods from the Kubernetes API yet"
                 .into(),
         ));
     }
-    if !a.found {
+    if !a.is_found() {
         return Err(Miss::Later(format!(
             "the rcni-node agent does not know Pod {ns}/{name} on this node (yet)"
         )));
     }
-    validate_labels(&a.labels)
+    let labels = a.labels.unwrap_or_default();
+    validate_labels(&labels)
         .map_err(|e| Miss::Bad(format!("the rcni-node agent's labels for {ns}/{name}: {e}")))?;
     let mut ports = NamedPorts::new();
-    for (n, (proto, port)) in a.ports {
+    for (n, (proto, port)) in a.ports.unwrap_or_default() {
         // A port the model cannot use is left out: it resolves to nothing.
         if let Ok(p) = u16::try_from(port)
             && p != 0
@@ -102,10 +94,7 @@ fn once(socket: &Path, ns: &str, name: &str) -> Result<PodInfo, Miss> {
             ports.insert(n, (proto, p));
         }
     }
-    Ok(PodInfo {
-        labels: a.labels,
-        ports,
-    })
+    Ok(PodInfo { labels, ports })
 }
 
 /// Asks for `ns/name` until `patience` runs out; code 11 (try again

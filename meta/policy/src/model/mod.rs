@@ -303,6 +303,11 @@ mod tests {
                 "metadata.labels",
             ),
             (json!({"kind":"Pod","metadata":{}}), "metadata.name"),
+            // A part with a field of the wrong type names the part.
+            (
+                json!({"kind":"Pod","metadata":{"name":"p"},"status":{"podIPs":5}}),
+                "status",
+            ),
         ] {
             let e = PolicySet::default().add_document(&bad, "f").unwrap_err();
             assert_eq!(e.code, 7);

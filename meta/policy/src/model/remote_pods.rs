@@ -1,9 +1,12 @@
 //! Other nodes' pods, read from Pod objects (`kubectl get pods -o json`,
-//! the agent's `k8s-pods.json`).
+//! the agent's `k8s-pods.json`) with the agent protocol's types
+//! (`rcni_agent_proto::pods`).
 
 use super::invalid;
-use super::labels::{Labels, string_map, validate_labels};
+use super::labels::{Labels, validate_labels};
+use rcni_agent_proto::pods::{PodMeta, PodSpec, PodStatus};
 use rcni_cni::CniError;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::net::IpAddr;
 
@@ -43,32 +46,22 @@ pub(super) fn parse_pod(
             "pod {namespace}/{name} ({origin}): {field}: {what}"
         ))
     };
-    let labels = match meta.and_then(|m| m.get("labels")) {
-        None | Some(Value::Null) => Labels::new(),
-        Some(l) => string_map(l)
-            .filter(|l| validate_labels(l).is_ok())
-            .ok_or_else(|| bad("metadata.labels", "must be valid labels"))?,
-    };
-    let spec = m.get("spec");
-    let status = m.get("status");
-    if spec
-        .and_then(|s| s.get("hostNetwork"))
-        .and_then(Value::as_bool)
-        == Some(true)
-    {
+    let metadata: PodMeta = part(m, "metadata", bad)?;
+    let labels = metadata.labels;
+    validate_labels(&labels).map_err(|_| bad("metadata.labels", "must be valid labels"))?;
+    let spec: PodSpec = part(m, "spec", bad)?;
+    if spec.host_network == Some(true) {
         return Ok(None);
     }
-    if matches!(
-        status.and_then(|s| s.get("phase")).and_then(Value::as_str),
-        Some("Succeeded" | "Failed")
-    ) {
+    let status: PodStatus = part(m, "status", bad)?;
+    if matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
         return Ok(None);
     }
     let mut addrs: Vec<IpAddr> = Vec::new();
-    let mut add = |v: Option<&Value>, field: &str| -> Result<(), CniError> {
-        let Some(s) = v.and_then(Value::as_str).filter(|s| !s.is_empty()) else {
+    let mut add = |s: &str, field: &str| -> Result<(), CniError> {
+        if s.is_empty() {
             return Ok(());
-        };
+        }
         let a: IpAddr = s
             .parse()
             .map_err(|_| bad(field, &format!("{s:?} is not an address")))?;
@@ -77,15 +70,12 @@ pub(super) fn parse_pod(
         }
         Ok(())
     };
-    if let Some(ips) = status
-        .and_then(|s| s.get("podIPs"))
-        .and_then(Value::as_array)
-    {
-        for (i, ip) in ips.iter().enumerate() {
-            add(ip.get("ip"), &format!("status.podIPs[{i}].ip"))?;
-        }
+    for (i, ip) in status.pod_ips.iter().enumerate() {
+        add(&ip.ip, &format!("status.podIPs[{i}].ip"))?;
     }
-    add(status.and_then(|s| s.get("podIP")), "status.podIP")?;
+    if let Some(ip) = &status.pod_ip {
+        add(ip, "status.podIP")?;
+    }
     if addrs.is_empty() {
         return Ok(None);
     }
@@ -96,4 +86,18 @@ pub(super) fn parse_pod(
         labels,
         addrs,
     }))
+}
+
+/// One part of a Pod object (`metadata`, `spec`, `status`) in the agent
+/// protocol's terms; absent or null is the empty one, a field of the wrong
+/// JSON type refuses the pod naming the part.
+fn part<T: for<'de> Deserialize<'de> + Default>(
+    m: &Map<String, Value>,
+    key: &str,
+    bad: impl Fn(&str, &str) -> CniError,
+) -> Result<T, CniError> {
+    match m.get(key) {
+        None | Some(Value::Null) => Ok(T::default()),
+        Some(v) => T::deserialize(v).map_err(|e| bad(key, &e.to_string())),
+    }
 }
