@@ -6,9 +6,8 @@ use std::io::{Read, Write};
 use std::process::Stdio;
 
 use rcni_integration::addr_of;
-use rcni_integration::lab::cluster::{
-    Cluster, Probe, VTEP, VTEP6, df_ping, echo, echo_stream, listen_ok, ping6, talks,
-};
+use rcni_integration::lab::cluster::{Cluster, VTEP, VTEP6};
+use rcni_integration::lab::traffic::{df_ping, echo, echo_stream, listen_ok, ping6, talks};
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, bin, command_in, ping, stdout_of};
 use serde_json::{Value, json};

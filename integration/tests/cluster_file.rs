@@ -9,9 +9,8 @@ use std::io::{Read, Write};
 use std::process::Stdio;
 
 use rcni_integration::ip_link_json as link_json;
-use rcni_integration::lab::cluster::{
-    Cluster, Probe, VTEP, VTEP6, df_ping, echo, echo_stream, ping6,
-};
+use rcni_integration::lab::cluster::{Cluster, VTEP, VTEP6};
+use rcni_integration::lab::traffic::{df_ping, echo, echo_stream, ping6};
 use rcni_integration::{addrs_of, ip, link_names};
 use rcni_netns::NetNs;
 use rcni_testkit::{command_in, ping, stdout_of};

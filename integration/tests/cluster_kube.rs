@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use rcni_integration::ip;
 use rcni_integration::ip_link_json as link_json;
-use rcni_integration::lab::cluster::{Agent, Cluster, KubeApi, Probe, VTEP, knode, wait_for};
+use rcni_integration::lab::cluster::{Cluster, VTEP, wait_for};
+use rcni_integration::lab::kube::{Agent, KubeApi, knode};
 use rcni_testkit::{bin, command_in, ping, tied_command_in};
 
 #[test]

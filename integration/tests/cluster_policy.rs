@@ -2,9 +2,9 @@
 //! agents: NetworkPolicies from the Kubernetes API enforced on pods
 //! across nodes.
 
-use rcni_integration::lab::cluster::{
-    Agent, Cluster, ClusterNode, KubeApi, Probe, knode, listen_ok, talks, wait_for,
-};
+use rcni_integration::lab::cluster::{Cluster, ClusterNode, wait_for};
+use rcni_integration::lab::kube::{Agent, KubeApi, knode};
+use rcni_integration::lab::traffic::{listen_ok, talks};
 use rcni_integration::{addr_of, link_names};
 use rcni_testkit::{Call, TestNs, bin, command_in, tied_command_in};
 use serde_json::{Value, json};

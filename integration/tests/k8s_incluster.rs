@@ -9,37 +9,15 @@
 //! them, so the host's `/var` is never written.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, NodeAddress, NodeSpec, NodeStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use rcni_fakeapi::FakeApi;
+use rcni_integration::lab::kube::{Agent, knode};
 use rcni_testkit::{TestNs, bin, ip, tied_command_in};
 
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.rcni-test-token.sig";
-
-fn knode(name: &str, addr: &str, cidr: &str) -> Node {
-    Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            pod_cidrs: Some(vec![cidr.into()]),
-            pod_cidr: Some(cidr.into()),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus {
-            addresses: Some(vec![NodeAddress {
-                type_: "InternalIP".into(),
-                address: addr.into(),
-            }]),
-            ..Default::default()
-        }),
-    }
-}
 
 /// A node namespace with its underlay address, and the API server on it
 /// over TLS.
@@ -139,16 +117,6 @@ fn in_cluster_config_reaches_the_api_over_tls_with_the_service_account_token() {
     );
     // Nothing of it on the host.
     assert!(!Path::new(SA_DIR).exists());
-}
-
-/// Kills the agent on drop.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 #[test]

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 
 use rcni_integration::lab::cluster::{Cluster, ClusterNode};
+use rcni_integration::lab::traffic::ping6;
 use rcni_integration::{addr_of, ip};
 use rcni_netns::NetNs;
 use rcni_testkit::{TestNs, command_in, ping, stdout_of};
@@ -224,18 +225,6 @@ fn pods_talk_across_nodes_only_through_wireguard() {
     std::fs::write(&c.file, serde_json::to_vec(&f).unwrap()).unwrap();
     c.nodes[0].reconcile(&c.file);
     assert!(!rcni_integration::link_names(&c.nodes[0].ns.ns).contains(&WG.to_string()));
-}
-
-/// An answered IPv6 ping within three tries: in the emulated VM the first
-/// can go while neighbour discovery (and the new addresses' DAD) is still
-/// under way on the path.
-fn ping6(from: &NetNs, to: &str) -> bool {
-    (0..3).any(|_| {
-        command_in(from, "ping")
-            .args(["-6", "-c", "1", "-W", "2", to])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
 }
 
 #[test]

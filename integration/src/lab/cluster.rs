@@ -5,14 +5,12 @@
 //! and vm_wireguard.rs build on it.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::{addr_of, addrs_of, ip, link_names, nl};
 use rcni_netlink::NUD_PERMANENT;
-use rcni_netns::NetNs;
-use rcni_testkit::{Bpffs, Call, TestNs, bin, command_in, ping, tied_command_in};
+use rcni_testkit::{Bpffs, Call, TestNs, bin, tied_command_in};
 use serde_json::{Value, json};
 
 pub struct ClusterNode {
@@ -256,32 +254,15 @@ pub const VTEP: &str = "rcni.1";
 /// The IPv6 VXLAN device of a dual-stack node.
 pub const VTEP6: &str = "rcni6.1";
 
-/// What the tests ask of a node beyond the lab's basics
-/// (rcni_integration::lab::cluster).
-pub trait Probe {
-    fn fastpath_json(&self, sub: &str) -> Vec<Value>;
-    fn verdict(&self, name: &str) -> u64;
-    fn counter(&self, addr: &str, key: &str) -> u64;
-    fn remote_map(&self) -> BTreeSet<String>;
-    fn net_program_on(&self) -> BTreeSet<String>;
-    fn entries(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>);
-    fn entries6(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>);
-    fn assert_host_gw(&self, v6: bool, routes: &[&str]);
-    fn entries_of(
-        &self,
-        vtep: &str,
-        v6: bool,
-    ) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>);
-}
-
-impl Probe for ClusterNode {
+/// What the tests read of a node's kernel state and datapath.
+impl ClusterNode {
     /// `fastpath <sub> --json` on this node's pin root.
-    fn fastpath_json(&self, sub: &str) -> Vec<Value> {
+    pub fn fastpath_json(&self, sub: &str) -> Vec<Value> {
         crate::fastpath_json(&self.ns.ns, self.bpffs.path(), sub)
     }
 
     /// A verdict counter of the node's datapath (by its name).
-    fn verdict(&self, name: &str) -> u64 {
+    pub fn verdict(&self, name: &str) -> u64 {
         self.fastpath_json("stats")
             .iter()
             .map(|n| n["verdicts"][name].as_u64().unwrap_or(0))
@@ -289,7 +270,7 @@ impl Probe for ClusterNode {
     }
 
     /// A per-address counter (`rxPackets`, `txPackets`).
-    fn counter(&self, addr: &str, key: &str) -> u64 {
+    pub fn counter(&self, addr: &str, key: &str) -> u64 {
         self.fastpath_json("list")
             .iter()
             .find(|r| r["address"] == addr)
@@ -297,7 +278,7 @@ impl Probe for ClusterNode {
     }
 
     /// The datapath's other-node map: "subnet via next-hop dev mtu".
-    fn remote_map(&self) -> BTreeSet<String> {
+    pub fn remote_map(&self) -> BTreeSet<String> {
         let dir = self.bpffs.path().join("rcni");
         self.ns
             .ns
@@ -325,7 +306,7 @@ impl Probe for ClusterNode {
 
     /// The devices with the agent's program on their tcx ingress, by the
     /// program's name (what the kernel says, not the pins).
-    fn net_program_on(&self) -> BTreeSet<String> {
+    pub fn net_program_on(&self) -> BTreeSet<String> {
         self.ns
             .ns
             .run(|| {
@@ -351,18 +332,18 @@ impl Probe for ClusterNode {
 
     /// (permanent neighbours, FDB entries) on the VTEP and the agent's
     /// routes, as text.
-    fn entries(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
+    pub fn entries(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
         self.entries_of(VTEP, false)
     }
 
     /// The same for IPv6: the IPv6 VTEP and the agent's IPv6 routes.
-    fn entries6(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
+    pub fn entries6(&self) -> (BTreeSet<String>, BTreeSet<String>, BTreeSet<String>) {
         self.entries_of(VTEP6, true)
     }
 
     /// host-gw for one family: no VTEP and no entries of one, only the
     /// agent's `routes`.
-    fn assert_host_gw(&self, v6: bool, routes: &[&str]) {
+    pub fn assert_host_gw(&self, v6: bool, routes: &[&str]) {
         let vtep = if v6 { VTEP6 } else { VTEP };
         let (neigh, fdb, got) = self.entries_of(vtep, v6);
         assert!(neigh.is_empty() && fdb.is_empty());
@@ -413,132 +394,6 @@ impl Probe for ClusterNode {
     }
 }
 
-/// A TCP connection from `client` to an echo server in `server` on `addr`:
-/// a stream whose life the tests follow across agent runs.
-pub fn echo_stream(client: &NetNs, server: &NetNs, addr: &str) -> std::net::TcpStream {
-    let dst = rcni_testkit::tcp_server(server, addr.parse().unwrap(), |mut s| {
-        let mut b = [0u8; 64];
-        while let Ok(n) = s.read(&mut b) {
-            if n == 0 || s.write_all(&b[..n]).is_err() {
-                return;
-            }
-        }
-    });
-    client
-        .run(move || std::net::TcpStream::connect(dst).unwrap())
-        .unwrap()
-}
-
-/// One round trip on an [`echo_stream`].
-pub fn echo(s: &mut std::net::TcpStream) {
-    s.write_all(b"ping").unwrap();
-    let mut b = [0u8; 4];
-    s.read_exact(&mut b).unwrap();
-    assert_eq!(&b, b"ping");
-}
-
-/// `ping -M do -s <size>` once: (success, output).
-pub fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
-    let out = command_in(from, "ping")
-        .args([
-            "-c",
-            "1",
-            "-W",
-            "2",
-            "-n",
-            "-M",
-            "do",
-            "-s",
-            &size.to_string(),
-            to,
-        ])
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
-}
-
-/// One ping, retried twice: the very first IPv6 echo between freshly made
-/// pods is sometimes unanswered (seen in about one run of three, cause not
-/// yet pinned down: the node's or pod's neighbour discovery right after
-/// the attachment); every later one crosses.
-pub fn ping6(from: &NetNs, to: &str) -> bool {
-    (0..3).any(|_| ping(from, to))
-}
-
-/// An agent run in the background; killed (SIGKILL: nothing to clean, the
-/// kernel state is the namespace's) when dropped.
-pub struct Agent(pub std::process::Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A Node object as the kubelet and kube-controller-manager make it: the
-/// node's address as InternalIP, its pod subnet in spec.podCIDRs.
-pub fn knode(name: &str, ip: &str, cidr: &str) -> k8s_openapi::api::core::v1::Node {
-    use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
-    k8s_openapi::api::core::v1::Node {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            pod_cidr: Some(cidr.into()),
-            pod_cidrs: Some(vec![cidr.into()]),
-            ..Default::default()
-        }),
-        status: Some(NodeStatus {
-            addresses: Some(vec![NodeAddress {
-                type_: "InternalIP".into(),
-                address: ip.into(),
-            }]),
-            ..Default::default()
-        }),
-    }
-}
-
-/// The stand-in API server, in the router namespace on the underlay
-/// address every node reaches directly, with a kubeconfig for it and a
-/// net-conf file.
-pub struct KubeApi {
-    pub api: rcni_fakeapi::FakeApi,
-    pub kubeconfig: PathBuf,
-    pub net_conf: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl KubeApi {
-    pub fn new(c: &Cluster, net_conf: &str) -> KubeApi {
-        let listener = c
-            .router
-            .ns
-            .run(|| std::net::TcpListener::bind("192.168.50.254:0").unwrap())
-            .unwrap();
-        let api = rcni_fakeapi::FakeApi::start(listener);
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
-        let path = dir.path().join("net-conf.json");
-        std::fs::write(&path, net_conf).unwrap();
-        KubeApi {
-            api,
-            kubeconfig,
-            net_conf: path,
-            _dir: dir,
-        }
-    }
-}
-
 /// Polls `f` (bounded: panics with `what` after ~10 s).
 pub fn wait_for(what: &str, f: impl Fn() -> bool) {
     for _ in 0..500 {
@@ -548,33 +403,4 @@ pub fn wait_for(what: &str, f: impl Fn() -> bool) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     panic!("{what} never happened");
-}
-
-/// A TCP server in `ns` on every address, `port`, writing "ok".
-pub fn listen_ok(ns: &NetNs, port: u16) {
-    let l = ns
-        .run(move || std::net::TcpListener::bind(("0.0.0.0", port)))
-        .unwrap()
-        .unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let Ok(mut s) = s else { return };
-            let _ = s.write_all(b"ok");
-        }
-    });
-}
-
-/// Whether a client in `ns` gets "ok" from `addr:port`.
-pub fn talks(ns: &NetNs, addr: &str, port: u16) -> bool {
-    let to = std::net::SocketAddr::new(addr.parse().unwrap(), port);
-    ns.run(move || {
-        let t = std::time::Duration::from_millis(300);
-        let Ok(mut s) = std::net::TcpStream::connect_timeout(&to, t) else {
-            return false;
-        };
-        s.set_read_timeout(Some(t)).unwrap();
-        let mut buf = [0u8; 2];
-        s.read_exact(&mut buf).is_ok() && &buf == b"ok"
-    })
-    .unwrap()
 }

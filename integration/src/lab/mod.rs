@@ -1,13 +1,17 @@
 //! Labs: the simulated machines the tests run plugins and agents on. A
 //! node with pods on one bridge ([`Node`]), a node on a LAN with a client
 //! and chained meta plugins ([`chain`]), a cluster of nodes on an underlay
-//! behind a router ([`cluster`]), dnsmasq and the DHCP daemon ([`dhcp`]), a
-//! node with two networks ([`multinet`]).
+//! behind a router ([`cluster`]) and the stand-in Kubernetes API its
+//! agents can read ([`kube`]), dnsmasq and the DHCP daemon ([`dhcp`]), a
+//! node with two networks ([`multinet`]); and the traffic the tests send
+//! between their pods ([`traffic`]).
 
 pub mod chain;
 pub mod cluster;
 pub mod dhcp;
+pub mod kube;
 pub mod multinet;
 mod node;
+pub mod traffic;
 
 pub use node::Node;

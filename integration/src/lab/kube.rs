@@ -1,0 +1,73 @@
+//! A stand-in Kubernetes API server for a [`Cluster`], the Node objects
+//! the agents read from it, and agents run in the background.
+
+use std::path::PathBuf;
+
+use super::cluster::Cluster;
+
+/// An agent run in the background; killed (SIGKILL: nothing to clean, the
+/// kernel state is the namespace's) when dropped.
+pub struct Agent(pub std::process::Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A Node object as the kubelet and kube-controller-manager make it: the
+/// node's address as InternalIP, its pod subnet in spec.podCIDRs.
+pub fn knode(name: &str, ip: &str, cidr: &str) -> k8s_openapi::api::core::v1::Node {
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus};
+    k8s_openapi::api::core::v1::Node {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            pod_cidr: Some(cidr.into()),
+            pod_cidrs: Some(vec![cidr.into()]),
+            ..Default::default()
+        }),
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress {
+                type_: "InternalIP".into(),
+                address: ip.into(),
+            }]),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The stand-in API server, in the router namespace on the underlay
+/// address every node reaches directly, with a kubeconfig for it and a
+/// net-conf file.
+pub struct KubeApi {
+    pub api: rcni_fakeapi::FakeApi,
+    pub kubeconfig: PathBuf,
+    pub net_conf: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl KubeApi {
+    pub fn new(c: &Cluster, net_conf: &str) -> KubeApi {
+        let listener = c
+            .router
+            .ns
+            .run(|| std::net::TcpListener::bind("192.168.50.254:0").unwrap())
+            .unwrap();
+        let api = rcni_fakeapi::FakeApi::start(listener);
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+        let path = dir.path().join("net-conf.json");
+        std::fs::write(&path, net_conf).unwrap();
+        KubeApi {
+            api,
+            kubeconfig,
+            net_conf: path,
+            _dir: dir,
+        }
+    }
+}

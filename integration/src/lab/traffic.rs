@@ -1,0 +1,97 @@
+//! Traffic between pods (and to a router), with what the tests check of
+//! it: echo streams that outlive agent runs, DF pings at the MTU, TCP
+//! servers and clients.
+
+use std::io::{Read, Write};
+
+use rcni_netns::NetNs;
+use rcni_testkit::{command_in, ping};
+
+/// A TCP connection from `client` to an echo server in `server` on `addr`:
+/// a stream whose life the tests follow across agent runs.
+pub fn echo_stream(client: &NetNs, server: &NetNs, addr: &str) -> std::net::TcpStream {
+    let dst = rcni_testkit::tcp_server(server, addr.parse().unwrap(), |mut s| {
+        let mut b = [0u8; 64];
+        while let Ok(n) = s.read(&mut b) {
+            if n == 0 || s.write_all(&b[..n]).is_err() {
+                return;
+            }
+        }
+    });
+    client
+        .run(move || std::net::TcpStream::connect(dst).unwrap())
+        .unwrap()
+}
+
+/// One round trip on an [`echo_stream`].
+pub fn echo(s: &mut std::net::TcpStream) {
+    s.write_all(b"ping").unwrap();
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"ping");
+}
+
+/// `ping -M do -s <size>` once: (success, output).
+pub fn df_ping(from: &NetNs, to: &str, size: u32) -> (bool, String) {
+    let out = command_in(from, "ping")
+        .args([
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "-n",
+            "-M",
+            "do",
+            "-s",
+            &size.to_string(),
+            to,
+        ])
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// One ping, retried twice: the very first IPv6 echo between freshly made
+/// pods is sometimes unanswered (seen in about one run of three, cause not
+/// yet pinned down: the node's or pod's neighbour discovery right after
+/// the attachment; in an emulated VM also the new addresses' DAD still
+/// under way on the path); every later one crosses.
+pub fn ping6(from: &NetNs, to: &str) -> bool {
+    (0..3).any(|_| ping(from, to))
+}
+
+/// A TCP server in `ns` on every address, `port`, writing "ok".
+pub fn listen_ok(ns: &NetNs, port: u16) {
+    let l = ns
+        .run(move || std::net::TcpListener::bind(("0.0.0.0", port)))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            let _ = s.write_all(b"ok");
+        }
+    });
+}
+
+/// Whether a client in `ns` gets "ok" from `addr:port`.
+pub fn talks(ns: &NetNs, addr: &str, port: u16) -> bool {
+    let to = std::net::SocketAddr::new(addr.parse().unwrap(), port);
+    ns.run(move || {
+        let t = std::time::Duration::from_millis(300);
+        let Ok(mut s) = std::net::TcpStream::connect_timeout(&to, t) else {
+            return false;
+        };
+        s.set_read_timeout(Some(t)).unwrap();
+        let mut buf = [0u8; 2];
+        s.read_exact(&mut buf).is_ok() && &buf == b"ok"
+    })
+    .unwrap()
+}
