@@ -52,25 +52,72 @@ pub struct Report {
     pub log: Vec<String>,
 }
 
-#[derive(Debug)]
+/// Why a reconcile stopped; `rcni-node run` ends `--once` with status 4
+/// for `Config` and 1 for `Kernel`.
+#[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// The cluster is fine but does not fit this node (its name missing,
     /// its address on no link).
+    #[error("{0}")]
     Config(String),
     /// The kernel refused.
-    Kernel(String),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
 }
 
-impl std::fmt::Display for AgentError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AgentError::Config(m) | AgentError::Kernel(m) => f.write_str(m),
+/// What the kernel (or the node's files) refused.
+///
+/// Each variant's `Display` is its cause's own sentence, which already
+/// says the cause's cause (rcni_netlink's and rcni_netns's errors print
+/// their OS error and also return it as `source()`): so these variants
+/// return no `source()`, and a printer that walks the chain
+/// ([`crate::causes`]) says each cause once.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("{0}")]
+    Netlink(rcni_netlink::Error),
+    #[error("{0}")]
+    Netns(rcni_netns::Error),
+    #[error("{0}")]
+    WireGuard(wg::WgError),
+    /// The node's CNI config could not be written.
+    #[error("write {}: {error}", dir.display())]
+    WriteConf { dir: PathBuf, error: std::io::Error },
+    /// The kernel could not make the WireGuard device.
+    #[error("{0} (\"encryption\": \"wireguard\" needs the kernel's wireguard module)")]
+    NoWireGuardModule(rcni_netlink::Error),
+    /// A VXLAN entry with no VXLAN device to put it on.
+    #[error("no VXLAN device for a VXLAN entry")]
+    NoVtep,
+    /// The iptables and BPF map helpers' refusals (masq, forward, xnode),
+    /// sentences of their own.
+    #[error("{0}")]
+    Other(String),
+}
+
+macro_rules! kernel_from {
+    ($($from:ty => $variant:ident),*) => {$(
+        impl From<$from> for KernelError {
+            fn from(e: $from) -> KernelError {
+                KernelError::$variant(e)
+            }
         }
-    }
+        impl From<$from> for AgentError {
+            fn from(e: $from) -> AgentError {
+                AgentError::Kernel(KernelError::$variant(e))
+            }
+        }
+    )*};
 }
+kernel_from!(
+    rcni_netlink::Error => Netlink,
+    rcni_netns::Error => Netns,
+    wg::WgError => WireGuard
+);
 
-fn kernel(e: impl std::fmt::Display) -> AgentError {
-    AgentError::Kernel(e.to_string())
+/// The helpers that still answer in sentences.
+fn other(e: String) -> AgentError {
+    AgentError::Kernel(KernelError::Other(e))
 }
 
 pub async fn reconcile(
@@ -104,7 +151,7 @@ pub async fn reconcile(
         .as_deref()
         != Some("1")
     {
-        rcni_netlink::sysctl::set(nl.netns(), "net.ipv4.ip_forward", "1").map_err(kernel)?;
+        rcni_netlink::sysctl::set(nl.netns(), "net.ipv4.ip_forward", "1")?;
         report.log.push("net.ipv4.ip_forward = 1".into());
     }
     if cluster.encryption == Encryption::WireGuard {
@@ -150,8 +197,7 @@ pub async fn reconcile(
                 .as_deref()
                 != Some("1")
             {
-                rcni_netlink::sysctl::set(nl.netns(), "net.ipv6.conf.all.forwarding", "1")
-                    .map_err(kernel)?;
+                rcni_netlink::sysctl::set(nl.netns(), "net.ipv6.conf.all.forwarding", "1")?;
                 report.log.push("net.ipv6.conf.all.forwarding = 1".into());
             }
             let mtu6 = desired::pod_mtu6(cluster.backend, uplink6.mtu);
@@ -200,7 +246,7 @@ pub async fn reconcile(
     let want = if cluster.ebpf {
         let mut devices = BTreeSet::new();
         for oif in hops.iter().map(|h| h.oif).collect::<BTreeSet<_>>() {
-            devices.insert(nl.link_by_index(oif).await.map_err(kernel)?.name);
+            devices.insert(nl.link_by_index(oif).await?.name);
         }
         Some(xnode::Want { hops, devices })
     } else {
@@ -230,9 +276,8 @@ fn sync_ebpf(
     let root = opts.bpf_pin_root.clone();
     let synced = nl
         .netns()
-        .run(move || xnode::sync(&root, want))
-        .map_err(kernel)?
-        .map_err(AgentError::Kernel)?;
+        .run(move || xnode::sync(&root, want))?
+        .map_err(other)?;
     report.changes += synced.changes;
     report.log.extend(synced.log);
     Ok(())
@@ -252,14 +297,14 @@ async fn finish(
         (Some(p6), Some(n6)) => Some((p6, n6)),
         _ => None,
     };
-    if masq::ensure(nl.netns(), me.pod_cidr, cluster.network).map_err(kernel)? {
+    if masq::ensure(nl.netns(), me.pod_cidr, cluster.network).map_err(other)? {
         report.changes += 1;
         report.log.push(format!(
             "masquerade: {} leaving {}",
             me.pod_cidr, cluster.network
         ));
     }
-    if masq::ensure6(nl.netns(), masq6).map_err(kernel)? {
+    if masq::ensure6(nl.netns(), masq6).map_err(other)? {
         report.changes += 1;
         report.log.push(match masq6 {
             Some((p6, n6)) => format!("masquerade: {p6} leaving {n6}"),
@@ -269,7 +314,7 @@ async fn finish(
     let nets: Vec<IpNetwork> = std::iter::once(IpNetwork::V4(cluster.network))
         .chain(masq6.map(|(_, n6)| IpNetwork::V6(n6)))
         .collect();
-    for line in forward::ensure(nl.netns(), &nets).map_err(kernel)? {
+    for line in forward::ensure(nl.netns(), &nets).map_err(other)? {
         report.changes += 1;
         report.log.push(line);
     }
@@ -281,8 +326,11 @@ async fn finish(
         opts.policy.as_ref(),
         cluster.ebpf.then_some(opts.bpf_pin_root.as_path()),
     );
-    let (path, wrote) = conflist::write(&opts.cni_conf_dir, &conf)
-        .map_err(|e| kernel(format!("write {}: {e}", opts.cni_conf_dir.display())))?;
+    let (path, wrote) =
+        conflist::write(&opts.cni_conf_dir, &conf).map_err(|error| KernelError::WriteConf {
+            dir: opts.cni_conf_dir.clone(),
+            error,
+        })?;
     if wrote {
         report.log.push(format!("wrote {}", path.display()));
     }
@@ -382,19 +430,17 @@ async fn reconcile_wireguard(
         .collect();
     let private = keys.private;
     let public = keys.public;
-    let (ops, key_set) = nl
-        .netns()
-        .run(move || -> Result<(Vec<wg::PeerOp>, bool), String> {
-            let mut sock = wg::WgSocket::open()?;
-            let dev = sock.get(index)?;
-            let key_port = (dev.public_key != Some(public) || dev.listen_port != port)
-                .then_some((private, port));
-            let ops = wg::diff(&want, &dev.peers);
-            sock.set(index, key_port, &ops)?;
-            Ok((ops, key_port.is_some()))
-        })
-        .map_err(kernel)?
-        .map_err(AgentError::Kernel)?;
+    let (ops, key_set) =
+        nl.netns()
+            .run(move || -> Result<(Vec<wg::PeerOp>, bool), wg::WgError> {
+                let mut sock = wg::WgSocket::open()?;
+                let dev = sock.get(index)?;
+                let key_port = (dev.public_key != Some(public) || dev.listen_port != port)
+                    .then_some((private, port));
+                let ops = wg::diff(&want, &dev.peers);
+                sock.set(index, key_port, &ops)?;
+                Ok((ops, key_port.is_some()))
+            })??;
     if key_set {
         report.changes += 1;
         report.log.push(format!(
@@ -429,8 +475,7 @@ async fn reconcile_wireguard(
             .as_deref()
             != Some("1")
     {
-        rcni_netlink::sysctl::set(nl.netns(), "net.ipv6.conf.all.forwarding", "1")
-            .map_err(kernel)?;
+        rcni_netlink::sysctl::set(nl.netns(), "net.ipv6.conf.all.forwarding", "1")?;
         report.log.push("net.ipv6.conf.all.forwarding = 1".into());
     }
     let none = Uplink {
@@ -454,7 +499,7 @@ async fn reconcile_wireguard(
 /// The WireGuard device, MTU as given, up. Returns its index.
 async fn ensure_wg(nl: &Netlink, mtu: u32, report: &mut Report) -> Result<u32, AgentError> {
     let name = desired::WG_NAME;
-    let link = match nl.find_link(name).await.map_err(kernel)? {
+    let link = match nl.find_link(name).await? {
         Some(l) if l.kind.as_deref() != Some("wireguard") => {
             return Err(AgentError::Config(format!(
                 "a link named {name} exists and is not a WireGuard device"
@@ -462,35 +507,33 @@ async fn ensure_wg(nl: &Netlink, mtu: u32, report: &mut Report) -> Result<u32, A
         }
         Some(l) => {
             if l.mtu != mtu {
-                nl.set_mtu(l.index, mtu).await.map_err(kernel)?;
+                nl.set_mtu(l.index, mtu).await?;
                 report.changes += 1;
                 report.log.push(format!("{name} mtu {mtu}"));
             }
             l
         }
         None => {
-            nl.create_wireguard(name, mtu).await.map_err(|e| {
-                AgentError::Kernel(format!(
-                    "{e} (\"encryption\": \"wireguard\" needs the kernel's wireguard module)"
-                ))
-            })?;
+            nl.create_wireguard(name, mtu)
+                .await
+                .map_err(KernelError::NoWireGuardModule)?;
             report.changes += 1;
             report.log.push(format!("created {name} (mtu {mtu})"));
-            nl.link_by_name(name).await.map_err(kernel)?
+            nl.link_by_name(name).await?
         }
     };
     if !link.admin_up {
-        nl.set_up(link.index).await.map_err(kernel)?;
+        nl.set_up(link.index).await?;
     }
     Ok(link.index)
 }
 
 /// The WireGuard device goes when encryption is off (its routes with it).
 async fn drop_wg(nl: &Netlink, report: &mut Report) -> Result<(), AgentError> {
-    if let Some(l) = nl.find_link(desired::WG_NAME).await.map_err(kernel)?
+    if let Some(l) = nl.find_link(desired::WG_NAME).await?
         && l.kind.as_deref() == Some("wireguard")
     {
-        nl.delete_link(l.index).await.map_err(kernel)?;
+        nl.delete_link(l.index).await?;
         report.changes += 1;
         report
             .log
@@ -506,10 +549,10 @@ async fn drop_vtep(
     why: &str,
     report: &mut Report,
 ) -> Result<(), AgentError> {
-    if let Some(l) = nl.find_link(name).await.map_err(kernel)?
+    if let Some(l) = nl.find_link(name).await?
         && l.kind.as_deref() == Some("vxlan")
     {
-        nl.delete_link(l.index).await.map_err(kernel)?;
+        nl.delete_link(l.index).await?;
         report.changes += 1;
         report.log.push(format!("deleted {name} ({why})"));
     }
@@ -519,7 +562,7 @@ async fn drop_vtep(
 /// The link holding `address` (one of the node's), and its prefixes of
 /// that family.
 async fn find_uplink(nl: &Netlink, me: &Node, address: IpAddr) -> Result<Uplink, AgentError> {
-    let addrs = nl.addresses(None).await.map_err(kernel)?;
+    let addrs = nl.addresses(None).await?;
     let field = if address.is_ipv4() {
         "address"
     } else {
@@ -535,7 +578,7 @@ async fn find_uplink(nl: &Netlink, me: &Node, address: IpAddr) -> Result<Uplink,
                 me.name
             ))
         })?;
-    let link = nl.link_by_index(index).await.map_err(kernel)?;
+    let link = nl.link_by_index(index).await?;
     let nets = addrs
         .iter()
         .filter(|a| a.index == index && a.addr.is_ipv4() == address.is_ipv4())
@@ -556,9 +599,9 @@ async fn ensure_vtep(
     want: IpNetwork,
     report: &mut Report,
 ) -> Result<u32, AgentError> {
-    let mut link = nl.find_link(&spec.name).await.map_err(kernel)?;
+    let mut link = nl.find_link(&spec.name).await?;
     if let Some(l) = &link {
-        let info = nl.vxlan_info(l.index).await.map_err(kernel)?;
+        let info = nl.vxlan_info(l.index).await?;
         match info {
             None => {
                 return Err(AgentError::Config(format!(
@@ -569,7 +612,7 @@ async fn ensure_vtep(
             // VNI, port, local address and underlay link are fixed at
             // creation: the device is made again (its entries with it).
             Some(info) if !info.matches(spec) => {
-                nl.delete_link(l.index).await.map_err(kernel)?;
+                nl.delete_link(l.index).await?;
                 report.log.push(format!(
                     "re-creating {} ({info:?} differs from vni {} port {} local {} dev {})",
                     spec.name, spec.vni, spec.port, spec.local, spec.dev
@@ -582,12 +625,12 @@ async fn ensure_vtep(
     let link = match link {
         Some(l) => {
             if l.mtu != spec.mtu {
-                nl.set_mtu(l.index, spec.mtu).await.map_err(kernel)?;
+                nl.set_mtu(l.index, spec.mtu).await?;
                 report.changes += 1;
                 report.log.push(format!("{} mtu {}", spec.name, spec.mtu));
             }
             if l.mac != Some(spec.mac) {
-                nl.set_mac(l.index, spec.mac).await.map_err(kernel)?;
+                nl.set_mac(l.index, spec.mac).await?;
                 report.changes += 1;
                 report
                     .log
@@ -596,13 +639,13 @@ async fn ensure_vtep(
             l
         }
         None => {
-            nl.create_vxlan(spec).await.map_err(kernel)?;
+            nl.create_vxlan(spec).await?;
             report.changes += 1;
             report.log.push(format!(
                 "created {} (vni {}, port {}, local {}, mtu {}, mac {})",
                 spec.name, spec.vni, spec.port, spec.local, spec.mtu, spec.mac
             ));
-            nl.link_by_name(&spec.name).await.map_err(kernel)?
+            nl.link_by_name(&spec.name).await?
         }
     };
     own_addresses(
@@ -615,10 +658,9 @@ async fn ensure_vtep(
     )
     .await?;
     nl.set_ipv4_devconf(link.index, &[(IPV4_DEVCONF_RP_FILTER, RP_FILTER_LOOSE)])
-        .await
-        .map_err(kernel)?;
+        .await?;
     if !link.admin_up {
-        nl.set_up(link.index).await.map_err(kernel)?;
+        nl.set_up(link.index).await?;
     }
     Ok(link.index)
 }
@@ -633,7 +675,7 @@ async fn own_addresses(
     v6: bool,
     report: &mut Report,
 ) -> Result<(), AgentError> {
-    let addrs = nl.addresses(Some(index)).await.map_err(kernel)?;
+    let addrs = nl.addresses(Some(index)).await?;
     let ours = |a: &IpNetwork| match a {
         IpNetwork::V4(_) => v4,
         IpNetwork::V6(n) => v6 && n.ip().segments()[0] & 0xffc0 != 0xfe80,
@@ -642,12 +684,12 @@ async fn own_addresses(
         .iter()
         .filter(|a| ours(&a.addr) && !want.contains(&a.addr))
     {
-        nl.del_address(index, a.addr).await.map_err(kernel)?;
+        nl.del_address(index, a.addr).await?;
         report.changes += 1;
     }
     for w in want {
         if !addrs.iter().any(|a| a.addr == *w) {
-            nl.add_address(index, *w).await.map_err(kernel)?;
+            nl.add_address(index, *w).await?;
             report.changes += 1;
         }
     }
@@ -659,34 +701,31 @@ async fn read_actual(nl: &Netlink, vtep: Option<u32>, v6: bool) -> Result<Actual
     if let Some(vtep) = vtep {
         a.neighbours = nl
             .neighbours(Some(vtep))
-            .await
-            .map_err(kernel)?
+            .await?
             .into_iter()
             .filter(|n| n.state & NUD_PERMANENT != 0)
             .filter(|n| n.ip.is_ipv6() == v6)
             .map(|n| (n.ip, n.mac))
             .collect();
-        a.fdb = nl.fdb_entries(vtep).await.map_err(kernel)?;
+        a.fdb = nl.fdb_entries(vtep).await?;
     }
-    a.routes = nl.owned_routes(v6, RTPROT_RCNI).await.map_err(kernel)?;
+    a.routes = nl.owned_routes(v6, RTPROT_RCNI).await?;
     Ok(a)
 }
 
 async fn apply(nl: &Netlink, vtep: Option<u32>, op: &Op) -> Result<(), AgentError> {
-    let vtep = || vtep.ok_or_else(|| kernel("no VXLAN device for a VXLAN entry"));
+    let vtep = || vtep.ok_or(KernelError::NoVtep);
     let gone_ok = |r: rcni_netlink::Result<()>| match r {
         Err(e) if e.is_not_found() => Ok(()),
-        r => r.map_err(kernel),
+        r => Ok(r?),
     };
+    let done = |r: rcni_netlink::Result<()>| Ok(r?);
     match op {
-        Op::SetNeighbour(ip, mac) => nl
-            .replace_permanent_neighbour(vtep()?, *ip, *mac)
-            .await
-            .map_err(kernel),
+        Op::SetNeighbour(ip, mac) => done(nl.replace_permanent_neighbour(vtep()?, *ip, *mac).await),
         Op::DelNeighbour(ip) => gone_ok(nl.del_neighbour(vtep()?, *ip).await),
-        Op::SetFdb(mac, dst) => nl.replace_fdb(vtep()?, *mac, *dst).await.map_err(kernel),
+        Op::SetFdb(mac, dst) => done(nl.replace_fdb(vtep()?, *mac, *dst).await),
         Op::DelFdb(f) => gone_ok(nl.del_fdb(vtep()?, f.mac, f.dst).await),
-        Op::SetRoute(r) => nl.replace_owned_route(r, RTPROT_RCNI).await.map_err(kernel),
+        Op::SetRoute(r) => done(nl.replace_owned_route(r, RTPROT_RCNI).await),
         Op::DelRoute(r) => gone_ok(nl.del_owned_route(r, RTPROT_RCNI).await),
     }
 }
@@ -702,5 +741,71 @@ fn describe(op: &Op) -> String {
         },
         Op::SetRoute(r) => format!("route {r}"),
         Op::DelRoute(r) => format!("-route {r}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every message of the chain, joined as a log line would be.
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut next = e.source();
+        while let Some(c) = next {
+            out.push_str(": ");
+            out.push_str(&c.to_string());
+            next = c.source();
+        }
+        out
+    }
+
+    fn refused() -> rcni_netlink::Error {
+        rcni_netlink::Error::Io {
+            op: "add link rcni-wg".into(),
+            source: std::io::Error::from_raw_os_error(17),
+        }
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let os = std::io::Error::from_raw_os_error(17).to_string();
+        // rcni_netlink says its cause and returns it as source() too: the
+        // reason the node's variants end the chain themselves.
+        assert_eq!(chain(&refused()).matches(&os).count(), 2);
+        let errors = [
+            AgentError::from(refused()),
+            AgentError::from(wg::WgError::Netlink(refused())),
+            KernelError::NoWireGuardModule(refused()).into(),
+            KernelError::WriteConf {
+                dir: "/etc/cni/net.d".into(),
+                error: std::io::Error::from_raw_os_error(17),
+            }
+            .into(),
+            AgentError::from(rcni_netns::Error::Setns {
+                target: "/run/netns/x".into(),
+                error: std::io::Error::from_raw_os_error(17),
+            }),
+        ];
+        for e in &errors {
+            let line = chain(e);
+            assert_eq!(line.matches(&os).count(), 1, "{line}");
+            assert_eq!(crate::causes(e), line);
+            assert_eq!(line, e.to_string());
+        }
+        // The messages are the ones the agent logged before these types.
+        assert_eq!(errors[0].to_string(), format!("add link rcni-wg: {os}"));
+        assert_eq!(
+            errors[2].to_string(),
+            format!(
+                "add link rcni-wg: {os} (\"encryption\": \"wireguard\" needs the kernel's \
+                 wireguard module)"
+            )
+        );
+        assert_eq!(errors[3].to_string(), format!("write /etc/cni/net.d: {os}"));
+        assert!(matches!(
+            AgentError::Config("x".into()),
+            AgentError::Config(m) if m == "x"
+        ));
     }
 }
