@@ -14,7 +14,7 @@ use rcni_ebpf::{
     EndpointKey, Hook, PORTSET_ALL, PORTSET_NONE, PortRange, Program, RemoteHop, TC_ACT_REDIRECT,
     TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict,
 };
-use rcni_testkit::Bpffs;
+use rcni_testkit::{Bpffs, require_root};
 use std::net::IpAddr;
 
 const LO: u32 = 1;
@@ -28,13 +28,6 @@ const B_IFINDEX: u32 = 4242;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "BPF_PROG_TEST_RUN needs root (CAP_BPF)"
-    );
 }
 
 /// A's and B's addresses in both families, A behind lo.

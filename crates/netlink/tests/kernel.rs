@@ -3,7 +3,7 @@
 //! when a test fails. Root-namespace sysctls are only ever read.
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ipnetwork::IpNetwork;
 use rcni_netlink::{
@@ -11,12 +11,10 @@ use rcni_netlink::{
     SCOPE_LINK, SCOPE_UNIVERSE, sysctl,
 };
 use rcni_netns::NetNs;
+use rcni_testkit::{require_root, wait_for_async};
 
-fn require_root() {
-    if !nix::unistd::geteuid().is_root() {
-        panic!("kernel tests of rcni-netlink must run as root (they create network namespaces)");
-    }
-}
+/// How long the kernel may take to reach a state on its own (carrier, ARP).
+const SETTLE: Duration = Duration::from_secs(5);
 
 async fn fresh() -> (NetNs, Netlink) {
     require_root();
@@ -31,23 +29,6 @@ fn net(s: &str) -> IpNetwork {
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-/// Poll `f` until it returns `Some`, for state the kernel reaches
-/// asynchronously (carrier, ARP).
-async fn wait_for<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test]
@@ -144,7 +125,7 @@ async fn veth_across_namespaces() {
     assert_eq!(a.link_by_index(local.index).await.unwrap().mtu, 1300);
 
     b.set_up(peer.index).await.unwrap();
-    wait_for("carrier on eth-x", || async {
+    wait_for_async(SETTLE, "carrier on eth-x", || async {
         a.link_by_index(local.index)
             .await
             .unwrap()
@@ -482,7 +463,7 @@ async fn neighbours_after_traffic() {
     b.add_address(vb.index, net("10.5.0.2/24")).await.unwrap();
     a.set_up(va.index).await.unwrap();
     b.set_up(vb.index).await.unwrap();
-    wait_for("carrier", || async {
+    wait_for_async(SETTLE, "carrier", || async {
         a.link_by_index(va.index)
             .await
             .unwrap()
@@ -499,7 +480,7 @@ async fn neighbours_after_traffic() {
     })
     .unwrap();
 
-    let entry = wait_for("ARP entry for 10.5.0.2", || async {
+    let entry = wait_for_async(SETTLE, "ARP entry for 10.5.0.2", || async {
         a.neighbours(Some(va.index))
             .await
             .unwrap()

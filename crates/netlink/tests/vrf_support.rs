@@ -5,6 +5,7 @@
 
 use rcni_netlink::{Family, Netlink};
 use rcni_netns::NetNs;
+use rcni_testkit::require_root;
 
 /// IFA_F_NODAD, IFA_F_TENTATIVE, IFA_F_PERMANENT.
 const NODAD: u32 = 0x02;
@@ -12,10 +13,7 @@ const TENTATIVE: u32 = 0x40;
 const PERMANENT: u32 = 0x80;
 
 async fn fresh() -> (NetNs, Netlink) {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "kernel tests of rcni-netlink must run as root"
-    );
+    require_root();
     let ns = NetNs::new_anonymous().expect("new anonymous netns");
     let nl = Netlink::connect(&ns).await.expect("connect netlink");
     (ns, nl)

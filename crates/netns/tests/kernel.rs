@@ -5,12 +5,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rcni_netns::{Error, NetNs};
-
-fn require_root() {
-    if !nix::unistd::geteuid().is_root() {
-        panic!("kernel tests of rcni-netns must run as root (they create network namespaces)");
-    }
-}
+use rcni_testkit::require_root;
 
 fn thread_netns_inode() -> u64 {
     std::fs::metadata("/proc/thread-self/ns/net")

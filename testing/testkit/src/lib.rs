@@ -4,6 +4,9 @@
 pub mod chaos;
 pub mod killpoints;
 pub mod parallel;
+mod wait;
+
+pub use wait::{poll, wait_for, wait_for_async, wait_for_value, wait_while_running};
 
 use rcni_netns::NetNs;
 use serde_json::Value;
@@ -15,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "this test needs root (network namespaces, netlink)"
+        "this test needs root (network namespaces, netlink, BPF)"
     );
 }
 
