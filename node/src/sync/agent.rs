@@ -89,10 +89,12 @@ pub enum KernelError {
     /// A VXLAN entry with no VXLAN device to put it on.
     #[error("no VXLAN device for a VXLAN entry")]
     NoVtep,
-    /// The iptables and BPF map helpers' refusals (masq, forward, xnode),
-    /// sentences of their own.
+    /// iptables' FORWARD (read over nfnetlink, edited by iptables).
     #[error("{0}")]
-    Other(String),
+    Netfilter(rcni_netfilter::Error),
+    /// The cross-node eBPF map and links.
+    #[error("{0}")]
+    Ebpf(xnode::EbpfError),
 }
 
 macro_rules! kernel_from {
@@ -112,13 +114,10 @@ macro_rules! kernel_from {
 kernel_from!(
     rcni_netlink::Error => Netlink,
     rcni_netns::Error => Netns,
-    wg::WgError => WireGuard
+    wg::WgError => WireGuard,
+    rcni_netfilter::Error => Netfilter,
+    xnode::EbpfError => Ebpf
 );
-
-/// The helpers that still answer in sentences.
-fn other(e: String) -> AgentError {
-    AgentError::Kernel(KernelError::Other(e))
-}
 
 pub async fn reconcile(
     nl: &Netlink,
@@ -274,10 +273,7 @@ fn sync_ebpf(
     report: &mut Report,
 ) -> Result<(), AgentError> {
     let root = opts.bpf_pin_root.clone();
-    let synced = nl
-        .netns()
-        .run(move || xnode::sync(&root, want))?
-        .map_err(other)?;
+    let synced = nl.netns().run(move || xnode::sync(&root, want))??;
     report.changes += synced.changes;
     report.log.extend(synced.log);
     Ok(())
@@ -297,14 +293,14 @@ async fn finish(
         (Some(p6), Some(n6)) => Some((p6, n6)),
         _ => None,
     };
-    if masq::ensure(nl.netns(), me.pod_cidr, cluster.network).map_err(other)? {
+    if masq::ensure(nl.netns(), me.pod_cidr, cluster.network)? {
         report.changes += 1;
         report.log.push(format!(
             "masquerade: {} leaving {}",
             me.pod_cidr, cluster.network
         ));
     }
-    if masq::ensure6(nl.netns(), masq6).map_err(other)? {
+    if masq::ensure6(nl.netns(), masq6)? {
         report.changes += 1;
         report.log.push(match masq6 {
             Some((p6, n6)) => format!("masquerade: {p6} leaving {n6}"),
@@ -314,7 +310,7 @@ async fn finish(
     let nets: Vec<IpNetwork> = std::iter::once(IpNetwork::V4(cluster.network))
         .chain(masq6.map(|(_, n6)| IpNetwork::V6(n6)))
         .collect();
-    for line in forward::ensure(nl.netns(), &nets).map_err(other)? {
+    for line in forward::ensure(nl.netns(), &nets)? {
         report.changes += 1;
         report.log.push(line);
     }
@@ -782,6 +778,7 @@ mod tests {
                 error: std::io::Error::from_raw_os_error(17),
             }
             .into(),
+            AgentError::from(rcni_netfilter::Error::from(refused())),
             AgentError::from(rcni_netns::Error::Setns {
                 target: "/run/netns/x".into(),
                 error: std::io::Error::from_raw_os_error(17),

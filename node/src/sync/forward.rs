@@ -23,15 +23,15 @@ const COMMENT: &str = "rcni-node: cluster network forwarded";
 
 /// Makes FORWARD accept `networks` (one per family at most) where iptables'
 /// FORWARD drops. Returns what it changed, for the agent's log.
-pub fn ensure(ns: &NetNs, networks: &[IpNetwork]) -> Result<Vec<String>, String> {
-    let mut nl = Nfnl::open(ns).map_err(|e| e.to_string())?;
+pub fn ensure(ns: &NetNs, networks: &[IpNetwork]) -> Result<Vec<String>, rcni_netfilter::Error> {
+    let mut nl = Nfnl::open(ns)?;
     let mut log = Vec::new();
     for net in networks {
         let fam = match net {
             IpNetwork::V4(_) => Family::V4,
             IpNetwork::V6(_) => Family::V6,
         };
-        if !iptables::forward_drops(ns, &mut nl, fam).map_err(|e| e.to_string())? {
+        if !iptables::forward_drops(ns, &mut nl, fam)? {
             continue;
         }
         let mut changed = false;
@@ -39,8 +39,7 @@ pub fn ensure(ns: &NetNs, networks: &[IpNetwork]) -> Result<Vec<String>, String>
             let s = script(t, *net);
             changed = s.is_some();
             s
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         if changed {
             log.push(format!(
                 "forward: {} accepts {net} (its FORWARD drops)",

@@ -26,7 +26,11 @@ fn comments(pod_cidr: IpNetwork, network: IpNetwork) -> [String; 2] {
 /// `ip saddr <pod_cidr> masquerade` in a postrouting nat chain. Returns
 /// whether it changed anything. One transaction: the rules are replaced
 /// atomically, never absent.
-pub fn ensure(ns: &NetNs, pod_cidr: Ipv4Network, network: Ipv4Network) -> Result<bool, String> {
+pub fn ensure(
+    ns: &NetNs,
+    pod_cidr: Ipv4Network,
+    network: Ipv4Network,
+) -> rcni_netlink::Result<bool> {
     ensure_family(
         ns,
         NftFamily::Ip,
@@ -37,7 +41,7 @@ pub fn ensure(ns: &NetNs, pod_cidr: Ipv4Network, network: Ipv4Network) -> Result
 
 /// The same for IPv6 in table `ip6 rcni_node` (`ip6 saddr`, `ip6 daddr`),
 /// or, with `None` (a single-stack node), that table removed.
-pub fn ensure6(ns: &NetNs, pods: Option<(Ipv6Network, Ipv6Network)>) -> Result<bool, String> {
+pub fn ensure6(ns: &NetNs, pods: Option<(Ipv6Network, Ipv6Network)>) -> rcni_netlink::Result<bool> {
     match pods {
         Some((pod_cidr, network)) => ensure_family(
             ns,
@@ -46,19 +50,14 @@ pub fn ensure6(ns: &NetNs, pods: Option<(Ipv6Network, Ipv6Network)>) -> Result<b
             IpNetwork::V6(network),
         ),
         None => {
-            let mut nl = Nfnl::open(ns).map_err(|e| e.to_string())?;
-            if nl
-                .nft_rules(NftFamily::Ip6, TABLE)
-                .map_err(|e| e.to_string())?
-                .is_none()
-            {
+            let mut nl = Nfnl::open(ns)?;
+            if nl.nft_rules(NftFamily::Ip6, TABLE)?.is_none() {
                 return Ok(false);
             }
             nl.nft_apply(&[NftOp::DeleteTable {
                 family: NftFamily::Ip6,
                 table: TABLE.into(),
-            }])
-            .map_err(|e| e.to_string())?;
+            }])?;
             Ok(true)
         }
     }
@@ -69,10 +68,10 @@ fn ensure_family(
     family: NftFamily,
     pods: IpNetwork,
     net: IpNetwork,
-) -> Result<bool, String> {
-    let mut nl = Nfnl::open(ns).map_err(|e| e.to_string())?;
+) -> rcni_netlink::Result<bool> {
+    let mut nl = Nfnl::open(ns)?;
     let want = comments(pods, net);
-    let have = nl.nft_rules(family, TABLE).map_err(|e| e.to_string())?;
+    let have = nl.nft_rules(family, TABLE)?;
     if let Some(rules) = &have {
         let got: Vec<Option<&str>> = rules.iter().map(|r| r.comment.as_deref()).collect();
         if got == [Some(want[0].as_str()), Some(want[1].as_str())] {
@@ -120,6 +119,6 @@ fn ensure_family(
         rule(keep, &want[0]),
         rule(masq, &want[1]),
     ];
-    nl.nft_apply(&ops).map_err(|e| e.to_string())?;
+    nl.nft_apply(&ops)?;
     Ok(true)
 }

@@ -93,12 +93,20 @@ pub fn network_dir(pin_root: &Path) -> PathBuf {
     pin_root.join(NETWORK_NAME)
 }
 
+/// A step of [`sync`] the eBPF side refused: what it was doing, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("eBPF forwarding: {what}: {error}")]
+pub struct EbpfError {
+    pub what: &'static str,
+    pub error: rcni_ebpf::Error,
+}
+
 /// Brings the map and the links to `want` (in the calling thread's network
 /// namespace).
-pub fn sync(pin_root: &Path, want: Option<&Want>) -> Result<Synced, String> {
+pub fn sync(pin_root: &Path, want: Option<&Want>) -> Result<Synced, EbpfError> {
     let dir = network_dir(pin_root);
     let mut out = Synced::default();
-    let e = |what: &str, e: rcni_ebpf::Error| format!("eBPF forwarding: {what}: {e}");
+    let e = |what: &'static str, error: rcni_ebpf::Error| EbpfError { what, error };
     let Some(want) = want else {
         // Off: the links go, and the map entries of a datapath that pods
         // may still use (their own fast path stays theirs).
