@@ -9,11 +9,11 @@ use std::io::{Read, Write};
 use std::process::Stdio;
 
 use rcni_integration::ip_link_json as link_json;
-use rcni_integration::lab::cluster::{Cluster, VTEP, VTEP6};
+use rcni_integration::lab::cluster::{Cluster, SETTLE, VTEP, VTEP6};
 use rcni_integration::lab::traffic::{df_ping, echo, echo_stream, ping6};
 use rcni_integration::{addrs_of, ip, link_names};
 use rcni_netns::NetNs;
-use rcni_testkit::{command_in, ping, stdout_of};
+use rcni_testkit::{command_in, ping, stdout_of, wait_for};
 use serde_json::Value;
 
 /// The VXLAN device `dev` as flannel makes it (VNI 1, port 8472, learning
@@ -342,16 +342,7 @@ fn the_agent_follows_file_changes_and_sigterm_keeps_the_kernel_state() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
-        for _ in 0..500 {
-            if f() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-        panic!("{what} never happened");
-    };
-    wait_for("first reconcile", &|| n1.entries().2.len() == 1);
+    wait_for(SETTLE, "first reconcile", || n1.entries().2.len() == 1);
     let (p1, _) = n1.pod("p1");
     let (p2, a2) = c.nodes[1].pod("p2");
     assert!(ping(&p1.ns, &a2));
@@ -363,7 +354,7 @@ fn the_agent_follows_file_changes_and_sigterm_keeps_the_kernel_state() {
     // n3 joins: the running agent picks it up.
     c.write("vxlan", &[0, 1, 2]);
     c.nodes[2].reconcile(&c.file);
-    wait_for("n3's entries on n1", &|| n1.entries().2.len() == 2);
+    wait_for(SETTLE, "n3's entries on n1", || n1.entries().2.len() == 2);
     let (p3, a3) = c.nodes[2].pod("p3");
     assert!(ping(&p1.ns, &a3));
     c.nodes[1].reconcile(&c.file);

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 
 use rcni_integration::ip;
 use rcni_integration::ip_link_json as link_json;
-use rcni_integration::lab::cluster::{Cluster, VTEP, wait_for};
+use rcni_integration::lab::cluster::{Cluster, SETTLE, VTEP};
 use rcni_integration::lab::kube::{Agent, KubeApi, knode};
-use rcni_testkit::{bin, command_in, ping, tied_command_in};
+use rcni_testkit::{bin, command_in, ping, poll, tied_command_in, wait_for};
 
 #[test]
 fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
@@ -54,7 +54,7 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
         .collect();
     let log_of = |i: usize| std::fs::read_to_string(&logs[i]).unwrap_or_default();
     for (i, n) in c.nodes.iter().enumerate() {
-        wait_for(&format!("{}'s two peers", n.name), || {
+        wait_for(SETTLE, &format!("{}'s two peers", n.name), || {
             n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
         });
         let _ = i;
@@ -74,7 +74,7 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
     // Each node published its VTEP's MAC and its address on its Node; the
     // MAC is the device's, and what its peers programmed for it.
     for (i, n) in c.nodes.iter().enumerate() {
-        wait_for(&format!("{}'s annotations", n.name), || {
+        wait_for(SETTLE, &format!("{}'s annotations", n.name), || {
             api.get::<KNode>(None, &n.name)
                 .and_then(|k| k.metadata.annotations)
                 .is_some_and(|a| a.contains_key("rcni.io/vtep-mac"))
@@ -123,7 +123,7 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
     for i in 0..3 {
         let l = log_of(i);
         let seen = l.matches("Kubernetes API:").count();
-        wait_for(&format!("n{} sees the API gone", i + 1), || {
+        wait_for(SETTLE, &format!("n{} sees the API gone", i + 1), || {
             log_of(i).matches("Kubernetes API:").count() > seen
         });
     }
@@ -136,10 +136,14 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
     api.compact();
     api.set_down(false);
     for n in [n1, n3] {
-        wait_for(&format!("n2's entries gone from {}", n.name), || {
-            let (neigh, fdb, routes) = n.entries();
-            (neigh.len(), fdb.len(), routes.len()) == (1, 1, 1)
-        });
+        wait_for(
+            SETTLE,
+            &format!("n2's entries gone from {}", n.name),
+            || {
+                let (neigh, fdb, routes) = n.entries();
+                (neigh.len(), fdb.len(), routes.len()) == (1, 1, 1)
+            },
+        );
         let (neigh, fdb, routes) = n.entries();
         assert_eq!((neigh.len(), fdb.len()), (1, 1), "{}", n.name);
         assert!(
@@ -157,7 +161,7 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
     ip(&n2.ns.ns, "addr add 192.168.50.22/24 dev eth0");
     api.put(&knode("n2", "192.168.50.22", "10.244.2.0/24"));
     for n in [n1, n3] {
-        wait_for(&format!("n2 back on {}", n.name), || {
+        wait_for(SETTLE, &format!("n2 back on {}", n.name), || {
             let (neigh, fdb, routes) = n.entries();
             (neigh.len(), fdb.len(), routes.len()) == (2, 2, 2)
                 && fdb.iter().any(|f| f.ends_with(" 192.168.50.22"))
@@ -171,16 +175,14 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
                 a.get("rcni.io/public-ip").map(String::as_str) == Some("192.168.50.22")
             })
     };
-    for _ in 0..500 {
-        if republished() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(republished(), "n2 never republished: {}", log_of(1));
+    assert!(
+        poll(SETTLE, republished),
+        "n2 never republished: {}",
+        log_of(1)
+    );
     // n2's own agent re-makes its VTEP on the new local address and
     // programs its peers again.
-    wait_for("n2's VTEP on its new address", || {
+    wait_for(SETTLE, "n2's VTEP on its new address", || {
         let l = link_json(&n2.ns.ns, VTEP);
         let (neigh, fdb, routes) = n2.entries();
         l["linkinfo"]["info_data"]["local"] == "192.168.50.22"

@@ -2,11 +2,11 @@
 //! agents: NetworkPolicies from the Kubernetes API enforced on pods
 //! across nodes.
 
-use rcni_integration::lab::cluster::{Cluster, ClusterNode, wait_for};
+use rcni_integration::lab::cluster::{Cluster, ClusterNode, SETTLE};
 use rcni_integration::lab::kube::{Agent, KubeApi, knode};
 use rcni_integration::lab::traffic::{listen_ok, talks};
 use rcni_integration::{addr_of, link_names};
-use rcni_testkit::{Call, TestNs, bin, command_in, tied_command_in};
+use rcni_testkit::{Call, TestNs, bin, command_in, tied_command_in, wait_for};
 use serde_json::{Value, json};
 
 /// A Pod object on `node` as the scheduler leaves it: labels, and a
@@ -149,7 +149,7 @@ fn policy_cluster<'a>(
     }
     let agents: Vec<Agent> = c.nodes.iter().map(|n| policy_agent(k, n)).collect();
     for n in &c.nodes {
-        wait_for(&format!("{}'s conflist and peers", n.name), || {
+        wait_for(SETTLE, &format!("{}'s conflist and peers", n.name), || {
             n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
         });
     }
@@ -191,7 +191,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     let policed = nodes[1].policed();
     assert_eq!(policed, ["c-web/eth0"]);
     let expect = |what: &str, http: bool, other: bool| {
-        wait_for(what, || {
+        wait_for(SETTLE, what, || {
             talks(&client.ns, &web_addr, 8080) == http
                 && talks(&client.ns, &web_addr, 9090) == other
         });
@@ -238,7 +238,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     // Back: the same pod goes in.
     agents[1] = Some(agent(&c.nodes[1]));
     // Listening, not only there: the killed agent's socket file stays.
-    wait_for("n2's agent back", || {
+    wait_for(SETTLE, "n2's agent back", || {
         std::os::unix::net::UnixStream::connect(c.nodes[1].dir.path().join("run/agent.sock"))
             .is_ok()
     });
@@ -384,7 +384,7 @@ fn pod_selectors_across_nodes(backend: Option<&'static str>) {
         v["backend"].as_str().unwrap().to_string()
     };
     let expect = |what: &str, from_client: bool, from_other: bool| {
-        wait_for(what, || {
+        wait_for(SETTLE, what, || {
             talks(&client.ns, web_addr, 8080) == from_client
                 && talks(&other.ns, web_addr, 8080) == from_other
         });
@@ -460,7 +460,7 @@ fn pod_selectors_across_nodes(backend: Option<&'static str>) {
         .unwrap()
     };
     let reaches = |what: &str, web_ok: bool, other_ok: bool| {
-        wait_for(what, || {
+        wait_for(SETTLE, what, || {
             talks(&client.ns, web_addr, 8080) == web_ok
                 && talks(&client.ns, other_addr, 8080) == other_ok
         });

@@ -5,7 +5,7 @@
 
 use rcni_integration::lab::dhcp::*;
 use rcni_integration::{ip, nl};
-use rcni_testkit::{Call, PersistentNs, TestNs, bin, ping};
+use rcni_testkit::{Call, PersistentNs, TestNs, bin, ping, poll};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Stdio;

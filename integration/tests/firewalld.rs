@@ -17,7 +17,7 @@
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rcni_integration::lab::chain::*;
-use rcni_testkit::{TestNs, bin, ping, reference_bin};
+use rcni_testkit::{TestNs, bin, ping, reference_bin, wait_while_running};
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -86,14 +86,8 @@ fn require(path: &str) {
 /// Waits for `ready` while `child` runs; panics with `log` if it exits or
 /// `limit` passes (a start-up wait, not an assertion on speed).
 fn wait_until(child: &mut Child, limit: Duration, log: &Path, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        let log = || std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(status) = child.try_wait().unwrap() {
-            panic!("exited ({status}) before it was ready: {}", log());
-        }
-        assert!(start.elapsed() < limit, "not ready in {limit:?}: {}", log());
-        std::thread::sleep(Duration::from_millis(50));
+    if let Err(e) = wait_while_running(child, limit, || ready().then_some(())) {
+        panic!("{e}: {}", std::fs::read_to_string(log).unwrap_or_default());
     }
 }
 

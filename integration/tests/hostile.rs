@@ -397,7 +397,7 @@ fn dhcp_daemon_refuses_strangers_and_survives_abuse() {
             .spawn()
             .unwrap(),
     ));
-    rcni_integration::lab::dhcp::wait_for(Duration::from_secs(10), "the socket", || {
+    rcni_testkit::wait_for(Duration::from_secs(10), "the socket", || {
         UnixStream::connect(&sock).is_ok()
     });
     use rcni_integration::lab::dhcp::{rpc_answer_ok, rpc_call_bytes};

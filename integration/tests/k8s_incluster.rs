@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use rcni_fakeapi::FakeApi;
 use rcni_integration::lab::kube::{Agent, knode};
-use rcni_testkit::{TestNs, bin, ip, tied_command_in};
+use rcni_testkit::{TestNs, bin, ip, poll, tied_command_in};
 
 const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 const TOKEN: &str = "eyJhbGciOiJSUzI1NiJ9.rcni-test-token.sig";
@@ -142,13 +142,10 @@ fn a_server_certificate_of_another_ca_is_refused() {
             .unwrap(),
     );
     let mut text = String::new();
-    for _ in 0..500 {
+    poll(Duration::from_secs(10), || {
         text = std::fs::read_to_string(&log).unwrap_or_default();
-        if text.contains("Kubernetes API") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        text.contains("Kubernetes API")
+    });
     // The agent spells out kube's "client error (Connect)": the
     // certificate. No request got past the handshake, and no conflist was
     // written.

@@ -11,7 +11,7 @@
 //! leaves no rules, reservations or cached results.
 
 use rcni_integration::lab::chain::*;
-use rcni_testkit::bin_dir;
+use rcni_testkit::{bin_dir, wait_while_running};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -110,28 +110,18 @@ impl Drop for Podman {
     }
 }
 
-fn wait_for(path: &Path, limit: Duration, child: &mut Child) -> String {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            return s;
-        }
-        if let Ok(Some(status)) = child.try_wait() {
+/// The contents of `path` once the podman script has written it; a panic
+/// with the script's stderr if it ends first or takes longer than `limit`.
+fn wait_for_file(path: &Path, limit: Duration, child: &mut Child) -> String {
+    match wait_while_running(child, limit, || std::fs::read_to_string(path).ok()) {
+        Ok(s) => s,
+        Err(e) => {
             let mut err = String::new();
             if let Some(e) = child.stderr.as_mut() {
                 let _ = e.read_to_string(&mut err);
             }
-            panic!(
-                "podman script ended ({status}) before {}: {err}",
-                path.display()
-            );
+            panic!("podman script {e} ({}): {err}", path.display());
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -232,7 +222,7 @@ fn podman_runs_the_chain_from_our_bin_directory() {
         dir: t.to_path_buf(),
         node,
     };
-    let ip = wait_for(&t.join("ready"), Duration::from_secs(120), &mut run.child);
+    let ip = wait_for_file(&t.join("ready"), Duration::from_secs(120), &mut run.child);
     let ip = ip.trim();
     assert!(ip.starts_with("10.88."), "container address {ip:?}");
     let c2 = std::fs::read_to_string(t.join("c2.out")).unwrap();
@@ -263,7 +253,7 @@ fn podman_runs_the_chain_from_our_bin_directory() {
     );
 
     std::fs::write(t.join("go"), "").unwrap();
-    wait_for(&t.join("finished"), Duration::from_secs(60), &mut run.child);
+    wait_for_file(&t.join("finished"), Duration::from_secs(60), &mut run.child);
     let status = run.child.wait().unwrap();
     assert!(status.success(), "podman script failed");
     let leftover = std::fs::read_to_string(t.join("leftover")).unwrap_or_default();

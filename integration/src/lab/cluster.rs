@@ -251,6 +251,9 @@ impl Cluster {
 /// The agent's route protocol (agent::RTPROT_RCNI).
 const RTPROT_RCNI: u8 = 0x52;
 pub const VTEP: &str = "rcni.1";
+/// How long a test waits for running agents to act on a change (they poll
+/// every 20 ms; the bound is for a loaded machine).
+pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
 /// The IPv6 VXLAN device of a dual-stack node.
 pub const VTEP6: &str = "rcni6.1";
 
@@ -392,15 +395,4 @@ impl ClusterNode {
             (neigh, fdb, routes)
         })
     }
-}
-
-/// Polls `f` (bounded: panics with `what` after ~10 s).
-pub fn wait_for(what: &str, f: impl Fn() -> bool) {
-    for _ in 0..500 {
-        if f() {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    panic!("{what} never happened");
 }

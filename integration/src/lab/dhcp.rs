@@ -3,12 +3,12 @@
 //! directory. Guards stop dnsmasq and the daemon however a test ends.
 
 use crate::{ip, nl};
-use rcni_testkit::{Call, Output, TestNs, bin};
+use rcni_testkit::{Call, Output, TestNs, bin, poll, wait_for};
 use serde_json::{Value, json};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const DNSMASQ: &str = "/usr/sbin/dnsmasq";
 pub const SERVER_IP: &str = "10.77.0.1";
@@ -24,12 +24,10 @@ impl Guard {
                 nix::unistd::Pid::from_raw(c.id() as i32),
                 nix::sys::signal::Signal::SIGTERM,
             );
-            let until = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < until {
-                if let Ok(Some(_)) = c.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            if poll(Duration::from_secs(5), || {
+                matches!(c.try_wait(), Ok(Some(_)))
+            }) {
+                return;
             }
             let _ = c.kill();
             let _ = c.wait();
@@ -399,27 +397,6 @@ impl Lab {
             self.daemon_log(),
             std::fs::read_to_string(self.path("dnsmasq.log")).unwrap_or_default()
         )
-    }
-}
-
-pub fn wait_for(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let until = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-pub fn poll(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + limit;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

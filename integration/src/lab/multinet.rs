@@ -4,7 +4,7 @@
 //! runtime's multinet conflist (podnet).
 
 use crate::Node;
-use rcni_testkit::{TestNs, bin, bin_dir, ip, reservations, stdout_of};
+use rcni_testkit::{TestNs, bin, bin_dir, ip, poll, reservations, stdout_of};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 
@@ -173,13 +173,11 @@ impl Lab {
                 .filter(|v| v != "mv0" && v != "iv0")
                 .collect()
         };
-        for _ in 0..100 {
-            if veths().is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        assert!(veths().is_empty(), "host veths left: {:?}", veths());
+        assert!(
+            poll(std::time::Duration::from_secs(10), || veths().is_empty()),
+            "host veths left: {:?}",
+            veths()
+        );
         assert!(
             self.records().is_empty(),
             "records left: {:?}",

@@ -6,7 +6,7 @@ pub mod killpoints;
 pub mod parallel;
 mod wait;
 
-pub use wait::{poll, wait_for, wait_for_async, wait_for_value, wait_while_running};
+pub use wait::{NotReady, poll, wait_for, wait_for_async, wait_for_value, wait_while_running};
 
 use rcni_netns::NetNs;
 use serde_json::Value;

@@ -66,23 +66,42 @@ where
     }
 }
 
-/// [`wait_for_value`] on a process that should bring the state about (a
-/// daemon starting): `Err` with its exit status as soon as it ends first,
+/// Polls `f` until it gives a value while `child` (a daemon starting, a
+/// script) runs: gives up as soon as it ends, or once `limit` has passed,
 /// for the caller to panic with the process's own words (its log, its
 /// stderr).
 pub fn wait_while_running<T>(
     child: &mut Child,
     limit: Duration,
-    what: &str,
     mut f: impl FnMut() -> Option<T>,
-) -> Result<T, ExitStatus> {
-    wait_for_value(limit, what, || {
+) -> Result<T, NotReady> {
+    let until = Instant::now() + limit;
+    loop {
         if let Some(v) = f() {
-            return Some(Ok(v));
+            return Ok(v);
         }
-        match child.try_wait() {
-            Ok(Some(status)) => Some(Err(status)),
-            _ => None,
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(NotReady::Exited(status));
         }
-    })
+        if Instant::now() >= until {
+            return Err(NotReady::TimedOut(limit));
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Why [`wait_while_running`] gave up.
+#[derive(Debug)]
+pub enum NotReady {
+    Exited(ExitStatus),
+    TimedOut(Duration),
+}
+
+impl std::fmt::Display for NotReady {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReady::Exited(status) => write!(f, "exited ({status}) before it was ready"),
+            NotReady::TimedOut(limit) => write!(f, "not ready in {limit:?}"),
+        }
+    }
 }
