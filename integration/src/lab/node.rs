@@ -1,3 +1,7 @@
+//! [`Node`]: the lab most plugin tests run in, one node namespace with
+//! host-local's data dir and pods on one bridge, and the checks a main
+//! plugin's tests share (CHECK catching damage, DEL surviving repeats).
+
 use crate::{Damage, ip, merged, nl};
 use rcni_testkit::{Call, Output, PersistentNs, TestNs, bin, bin_dir};
 use serde_json::{Value, json};

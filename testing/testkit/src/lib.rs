@@ -1,5 +1,6 @@
 //! Test support: throwaway namespaces, running built plugin binaries the way
-//! a runtime does, real packets, and leak checks. Dev-only.
+//! a runtime does, real packets, bounded waits ([`wait_for`] and its
+//! kin) and leak checks. Dev-only.
 
 pub mod chaos;
 pub mod killpoints;
