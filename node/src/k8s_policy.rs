@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::PathError;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -133,8 +134,8 @@ pub fn start(
     node: &str,
     socket: &Path,
     sync: Option<SyncCommand>,
-) -> Result<PolicyInputs, String> {
-    std::fs::create_dir_all(&dir).map_err(|e| format!("policy dir {}: {e}", dir.display()))?;
+) -> Result<PolicyInputs, PathError> {
+    std::fs::create_dir_all(&dir).map_err(PathError::at("policy dir", &dir))?;
     let listener = bind(socket)?;
     let pods = Arc::new(Mutex::new(Pods::default()));
     let remote = Arc::new(Mutex::new(Remote::default()));
@@ -217,9 +218,9 @@ async fn syncer(cmd: SyncCommand, changed: Arc<Notify>) {
 
 /// The socket, root-only: its directory 0700 when the agent makes it, the
 /// socket itself 0600 (a pod's labels decide what it may reach).
-fn bind(path: &Path) -> Result<tokio::net::UnixListener, String> {
+fn bind(path: &Path) -> Result<tokio::net::UnixListener, PathError> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let at = |e: std::io::Error| format!("socket {}: {e}", path.display());
+    let at = |e: std::io::Error| PathError::at("socket", path)(e);
     if let Some(parent) = path.parent()
         && !parent.exists()
     {

@@ -12,6 +12,36 @@ pub mod sync;
 mod wg;
 pub mod wgkey;
 
+/// A file system call that failed on `path`: "{what} {path}: {err}" (or
+/// "{path}: {err}" when `what` is empty). The OS error is part of the
+/// message and not a `source()`, so a printed chain says it once.
+#[derive(Debug, thiserror::Error)]
+#[error("{}{}: {err}", lead(what), path.display())]
+pub struct PathError {
+    pub what: &'static str,
+    pub path: std::path::PathBuf,
+    pub err: std::io::Error,
+}
+
+fn lead(what: &str) -> String {
+    if what.is_empty() {
+        String::new()
+    } else {
+        format!("{what} ")
+    }
+}
+
+impl PathError {
+    /// For `map_err`: `.map_err(PathError::at("read", &path))`.
+    pub fn at(
+        what: &'static str,
+        path: &std::path::Path,
+    ) -> impl FnOnce(std::io::Error) -> PathError {
+        let path = path.to_path_buf();
+        move |err| PathError { what, path, err }
+    }
+}
+
 pub fn log(msg: impl std::fmt::Display) {
     eprintln!("rcni-node: {msg}");
 }
@@ -37,6 +67,28 @@ pub fn causes(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::causes;
+
+    #[test]
+    fn a_path_error_says_its_cause_once() {
+        let e = super::PathError::at("read", std::path::Path::new("/x/key"))(
+            std::io::Error::from_raw_os_error(ENOENT),
+        );
+        assert_eq!(
+            e.to_string(),
+            "read /x/key: No such file or directory (os error 2)"
+        );
+        assert!(std::error::Error::source(&e).is_none());
+        assert_eq!(causes(&e), e.to_string());
+        let bare = super::PathError::at("", std::path::Path::new("/x"))(
+            std::io::Error::from_raw_os_error(ENOENT),
+        );
+        assert_eq!(
+            bare.to_string(),
+            "/x: No such file or directory (os error 2)"
+        );
+    }
+
+    const ENOENT: i32 = 2;
 
     #[test]
     fn causes_are_spelled_out_once() {

@@ -98,13 +98,6 @@ impl From<rcni_netlink::Error> for WgError {
     }
 }
 
-/// The agent reports kernel failures as text.
-impl From<WgError> for String {
-    fn from(e: WgError) -> String {
-        e.to_string()
-    }
-}
-
 /// A generic netlink socket in the calling thread's namespace, with the
 /// `wireguard` family resolved.
 pub struct WgSocket {
@@ -374,7 +367,7 @@ mod tests {
             std::io::Error::from_raw_os_error(ENODEV),
         ));
         assert_eq!(
-            String::from(e),
+            e.to_string(),
             "read the WireGuard device: No such device (os error 19)"
         );
         let e = WgError::from(rcni_netlink::Error::io(

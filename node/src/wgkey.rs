@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 
+use crate::PathError;
+
 pub const KEY_LEN: usize = 32;
 
 /// The private key's file in the state directory.
@@ -34,12 +36,28 @@ pub fn encode(key: &[u8; KEY_LEN]) -> String {
     STANDARD.encode(key)
 }
 
-pub fn decode(text: &str) -> Result<[u8; KEY_LEN], String> {
-    let bytes = STANDARD
-        .decode(text.trim())
-        .map_err(|e| format!("not base64 ({e})"))?;
-    <[u8; KEY_LEN]>::try_from(bytes.as_slice())
-        .map_err(|_| format!("{} bytes, a WireGuard key has {KEY_LEN}", bytes.len()))
+/// What is wrong with a key or its file.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("not base64 ({0})")]
+    NotBase64(base64::DecodeError),
+    #[error("{0} bytes, a WireGuard key has {KEY_LEN}")]
+    Length(usize),
+    #[error(transparent)]
+    File(#[from] PathError),
+    #[error("random key: {0}")]
+    Random(getrandom::Error),
+    #[error("{}: vanished while being created", .0.display())]
+    Vanished(PathBuf),
+    /// The key file holds no key: `err` says why (not a `source()`, as it
+    /// is part of the message).
+    #[error("{}: {err}; remove it to make a new key (peers then need the new public key)", path.display())]
+    BadFile { path: PathBuf, err: Box<KeyError> },
+}
+
+pub fn decode(text: &str) -> Result<[u8; KEY_LEN], KeyError> {
+    let bytes = STANDARD.decode(text.trim()).map_err(KeyError::NotBase64)?;
+    <[u8; KEY_LEN]>::try_from(bytes.as_slice()).map_err(|_| KeyError::Length(bytes.len()))
 }
 
 /// The Curve25519 public key of `private` (clamped as X25519 does).
@@ -62,18 +80,18 @@ fn pair(mut private: [u8; KEY_LEN]) -> KeyPair {
 /// and durable (a fully written 0600 file given its name only if none is
 /// there: another agent that got there first wins); a key file readable by
 /// others is tightened to 0600.
-pub fn load_or_create(state_dir: &Path) -> Result<KeyPair, String> {
+pub fn load_or_create(state_dir: &Path) -> Result<KeyPair, KeyError> {
     let keys = private_key(state_dir)?;
     let pub_path = state_dir.join(PUB_FILE);
     let text = format!("{}\n", encode(&keys.public));
     if std::fs::read_to_string(&pub_path).ok().as_deref() != Some(text.as_str()) {
         rcni_statefile::write_replace(&pub_path, text.as_bytes(), 0o644)
-            .map_err(|e| format!("write {}: {e}", pub_path.display()))?;
+            .map_err(PathError::at("write", &pub_path))?;
     }
     Ok(keys)
 }
 
-fn private_key(state_dir: &Path) -> Result<KeyPair, String> {
+fn private_key(state_dir: &Path) -> Result<KeyPair, KeyError> {
     let path = state_dir.join(KEY_FILE);
     match read(&path) {
         Ok(Some(k)) => return Ok(k),
@@ -81,35 +99,31 @@ fn private_key(state_dir: &Path) -> Result<KeyPair, String> {
         Err(e) => return Err(e),
     }
     let mut private = [0u8; KEY_LEN];
-    getrandom::fill(&mut private).map_err(|e| format!("random key: {e}"))?;
+    getrandom::fill(&mut private).map_err(KeyError::Random)?;
     let keys = pair(private);
     let text = format!("{}\n", encode(&keys.private));
     match rcni_statefile::create_new_durable(&path, text.as_bytes(), 0o600) {
         Ok(true) => Ok(keys),
         // Another agent got there first: its key wins.
-        Ok(false) => {
-            read(&path)?.ok_or_else(|| format!("{}: vanished while being created", path.display()))
-        }
-        Err(e) => Err(format!("create {}: {e}", path.display())),
+        Ok(false) => read(&path)?.ok_or(KeyError::Vanished(path)),
+        Err(e) => Err(PathError::at("create", &path)(e).into()),
     }
 }
 
-fn read(path: &PathBuf) -> Result<Option<KeyPair>, String> {
+fn read(path: &PathBuf) -> Result<Option<KeyPair>, KeyError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("read {}: {e}", path.display())),
+        Err(e) => return Err(PathError::at("read", path)(e).into()),
     };
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let meta = std::fs::metadata(path).map_err(PathError::at("", path))?;
     if meta.permissions().mode() & 0o077 != 0 {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-            .map_err(|e| format!("chmod 0600 {}: {e}", path.display()))?;
+            .map_err(PathError::at("chmod 0600", path))?;
     }
-    let private = decode(&text).map_err(|e| {
-        format!(
-            "{}: {e}; remove it to make a new key (peers then need the new public key)",
-            path.display()
-        )
+    let private = decode(&text).map_err(|e| KeyError::BadFile {
+        path: path.clone(),
+        err: Box::new(e),
     })?;
     Ok(Some(pair(private)))
 }
@@ -159,10 +173,15 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         std::fs::write(&path, "c2hvcnQ=\n").unwrap();
-        let e = load_or_create(dir.path()).unwrap_err();
+        let e = load_or_create(dir.path()).unwrap_err().to_string();
         assert!(e.contains("5 bytes") && e.contains(KEY_FILE), "{e}");
         std::fs::write(&path, "!!!\n").unwrap();
-        assert!(load_or_create(dir.path()).unwrap_err().contains("base64"));
+        assert!(
+            load_or_create(dir.path())
+                .unwrap_err()
+                .to_string()
+                .contains("base64")
+        );
         // The file stays as it was: a bad key is never silently replaced.
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "!!!\n");
     }

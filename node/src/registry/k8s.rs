@@ -131,22 +131,38 @@ impl Drop for KubeRegistry {
 /// Where the API is: `--kubeconfig`, else kube's inference (`KUBECONFIG`,
 /// `~/.kube/config`, then the in-cluster service account and
 /// `KUBERNETES_SERVICE_HOST`/`_PORT`).
-pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, String> {
+pub async fn client(kubeconfig: Option<&Path>) -> Result<kube::Client, ClientError> {
     let config = match kubeconfig {
         Some(p) => {
-            let kc = kube::config::Kubeconfig::read_from(p)
-                .map_err(|e| format!("--kubeconfig {}: {e}", p.display()))?;
+            let at = |err| ClientError::Kubeconfig {
+                path: p.to_path_buf(),
+                err,
+            };
+            let kc = kube::config::Kubeconfig::read_from(p).map_err(at)?;
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await
-                .map_err(|e| format!("--kubeconfig {}: {e}", p.display()))?
+                .map_err(at)?
         }
-        None => kube::Config::infer().await.map_err(|e| {
-            format!(
-                "no Kubernetes API config ({e}); in a pod the service account's is used, elsewhere pass --kubeconfig"
-            )
-        })?,
+        None => kube::Config::infer().await.map_err(ClientError::Infer)?,
     };
-    kube::Client::try_from(config).map_err(|e| format!("Kubernetes client: {e}"))
+    kube::Client::try_from(config).map_err(ClientError::Client)
+}
+
+/// Why there is no API client. The cause is part of each message (kube's
+/// errors chain their own causes), not a `source()`.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("--kubeconfig {}: {err}", path.display())]
+    Kubeconfig {
+        path: std::path::PathBuf,
+        err: kube::config::KubeconfigError,
+    },
+    #[error(
+        "no Kubernetes API config ({0}); in a pod the service account's is used, elsewhere pass --kubeconfig"
+    )]
+    Infer(kube::config::InferConfigError),
+    #[error("Kubernetes client: {0}")]
+    Client(kube::Error),
 }
 
 impl KubeRegistry {

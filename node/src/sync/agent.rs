@@ -386,7 +386,8 @@ async fn reconcile_wireguard(
     sync_ebpf(nl, opts, None, &mut report)?;
     drop_vtep(nl, &desired::vtep_name(cluster.vni), why, &mut report).await?;
     drop_vtep(nl, &desired::vtep_name6(cluster.vni), why, &mut report).await?;
-    let keys = wgkey::load_or_create(&opts.state_dir).map_err(AgentError::Config)?;
+    let keys =
+        wgkey::load_or_create(&opts.state_dir).map_err(|e| AgentError::Config(e.to_string()))?;
     if let Some(k) = me.wireguard_key
         && k != keys.public
     {
