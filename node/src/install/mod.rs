@@ -15,6 +15,7 @@
 //! is still what install wrote, puts a replaced file back, removes the
 //! agent's conflist, and touches nothing else.
 
+use crate::PathError;
 use std::fs;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -173,17 +174,14 @@ impl Manifest {
     }
 
     /// The manifest in `state_dir`; none is an empty one.
-    fn load(state_dir: &Path) -> Result<Option<Manifest>, String> {
+    fn load(state_dir: &Path) -> Result<Option<Manifest>, InstallError> {
         let path = state_dir.join(MANIFEST);
         match fs::read(&path) {
-            Ok(t) => Manifest::parse(&t).map(Some).map_err(|e| {
-                format!(
-                    "{}: {e}; it is not an rcni-node install manifest (remove it if nothing was installed by rcni-node install)",
-                    path.display()
-                )
-            }),
+            Ok(t) => Manifest::parse(&t)
+                .map(Some)
+                .map_err(|why| InstallError::NotAManifest { path, why }),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("{}: {e}", path.display())),
+            Err(e) => Err(PathError::at("", &path)(e).into()),
         }
     }
 
@@ -210,6 +208,25 @@ fn sha256_hex(data: &[u8]) -> String {
 }
 
 /// The SHA-256 of the file at `path`, or None when it does not exist.
+/// Why install stopped. OS errors are part of the message and not a
+/// `source()`, so a printed chain says them once.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error(transparent)]
+    File(#[from] PathError),
+    #[error("no binaries in {} (is this the rcni image? --from names another directory)", .0.display())]
+    NoBinaries(PathBuf),
+    #[error(
+        "{}: {why}; it is not an rcni-node install manifest (remove it if nothing was installed by rcni-node install)",
+        path.display()
+    )]
+    NotAManifest { path: PathBuf, why: String },
+    #[error("keeping {} before replacing it: {err}", target.display())]
+    Keep { target: PathBuf, err: io::Error },
+    #[error("removing {name}, which this version no longer has: {why}")]
+    Stale { name: String, why: String },
+}
+
 fn file_sha(path: &Path) -> io::Result<Option<String>> {
     match fs::read(path) {
         Ok(d) => Ok(Some(sha256_hex(&d))),
@@ -228,11 +245,11 @@ fn place(path: &Path, data: &[u8], mode: u32) -> io::Result<()> {
 
 /// The binaries to install: every regular file in `dir` (symlinks
 /// followed), sorted by name.
-fn sources(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
-    let rd = fs::read_dir(dir).map_err(|e| format!("source directory {}: {e}", dir.display()))?;
+fn sources(dir: &Path) -> Result<Vec<(String, PathBuf)>, InstallError> {
+    let rd = fs::read_dir(dir).map_err(PathError::at("source directory", dir))?;
     let mut out = Vec::new();
     for entry in rd {
-        let entry = entry.map_err(|e| format!("source directory {}: {e}", dir.display()))?;
+        let entry = entry.map_err(PathError::at("source directory", dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
         if !plain_name(&name) || !fs::metadata(&path).is_ok_and(|m| m.is_file()) {
@@ -241,10 +258,7 @@ fn sources(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
         out.push((name, path));
     }
     if out.is_empty() {
-        return Err(format!(
-            "no binaries in {} (is this the rcni image? --from names another directory)",
-            dir.display()
-        ));
+        return Err(InstallError::NoBinaries(dir.to_path_buf()));
     }
     out.sort();
     Ok(out)
@@ -260,14 +274,14 @@ pub fn install(args: InstallArgs) -> ExitCode {
     }
 }
 
-fn do_install(args: &InstallArgs) -> Result<(), String> {
+fn do_install(args: &InstallArgs) -> Result<(), InstallError> {
     const CMD: &str = "install";
     let bin_dir = &args.cni_bin_dir;
     let state = &args.state_dir;
     let backup_dir = state.join(BACKUP_DIR);
     let srcs = sources(&args.from)?;
     for d in [bin_dir, state] {
-        fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        fs::create_dir_all(d).map_err(PathError::at("", d))?;
     }
     let prev = Manifest::load(state)?.unwrap_or_default();
 
@@ -276,9 +290,9 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
     let mut next = Manifest::default();
     let mut data = Vec::with_capacity(srcs.len());
     for (name, src) in &srcs {
-        let bytes = fs::read(src).map_err(|e| format!("{}: {e}", src.display()))?;
+        let bytes = fs::read(src).map_err(PathError::at("", src))?;
         let target = bin_dir.join(name);
-        let there = file_sha(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+        let there = file_sha(&target).map_err(PathError::at("", &target))?;
         let sha = sha256_hex(&bytes);
         let backup = match (prev.get(name), there) {
             // Ours from an earlier install, or from one this upgrade
@@ -287,14 +301,14 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
             (Some(p), None) => p.backup,
             // Someone else's file: keep it to put back at uninstall.
             (_, Some(_)) => {
-                fs::create_dir_all(&backup_dir)
-                    .map_err(|e| format!("{}: {e}", backup_dir.display()))?;
-                let old = fs::read(&target).map_err(|e| format!("{}: {e}", target.display()))?;
+                fs::create_dir_all(&backup_dir).map_err(PathError::at("", &backup_dir))?;
+                let old = fs::read(&target).map_err(PathError::at("", &target))?;
                 let mode = fs::metadata(&target)
                     .map(|m| m.permissions().mode() & 0o7777)
                     .unwrap_or(0o755);
-                place(&backup_dir.join(name), &old, mode).map_err(|e| {
-                    format!("keeping {} before replacing it: {e}", target.display())
+                place(&backup_dir.join(name), &old, mode).map_err(|err| InstallError::Keep {
+                    target: target.clone(),
+                    err,
                 })?;
                 say(
                     CMD,
@@ -341,7 +355,7 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
     };
     intent
         .store(state, bin_dir)
-        .map_err(|e| format!("writing {}: {e}", state.join(MANIFEST).display()))?;
+        .map_err(PathError::at("writing", &state.join(MANIFEST)))?;
 
     let mut written = 0;
     for (e, bytes) in next.files.iter().zip(&data) {
@@ -351,7 +365,7 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
         if same {
             continue;
         }
-        place(&target, bytes, 0o755).map_err(|err| format!("{}: {err}", target.display()))?;
+        place(&target, bytes, 0o755).map_err(PathError::at("", &target))?;
         written += 1;
         say(
             CMD,
@@ -382,7 +396,7 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
             .collect(),
     };
     fin.store(state, bin_dir)
-        .map_err(|e| format!("writing {}: {e}", state.join(MANIFEST).display()))?;
+        .map_err(PathError::at("writing", &state.join(MANIFEST)))?;
     say(
         CMD,
         format!(
@@ -394,9 +408,10 @@ fn do_install(args: &InstallArgs) -> Result<(), String> {
         ),
     );
     if let Some((n, err)) = failed.first() {
-        return Err(format!(
-            "removing {n}, which this version no longer has: {err}"
-        ));
+        return Err(InstallError::Stale {
+            name: n.clone(),
+            why: err.clone(),
+        });
     }
     Ok(())
 }
@@ -492,7 +507,7 @@ fn do_uninstall(args: &UninstallArgs) -> bool {
     let manifest = match Manifest::load(state) {
         Ok(m) => m,
         Err(e) => {
-            fail(e);
+            fail(e.to_string());
             return false;
         }
     };
@@ -612,7 +627,7 @@ mod tests {
         }
     }
 
-    fn inst(d: &Dirs) -> Result<(), String> {
+    fn inst(d: &Dirs) -> Result<(), InstallError> {
         do_install(&InstallArgs {
             from: d.src.clone(),
             cni_bin_dir: d.bin.clone(),
@@ -799,12 +814,12 @@ mod tests {
     #[test]
     fn errors_name_the_problem() {
         let d = dirs();
-        let e = inst(&d).unwrap_err();
+        let e = inst(&d).unwrap_err().to_string();
         assert!(e.contains("no binaries in"), "{e}");
         fs::create_dir_all(&d.state).unwrap();
         fs::write(d.state.join(MANIFEST), "garbage").unwrap();
         fs::write(d.src.join("bridge"), "b").unwrap();
-        let e = inst(&d).unwrap_err();
+        let e = inst(&d).unwrap_err().to_string();
         assert!(e.contains("not an rcni-node install manifest"), "{e}");
         assert!(!uninst(&d));
         // Nothing written into the bin directory.
