@@ -250,12 +250,13 @@ impl Cluster {
 
 /// The agent's route protocol (agent::RTPROT_RCNI).
 const RTPROT_RCNI: u8 = 0x52;
+/// The VXLAN device of a node (flannel's flannel.<VNI>).
 pub const VTEP: &str = "rcni.1";
+/// The IPv6 VXLAN device of a dual-stack node.
+pub const VTEP6: &str = "rcni6.1";
 /// How long a test waits for running agents to act on a change (they poll
 /// every 20 ms; the bound is for a loaded machine).
 pub const SETTLE: std::time::Duration = std::time::Duration::from_secs(10);
-/// The IPv6 VXLAN device of a dual-stack node.
-pub const VTEP6: &str = "rcni6.1";
 
 /// What the tests read of a node's kernel state and datapath.
 impl ClusterNode {
