@@ -225,10 +225,19 @@ impl Lab {
             .arg(self.path("dhcp.pid"))
             .args(["-timeout", "2s"])
             .args(extra);
+        let log_path = self.path("daemon.log");
+        let listening = || {
+            std::fs::read_to_string(&log_path)
+                .unwrap_or_default()
+                .matches("dhcp daemon: listening")
+                .count()
+        };
+        let before = listening();
         self.daemon = spawn_logged(&mut cmd, log, "dhcp daemon");
-        let sock = self.socket();
-        wait_for(Duration::from_secs(30), "the daemon's socket", || {
-            std::os::unix::net::UnixStream::connect(&sock).is_ok()
+        // Its socket takes connections from the bind on, before it has
+        // resumed (or dropped) the leases on disk: ready is its word.
+        wait_for(Duration::from_secs(30), "the daemon listening", || {
+            listening() > before
         });
     }
 
