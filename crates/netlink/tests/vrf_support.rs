@@ -5,7 +5,8 @@
 
 use rcni_netlink::{Family, Netlink};
 use rcni_netns::NetNs;
-use rcni_testkit::require_root;
+use rcni_testkit::{require_root, wait_for_async};
+use std::time::Duration;
 
 /// IFA_F_NODAD, IFA_F_TENTATIVE, IFA_F_PERMANENT.
 const NODAD: u32 = 0x02;
@@ -82,7 +83,19 @@ async fn host_routes_of_any_type_in_a_table() {
     nl.set_up(peer.index).await.unwrap();
     nl.set_up(v.index).await.unwrap();
     // `local` routes, in the local table (a VRF's own table when enslaved).
-    assert!(nl.has_host_route(ip6, 255, v.index).await.unwrap());
+    // The IPv6 one comes with the link up from addrconf's work queue, a
+    // moment after the request returns.
+    wait_for_async(
+        Duration::from_secs(5),
+        "the local route of fd05::5",
+        || async {
+            nl.has_host_route(ip6, 255, v.index)
+                .await
+                .unwrap()
+                .then_some(())
+        },
+    )
+    .await;
     assert!(nl.has_host_route(ip4, 255, v.index).await.unwrap());
     assert!(!nl.has_host_route(ip6, 254, v.index).await.unwrap());
     assert!(!nl.has_host_route(ip6, 255, peer.index).await.unwrap());
