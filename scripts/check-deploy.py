@@ -109,11 +109,11 @@ except (KeyError, ValueError) as e:
     net = None
     problems.append(f"ConfigMap rcni-config: net-conf.json: {e}")
 if net is not None:
-    # The agent's own list (node/src/cluster.rs NET_KEYS), so the two cannot drift.
-    src = (Path(__file__).resolve().parent.parent / "node/src/cluster.rs").read_text()
+    # The agent's own list (node/src/registry/cluster.rs NET_KEYS), so the two cannot drift.
+    src = (Path(__file__).resolve().parent.parent / "node/src/registry/cluster.rs").read_text()
     m = re.search(r"const NET_KEYS: &\[&str\] = &\[(.*?)\];", src, re.S)
     keys = set(re.findall(r'"([^"]+)"', m.group(1))) if m else set()
-    want(bool(keys), "node/src/cluster.rs: NET_KEYS not found")
+    want(bool(keys), "node/src/registry/cluster.rs: NET_KEYS not found")
     want(set(net) <= keys, f"net-conf.json: keys {sorted(set(net) - keys)} are not the agent's")
     want(net.get("backend") == "vxlan", "net-conf.json: the default backend must be vxlan (the Canal-style preset)")
     want(net.get("ebpf", False) is False, "net-conf.json: ebpf must be off by default")
