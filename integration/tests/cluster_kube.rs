@@ -7,14 +7,14 @@ use rcni_integration::ip;
 use rcni_integration::ip_link_json as link_json;
 use rcni_integration::lab::cluster::{Cluster, SETTLE, VTEP};
 use rcni_integration::lab::kube::{Agent, KubeApi, knode};
-use rcni_testkit::{bin, command_in, ping, poll, tied_command_in, wait_for};
+use rcni_testkit::{bin, command_in, ping, poll, wait_for};
 
 #[test]
 fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
     use k8s_openapi::api::core::v1::Node as KNode;
     let c = Cluster::new(&[0, 0, 0]);
     let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
-    let (api, kubeconfig, net_conf) = (&k.api, &k.kubeconfig, &k.net_conf);
+    let api = &k.api;
     for i in 0..3 {
         api.put(&knode(
             &c.nodes[i].name,
@@ -32,22 +32,9 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
         .iter()
         .zip(&logs)
         .map(|(n, log)| {
-            let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
-            cmd.arg("run")
-                .arg("--kubernetes")
-                .arg("--net-conf")
-                .arg(net_conf)
-                .arg("--kubeconfig")
-                .arg(kubeconfig)
-                .arg("--cni-conf-dir")
-                .arg(n.conf_dir())
-                .arg("--state-dir")
-                .arg(n.dir.path().join("state"))
-                .arg("--ipam-data-dir")
-                .arg(n.dir.path().join("ipam"))
-                .args(["--poll-ms", "20"])
-                // The node's name the DaemonSet way.
-                .env("NODE_NAME", &n.name)
+            let mut cmd = k.agent_command(n);
+            // The node's name the DaemonSet way.
+            cmd.env("NODE_NAME", &n.name)
                 .stderr(std::fs::File::create(log).unwrap());
             Agent(cmd.spawn().unwrap())
         })

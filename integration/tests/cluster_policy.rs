@@ -6,7 +6,7 @@ use rcni_integration::lab::cluster::{Cluster, ClusterNode, SETTLE};
 use rcni_integration::lab::kube::{Agent, KubeApi, knode};
 use rcni_integration::lab::traffic::{listen_ok, talks};
 use rcni_integration::{addr_of, link_names};
-use rcni_testkit::{Call, TestNs, bin, command_in, tied_command_in, wait_for};
+use rcni_testkit::{Call, TestNs, bin, command_in, wait_for};
 use serde_json::{Value, json};
 
 /// A Pod object on `node` as the scheduler leaves it: labels, and a
@@ -251,20 +251,8 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
 /// inputs under the node's directory.
 fn policy_agent(k: &KubeApi, n: &ClusterNode) -> Agent {
     let bin_dir = bin("policy").parent().unwrap().to_path_buf();
-    let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
-    cmd.arg("run")
-        .arg("--kubernetes")
-        .arg("--net-conf")
-        .arg(&k.net_conf)
-        .arg("--kubeconfig")
-        .arg(&k.kubeconfig)
-        .arg("--cni-conf-dir")
-        .arg(n.conf_dir())
-        .arg("--state-dir")
-        .arg(n.dir.path().join("state"))
-        .arg("--ipam-data-dir")
-        .arg(n.dir.path().join("ipam"))
-        .arg("--policy-dir")
+    let mut cmd = k.agent_command(n);
+    cmd.arg("--policy-dir")
         .arg(n.dir.path().join("policy.d"))
         .arg("--agent-socket")
         .arg(n.dir.path().join("run/agent.sock"))
@@ -272,7 +260,7 @@ fn policy_agent(k: &KubeApi, n: &ClusterNode) -> Agent {
         .arg(n.dir.path().join("policy-state"))
         .arg("--cni-bin-dir")
         .arg(&bin_dir)
-        .args(["--poll-ms", "20", "--node", &n.name])
+        .args(["--node", &n.name])
         .stderr(std::fs::File::create(n.dir.path().join("agent.log")).unwrap());
     Agent(cmd.spawn().unwrap())
 }

@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use super::cluster::Cluster;
+use super::cluster::{Cluster, ClusterNode};
+use rcni_testkit::{bin, tied_command_in};
 
 /// An agent run in the background; killed (SIGKILL: nothing to clean, the
 /// kernel state is the namespace's) when dropped.
@@ -69,5 +70,26 @@ impl KubeApi {
             net_conf: path,
             _dir: dir,
         }
+    }
+
+    /// `rcni-node run --kubernetes` in `n`'s namespace against this API,
+    /// with the node's own conf, state and IPAM directories; callers add
+    /// how the node learns its name and their own flags.
+    pub fn agent_command(&self, n: &ClusterNode) -> std::process::Command {
+        let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
+        cmd.arg("run")
+            .arg("--kubernetes")
+            .arg("--net-conf")
+            .arg(&self.net_conf)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cni-conf-dir")
+            .arg(n.conf_dir())
+            .arg("--state-dir")
+            .arg(n.dir.path().join("state"))
+            .arg("--ipam-data-dir")
+            .arg(n.dir.path().join("ipam"))
+            .args(["--poll-ms", "20"]);
+        cmd
     }
 }
