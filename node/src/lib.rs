@@ -4,6 +4,7 @@
 //! writes the node's CNI config; without `--once` it keeps doing so as the
 //! node list changes.
 
+pub mod bgp;
 pub mod install;
 pub mod k8s_policy;
 pub mod registry;

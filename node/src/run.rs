@@ -12,7 +12,7 @@ use crate::registry::cluster::{self, ClusterError};
 use crate::registry::k8s;
 use crate::registry::{FileRegistry, Registry};
 use crate::sync::{agent, xnode};
-use crate::{log, wgkey};
+use crate::{bgp, log, wgkey};
 
 /// How long `--once --kubernetes` waits for the first list of Nodes.
 const ONCE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -95,6 +95,10 @@ pub struct RunArgs {
     /// How often the cluster file is checked for changes.
     #[arg(long, value_name = "MS", default_value_t = 500)]
     pub poll_ms: u64,
+    /// With "backend": "bgp": the BIRD 2 daemon to run (Debian's bird2;
+    /// the DaemonSet image has it).
+    #[arg(long, value_name = "PATH", default_value = "bird")]
+    pub bird: PathBuf,
     /// A full reconcile against the kernel at least this often, changed
     /// file or not: entries someone removed come back.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
@@ -156,8 +160,20 @@ pub fn run(args: RunArgs) -> ExitCode {
             };
         let mut last_full = Instant::now();
         let mut first = true;
+        let mut speaker = bgp::Speaker::new(&args.state_dir, &args.bird);
+        let mut seen_bgp = Vec::new();
         loop {
-            let status = once(&mut *registry, &nl, &opts, &args.state_dir).await;
+            let status = once(
+                &mut *registry,
+                &nl,
+                &opts,
+                &args.state_dir,
+                (!args.once).then_some(&mut speaker),
+            )
+            .await;
+            if speaker.running() {
+                seen_bgp = bgp::fingerprint(&nl).await.unwrap_or_default();
+            }
             // A Kubernetes node without its Node or podCIDR yet waits for
             // them; a cluster file that lacks the node is a mistake.
             if args.once || (first && status == Some(EXIT_CONFIG_NODE) && !args.kubernetes) {
@@ -170,9 +186,16 @@ pub fn run(args: RunArgs) -> ExitCode {
             // Wait for a change of the file, the periodic resync, or the
             // end. Exiting flushes nothing: what is programmed stays, and
             // the next start reconciles from it.
+            // BIRD's table is read this often too: a route it learns is
+            // mirrored within this.
+            let tick = if speaker.running() {
+                args.poll_ms.min(BGP_POLL_MS)
+            } else {
+                args.poll_ms
+            };
             loop {
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(args.poll_ms)) => {}
+                    _ = tokio::time::sleep(Duration::from_millis(tick)) => {}
                     _ = term.recv() => {
                         log("SIGTERM: exiting, kernel state kept");
                         return ExitCode::SUCCESS;
@@ -189,11 +212,23 @@ pub fn run(args: RunArgs) -> ExitCode {
                 if last_full.elapsed() >= Duration::from_secs(args.resync_s) {
                     break;
                 }
+                if speaker.running() {
+                    for l in speaker.watch() {
+                        log(l);
+                    }
+                    let now = bgp::fingerprint(&nl).await.unwrap_or_default();
+                    if now != seen_bgp || !speaker.running() {
+                        break;
+                    }
+                }
             }
             last_full = Instant::now();
         }
     })
 }
+
+/// How often BIRD's table and sessions are looked at, at most.
+const BGP_POLL_MS: u64 = 100;
 
 /// Exit status for this node not being in the cluster (or not fitting it).
 const EXIT_CONFIG_NODE: u8 = 4;
@@ -278,6 +313,7 @@ async fn once(
     nl: &rcni_netlink::Netlink,
     opts: &agent::Options,
     state_dir: &std::path::Path,
+    speaker: Option<&mut bgp::Speaker>,
 ) -> Option<u8> {
     let cluster = match registry.load() {
         Ok(c) => c,
@@ -296,6 +332,9 @@ async fn once(
             return Some(EXIT_CONFIG_NODE);
         }
     };
+    if let Some(speaker) = speaker {
+        bgp_speaker(speaker, nl, &cluster, &opts.node).await;
+    }
     let t0 = Instant::now();
     match agent::reconcile(nl, &cluster, opts).await {
         Ok(report) => {
@@ -338,5 +377,40 @@ async fn once(
             log(e);
             Some(1)
         }
+    }
+}
+
+/// BIRD running with the cluster's sessions when the backend is bgp, and
+/// stopped (its table emptied) when it no longer is. Without `--once`
+/// only: a one-off run mirrors what BIRD's table holds.
+async fn bgp_speaker(
+    speaker: &mut bgp::Speaker,
+    nl: &rcni_netlink::Netlink,
+    cluster: &cluster::Cluster,
+    node: &str,
+) {
+    let me = cluster.node(node);
+    match (cluster.backend, me) {
+        (cluster::Backend::Bgp(_), Some(me)) => {
+            // A table that still holds routes is a restart: BIRD recovers
+            // (keeps them) until its sessions are back.
+            let recover =
+                !speaker.running() && !bgp::fingerprint(nl).await.unwrap_or_default().is_empty();
+            match speaker.ensure(cluster, me, recover) {
+                Ok(lines) => lines.into_iter().for_each(log),
+                Err(e) => log(format!("bgp: {e}")),
+            }
+        }
+        _ if speaker.running() => {
+            speaker.stop();
+            match bgp::flush(nl).await {
+                Ok(n) => log(format!(
+                    "bgp: BIRD stopped (backend {}), {n} routes of its table removed",
+                    cluster.backend.as_str()
+                )),
+                Err(e) => log(format!("bgp: BIRD stopped; its table: {e}")),
+            }
+        }
+        _ => {}
     }
 }

@@ -23,6 +23,29 @@ pub enum Backend {
     /// host-gw where the peer is on-link, VXLAN elsewhere (flannel's
     /// DirectRouting).
     Auto,
+    /// Routes learned over BGP (BIRD, as Calico), with Calico's
+    /// `vxlanMode` for the peers that are tunnelled anyway.
+    Bgp(VxlanMode),
+}
+
+/// Calico's `vxlanMode` with BGP: which peers go through the VXLAN device
+/// instead of the BGP-learned routes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VxlanMode {
+    Never,
+    /// Peers off the node's subnet (on-link peers are routed by BGP).
+    CrossSubnet,
+    Always,
+}
+
+impl VxlanMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VxlanMode::Never => "Never",
+            VxlanMode::CrossSubnet => "CrossSubnet",
+            VxlanMode::Always => "Always",
+        }
+    }
 }
 
 impl Backend {
@@ -31,12 +54,13 @@ impl Backend {
             Backend::Vxlan => "vxlan",
             Backend::HostGw => "host-gw",
             Backend::Auto => "auto",
+            Backend::Bgp(_) => "bgp",
         }
     }
 
     /// Whether the node needs its VXLAN device.
     pub fn uses_vxlan(self) -> bool {
-        self != Backend::HostGw
+        !matches!(self, Backend::HostGw | Backend::Bgp(VxlanMode::Never))
     }
 }
 
@@ -60,7 +84,31 @@ pub struct Node {
     /// The node's WireGuard public key (`"wireguardPublicKey"`, or its
     /// Node annotation); `None` until it is known.
     pub wireguard_key: Option<[u8; 32]>,
+    /// BGP: this node's AS when it differs from the cluster's (Calico's
+    /// per-node `asNumber`), and its own peers beside the cluster's.
+    pub bgp_as: Option<u32>,
+    pub bgp_peers: Vec<BgpPeer>,
 }
+
+/// A BGP neighbour (Calico's BGPPeer: `peerIP`, `asNumber`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BgpPeer {
+    pub ip: IpAddr,
+    pub as_number: u32,
+}
+
+/// `"backend": "bgp"`'s settings, in Calico's BGPConfiguration spelling.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BgpConf {
+    pub as_number: u32,
+    /// Every node peers with every other (iBGP full mesh); off, only the
+    /// listed peers (route reflectors, top-of-rack routers).
+    pub mesh: bool,
+    pub peers: Vec<BgpPeer>,
+}
+
+/// Calico's default AS.
+pub const DEFAULT_AS: u32 = 64512;
 
 /// How node-to-node pod traffic is protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +138,8 @@ pub struct Cluster {
     pub port: u16,
     pub encryption: Encryption,
     pub wireguard_port: u16,
+    /// Set with `Backend::Bgp` only.
+    pub bgp: Option<BgpConf>,
     pub nodes: Vec<Node>,
 }
 
@@ -143,6 +193,7 @@ pub struct NetConf {
     pub port: u16,
     pub encryption: Encryption,
     pub wireguard_port: u16,
+    pub bgp: Option<BgpConf>,
 }
 
 impl NetConf {
@@ -156,6 +207,7 @@ impl NetConf {
             port: self.port,
             encryption: self.encryption,
             wireguard_port: self.wireguard_port,
+            bgp: self.bgp.clone(),
             nodes,
         };
         check_unique(&cluster)?;
@@ -173,6 +225,7 @@ const NET_KEYS: &[&str] = &[
     "vni",
     "port",
     "wireguardPort",
+    "bgp",
 ];
 
 fn object(text: &str, what: &str) -> Result<Map<String, Value>, ClusterError> {
@@ -258,9 +311,10 @@ fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
             "vxlan" => Backend::Vxlan,
             "host-gw" => Backend::HostGw,
             "auto" => Backend::Auto,
+            "bgp" => Backend::Bgp(VxlanMode::Never),
             other => {
                 return Err(invalid(format!(
-                    "\"backend\": {other:?} is not one of \"vxlan\", \"host-gw\", \"auto\""
+                    "\"backend\": {other:?} is not one of \"vxlan\", \"host-gw\", \"auto\", \"bgp\""
                 )));
             }
         },
@@ -310,6 +364,19 @@ fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
             _ => return Err(invalid(format!("\"port\": {v} is not in 1..=65535"))),
         },
     };
+    let (backend, bgp) = match (backend, top.get("bgp")) {
+        (Backend::Bgp(_), v) => {
+            let (conf, mode) = bgp_conf(v.unwrap_or(&Value::Null))?;
+            (Backend::Bgp(mode), Some(conf))
+        }
+        (_, None) => (backend, None),
+        (b, Some(_)) => {
+            return Err(invalid(format!(
+                "\"bgp\" is for \"backend\": \"bgp\" (the backend is {:?})",
+                b.as_str()
+            )));
+        }
+    };
     if ebpf && encryption == Encryption::WireGuard {
         // The redirect would hand pod packets to the uplink or the VXLAN
         // device, around the WireGuard device: in the clear.
@@ -326,7 +393,120 @@ fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
         port,
         encryption,
         wireguard_port,
+        bgp,
     })
+}
+
+/// The `"bgp"` object (absent: every default).
+fn bgp_conf(v: &Value) -> Result<(BgpConf, VxlanMode), ClusterError> {
+    const KEYS: &[&str] = &["asNumber", "nodeToNodeMeshEnabled", "peers", "vxlanMode"];
+    let empty = Map::new();
+    let o = match v {
+        Value::Null => &empty,
+        Value::Object(o) => o,
+        v => return Err(invalid(format!("\"bgp\": expected an object, got {v}"))),
+    };
+    if let Some(k) = o.keys().find(|k| !KEYS.contains(&k.as_str())) {
+        return Err(invalid(format!(
+            "\"bgp\": unknown key {k:?} (known: {})",
+            KEYS.join(", ")
+        )));
+    }
+    let as_number = match o.get("asNumber") {
+        None => DEFAULT_AS,
+        Some(v) => as_number(v, "\"bgp\": \"asNumber\"")?,
+    };
+    let mesh = match o.get("nodeToNodeMeshEnabled") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(invalid(format!(
+                "\"bgp\": \"nodeToNodeMeshEnabled\": expected true or false, got {v}"
+            )));
+        }
+    };
+    let peers = match o.get("peers") {
+        None => Vec::new(),
+        Some(v) => bgp_peers(v, "\"bgp\": \"peers\"")?,
+    };
+    let mode = match o.get("vxlanMode") {
+        None => VxlanMode::Never,
+        Some(Value::String(s)) if s == "Never" => VxlanMode::Never,
+        Some(Value::String(s)) if s == "CrossSubnet" => VxlanMode::CrossSubnet,
+        Some(Value::String(s)) if s == "Always" => VxlanMode::Always,
+        Some(v) => {
+            return Err(invalid(format!(
+                "\"bgp\": \"vxlanMode\": {v} is not one of \"Never\", \"CrossSubnet\", \"Always\""
+            )));
+        }
+    };
+    Ok((
+        BgpConf {
+            as_number,
+            mesh,
+            peers,
+        },
+        mode,
+    ))
+}
+
+/// A 4-byte AS number (RFC 6793); 0 is reserved (RFC 7607).
+fn as_number(v: &Value, what: &str) -> Result<u32, ClusterError> {
+    // Calico's annotations and some tools write it as a string.
+    let n = match v {
+        Value::String(s) => s.parse::<u64>().ok(),
+        v => v.as_u64(),
+    };
+    match n {
+        Some(n) if (1..=u64::from(u32::MAX)).contains(&n) => Ok(n as u32),
+        _ => Err(invalid(format!(
+            "{what}: {v} is not an AS number (1..=4294967295)"
+        ))),
+    }
+}
+
+/// A list of `{"peerIP": ..., "asNumber": ...}`.
+pub fn bgp_peers(v: &Value, what: &str) -> Result<Vec<BgpPeer>, ClusterError> {
+    let Value::Array(a) = v else {
+        return Err(invalid(format!("{what}: expected an array, got {v}")));
+    };
+    let mut out = Vec::with_capacity(a.len());
+    for (i, p) in a.iter().enumerate() {
+        let at = format!("{what}[{i}]");
+        let Value::Object(o) = p else {
+            return Err(invalid(format!("{at}: expected an object, got {p}")));
+        };
+        if let Some(k) = o.keys().find(|k| *k != "peerIP" && *k != "asNumber") {
+            return Err(invalid(format!(
+                "{at}: unknown key {k:?} (known: peerIP, asNumber)"
+            )));
+        }
+        let ip = match o.get("peerIP") {
+            Some(Value::String(s)) => match s.parse::<IpAddr>() {
+                Ok(ip) if !ip.is_unspecified() && !ip.is_multicast() && !ip.is_loopback() => ip,
+                _ => {
+                    return Err(invalid(format!(
+                        "{at}: \"peerIP\": {s:?} is not a unicast IP address"
+                    )));
+                }
+            },
+            Some(v) => {
+                return Err(invalid(format!(
+                    "{at}: \"peerIP\": expected a string, got {v}"
+                )));
+            }
+            None => return Err(invalid(format!("{at}: \"peerIP\" is missing"))),
+        };
+        let as_number = match o.get("asNumber") {
+            Some(v) => as_number(v, &format!("{at}: \"asNumber\""))?,
+            None => return Err(invalid(format!("{at}: \"asNumber\" is missing"))),
+        };
+        if out.iter().any(|p: &BgpPeer| p.ip == ip) {
+            return Err(invalid(format!("{at}: peer {ip} is listed twice")));
+        }
+        out.push(BgpPeer { ip, as_number });
+    }
+    Ok(out)
 }
 
 fn cidr(v: &Value, what: &str) -> Result<IpNetwork, ClusterError> {
@@ -498,6 +678,14 @@ pub fn parse_node(
             )));
         }
     };
+    let bgp_as = o
+        .get("asNumber")
+        .map(|v| as_number(v, &format!("{at}: \"asNumber\"")))
+        .transpose()?;
+    let bgp_peers = match o.get("peers") {
+        None => Vec::new(),
+        Some(v) => bgp_peers(v, &format!("{at}: \"peers\""))?,
+    };
     let pod_cidr = pod_cidr.map(|(_, n)| n);
     let Some(pod_cidr) = pod_cidr else {
         return Err(match pod_cidr6 {
@@ -526,6 +714,8 @@ pub fn parse_node(
         vtep_mac: None,
         vtep_mac6: None,
         wireguard_key,
+        bgp_as,
+        bgp_peers,
     })
 }
 
@@ -537,6 +727,8 @@ fn node_keys(o: &Map<String, Value>, at: &str) -> Result<(), ClusterError> {
         "podCIDRs",
         "address6",
         "wireguardPublicKey",
+        "asNumber",
+        "peers",
     ];
     match o.keys().find(|k| !KEYS.contains(&k.as_str())) {
         Some(k) => Err(invalid(format!(

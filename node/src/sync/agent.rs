@@ -11,7 +11,8 @@ use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 use rcni_netlink::overlay::VxlanSpec;
 use rcni_netlink::{NUD_PERMANENT, Netlink};
 
-use crate::registry::cluster::{Cluster, Encryption, Node};
+use crate::bgp;
+use crate::registry::cluster::{Backend, Cluster, Encryption, Node};
 use crate::sync::desired::{self, Actual, Op, Uplink};
 
 use crate::install::conflist;
@@ -176,7 +177,7 @@ pub async fn reconcile(
         drop_vtep(
             nl,
             &desired::vtep_name(cluster.vni),
-            "backend host-gw",
+            &format!("backend {}", cluster.backend.as_str()),
             &mut report,
         )
         .await?;
@@ -219,7 +220,13 @@ pub async fn reconcile(
                 );
                 Some(ensure_vtep(nl, &spec, addr, &mut report).await?)
             } else {
-                drop_vtep(nl, &name6, "backend host-gw", &mut report).await?;
+                drop_vtep(
+                    nl,
+                    &name6,
+                    &format!("backend {}", cluster.backend.as_str()),
+                    &mut report,
+                )
+                .await?;
                 None
             };
             if !cluster.backend.uses_vxlan() {
@@ -344,8 +351,13 @@ async fn program(
     v6: bool,
     report: &mut Report,
 ) -> Result<Vec<desired::PeerEntries>, AgentError> {
-    let peers = desired::peers(cluster, me, uplink, vtep, v6);
+    let mut peers = desired::peers(cluster, me, uplink, vtep, v6);
     report.refused.extend(peers.refused);
+    if matches!(cluster.backend, Backend::Bgp(_)) && !cluster.nodes.is_empty() {
+        let learned = bgp::learned(nl, v6).await?;
+        let more = bgp::entries(cluster, me, &learned, &peers.entries);
+        peers.entries.extend(more);
+    }
     // The WireGuard device has no neighbour or FDB entries of ours.
     let tunnel = vtep.filter(|_| cluster.encryption != Encryption::WireGuard);
     let actual = read_actual(nl, tunnel, v6).await?;

@@ -9,7 +9,7 @@ use rcni_netlink::MacAddr;
 use rcni_netlink::overlay::{FdbEntry, OwnedRoute};
 use sha2::{Digest, Sha256};
 
-use crate::registry::cluster::{Backend, Cluster, Encryption, Node};
+use crate::registry::cluster::{Backend, Cluster, Encryption, Node, VxlanMode};
 use crate::wg;
 
 /// VXLAN's encapsulation: outer IPv4 (20) + UDP (8) + VXLAN (8) + inner
@@ -152,6 +152,8 @@ pub enum Via {
     Vxlan,
     HostGw,
     WireGuard,
+    /// A route BIRD learned over BGP, mirrored from its kernel table.
+    Bgp,
 }
 
 /// Everything the node programs for one remote node.
@@ -252,6 +254,10 @@ pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>, v
             }
             Backend::Auto if on_link => Via::HostGw,
             Backend::Auto => Via::Vxlan,
+            // The BGP-learned routes reach these (`bgp_entries`).
+            Backend::Bgp(VxlanMode::Never) => continue,
+            Backend::Bgp(VxlanMode::CrossSubnet) if on_link => continue,
+            Backend::Bgp(_) => Via::Vxlan,
         };
         let dst = f.pods;
         let e = match (via, vtep) {
@@ -278,7 +284,7 @@ pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>, v
                     .push(format!("node {:?}: no VXLAN device", n.name));
                 continue;
             }
-            (Via::WireGuard, _) => unreachable!("WireGuard peers are made above"),
+            (Via::WireGuard | Via::Bgp, _) => unreachable!("made elsewhere"),
             (Via::HostGw, _) => PeerEntries {
                 name: n.name.clone(),
                 via,

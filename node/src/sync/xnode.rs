@@ -37,7 +37,7 @@ pub fn hops(entries: &[PeerEntries], uplink_mtu: u32, vtep_mtu: u32) -> Vec<Hop>
         .iter()
         .filter_map(|e| {
             let mtu = match e.via {
-                Via::HostGw => uplink_mtu,
+                Via::HostGw | Via::Bgp => uplink_mtu,
                 Via::Vxlan => vtep_mtu,
                 Via::WireGuard => return None,
             };
