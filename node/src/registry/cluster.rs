@@ -845,6 +845,75 @@ mod tests {
     }
 
     #[test]
+    fn bgp_keys_in_calicos_spelling_with_per_node_overrides() {
+        let nodes = r#""nodes": [{"name": "a", "address": "192.168.1.1", "podCIDR": "10.244.1.0/24",
+                       "asNumber": "65101", "peers": [{"peerIP": "192.168.1.254", "asNumber": 65001}]}]"#;
+        let c = parse(&format!(
+            r#"{{"network": "10.244.0.0/16", "backend": "bgp", {nodes}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.backend, Backend::Bgp(VxlanMode::Never));
+        assert!(!c.backend.uses_vxlan());
+        assert_eq!(
+            c.bgp,
+            Some(BgpConf {
+                as_number: DEFAULT_AS,
+                mesh: true,
+                peers: vec![]
+            })
+        );
+        assert_eq!(c.nodes[0].bgp_as, Some(65101));
+        assert_eq!(c.nodes[0].bgp_peers[0].as_number, 65001);
+        let c = parse(&format!(
+            r#"{{"network": "10.244.0.0/16", "backend": "bgp", "bgp": {{"asNumber": 4200000000,
+                 "nodeToNodeMeshEnabled": false, "vxlanMode": "CrossSubnet",
+                 "peers": [{{"peerIP": "fd00::fe", "asNumber": 65001}}]}}, {nodes}}}"#
+        ))
+        .unwrap();
+        assert_eq!(c.backend, Backend::Bgp(VxlanMode::CrossSubnet));
+        assert!(c.backend.uses_vxlan());
+        let b = c.bgp.unwrap();
+        assert_eq!((b.as_number, b.mesh), (4_200_000_000, false));
+        assert_eq!(b.peers[0].ip.to_string(), "fd00::fe");
+        for (bad, says) in [
+            (r#""backend": "vxlan", "bgp": {}"#, "\"bgp\" is for"),
+            (
+                r#""backend": "bgp", "bgp": {"asNumber": 0}"#,
+                "not an AS number",
+            ),
+            (
+                r#""backend": "bgp", "bgp": {"asNumber": 4294967296}"#,
+                "not an AS number",
+            ),
+            (
+                r#""backend": "bgp", "bgp": {"vxlanMode": "always"}"#,
+                "\"vxlanMode\"",
+            ),
+            (
+                r#""backend": "bgp", "bgp": {"mesh": true}"#,
+                "unknown key \"mesh\"",
+            ),
+            (
+                r#""backend": "bgp", "bgp": {"peers": [{"peerIP": "224.0.0.1", "asNumber": 1}]}"#,
+                "not a unicast",
+            ),
+            (
+                r#""backend": "bgp", "bgp": {"peers": [{"peerIP": "192.0.2.1"}]}"#,
+                "\"asNumber\" is missing",
+            ),
+            (
+                r#""backend": "bgp", "bgp": {"peers": [{"peerIP": "192.0.2.1", "asNumber": 1}, {"peerIP": "192.0.2.1", "asNumber": 2}]}"#,
+                "listed twice",
+            ),
+        ] {
+            let m = err(&format!(
+                r#"{{"network": "10.244.0.0/16", {bad}, {nodes}}}"#
+            ));
+            assert!(m.contains(says), "{bad}: {m}");
+        }
+    }
+
+    #[test]
     fn defaults_and_fields() {
         let c = parse(&file("", TWO)).unwrap();
         assert_eq!(c.backend, Backend::Vxlan);
