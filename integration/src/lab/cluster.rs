@@ -102,6 +102,15 @@ impl ClusterNode {
         (pod, addr_of(&r, true))
     }
 
+    /// A pod of an IPv6-only node: its namespace and IPv6 address (it has
+    /// no IPv4 one).
+    pub fn pod6(&self, cid: &str) -> (TestNs, String) {
+        let (pod, r) = self.add_pod(cid);
+        let ips = rcni_testkit::result_ips(&r);
+        assert!(ips.iter().all(|a| a.contains(':')), "{r}");
+        (pod, addr_of(&r, false))
+    }
+
     /// A dual-stack pod: its namespace, IPv4 and IPv6 addresses.
     pub fn pod_dual(&self, cid: &str) -> (TestNs, String, String) {
         let (pod, r) = self.add_pod(cid);
@@ -233,6 +242,58 @@ impl Cluster {
         std::fs::write(&self.file, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
     }
 
+    /// An IPv6-only underlay: every node's eth0 keeps only
+    /// `fd5<s>::<i+1>/64` (its IPv4 address and routes go, so nothing can
+    /// fall back to IPv4), the router holds `fd5<s>::fe` on each subnet's
+    /// bridge and routes IPv6 between them, and is each node's default
+    /// route. Node i on subnet 0 has `add_ipv6`'s `fd50::<i+1>`.
+    pub fn make_v6only(&self) {
+        let mut subnets = BTreeSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            // The subnet index from the IPv4 address `Cluster::new` gave.
+            let v4 = self.address(i);
+            let s = (v4.split('.').nth(2).unwrap().parse::<usize>().unwrap() - 50) / 10;
+            subnets.insert(s);
+            ip(&n.ns.ns, "-4 addr flush dev eth0");
+            ip(
+                &n.ns.ns,
+                &format!("addr add fd5{s}::{}/64 dev eth0 nodad", i + 1),
+            );
+            ip(&n.ns.ns, &format!("-6 route add default via fd5{s}::fe"));
+        }
+        for s in subnets {
+            ip(
+                &self.router.ns,
+                &format!("addr add fd5{s}::fe/64 dev ul{s} nodad"),
+            );
+        }
+        rcni_netlink::sysctl::set(&self.router.ns, "net.ipv6.conf.all.forwarding", "1").unwrap();
+    }
+
+    /// An IPv6-only cluster file (after [`Cluster::make_v6only`]): an IPv6
+    /// `"network"` `fd00::/48` alone, node i at its IPv6 `"address"` with
+    /// `"podCIDR"` `fd00:0:0:<i+1>::/64`, no IPv4 anywhere.
+    pub fn write_v6only(&self, backend: &str, which: &[usize]) {
+        self.write_v6only_with(backend, which, json!({}));
+    }
+
+    pub fn write_v6only_with(&self, backend: &str, which: &[usize], extra: Value) {
+        let nodes: Vec<Value> = which
+            .iter()
+            .map(|&i| {
+                json!({"name": self.nodes[i].name, "address": self.address(i),
+                       "podCIDR": format!("fd00:0:0:{}::/64", i + 1)})
+            })
+            .collect();
+        let mut c = json!({"network": "fd00::/48", "backend": backend, "nodes": nodes});
+        for (k, v) in extra.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        std::fs::write(&self.file, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
+    }
+
+    /// Node i's first global address on eth0 (IPv4, or its IPv6 one on an
+    /// IPv6-only underlay).
     pub fn address(&self, i: usize) -> String {
         addrs_of(&self.nodes[i].ns.ns, "eth0")[0]
             .split('/')
