@@ -24,7 +24,7 @@ use rcni_netlink::MacAddr;
 use serde_json::{Value, json};
 
 use crate::registry::Registry;
-use crate::registry::cluster::{Cluster, ClusterError, NetConf, Node};
+use crate::registry::cluster::{Backend, Cluster, ClusterError, NetConf, Node};
 use crate::sync::desired;
 
 /// The node's public address as it publishes it (peers send to it).
@@ -36,6 +36,13 @@ pub const ANN_PUBLIC_IP_OVERWRITE: &str = "rcni.io/public-ip-overwrite";
 pub const ANN_VTEP_MAC: &str = "rcni.io/vtep-mac";
 pub const ANN_VTEP_MAC6: &str = "rcni.io/vtep-mac6";
 pub const ANN_BACKEND: &str = "rcni.io/backend";
+/// Set by the admin, as Calico's per-node BGP settings: the node's AS
+/// (`"65101"`) and its own peers (`[{"peerIP": "...", "asNumber": N}]`).
+pub const ANN_BGP_AS_NUMBER: &str = "rcni.io/bgp-as-number";
+pub const ANN_BGP_PEERS: &str = "rcni.io/bgp-peers";
+/// Published with backend bgp: the addresses the node's BGP sessions use
+/// (IPv4, then IPv6, comma-separated), as Calico's `projectcalico.org/IPv4Address`.
+pub const ANN_BGP_ADDRESS: &str = "rcni.io/bgp-address";
 /// The node's WireGuard public key (base64), when the cluster encrypts.
 pub const ANN_WIREGUARD_KEY: &str = "rcni.io/wireguard-public-key";
 
@@ -354,6 +361,14 @@ fn node_of(net: &NetConf, name: &str, s: &Seen, own: bool) -> Result<Node, Strin
     {
         o["address6"] = json!(a6.to_string());
     }
+    if let Some(v) = ann(s, &[ANN_BGP_AS_NUMBER]) {
+        o["asNumber"] = json!(v);
+    }
+    if let Some(v) = ann(s, &[ANN_BGP_PEERS]) {
+        o["peers"] = serde_json::from_str(v).map_err(|e| {
+            format!("Node {name:?}: annotation {ANN_BGP_PEERS}: {v:?} is not JSON ({e})")
+        })?;
+    }
     let mut n = crate::registry::cluster::parse_node("Kubernetes Node", &o, net.network, net.network6)
         .map_err(|e| {
             let m = e.to_string();
@@ -397,8 +412,22 @@ fn wanted(
     }
     let (a, a6) = own_addresses(s);
     w.insert(ANN_BACKEND.to_string(), net.backend.as_str().to_string());
-    if let Some(a) = a {
-        w.insert(ANN_PUBLIC_IP.to_string(), a);
+    if let Some(a) = &a {
+        w.insert(ANN_PUBLIC_IP.to_string(), a.clone());
+    }
+    if matches!(net.backend, Backend::Bgp(_)) {
+        let both: Vec<String> = a
+            .iter()
+            .cloned()
+            .chain(
+                a6.iter()
+                    .filter(|_| net.network6.is_some())
+                    .map(|a6| a6.to_string()),
+            )
+            .collect();
+        if !both.is_empty() {
+            w.insert(ANN_BGP_ADDRESS.to_string(), both.join(","));
+        }
     }
     if net.backend.uses_vxlan() {
         w.insert(

@@ -391,6 +391,45 @@ fn wireguard_keys_published_and_read_from_annotations() {
 }
 
 #[test]
+fn bgp_overrides_come_from_annotations_and_the_bgp_address_is_published() {
+    let n = parse_net_conf(r#"{"network": "10.244.0.0/16", "backend": "bgp"}"#).unwrap();
+    let s = seen(&knode(
+        "n1",
+        "192.168.50.1",
+        Some("10.244.1.0/24"),
+        &[
+            (ANN_BGP_AS_NUMBER, "65101"),
+            (
+                ANN_BGP_PEERS,
+                r#"[{"peerIP": "192.168.50.254", "asNumber": 65001}]"#,
+            ),
+        ],
+    ));
+    let me = node_of(&n, "n1", &s, true).unwrap();
+    assert_eq!(me.bgp_as, Some(65101));
+    assert_eq!(me.bgp_peers.len(), 1);
+    assert_eq!(me.bgp_peers[0].ip.to_string(), "192.168.50.254");
+    let p = patch_for(&n, "n1", &s, None).unwrap();
+    assert_eq!(
+        p["metadata"]["annotations"][ANN_BGP_ADDRESS],
+        "192.168.50.1"
+    );
+    assert_eq!(p["metadata"]["annotations"][ANN_BACKEND], "bgp");
+    for bad in [
+        (ANN_BGP_PEERS, "not json"),
+        (ANN_BGP_PEERS, r#"[{"peerIP": "x", "asNumber": 1}]"#),
+        (ANN_BGP_AS_NUMBER, "AS65101"),
+    ] {
+        let s = seen(&knode("n2", "192.168.50.2", Some("10.244.2.0/24"), &[bad]));
+        let e = node_of(&n, "n2", &s, false).unwrap_err();
+        assert!(
+            e.contains(bad.0) || e.contains("peerIP") || e.contains("asNumber"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
 fn a_conflicting_peer_is_skipped_not_the_cluster() {
     with_api(async |api, kc| {
         api.put(&knode("n1", "192.168.50.1", Some("10.244.1.0/24"), &[]));
