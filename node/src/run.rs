@@ -402,11 +402,14 @@ async fn bgp_speaker(
             }
         }
         _ if speaker.running() => {
-            speaker.stop();
+            speaker.withdraw();
+            let why = match me {
+                None => format!("node {node:?} left the cluster"),
+                Some(_) => format!("backend {}", cluster.backend.as_str()),
+            };
             match bgp::flush(nl).await {
                 Ok(n) => log(format!(
-                    "bgp: BIRD stopped (backend {}), {n} routes of its table removed",
-                    cluster.backend.as_str()
+                    "bgp: BIRD shut down, routes withdrawn at the peers ({why}); {n} routes of its table removed"
                 )),
                 Err(e) => log(format!("bgp: BIRD stopped; its table: {e}")),
             }

@@ -299,7 +299,26 @@ impl Speaker {
         self.sessions.values().cloned().collect()
     }
 
-    /// Stops BIRD (the backend is no longer bgp).
+    /// Shuts BIRD down cleanly: every peer gets a Cease and withdraws this
+    /// node's routes at once (the node left the cluster, or the backend
+    /// is no longer bgp), instead of keeping them for the Restart Time.
+    pub fn withdraw(&mut self) {
+        if self.child.is_some() {
+            let _ = control::command(&self.socket(), "down", CONTROL_TIMEOUT);
+            for _ in 0..250 {
+                let mut log = Vec::new();
+                self.reap(&mut log);
+                if self.child.is_none() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.stop();
+    }
+
+    /// Kills BIRD: to the peers a lost session, whose routes they keep
+    /// for the Restart Time (graceful restart).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
