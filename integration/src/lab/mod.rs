@@ -2,13 +2,15 @@
 //! node with pods on one bridge ([`Node`]), a node on a LAN with a client
 //! and chained meta plugins ([`chain`]), a cluster of nodes on an underlay
 //! behind a router ([`cluster`]) and the stand-in Kubernetes API its
-//! agents can read ([`kube`]), dnsmasq and the DHCP daemon ([`dhcp`]), a
-//! node with two networks ([`multinet`]); and the traffic the tests send
-//! between their pods ([`traffic`]).
+//! agents can read ([`kube`]), racks of nodes behind top-of-rack routers
+//! running BIRD for the BGP backend ([`fabric`]), dnsmasq and the DHCP
+//! daemon ([`dhcp`]), a node with two networks ([`multinet`]); and the
+//! traffic the tests send between their pods ([`traffic`]).
 
 pub mod chain;
 pub mod cluster;
 pub mod dhcp;
+pub mod fabric;
 pub mod kube;
 pub mod multinet;
 mod node;
