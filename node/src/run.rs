@@ -161,8 +161,11 @@ pub fn run(args: RunArgs) -> ExitCode {
         let mut last_full = Instant::now();
         let mut first = true;
         let mut speaker = bgp::Speaker::new(&args.state_dir, &args.bird);
-        let mut seen_bgp = Vec::new();
+        let mut seen_bgp;
         loop {
+            // Read before the reconcile: a route BIRD adds while it runs
+            // differs from this, and makes the next one.
+            seen_bgp = bgp::fingerprint(&nl).await.unwrap_or_default();
             let status = once(
                 &mut *registry,
                 &nl,
@@ -171,9 +174,6 @@ pub fn run(args: RunArgs) -> ExitCode {
                 (!args.once).then_some(&mut speaker),
             )
             .await;
-            if speaker.running() {
-                seen_bgp = bgp::fingerprint(&nl).await.unwrap_or_default();
-            }
             // A Kubernetes node without its Node or podCIDR yet waits for
             // them; a cluster file that lacks the node is a mistake.
             if args.once || (first && status == Some(EXIT_CONFIG_NODE) && !args.kubernetes) {

@@ -173,10 +173,26 @@ pub fn render(p: &Plan) -> String {
          log stderr {{ info, remote, warning, error, auth, fatal, bug }};\n\
          router id {};\n\
          graceful restart wait {RECOVERY_WAIT_S};\n\
-         protocol device {{ scan time 10; }}\n\
-         # Connected routes: next hops of peers are resolved through them.\n\
-         protocol direct {{ ipv4; ipv6; }}",
+         protocol device {{ scan time 10; }}",
         p.router_id
+    );
+    // Connected routes resolve the peers' next hops; those inside the pod
+    // network (the pods' bridge holds the node's subnet) stay out: a
+    // connected route is preferred to the static one, and would take the
+    // announcement's place.
+    let direct = |v6: bool| {
+        let net = set(&p.networks, v6, true);
+        if net.is_empty() {
+            "import all".to_string()
+        } else {
+            format!("import where !(net ~ [ {net} ])")
+        }
+    };
+    let _ = writeln!(
+        c,
+        "protocol direct {{\n  ipv4 {{ {}; }};\n  ipv6 {{ {}; }};\n}}",
+        direct(false),
+        direct(true)
     );
     for v6 in [false, true] {
         let (fam, tag) = if v6 { ("ipv6", "6") } else { ("ipv4", "4") };
@@ -335,6 +351,7 @@ mod tests {
             "if net ~ [ fd00::/48{48,128} ] then accept;",
             "if net ~ [ 10.244.1.0/24 ] then reject;",
             "kernel table 252;",
+            "ipv4 { import where !(net ~ [ 10.244.0.0/16{16,32} ]); };",
             "neighbor 192.168.50.2 as 65002;",
             "graceful restart on;",
         ] {
