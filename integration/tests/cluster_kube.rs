@@ -243,3 +243,121 @@ fn kubernetes_once_and_a_node_without_a_pod_subnet() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("\"nodes\" does not belong"), "{err}");
 }
+
+const TO_REMOTE: &str = "redirected to another node";
+const FROM_REMOTE: &str = "redirected from another node";
+
+/// `"backend": "bgp"` from the net-conf, with a per-node AS from a Node
+/// annotation: the agents run BIRD in a full mesh (n3 over eBGP, AS 65003),
+/// mirror what it learns into the main table, publish their BGP address,
+/// and feed the eBPF datapath's other-node map from the learned routes.
+#[test]
+fn bgp_from_the_net_conf_and_node_annotations_with_ebpf() {
+    use k8s_openapi::api::core::v1::Node as KNode;
+    let c = Cluster::new(&[0, 0, 0]);
+    let k = KubeApi::new(
+        &c,
+        r#"{"network": "10.244.0.0/16", "backend": "bgp", "ebpf": true,
+            "bgp": {"asNumber": 64512}}"#,
+    );
+    let api = &k.api;
+    for i in 0..3 {
+        let mut n = knode(
+            &c.nodes[i].name,
+            &c.address(i),
+            &format!("10.244.{}.0/24", i + 1),
+        );
+        if i == 2 {
+            n.metadata.annotations = Some(
+                [("rcni.io/bgp-as-number".to_string(), "65003".to_string())]
+                    .into_iter()
+                    .collect(),
+            );
+        }
+        api.put(&n);
+    }
+    let logs: Vec<PathBuf> = c
+        .nodes
+        .iter()
+        .map(|n| n.dir.path().join("agent.log"))
+        .collect();
+    let _agents: Vec<Agent> = c
+        .nodes
+        .iter()
+        .zip(&logs)
+        .map(|(n, log)| {
+            let mut cmd = k.agent_command(n);
+            cmd.args(["--node", &n.name])
+                .arg("--bpf-pin-root")
+                .arg(n.bpffs.path())
+                .stderr(std::fs::File::create(log).unwrap());
+            Agent(cmd.spawn().unwrap())
+        })
+        .collect();
+    let log_of = |i: usize| std::fs::read_to_string(&logs[i]).unwrap_or_default();
+    let birdc = |i: usize, what: &str| {
+        let out = command_in(&c.nodes[i].ns.ns, "birdc")
+            .arg("-s")
+            .arg(c.nodes[i].dir.path().join("state/bird/bird.ctl"))
+            .args(what.split(' '))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for (i, n) in c.nodes.iter().enumerate() {
+        let want: std::collections::BTreeSet<String> = (0..3)
+            .filter(|&j| j != i)
+            .map(|j| format!("10.244.{}.0/24 via {}", j + 1, c.address(j)))
+            .collect();
+        assert!(
+            poll(SETTLE, || n.entries().2 == want),
+            "{}: routes {:?}, want {want:?}; log:\n{}\n{}\n{}",
+            n.name,
+            n.entries().2,
+            log_of(i),
+            birdc(i, "show protocols all"),
+            birdc(i, "show route all")
+        );
+        // No tunnel: BGP routes only.
+        assert!(
+            rcni_integration::link_names(&n.ns.ns)
+                .iter()
+                .all(|l| l != VTEP),
+            "{}",
+            n.name
+        );
+    }
+    // n3's sessions are eBGP: its AS came from its annotation.
+    let conf = std::fs::read_to_string(c.nodes[0].dir.path().join("state/bird/bird.conf")).unwrap();
+    assert!(
+        conf.contains(&format!("neighbor {} as 65003;", c.address(2))),
+        "{conf}"
+    );
+    for (i, n) in c.nodes.iter().enumerate() {
+        wait_for(SETTLE, &format!("{}'s bgp-address", n.name), || {
+            api.get::<KNode>(None, &n.name)
+                .and_then(|k| k.metadata.annotations)
+                .is_some_and(|a| a.get("rcni.io/bgp-address") == Some(&c.address(i)))
+        });
+    }
+    // The datapath's other-node map from the learned routes.
+    let map = c.nodes[0].remote_map();
+    assert!(
+        map.iter()
+            .any(|r| r.starts_with(&format!("10.244.2.0/24 via {} dev eth0", c.address(1)))),
+        "{map:?}"
+    );
+    let (p1, a1) = c.nodes[0].pod("p1");
+    let (p3, a3) = c.nodes[2].pod("p3");
+    assert!(
+        ping(&p1.ns, &a3),
+        "ping {a3}\n{}\n{}\n{}",
+        log_of(0),
+        birdc(0, "show protocols all node_n3"),
+        birdc(0, "show route all")
+    );
+    assert!(ping(&p3.ns, &a1), "ping {a1}");
+    // Forwarded by the datapath, not the bridge.
+    assert!(c.nodes[0].verdict(TO_REMOTE) > 0, "{map:?}");
+    assert!(c.nodes[2].verdict(FROM_REMOTE) > 0);
+}
