@@ -124,9 +124,13 @@ pub fn plan(cluster: &Cluster, me: &Node) -> Plan {
             IpAddr::V6(_) => me.address6.map(IpAddr::V6),
         };
         let Some(local) = local else {
+            let key = if p.ip.is_ipv6() { "address6" } else { "address" };
             refused.push(format!(
-                "BGP peer {} (AS {}): this node has no {} address (\"address6\")",
-                p.ip, p.as_number, "IPv6"
+                "BGP peer {} (AS {}): node {:?} has no {} address (\"{key}\") to speak from",
+                p.ip,
+                p.as_number,
+                me.name,
+                super::family(p.ip)
             ));
             continue;
         };
