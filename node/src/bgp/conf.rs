@@ -271,7 +271,7 @@ pub fn render(p: &Plan) -> String {
                neighbor {} as {};\n  \
                graceful restart on;\n  \
                graceful restart time {RESTART_TIME_S};\n  \
-               connect delay time 1;\n  \
+               connect delay time 0;\n  \
                connect retry time 5;\n  \
                error wait time 1, 30;\n  \
                {fam} {{ import filter rcni_import{tag}; export filter rcni_export{tag}; }};\n\
