@@ -53,10 +53,20 @@ pub struct KubeApi {
 
 impl KubeApi {
     pub fn new(c: &Cluster, net_conf: &str) -> KubeApi {
+        KubeApi::listening(c, "192.168.50.254:0", net_conf)
+    }
+
+    /// [`KubeApi::new`] for an IPv6-only underlay
+    /// ([`Cluster::make_v6only`]): on the router's `fd50::fe`.
+    pub fn new_v6(c: &Cluster, net_conf: &str) -> KubeApi {
+        KubeApi::listening(c, "[fd50::fe]:0", net_conf)
+    }
+
+    fn listening(c: &Cluster, at: &'static str, net_conf: &str) -> KubeApi {
         let listener = c
             .router
             .ns
-            .run(|| std::net::TcpListener::bind("192.168.50.254:0").unwrap())
+            .run(move || std::net::TcpListener::bind(at).unwrap())
             .unwrap();
         let api = rcni_fakeapi::FakeApi::start(listener);
         let dir = tempfile::tempdir().unwrap();
