@@ -286,6 +286,9 @@ fn an_agent_killed_and_restarted_keeps_routes_and_streams_across_racks() {
     let (p1, _) = n1.pod("p1");
     let (p2, a2) = n2.pod("p2");
     let mut s = echo_stream(&p1.ns, &p2.ns, &a2);
+    // A lost path fails the test instead of blocking it.
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
     echo(&mut s);
     let r1 = rcni_routes(&n1.ns.ns);
     let r2 = rcni_routes(&n2.ns.ns);
@@ -293,6 +296,9 @@ fn an_agent_killed_and_restarted_keeps_routes_and_streams_across_racks() {
 
     let stop = AtomicBool::new(false);
     let missing = std::thread::scope(|sc| {
+        // The scope waits for the sampler: it must stop when an assertion
+        // below fails too.
+        let _stop = StopOnDrop(&stop);
         // Every 20 ms until the end: both nodes' routes to each other.
         let sampler = sc.spawn(|| {
             let mut missing = Vec::new();
@@ -321,26 +327,30 @@ fn an_agent_killed_and_restarted_keeps_routes_and_streams_across_racks() {
         });
         // Nothing runs on n1: its kernel keeps the learned routes (BIRD's
         // table and the agent's copy in main), the ToRs keep n1's.
+        let kept = || {
+            assert!(
+                table_routes(&n1.ns.ns, BIRD_TABLE)
+                    .iter()
+                    .any(|r| r.starts_with("10.244.2.0/24")),
+                "n1's BIRD table: {:?}",
+                table_routes(&n1.ns.ns, BIRD_TABLE)
+            );
+            for t in &f.tors {
+                assert!(
+                    t.pod_prefixes().contains("10.244.1.0/24"),
+                    "a ToR dropped n1's subnet (no graceful restart?):\n{}",
+                    t.birdc("show route")
+                );
+            }
+        };
+        kept();
         let mut echoed = 0;
         for _ in 0..10 {
             echo(&mut s);
             echoed += 4;
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        assert!(
-            table_routes(&n1.ns.ns, BIRD_TABLE)
-                .iter()
-                .any(|r| r.starts_with("10.244.2.0/24")),
-            "{:?}",
-            table_routes(&n1.ns.ns, BIRD_TABLE)
-        );
-        for t in &f.tors {
-            assert!(
-                t.pod_prefixes().contains("10.244.1.0/24"),
-                "{}",
-                t.birdc("show route")
-            );
-        }
+        kept();
 
         a[0] = Agent::start(n1, &f.file);
         f.tors[0].wait_established(&["n1"]);
@@ -365,6 +375,14 @@ fn an_agent_killed_and_restarted_keeps_routes_and_streams_across_racks() {
     );
     assert!(a[0].running(), "{}", a[0].log());
     assert_eq!(rcni_routes(&n1.ns.ns), r1);
+}
+
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }
 
 /// No router: the agents' iBGP full mesh on one L2 (the default), every
