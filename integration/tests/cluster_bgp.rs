@@ -28,6 +28,15 @@ fn agents(f: &Fabric, which: &[usize]) -> Vec<Agent> {
         .collect()
 }
 
+/// An [`echo_stream`] whose echoes fail the test when the path is lost
+/// instead of blocking it.
+fn stream(client: &NetNs, server: &NetNs, addr: &str) -> std::net::TcpStream {
+    let s = echo_stream(client, server, addr);
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    s
+}
+
 /// `ip route show table main`, both families, but link-local and
 /// multicast: what a test compares before and after.
 fn main_table(ns: &NetNs) -> BTreeSet<String> {
@@ -221,7 +230,7 @@ fn pods_across_racks_talk_over_routes_learned_from_the_tors() {
     for (from, to) in [(&p1, &a3), (&p3, &a1), (&p2, &a3), (&p3, &a2), (&p1, &a2)] {
         assert!(ping(&from.ns, to), "ping {to}\n{}", state(&f, &a));
     }
-    let mut s = echo_stream(&p1.ns, &p3.ns, &a3);
+    let mut s = stream(&p1.ns, &p3.ns, &a3);
     for _ in 0..20 {
         echo(&mut s);
     }
@@ -285,10 +294,7 @@ fn an_agent_killed_and_restarted_keeps_routes_and_streams_across_racks() {
     let (n1, n2) = (&f.nodes[0], &f.nodes[1]);
     let (p1, _) = n1.pod("p1");
     let (p2, a2) = n2.pod("p2");
-    let mut s = echo_stream(&p1.ns, &p2.ns, &a2);
-    // A lost path fails the test instead of blocking it.
-    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .unwrap();
+    let mut s = stream(&p1.ns, &p2.ns, &a2);
     echo(&mut s);
     let r1 = rcni_routes(&n1.ns.ns);
     let r2 = rcni_routes(&n2.ns.ns);
@@ -516,7 +522,7 @@ fn ipv6_pod_subnets_cross_the_fabric_over_ipv6_sessions() {
         assert!(ping6(&from.ns, to), "ping {to}\n{}", state(&f, &a));
     }
     assert!(ping(&p1.ns, &a3) && ping(&p3.ns, &a1));
-    let mut s = echo_stream(&p1.ns, &p3.ns, &b3);
+    let mut s = stream(&p1.ns, &p3.ns, &b3);
     echo(&mut s);
 }
 
