@@ -9,8 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rcni_integration::lab::cluster::{SETTLE, VTEP};
 use rcni_integration::lab::fabric::{
-    Agent, BIRD_TABLE, Bird, CONVERGE, Fabric, all_routes_text, birdc, node_as, node_bird_sock,
-    parse_prefixes, pod_cidr, rcni_prefixes, rcni_routes, table_routes, tor_address, tunnels,
+    Agent, BIRD_TABLE, Bird, CONVERGE, Fabric, Stack, all_routes_text, birdc, node_as,
+    node_bird_sock, parse_prefixes, pod_cidr, rcni_prefixes, rcni_routes, table_routes,
+    tor_address, tunnels,
 };
 use rcni_integration::lab::traffic::{echo, echo_stream, listen_ok, ping6, talks};
 use rcni_netns::NetNs;
@@ -63,7 +64,7 @@ fn main_table(ns: &NetNs) -> BTreeSet<String> {
 /// filtered by the ToR.
 #[test]
 fn the_fabric_carries_pod_prefixes_between_racks_without_any_agent() {
-    let f = Fabric::routed(&[0, 1], false);
+    let f = Fabric::routed(&[0, 1], Stack::V4);
     assert!(f.tors[0].prefixes_from("tor2").contains("192.168.60.0/24"));
     assert!(f.tors[1].prefixes_from("tor1").contains("192.168.50.0/24"));
 
@@ -177,7 +178,7 @@ fn ip_addr(ns: &NetNs, a: &str) {
 /// any tunnel.
 #[test]
 fn pods_across_racks_talk_over_routes_learned_from_the_tors() {
-    let f = Fabric::routed(&[0, 0, 1], false);
+    let f = Fabric::routed(&[0, 0, 1], Stack::V4);
     f.write(&[0, 1, 2], mesh_off());
     let before: Vec<BTreeSet<String>> = f.nodes.iter().map(|n| main_table(&n.ns.ns)).collect();
     let a = agents(&f, &[0, 1, 2]);
@@ -245,7 +246,7 @@ fn pods_across_racks_talk_over_routes_learned_from_the_tors() {
 /// other routes stay as they were.
 #[test]
 fn a_node_removed_from_the_cluster_file_is_withdrawn_from_the_fabric() {
-    let f = Fabric::routed(&[0, 0, 1], false);
+    let f = Fabric::routed(&[0, 0, 1], Stack::V4);
     f.write(&[0, 1, 2], mesh_off());
     let mut a = agents(&f, &[0, 1, 2]);
     f.wait_converged(&[0, 1, 2], &a);
@@ -287,7 +288,7 @@ fn a_node_removed_from_the_cluster_file_is_withdrawn_from_the_fabric() {
 /// its kernel while nothing runs, and the stream never breaks.
 #[test]
 fn an_agent_killed_and_restarted_keeps_routes_and_streams_across_racks() {
-    let f = Fabric::routed(&[0, 1], false);
+    let f = Fabric::routed(&[0, 1], Stack::V4);
     f.write(&[0, 1], mesh_off());
     let mut a = agents(&f, &[0, 1]);
     f.wait_converged(&[0, 1], &a);
@@ -443,7 +444,7 @@ fn the_full_mesh_on_one_l2_routes_via_the_nodes() {
 /// through the VXLAN device; BGP still announces everything.
 #[test]
 fn cross_subnet_tunnels_only_to_the_other_rack() {
-    let f = Fabric::routed(&[0, 0, 1], false);
+    let f = Fabric::routed(&[0, 0, 1], Stack::V4);
     // Underlay config, not the pods' path: VXLAN packets to the other
     // rack's node addresses need a route to its subnet, which a node
     // behind a ToR has as its default route.
@@ -496,7 +497,7 @@ fn cross_subnet_tunnels_only_to_the_other_rack() {
 /// subnets cross the fabric over them, IPv6 pods talk across racks.
 #[test]
 fn ipv6_pod_subnets_cross_the_fabric_over_ipv6_sessions() {
-    let f = Fabric::routed(&[0, 0, 1], true);
+    let f = Fabric::routed(&[0, 0, 1], Stack::Dual);
     f.write(&[0, 1, 2], mesh_off());
     let a = agents(&f, &[0, 1, 2]);
     f.wait_converged(&[0, 1, 2], &a);
@@ -532,7 +533,7 @@ fn ipv6_pod_subnets_cross_the_fabric_over_ipv6_sessions() {
 /// nothing of theirs reaches the kernel; the good peer's routes do.
 #[test]
 fn bad_peers_are_refused_and_good_routes_still_installed() {
-    let f = Fabric::routed(&[0, 1], false);
+    let f = Fabric::routed(&[0, 1], Stack::V4);
     let n1 = (f.address(0), node_as(0));
     let rogue = f.add_speaker(
         0,

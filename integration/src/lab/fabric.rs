@@ -291,10 +291,31 @@ filter fabric4 { if net ~ [ 10.244.0.0/16{16,32}, 192.168.50.0/24, 192.168.60.0/
 filter fabric6 { if net ~ [ fd00::/48{48,128}, fd50::/64, fd60::/64 ] then accept; reject; }
 ";
 
+/// The address families of a fabric's nodes (underlay and pods).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stack {
+    V4,
+    Dual,
+    /// No IPv4 on the nodes: IPv6 addresses, pod subnets and sessions only
+    /// (the ToRs keep theirs: the routers' business).
+    V6,
+}
+
+impl Stack {
+    pub fn v4(self) -> bool {
+        self != Stack::V6
+    }
+
+    pub fn v6(self) -> bool {
+        self != Stack::V4
+    }
+}
+
 /// A ToR's BIRD config: its rack subnet(s) from `direct`, learned routes
 /// into its kernel (it forwards the pods' traffic), eBGP to the other ToR
-/// (pods and rack subnets) and to each node of its rack (pods only).
-fn tor_conf(r: usize, racks: usize, nodes: &[usize], ipv6: bool) -> String {
+/// (pods and rack subnets) and to each node of its rack (pods only), in
+/// each family the nodes have.
+fn tor_conf(r: usize, racks: usize, nodes: &[usize], stack: Stack) -> String {
     let asn = tor_as(r);
     let mut c = format!(
         "log stderr all;
@@ -324,7 +345,7 @@ protocol bgp tor{o1}v6 from fabric {{
             oas = tor_as(o)
         );
     }
-    for &i in nodes {
+    for &i in nodes.iter().filter(|_| stack.v4()) {
         c += &format!(
             "protocol bgp n{n} from fabric {{
   local {me} as {asn}; neighbor {s}.{n} as {nas};
@@ -336,19 +357,19 @@ protocol bgp tor{o1}v6 from fabric {{
             s = subnet(r),
             nas = node_as(i)
         );
-        if ipv6 {
-            c += &format!(
-                "protocol bgp n{n}v6 from fabric {{
+    }
+    for &i in nodes.iter().filter(|_| stack.v6()) {
+        c += &format!(
+            "protocol bgp n{n}v6 from fabric {{
   local {me} as {asn}; neighbor {s}{n} as {nas};
   ipv6 {{ import filter pods6; export filter pods6; }};
 }}
 ",
-                n = i + 1,
-                me = tor_address(r, true),
-                s = subnet6(r),
-                nas = node_as(i)
-            );
-        }
+            n = i + 1,
+            me = tor_address(r, true),
+            s = subnet6(r),
+            nas = node_as(i)
+        );
     }
     c
 }
@@ -360,8 +381,8 @@ pub struct Fabric {
     pub nodes: Vec<ClusterNode>,
     /// The rack of each node.
     pub rack_of: Vec<usize>,
-    /// Dual-stack: the nodes have IPv6 underlay addresses and pod subnets.
-    pub ipv6: bool,
+    /// The nodes' families.
+    pub stack: Stack,
     /// Whether the ToRs run BIRD (false: the racks are switches).
     pub routed: bool,
     pub file: PathBuf,
@@ -371,18 +392,18 @@ pub struct Fabric {
 impl Fabric {
     /// Nodes `n1..` in racks `placement[i]` (0 or 1) behind ToRs running
     /// BIRD, the ToRs' sessions with each other established on return.
-    /// Node i is `<subnet>.<i+1>` (and `fdX0::<i+1>` with `ipv6`).
-    pub fn routed(placement: &[usize], ipv6: bool) -> Fabric {
-        Fabric::build(placement, ipv6, true)
+    /// Node i is `<subnet>.<i+1>` and/or `fdX0::<i+1>`, by `stack`.
+    pub fn routed(placement: &[usize], stack: Stack) -> Fabric {
+        Fabric::build(placement, stack, true)
     }
 
     /// `n` nodes on one L2, a switch and no router: what the agents' full
     /// mesh needs and all it has.
     pub fn one_l2(n: usize) -> Fabric {
-        Fabric::build(&vec![0; n], false, false)
+        Fabric::build(&vec![0; n], Stack::V4, false)
     }
 
-    fn build(placement: &[usize], ipv6: bool, routed: bool) -> Fabric {
+    fn build(placement: &[usize], stack: Stack, routed: bool) -> Fabric {
         let racks = placement.iter().max().map_or(1, |m| m + 1);
         assert!(racks <= 2, "one or two racks");
         let mut tors = Vec::new();
@@ -439,11 +460,13 @@ impl Fabric {
             ip(&tors[r].ns.ns, &format!("link set {port} master rack up"));
             ip(&ns.ns, "link set lo up");
             ip(&ns.ns, "link set eth0 up");
-            ip(
-                &ns.ns,
-                &format!("addr add {}.{}/24 dev eth0", subnet(r), i + 1),
-            );
-            if ipv6 {
+            if stack.v4() {
+                ip(
+                    &ns.ns,
+                    &format!("addr add {}.{}/24 dev eth0", subnet(r), i + 1),
+                );
+            }
+            if stack.v6() {
                 ip(
                     &ns.ns,
                     &format!("addr add {}{}/64 dev eth0 nodad", subnet6(r), i + 1),
@@ -461,7 +484,7 @@ impl Fabric {
                 let mine: Vec<usize> = (0..placement.len())
                     .filter(|&i| placement[i] == r)
                     .collect();
-                t.bird = Some(Bird::start(&t.ns.ns, &tor_conf(r, racks, &mine, ipv6)));
+                t.bird = Some(Bird::start(&t.ns.ns, &tor_conf(r, racks, &mine, stack)));
             }
             if racks == 2 {
                 tors[0].wait_established(&["tor2", "tor2v6"]);
@@ -474,7 +497,7 @@ impl Fabric {
             tors,
             nodes,
             rack_of: placement.to_vec(),
-            ipv6,
+            stack,
             routed,
             file,
             dir,
@@ -495,12 +518,14 @@ impl Fabric {
         &self.tors[self.rack_of[i]]
     }
 
-    /// Node i's `peers`: its ToR (over IPv4, and over IPv6 too when
-    /// dual-stack).
+    /// Node i's `peers`: its ToR, over each family the node has.
     pub fn tor_peers(&self, i: usize) -> Value {
         let r = self.rack_of[i];
-        let mut v = vec![json!({"peerIP": tor_address(r, false), "asNumber": tor_as(r)})];
-        if self.ipv6 {
+        let mut v = Vec::new();
+        if self.stack.v4() {
+            v.push(json!({"peerIP": tor_address(r, false), "asNumber": tor_as(r)}));
+        }
+        if self.stack.v6() {
             v.push(json!({"peerIP": tor_address(r, true), "asNumber": tor_as(r)}));
         }
         Value::Array(v)
@@ -518,13 +543,19 @@ impl Fabric {
         let nodes: Vec<Value> = which
             .iter()
             .map(|&i| {
-                let mut n = json!({"name": self.nodes[i].name, "address": self.address(i),
-                                   "podCIDR": pod_cidr(i)});
-                if self.ipv6 {
-                    n["address6"] = json!(self.address6(i));
-                    n["podCIDRs"] = json!([pod_cidr(i), pod_cidr6(i)]);
-                    n.as_object_mut().unwrap().remove("podCIDR");
-                }
+                let mut n = match self.stack {
+                    Stack::V4 => json!({"name": self.nodes[i].name, "address": self.address(i),
+                                        "podCIDR": pod_cidr(i)}),
+                    Stack::Dual => json!({"name": self.nodes[i].name,
+                                          "address": self.address(i),
+                                          "address6": self.address6(i),
+                                          "podCIDRs": [pod_cidr(i), pod_cidr6(i)]}),
+                    // IPv6-only: the IPv6 address and subnet in the keys
+                    // of an IPv4 cluster.
+                    Stack::V6 => json!({"name": self.nodes[i].name,
+                                        "address": self.address6(i),
+                                        "podCIDR": pod_cidr6(i)}),
+                };
                 if self.routed {
                     n["asNumber"] = json!(node_as(i));
                     n["peers"] = self.tor_peers(i);
@@ -535,18 +566,22 @@ impl Fabric {
             .collect();
         let mut c = json!({"network": "10.244.0.0/16", "backend": "bgp", "bgp": bgp,
                            "nodes": nodes});
-        if self.ipv6 {
-            c["network6"] = json!("fd00::/48");
+        match self.stack {
+            Stack::V4 => {}
+            Stack::Dual => c["network6"] = json!("fd00::/48"),
+            Stack::V6 => c["network"] = json!("fd00::/48"),
         }
         std::fs::write(&self.file, serde_json::to_vec_pretty(&c).unwrap()).unwrap();
     }
 
-    /// The pod prefixes of nodes `which` (IPv6 ones too when dual-stack).
+    /// The pod prefixes of nodes `which`, of each family they have.
     pub fn pod_prefixes(&self, which: &[usize]) -> BTreeSet<String> {
         let mut s = BTreeSet::new();
         for &i in which {
-            s.insert(pod_cidr(i));
-            if self.ipv6 {
+            if self.stack.v4() {
+                s.insert(pod_cidr(i));
+            }
+            if self.stack.v6() {
                 s.insert(pod_cidr6(i));
             }
         }
@@ -599,11 +634,13 @@ impl Fabric {
     pub fn add_default_routes(&self) {
         for (i, n) in self.nodes.iter().enumerate() {
             let r = self.rack_of[i];
-            ip(
-                &n.ns.ns,
-                &format!("route add default via {}", tor_address(r, false)),
-            );
-            if self.ipv6 {
+            if self.stack.v4() {
+                ip(
+                    &n.ns.ns,
+                    &format!("route add default via {}", tor_address(r, false)),
+                );
+            }
+            if self.stack.v6() {
                 ip(
                     &n.ns.ns,
                     &format!("-6 route add default via {}", tor_address(r, true)),
