@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rcni_integration::lab::cluster::{SETTLE, VTEP};
 use rcni_integration::lab::fabric::{
     Agent, BIRD_TABLE, Bird, CONVERGE, Fabric, Stack, all_routes_text, birdc, node_as,
-    node_bird_sock, parse_prefixes, pod_cidr, rcni_prefixes, rcni_routes, table_routes,
+    node_bird_sock, parse_prefixes, pod_cidr, pod_cidr6, rcni_prefixes, rcni_routes, table_routes,
     tor_address, tunnels,
 };
 use rcni_integration::lab::traffic::{echo, echo_stream, listen_ok, ping6, talks};
@@ -68,34 +68,8 @@ fn the_fabric_carries_pod_prefixes_between_racks_without_any_agent() {
     assert!(f.tors[0].prefixes_from("tor2").contains("192.168.60.0/24"));
     assert!(f.tors[1].prefixes_from("tor1").contains("192.168.50.0/24"));
 
-    // What an agent's BIRD does, by hand: announce the node's pod subnet
-    // to its ToR and install what it learns (and a bad prefix besides).
-    let stand_in = |i: usize, extra: &str| {
-        let n = &f.nodes[i];
-        let me = f.address(i);
-        let r = f.rack_of[i];
-        let conf = format!(
-            "log stderr all;
-router id {me};
-protocol device {{ }}
-protocol static {{ ipv4; route {} blackhole; {extra} }}
-protocol kernel {{ ipv4 {{ import none; export where source = RTS_BGP; }}; }}
-protocol bgp tor {{
-  local {me} as {}; neighbor {} as {};
-  connect delay time 1; connect retry time 1;
-  ipv4 {{ import all; export where source = RTS_STATIC; }};
-}}
-",
-            pod_cidr(i),
-            node_as(i),
-            tor_address(r, false),
-            f.tors[r].asn
-        );
-        ip_addr(&n.ns.ns, &format!("10.244.{}.1/32", i + 1));
-        Bird::start(&n.ns.ns, &conf)
-    };
-    let b1 = stand_in(0, "route 172.16.0.0/24 blackhole;");
-    let b2 = stand_in(1, "");
+    let b1 = stand_in(&f, 0, "route 172.16.0.0/24 blackhole;");
+    let b2 = stand_in(&f, 1, "");
     f.tors[0].wait_established(&["n1"]);
     f.tors[1].wait_established(&["n2"]);
     wait_for(CONVERGE, "n1's pod subnet on ToR 2", || {
@@ -133,6 +107,89 @@ protocol bgp tor {{
     });
     let out = command_in(&f.nodes[0].ns.ns, "ping")
         .args(["-c", "1", "-W", "2", "-I", "10.244.1.1", "10.244.2.1"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}\n{}", b1.log());
+}
+
+/// What an agent's BIRD does, by hand, on node i of a lab with no agent:
+/// announce the node's pod subnet (and `extra` static routes) to its ToR
+/// over the node's family, install what it learns; the pod subnet's first
+/// address on the node's lo.
+fn stand_in(f: &Fabric, i: usize, extra: &str) -> Bird {
+    let n = &f.nodes[i];
+    let r = f.rack_of[i];
+    let v6 = !f.stack.v4();
+    let (fam, me, cidr, tor, first) = if v6 {
+        let c = pod_cidr6(i);
+        let first = c.replace("::/64", "::1/128");
+        ("ipv6", f.address6(i), c, tor_address(r, true), first)
+    } else {
+        (
+            "ipv4",
+            f.address(i),
+            pod_cidr(i),
+            tor_address(r, false),
+            format!("10.244.{}.1/32", i + 1),
+        )
+    };
+    // A router ID is an IPv4 address even on an IPv6-only node.
+    let conf = format!(
+        "log stderr all;
+router id 10.0.0.{id};
+protocol device {{ }}
+protocol static {{ {fam}; route {cidr} blackhole; {extra} }}
+protocol kernel {{ {fam} {{ import none; export where source = RTS_BGP; }}; }}
+protocol bgp tor {{
+  local {me} as {nas}; neighbor {tor} as {tas};
+  connect delay time 1; connect retry time 1;
+  {fam} {{ import all; export where source = RTS_STATIC; }};
+}}
+",
+        id = i + 1,
+        nas = node_as(i),
+        tas = f.tors[r].asn
+    );
+    ip_addr(&n.ns.ns, &first);
+    Bird::start(&n.ns.ns, &conf)
+}
+
+/// The lab's IPv6-only fabric, with no agent: nodes without any IPv4
+/// address peer with their ToRs over IPv6, and pod prefixes and traffic
+/// cross the racks.
+#[test]
+fn the_ipv6_only_fabric_carries_pod_prefixes_without_any_agent() {
+    let f = Fabric::routed(&[0, 1], Stack::V6);
+    let b1 = stand_in(&f, 0, "");
+    let _b2 = stand_in(&f, 1, "");
+    f.tors[0].wait_established(&["n1v6"]);
+    assert!(!f.tors[0].protocols().contains_key("n1"));
+    wait_for(CONVERGE, "n1's pod subnet on ToR 2", || {
+        f.tors[1].pod_prefixes().contains("fd00:0:0:1::/64")
+    });
+    wait_for(CONVERGE, "the route on n2", || {
+        table_routes(&f.nodes[1].ns.ns, 254)
+            .iter()
+            .any(|r| r.starts_with("fd00:0:0:1::/64 via "))
+    });
+    wait_for(CONVERGE, "the route on n1", || {
+        table_routes(&f.nodes[0].ns.ns, 254)
+            .iter()
+            .any(|r| r.starts_with("fd00:0:0:2::/64 via "))
+    });
+    let routes = all_routes_text(&f.nodes[0].ns.ns);
+    assert!(!routes.contains("192.168."), "{routes}");
+    let out = command_in(&f.nodes[0].ns.ns, "ping")
+        .args([
+            "-6",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            "-I",
+            "fd00:0:0:1::1",
+            "fd00:0:0:2::1",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}\n{}", b1.log());
