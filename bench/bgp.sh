@@ -257,9 +257,10 @@ template bgp rrclient { local 192.168.50.254 as 64512; rr client; direct; $TIMER
 import json, sys
 r = json.load(open(sys.argv[1]))
 u, d = r["up"], r["down"]
-print(f"  rep: up {r['up_ms']:7.1f} ms (BIRD up {u['ctl']:.0f}, Established {u['est']:.0f}, "
-      f"at the sims {u['sims']:.0f}, table 252 {u['k252']:.0f}, main {u['main']:.0f})   "
-      f"down {r['down_ms']:6.1f} ms (session down {d.get('down', -1):.0f})   polls {r['polls']}")
+print(f"  up {r['up_ms']:6.1f} ms: BIRD started {u.get('started', -1):.0f}, answers {u['ctl']:.0f}, "
+      f"Established {u['est']:.0f}, at the sims {u['sims']:.0f}, table 252 {u['k252']:.0f}, "
+      f"main {u['main']:.0f}   down {r['down_ms']:5.1f} ms: file seen {d.get('changed', -1):.0f}, "
+      f"session down {d.get('down', -1):.0f}, BIRD gone {d.get('shut', -1):.0f}")
 PY
     echo "conv $n $(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); print(r["up_ms"], r["down_ms"])' "$d/rep$rep.json")" >>"$results"
     # Next rep from scratch: what the agent left in the kernel goes (an

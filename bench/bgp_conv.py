@@ -16,6 +16,10 @@ went:
   main     the N-1 routes in main with proto 0x52 (the agent's mirror)
   down     (withdrawal) the reflector sees the session leave Established
   gone     (withdrawal) the prefix in no simulated table
+and, from the agent's stderr (each line stamped as it arrives):
+  started  "bgp: BIRD started"
+  changed  (withdrawal) the agent saw the cluster file change
+  shut     (withdrawal) "bgp: BIRD shut down" (BIRD has exited)
 Prints one JSON object. The agent gets SIGTERM at the end (its routes are
 flushed by the caller).
 """
@@ -23,10 +27,12 @@ flushed by the caller).
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -96,12 +102,30 @@ def main():
 
     res = {"n": o.n}
     log = open(o.log, "ab")
+    stamps = {}
+    t1 = None
+
+    def reader(pipe, t0):
+        for raw in pipe:
+            now = time.monotonic()
+            log.write(raw)
+            log.flush()
+            line = raw.decode(errors="replace")
+            if "bgp: BIRD started" in line:
+                stamps.setdefault("started", now - t0)
+            elif t1 is not None and "changed" in line:
+                stamps.setdefault("changed", now - t1)
+            elif t1 is not None and "bgp: BIRD shut down" in line:
+                stamps.setdefault("shut", now - t1)
+
     t0 = time.monotonic()
-    agent = subprocess.Popen(cmd, stdout=log, stderr=log)
+    agent = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE)
+    th = threading.Thread(target=reader, args=(agent.stderr, t0), daemon=True)
+    th.start()
     seen = {}
     tick = o.poll_ms / 1000
     try:
-        while len(seen) < 5:
+        while len(seen) < 5:  # ctl, est, sims, k252, main
             now = time.monotonic() - t0
             if now > o.timeout:
                 res["error"] = f"up: not converged in {o.timeout} s (stages seen: {sorted(seen)})"
@@ -124,6 +148,8 @@ def main():
                 break
             nxt = t0 + now + tick
             time.sleep(max(0.0, nxt - time.monotonic()))
+        if "started" in stamps:
+            seen["started"] = stamps["started"]
         res["up"] = {k: round(v * 1000, 1) for k, v in seen.items()}
         if "error" not in res:
             res["up_ms"] = round(max(seen["sims"], seen["main"]) * 1000, 1)
@@ -132,6 +158,9 @@ def main():
             tmp = o.cluster + ".new"
             with open(o.cluster_without) as src, open(tmp, "w") as dst:
                 dst.write(src.read())
+            # Not right after the agent's pass that mirrored the routes:
+            # its next look at the file would always be one tick away.
+            time.sleep(random.uniform(0.2, 0.7))
             t1 = time.monotonic()
             os.rename(tmp, o.cluster)
             gone = {}
@@ -147,10 +176,16 @@ def main():
                     gone["gone"] = now
                 nxt = t1 + now + tick
                 time.sleep(max(0.0, nxt - time.monotonic()))
+            time.sleep(0.05)  # the agent's last lines
+            for k in ("changed", "shut"):
+                if k in stamps:
+                    gone[k] = stamps[k]
             res["down"] = {k: round(v * 1000, 1) for k, v in gone.items()}
             if "gone" in gone:
                 res["down_ms"] = round(gone["gone"] * 1000, 1)
     finally:
+        # (The loop that waits for the two withdrawal stages counts keys:
+        # the stamps join only after it.)
         if agent.poll() is None:
             agent.send_signal(signal.SIGTERM)
             try:
