@@ -41,7 +41,8 @@
 #                     [--only convergence|memory|traffic]
 #        (default: "3 100", 5 reps, 10 s (iperf3, the CPU window), 5000
 #        round trips, 3 rounds, the static release build installed into
-#        target/bench-bin by scripts/install)
+#        target/bench-bin by scripts/install). KEEP=1 keeps the temporary
+#        directory (BIRD configurations and logs, the agents' stderr).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nodes_list="3 100"
@@ -158,7 +159,12 @@ l2() {
 }
 
 # The timers are those of the agent's sessions (node/src/bgp/conf.rs), so
-# that neither side is the slow one by configuration.
+# that neither side is the slow one by configuration: the reflector retries
+# a refused connection about every second, so the node's session comes up
+# when the node's BIRD connects (its connect delay, 1 s: BIRD's floor,
+# jittered down to ~0.85 s) or the reflector retries, whichever is first.
+# A reflector on BIRD's default timers (connect delay 5 s, retry 120 s)
+# leaves it to the node: up ~1.04 s at N=100 (measured; see the README).
 TIMERS="connect delay time 1; connect retry time 5; error wait time 1, 30; graceful restart on;"
 
 # sim_conf FIRST LAST NEIGHBOUR: one BGP session per simulated node i in
