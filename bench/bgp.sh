@@ -37,7 +37,7 @@
 # removed on exit; every BIRD and agent runs with PR_SET_PDEATHSIG (setpriv)
 # and is killed with its namespace's processes; traffic only between them.
 # Usage: bench/bgp.sh [--nodes LIST] [--reps N] [--seconds N] [--rr N]
-#                     [--rounds N] [--bin-dir DIR]
+#                     [--rounds N] [--reflector-defaults] [--bin-dir DIR]
 #                     [--only convergence|memory|traffic]
 #        (default: "3 100", 5 reps, 10 s (iperf3, the CPU window), 5000
 #        round trips, 3 rounds, the static release build installed into
@@ -50,10 +50,11 @@ reps=5
 secs=10
 rr=5000
 rounds=3
+rr_defaults=0
 bin=
 only=
 usage() {
-  echo "usage: $0 [--nodes LIST] [--reps N] [--seconds N] [--rr N] [--rounds N] [--bin-dir DIR] [--only convergence|memory|traffic]" >&2
+  echo "usage: $0 [--nodes LIST] [--reps N] [--seconds N] [--rr N] [--rounds N] [--reflector-defaults] [--bin-dir DIR] [--only convergence|memory|traffic]" >&2
   exit 2
 }
 while [ $# -gt 0 ]; do
@@ -63,6 +64,7 @@ while [ $# -gt 0 ]; do
     --seconds) secs=$2; shift 2 ;;
     --rr) rr=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
+    --reflector-defaults) rr_defaults=1; shift ;;
     --bin-dir) bin=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     *) usage ;;
@@ -163,9 +165,11 @@ l2() {
 # a refused connection about every second, so the node's session comes up
 # when the node's BIRD connects (its connect delay, 1 s: BIRD's floor,
 # jittered down to ~0.85 s) or the reflector retries, whichever is first.
-# A reflector on BIRD's default timers (connect delay 5 s, retry 120 s)
-# leaves it to the node: up ~1.04 s at N=100 (measured; see the README).
+# A reflector on BIRD's default timers (connect delay 5 s, retry 120 s;
+# --reflector-defaults) leaves it to the node: up ~1.04 s at N=100.
 TIMERS="connect delay time 1; connect retry time 5; error wait time 1, 30; graceful restart on;"
+RR_TIMERS=$TIMERS
+[ "$rr_defaults" = 1 ] && RR_TIMERS="graceful restart on;"
 
 # sim_conf FIRST LAST NEIGHBOUR: one BGP session per simulated node i in
 # FIRST..LAST (local 192.168.50.i, router id the same, table t<i>,
@@ -226,7 +230,7 @@ convergence() {
 router id 192.168.50.254;
 protocol device { }
 protocol direct { ipv4; interface \"eth0\"; }
-template bgp rrclient { local 192.168.50.254 as 64512; rr client; direct; $TIMERS
+template bgp rrclient { local 192.168.50.254 as 64512; rr client; direct; $RR_TIMERS
   ipv4 { import all; export all; }; }"
   for ((i = 1; i <= n; i++)); do
     c+=$'\n'"protocol bgp c$i from rrclient { neighbor 192.168.50.$i as 64512; }"
@@ -244,7 +248,7 @@ template bgp rrclient { local 192.168.50.254 as 64512; rr client; direct; $TIMER
   local peers='[{"peerIP": "192.168.50.254", "asNumber": 64512}]'
   cluster_json "$n" false "$peers" 0 >"$d/with.json"
   cluster_json "$n" false "$peers" 1 >"$d/without.json"
-  echo "== convergence: N=$n ($((n - 1)) simulated), $reps reps; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "== convergence: N=$n ($((n - 1)) simulated), $reps reps, reflector timers: $RR_TIMERS; load: $(cut -d' ' -f1-3 /proc/loadavg)"
   for ((rep = 1; rep <= reps; rep++)); do
     cp "$d/with.json" "$d/cluster.json"
     rm -rf "$d/state"
