@@ -54,15 +54,15 @@ fn family_addr(n: &Node, v6: bool) -> Option<IpAddr> {
     if v6 {
         n.address6.filter(|_| n.pod_cidr6.is_some()).map(IpAddr::V6)
     } else {
-        Some(IpAddr::V4(n.address))
+        n.address.filter(|_| n.pod_cidr.is_some()).map(IpAddr::V4)
     }
 }
 
 /// The router ID: the node's IPv4 address, or, on a node without one, 32
 /// bits of a hash of its name (RFC 6286 only asks for uniqueness in the AS).
 pub fn router_id(me: &Node) -> Ipv4Addr {
-    if !me.address.is_unspecified() {
-        return me.address;
+    if let Some(a) = me.address {
+        return a;
     }
     let h = Sha256::digest(me.name.as_bytes());
     Ipv4Addr::new(h[0] | 1, h[1], h[2], h[3])
@@ -88,8 +88,8 @@ pub fn plan(cluster: &Cluster, me: &Node) -> Plan {
             peers: Vec::new(),
         });
     let my_as = me.bgp_as.unwrap_or(bgp.as_number);
-    let mut networks = vec![IpNetwork::V4(cluster.network)];
-    let mut own = vec![IpNetwork::V4(me.pod_cidr)];
+    let mut networks: Vec<IpNetwork> = cluster.network.map(IpNetwork::V4).into_iter().collect();
+    let mut own: Vec<IpNetwork> = me.pod_cidr.map(IpNetwork::V4).into_iter().collect();
     if let Some(n6) = cluster.network6 {
         networks.push(IpNetwork::V6(n6));
     }
@@ -120,7 +120,7 @@ pub fn plan(cluster: &Cluster, me: &Node) -> Plan {
             continue;
         }
         let local = match p.ip {
-            IpAddr::V4(_) => Some(IpAddr::V4(me.address)),
+            IpAddr::V4(_) => me.address.map(IpAddr::V4),
             IpAddr::V6(_) => me.address6.map(IpAddr::V6),
         };
         let Some(local) = local else {
@@ -369,7 +369,7 @@ mod tests {
     fn a_node_without_ipv4_gets_a_stable_router_id_from_its_name() {
         let c = cluster("");
         let mut me = c.node("n1").unwrap().clone();
-        me.address = Ipv4Addr::UNSPECIFIED;
+        me.address = None;
         let a = router_id(&me);
         assert_eq!(a, router_id(&me));
         assert!(!a.is_unspecified());

@@ -76,15 +76,16 @@ pub fn entries(
     taken: &[PeerEntries],
 ) -> Vec<PeerEntries> {
     let inside = |dst: &IpNetwork| match dst {
-        IpNetwork::V4(d) => {
-            cluster.network.contains(d.network()) && d.prefix() >= cluster.network.prefix()
-        }
+        IpNetwork::V4(d) => cluster
+            .network
+            .is_some_and(|n| n.contains(d.network()) && d.prefix() >= n.prefix()),
         IpNetwork::V6(d) => cluster
             .network6
             .is_some_and(|n| n.contains(d.network()) && d.prefix() >= n.prefix()),
     };
     let own = |dst: &IpNetwork| {
-        *dst == IpNetwork::V4(me.pod_cidr) || me.pod_cidr6.is_some_and(|p| *dst == IpNetwork::V6(p))
+        me.pod_cidr.is_some_and(|p| *dst == IpNetwork::V4(p))
+            || me.pod_cidr6.is_some_and(|p| *dst == IpNetwork::V6(p))
     };
     learned
         .iter()
@@ -92,7 +93,7 @@ pub fn entries(
         .filter(|r| !taken.iter().any(|t| t.route.dst == r.dst))
         .map(|r| {
             let owner = cluster.nodes.iter().find(|n| {
-                r.dst == IpNetwork::V4(n.pod_cidr)
+                n.pod_cidr.is_some_and(|p| r.dst == IpNetwork::V4(p))
                     || n.pod_cidr6.is_some_and(|p| r.dst == IpNetwork::V6(p))
             });
             PeerEntries {

@@ -39,16 +39,21 @@ impl PolicyPlugin {
 }
 
 /// A dual-stack node gets a second range (host-local gives the pod one
-/// address from each), and the bridge a default route per family.
+/// address from each), and the bridge a default route per family; an
+/// IPv6-only node (`pod_cidr` `None`) only the IPv6 range (the bridge then
+/// holds only the IPv6 gateway, the subnet's `::1`).
 pub fn render(
-    pod_cidr: Ipv4Network,
+    pod_cidr: Option<Ipv4Network>,
     pod_cidr6: Option<Ipv6Network>,
     mtu: u32,
     ipam_data_dir: Option<&Path>,
     policy: Option<&PolicyPlugin>,
     fastpath_pin_root: Option<&Path>,
 ) -> Value {
-    let mut ranges = vec![json!([{"subnet": pod_cidr.to_string()}])];
+    let mut ranges: Vec<Value> = pod_cidr
+        .map(|p| json!([{"subnet": p.to_string()}]))
+        .into_iter()
+        .collect();
     if let Some(p6) = pod_cidr6 {
         ranges.push(json!([{"subnet": p6.to_string()}]));
     }
@@ -104,7 +109,7 @@ mod tests {
     #[test]
     fn conflist_and_rewrite_only_on_change() {
         let c = render(
-            "10.244.1.0/24".parse().unwrap(),
+            Some("10.244.1.0/24".parse().unwrap()),
             None,
             1450,
             None,
@@ -122,7 +127,7 @@ mod tests {
             1
         );
         let d6 = render(
-            "10.244.1.0/24".parse().unwrap(),
+            Some("10.244.1.0/24".parse().unwrap()),
             Some("fd00:0:0:1::/64".parse().unwrap()),
             1430,
             None,
@@ -139,7 +144,7 @@ mod tests {
         assert!(write(&sub, &c).unwrap().1);
         assert!(!write(&sub, &c).unwrap().1);
         let c2 = render(
-            "10.244.1.0/24".parse().unwrap(),
+            Some("10.244.1.0/24".parse().unwrap()),
             None,
             1500,
             None,
@@ -155,6 +160,26 @@ mod tests {
     }
 
     #[test]
+    fn an_ipv6_only_node_gets_only_the_ipv6_range() {
+        let c = render(
+            None,
+            Some("fd00:0:0:1::/64".parse().unwrap()),
+            1430,
+            None,
+            None,
+            None,
+        );
+        let bridge = &c["plugins"][0];
+        assert_eq!(
+            bridge["ipam"]["ranges"],
+            json!([[{"subnet": "fd00:0:0:1::/64"}]])
+        );
+        assert_eq!(bridge["mtu"], 1430);
+        assert_eq!(bridge["isGateway"], true);
+        assert_eq!(bridge["isDefaultGateway"], true);
+    }
+
+    #[test]
     fn the_policy_plugin_follows_the_bridge() {
         let p = PolicyPlugin {
             policy_dir: "/run/rcni/policy.d".into(),
@@ -162,7 +187,7 @@ mod tests {
             data_dir: None,
         };
         let c = render(
-            "10.244.1.0/24".parse().unwrap(),
+            Some("10.244.1.0/24".parse().unwrap()),
             None,
             1450,
             None,

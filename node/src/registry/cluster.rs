@@ -67,10 +67,13 @@ impl Backend {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
     pub name: String,
-    /// The node's underlay address: the agent's uplink holds it, peers send
-    /// to it.
-    pub address: Ipv4Addr,
-    pub pod_cidr: Ipv4Network,
+    /// The node's IPv4 underlay address (the agent's uplink holds it, peers
+    /// send to it) and its IPv4 pod subnet. Both `None` on the nodes of an
+    /// IPv6-only cluster, whose IPv6 "address" and "podCIDR" are
+    /// `address6` and `pod_cidr6`: one IPv6 code path then serves
+    /// dual-stack and IPv6-only nodes, and the IPv4 one is skipped.
+    pub address: Option<Ipv4Addr>,
+    pub pod_cidr: Option<Ipv4Network>,
     /// Dual-stack: the node's IPv6 underlay address (peers' IPv6 pod
     /// traffic is sent to it) and its IPv6 pod subnet. Both or neither
     /// carry IPv6 pods.
@@ -88,6 +91,19 @@ pub struct Node {
     /// per-node `asNumber`), and its own peers beside the cluster's.
     pub bgp_as: Option<u32>,
     pub bgp_peers: Vec<BgpPeer>,
+}
+
+impl Node {
+    /// The node's underlay address: its IPv4 one, or an IPv6-only node's
+    /// IPv6 one (WireGuard's endpoint, the one address peers know it by).
+    pub fn underlay(&self) -> IpAddr {
+        match (self.address, self.address6) {
+            (Some(a), _) => IpAddr::V4(a),
+            (None, Some(a6)) => IpAddr::V6(a6),
+            // parse_node gives every node one or the other.
+            (None, None) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        }
+    }
 }
 
 /// A BGP neighbour (Calico's BGPPeer: `peerIP`, `asNumber`).
@@ -126,8 +142,10 @@ pub const DEFAULT_WIREGUARD_PORT: u16 = 51820;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
     /// The whole pod network: pod traffic to it is not masqueraded.
-    pub network: Ipv4Network,
-    /// Dual-stack: the cluster's IPv6 pod network.
+    /// `None`: an IPv6-only cluster (the file's IPv6 "network" is
+    /// `network6`).
+    pub network: Option<Ipv4Network>,
+    /// Dual-stack: the cluster's IPv6 pod network; IPv6-only: its only one.
     pub network6: Option<Ipv6Network>,
     pub backend: Backend,
     /// eBPF cross-node forwarding: the conflist gets the fastpath plugin,
@@ -146,6 +164,11 @@ pub struct Cluster {
 impl Cluster {
     pub fn node(&self, name: &str) -> Option<&Node> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// No IPv4 anywhere: an IPv6 "network" alone.
+    pub fn v6_only(&self) -> bool {
+        self.network.is_none()
     }
 }
 
@@ -185,7 +208,8 @@ const MAX_VNI: u32 = (1 << 24) - 1;
 /// (flannel's net-conf.json), the node list coming from Node objects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetConf {
-    pub network: Ipv4Network,
+    /// `None`: IPv6-only (see `Cluster::network`).
+    pub network: Option<Ipv4Network>,
     pub network6: Option<Ipv6Network>,
     pub backend: Backend,
     pub ebpf: bool,
@@ -287,14 +311,7 @@ pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
 fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
     let network = match top.get("network") {
         None => return Err(invalid("\"network\" is missing (e.g. \"10.244.0.0/16\")")),
-        Some(v) => match cidr(v, "\"network\"")? {
-            IpNetwork::V4(n) => n,
-            IpNetwork::V6(n) => {
-                return Err(ClusterError::NotImplemented(format!(
-                    "\"network\": {n}: IPv6-only clusters (dual-stack: an IPv4 \"network\" and an IPv6 \"network6\")"
-                )));
-            }
-        },
+        Some(v) => cidr(v, "\"network\"")?,
     };
     let network6 = match top.get("network6") {
         None => None,
@@ -304,6 +321,17 @@ fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
                 return Err(invalid(format!("\"network6\": {n} is not an IPv6 network")));
             }
         },
+    };
+    // An IPv6 "network" alone makes the cluster IPv6-only; dual-stack keeps
+    // its IPv4 "network" and adds "network6".
+    let (network, network6) = match (network, network6) {
+        (IpNetwork::V4(n), n6) => (Some(n), n6),
+        (IpNetwork::V6(n), None) => (None, Some(n)),
+        (IpNetwork::V6(n), Some(n6)) => {
+            return Err(invalid(format!(
+                "\"network6\": {n6} beside an IPv6 \"network\" {n}: \"network6\" is for dual-stack clusters (with an IPv4 \"network\"); an IPv6 \"network\" alone makes the cluster IPv6-only"
+            )));
+        }
     };
     let backend = match top.get("backend") {
         None => Backend::Vxlan,
@@ -531,7 +559,7 @@ fn cidr(v: &Value, what: &str) -> Result<IpNetwork, ClusterError> {
 pub fn parse_node(
     origin: &str,
     v: &Value,
-    network: Ipv4Network,
+    network: Option<Ipv4Network>,
     network6: Option<Ipv6Network>,
 ) -> Result<Node, ClusterError> {
     let Value::Object(o) = v else {
@@ -551,8 +579,29 @@ pub fn parse_node(
     let address = match o.get("address") {
         None => return Err(invalid(format!("{at}: \"address\" is missing"))),
         Some(Value::String(s)) => match s.parse::<IpAddr>() {
-            Ok(IpAddr::V4(a)) if !a.is_unspecified() && !a.is_multicast() && !a.is_broadcast() => a,
+            Ok(IpAddr::V4(_)) if network.is_none() => {
+                return Err(invalid(format!(
+                    "{at}: \"address\": {s:?} is IPv4 and the cluster is IPv6-only (an IPv6 \"network\"): the node's IPv6 address"
+                )));
+            }
+            Ok(IpAddr::V4(a)) if !a.is_unspecified() && !a.is_multicast() && !a.is_broadcast() => {
+                IpAddr::V4(a)
+            }
             Ok(IpAddr::V4(_)) => {
+                return Err(invalid(format!(
+                    "{at}: \"address\": {s:?} is not a unicast address"
+                )));
+            }
+            // IPv6-only: the node's underlay is IPv6.
+            Ok(IpAddr::V6(a))
+                if network.is_none()
+                    && !a.is_unspecified()
+                    && !a.is_multicast()
+                    && !a.is_loopback() =>
+            {
+                IpAddr::V6(a)
+            }
+            Ok(IpAddr::V6(_)) if network.is_none() => {
                 return Err(invalid(format!(
                     "{at}: \"address\": {s:?} is not a unicast address"
                 )));
@@ -576,6 +625,11 @@ pub fn parse_node(
     };
     let address6 = match o.get("address6") {
         None => None,
+        Some(_) if network.is_none() => {
+            return Err(invalid(format!(
+                "{at}: \"address6\" is for dual-stack clusters; in an IPv6-only cluster \"address\" is the node's IPv6 address"
+            )));
+        }
         Some(Value::String(s)) => match s.parse::<IpAddr>() {
             Ok(IpAddr::V6(a)) if !a.is_unspecified() && !a.is_multicast() && !a.is_loopback() => {
                 Some(a)
@@ -639,6 +693,25 @@ pub fn parse_node(
             },
         }
     }
+    // The node's two underlay fields: an IPv6-only node's one address is
+    // its `address6`.
+    let (address, address6) = match address {
+        IpAddr::V4(a) => (Some(a), address6),
+        IpAddr::V6(a) => (None, Some(a)),
+    };
+    if network.is_none()
+        && let Some((what, n)) = &pod_cidr
+    {
+        return Err(invalid(format!(
+            "{at}: {what}: {n} is IPv4 and the cluster is IPv6-only (an IPv6 \"network\" alone; dual-stack: an IPv4 \"network\" and \"network6\")"
+        )));
+    }
+    // Where the IPv6 pod network came from, for messages.
+    let net6_key = if network.is_none() {
+        "\"network\""
+    } else {
+        "\"network6\""
+    };
     let pod_cidr6 = match pod_cidr6 {
         None => None,
         Some((what, n)) => {
@@ -649,7 +722,7 @@ pub fn parse_node(
             };
             if !(n.prefix() >= network6.prefix() && network6.contains(n.network())) {
                 return Err(invalid(format!(
-                    "{at}: {what}: {n} is outside \"network6\" {network6}"
+                    "{at}: {what}: {n} is outside {net6_key} {network6}"
                 )));
             }
             if n.prefix() > 126 {
@@ -687,6 +760,24 @@ pub fn parse_node(
         Some(v) => bgp_peers(v, &format!("{at}: \"peers\""))?,
     };
     let pod_cidr = pod_cidr.map(|(_, n)| n);
+    let Some(network) = network else {
+        // IPv6-only: its IPv6 subnet is the node's one.
+        if pod_cidr6.is_none() {
+            return Err(invalid(format!("{at}: \"podCIDR\" is missing")));
+        }
+        return Ok(Node {
+            name,
+            address: None,
+            pod_cidr: None,
+            address6,
+            pod_cidr6,
+            vtep_mac: None,
+            vtep_mac6: None,
+            wireguard_key,
+            bgp_as,
+            bgp_peers,
+        });
+    };
     let Some(pod_cidr) = pod_cidr else {
         return Err(match pod_cidr6 {
             Some(_) => ClusterError::NotImplemented(format!(
@@ -708,7 +799,7 @@ pub fn parse_node(
     Ok(Node {
         name,
         address,
-        pod_cidr,
+        pod_cidr: Some(pod_cidr),
         address6,
         pod_cidr6,
         vtep_mac: None,
@@ -753,12 +844,20 @@ pub fn conflict(nodes: &[Node], n: &Node) -> Option<String> {
     nodes.iter().find_map(|o| {
         let why = if o.name == n.name {
             "the same name".to_string()
-        } else if o.address == n.address {
-            format!("the same address {}", n.address)
+        } else if let Some(a) = n.address.filter(|a| o.address == Some(*a)) {
+            format!("the same address {a}")
         } else if let Some(a6) = n.address6.filter(|a| o.address6 == Some(*a)) {
-            format!("the same address6 {a6}")
-        } else if o.pod_cidr.overlaps(n.pod_cidr) {
-            format!("overlapping pod subnets {} and {}", o.pod_cidr, n.pod_cidr)
+            // An IPv6-only node's "address" is its address6.
+            let key = if n.address.is_some() {
+                "address6"
+            } else {
+                "address"
+            };
+            format!("the same {key} {a6}")
+        } else if let (Some(a), Some(b)) = (o.pod_cidr, n.pod_cidr)
+            && a.overlaps(b)
+        {
+            format!("overlapping pod subnets {a} and {b}")
         } else if let (Some(a), Some(b)) = (o.pod_cidr6, n.pod_cidr6)
             && a.overlaps(b)
         {
@@ -780,31 +879,42 @@ fn check_unique(c: &Cluster) -> Result<(), ClusterError> {
                 n.name
             )));
         }
-        if let Some(other) = addrs.insert(IpAddr::V4(n.address), n.name.as_str()) {
+        if let Some(a) = n.address
+            && let Some(other) = addrs.insert(IpAddr::V4(a), n.name.as_str())
+        {
             return Err(invalid(format!(
-                "nodes {other:?} and {:?} have the same \"address\" {}",
-                n.name, n.address
+                "nodes {other:?} and {:?} have the same \"address\" {a}",
+                n.name
             )));
         }
         if let Some(a6) = n.address6
             && let Some(other) = addrs.insert(IpAddr::V6(a6), n.name.as_str())
         {
+            let key = if n.address.is_some() {
+                "address6"
+            } else {
+                "address"
+            };
             return Err(invalid(format!(
-                "nodes {other:?} and {:?} have the same \"address6\" {a6}",
+                "nodes {other:?} and {:?} have the same \"{key}\" {a6}",
                 n.name
             )));
         }
     }
     // Sorted by first address, two CIDRs overlap only if one contains the
     // next: a neighbour check finds every overlap in O(n log n).
-    let mut by_start: Vec<&Node> = c.nodes.iter().collect();
-    by_start.sort_by_key(|n| (u32::from(n.pod_cidr.network()), n.pod_cidr.prefix()));
+    let mut by_start: Vec<(&Node, Ipv4Network)> = c
+        .nodes
+        .iter()
+        .filter_map(|n| n.pod_cidr.map(|p| (n, p)))
+        .collect();
+    by_start.sort_by_key(|(_, p)| (u32::from(p.network()), p.prefix()));
     for w in by_start.windows(2) {
-        let (a, b) = (w[0], w[1]);
-        if u32::from(a.pod_cidr.broadcast()) >= u32::from(b.pod_cidr.network()) {
+        let ((a, pa), (b, pb)) = (w[0], w[1]);
+        if u32::from(pa.broadcast()) >= u32::from(pb.network()) {
             return Err(invalid(format!(
-                "nodes {:?} and {:?} have overlapping \"podCIDR\"s {} and {}",
-                a.name, b.name, a.pod_cidr, b.pod_cidr
+                "nodes {:?} and {:?} have overlapping \"podCIDR\"s {pa} and {pb}",
+                a.name, b.name
             )));
         }
     }
@@ -921,7 +1031,7 @@ mod tests {
         assert_eq!(c.nodes.len(), 2);
         assert_eq!(
             c.node("n2").unwrap().address,
-            Ipv4Addr::new(192, 168, 50, 2)
+            Some(Ipv4Addr::new(192, 168, 50, 2))
         );
         let c = parse(&file(
             r#", "backend": "auto", "vni": 7, "port": 4789, "ebpf": false, "encryption": "none""#,
@@ -935,7 +1045,7 @@ mod tests {
             r#"{"name": "n1", "address": "192.168.50.1", "podCIDRs": ["10.244.1.0/24"]}"#,
         ))
         .unwrap();
-        assert_eq!(c.nodes[0].pod_cidr.to_string(), "10.244.1.0/24");
+        assert_eq!(c.nodes[0].pod_cidr.unwrap().to_string(), "10.244.1.0/24");
     }
 
     #[test]
@@ -1075,7 +1185,7 @@ mod tests {
         let c = parse(&file(DUAL, &nodes)).unwrap();
         assert_eq!(c.network6.unwrap().to_string(), "fd00::/48");
         let n2 = c.node("n2").unwrap();
-        assert_eq!(n2.pod_cidr.to_string(), "10.244.2.0/24");
+        assert_eq!(n2.pod_cidr.unwrap().to_string(), "10.244.2.0/24");
         assert_eq!(n2.pod_cidr6.unwrap().to_string(), "fd00:0:0:2::/64");
         assert_eq!(n2.address6.unwrap().to_string(), "fd50::2");
         // "podCIDR" beside an IPv6-only list, either order in the list.
@@ -1150,5 +1260,113 @@ mod tests {
             m.contains("\"network6\"") && m.contains("not an IPv6"),
             "{m}"
         );
+    }
+
+    fn v6only(nodes: &str) -> String {
+        format!(r#"{{"network": "fd00::/48", "nodes": [{nodes}]}}"#)
+    }
+
+    const V6: &str = r#"{"name": "n1", "address": "fd50::1", "podCIDR": "fd00:0:0:1::/64"},
+                        {"name": "n2", "address": "fd50::2", "podCIDRs": ["fd00:0:0:2::/64"]}"#;
+
+    #[test]
+    fn ipv6_only_clusters_have_no_ipv4_anywhere() {
+        let c = parse(&v6only(V6)).unwrap();
+        assert!(c.v6_only());
+        assert_eq!(c.network, None);
+        assert_eq!(c.network6.unwrap().to_string(), "fd00::/48");
+        let n2 = c.node("n2").unwrap();
+        assert_eq!((n2.address, n2.pod_cidr), (None, None));
+        assert_eq!(n2.address6.unwrap().to_string(), "fd50::2");
+        assert_eq!(n2.pod_cidr6.unwrap().to_string(), "fd00:0:0:2::/64");
+        assert_eq!(n2.underlay().to_string(), "fd50::2");
+        for extra in [
+            r#""backend": "host-gw""#,
+            r#""backend": "auto""#,
+            r#""encryption": "wireguard", "wireguardPort": 4500"#,
+            r#""ebpf": true"#,
+        ] {
+            let text = format!(r#"{{"network": "fd00::/48", {extra}, "nodes": [{V6}]}}"#);
+            assert!(parse(&text).unwrap().v6_only(), "{extra}");
+        }
+        let n = parse_net_conf(r#"{"network": "fd00::/48", "backend": "host-gw"}"#).unwrap();
+        assert_eq!(n.network, None);
+        assert_eq!(n.network6.unwrap().to_string(), "fd00::/48");
+        // Dual-stack and IPv4 clusters are not: their nodes' underlay is
+        // their IPv4 address.
+        let c = parse(&file(DUAL, &dual(1, "fd00:0:0:1::/64"))).unwrap();
+        assert!(!c.v6_only());
+        assert_eq!(c.nodes[0].underlay().to_string(), "192.168.50.1");
+        assert!(!parse(&file("", TWO)).unwrap().v6_only());
+    }
+
+    #[test]
+    fn ipv6_only_files_mixed_with_ipv4_are_refused_naming_node_and_field() {
+        let m = err(&v6only(
+            r#"{"name": "n1", "address": "192.168.50.1", "podCIDR": "fd00:0:0:1::/64"}"#,
+        ));
+        assert!(
+            m.contains("node \"n1\" (nodes[0])")
+                && m.contains("\"address\"")
+                && m.contains("is IPv4 and the cluster is IPv6-only"),
+            "{m}"
+        );
+        let m = err(&v6only(
+            r#"{"name": "n1", "address": "fd50::1", "podCIDRs": ["fd00:0:0:1::/64", "10.244.1.0/24"]}"#,
+        ));
+        assert!(
+            m.contains("\"podCIDRs\"[1]")
+                && m.contains("10.244.1.0/24 is IPv4")
+                && m.contains("IPv6-only"),
+            "{m}"
+        );
+        let m = err(&v6only(
+            r#"{"name": "n1", "address": "fd50::1", "address6": "fd50::1", "podCIDR": "fd00:0:0:1::/64"}"#,
+        ));
+        assert!(m.contains("\"address6\" is for dual-stack"), "{m}");
+        let m = err(&v6only(
+            r#"{"name": "n1", "address": "fd50::1", "podCIDR": "fd01:0:0:1::/64"}"#,
+        ));
+        assert!(m.contains("outside \"network\" fd00::/48"), "{m}");
+        let m = err(&v6only(r#"{"name": "n1", "address": "fd50::1"}"#));
+        assert!(m.contains("\"podCIDR\" is missing"), "{m}");
+        let m = err(&v6only(
+            r#"{"name": "n1", "address": "ff02::1", "podCIDR": "fd00:0:0:1::/64"}"#,
+        ));
+        assert!(m.contains("not a unicast address"), "{m}");
+        let m = err(&v6only(
+            r#"{"name": "n1", "address": "fd50::1", "podCIDR": "fd00:0:0:1::/64"},
+               {"name": "n2", "address": "fd50::1", "podCIDR": "fd00:0:0:2::/64"}"#,
+        ));
+        assert!(m.contains("same \"address\" fd50::1"), "{m}");
+        let m = err(&v6only(
+            r#"{"name": "n1", "address": "fd50::1", "podCIDR": "fd00:0:0:1::/64"},
+               {"name": "n2", "address": "fd50::2", "podCIDR": "fd00::/56"}"#,
+        ));
+        assert!(m.contains("overlapping IPv6"), "{m}");
+        let m = err(&format!(
+            r#"{{"network": "fd00::/48", "network6": "fd01::/48", "nodes": [{V6}]}}"#
+        ));
+        assert!(
+            m.contains("\"network6\"") && m.contains("dual-stack") && m.contains("IPv6-only"),
+            "{m}"
+        );
+        // An IPv4 cluster still takes no IPv6 "address" (IPv4 pods over an
+        // IPv6 underlay), nor a dual-stack one a node without IPv4.
+        assert!(matches!(
+            parse(&file(
+                "",
+                r#"{"name": "n1", "address": "fd50::1", "podCIDR": "10.244.1.0/24"}"#
+            )),
+            Err(ClusterError::NotImplemented(_))
+        ));
+        // A conflict between IPv6-only nodes (the Kubernetes source's
+        // check) names the field as the file spells it.
+        let c = parse(&v6only(V6)).unwrap();
+        let mut n = c.nodes[1].clone();
+        n.name = "n3".into();
+        n.pod_cidr6 = Some("fd00:0:0:3::/64".parse().unwrap());
+        let m = conflict(&c.nodes, &n).unwrap();
+        assert!(m.contains("the same address fd50::2"), "{m}");
     }
 }

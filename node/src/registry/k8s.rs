@@ -50,6 +50,7 @@ pub const ANN_WIREGUARD_KEY: &str = "rcni.io/wireguard-public-key";
 const FLANNEL_PUBLIC_IP: &str = "flannel.alpha.coreos.com/public-ip";
 const FLANNEL_PUBLIC_IP6: &str = "flannel.alpha.coreos.com/public-ipv6";
 const FLANNEL_PUBLIC_IP_OVERWRITE: &str = "flannel.alpha.coreos.com/public-ip-overwrite";
+const FLANNEL_PUBLIC_IP6_OVERWRITE: &str = "flannel.alpha.coreos.com/public-ipv6-overwrite";
 const FLANNEL_BACKEND_DATA: &str = "flannel.alpha.coreos.com/backend-data";
 const FLANNEL_BACKEND_DATA6: &str = "flannel.alpha.coreos.com/backend-v6-data";
 
@@ -299,8 +300,20 @@ fn first_v6(l: &[IpAddr]) -> Option<Ipv6Addr> {
 }
 
 /// This node's own addresses: the overwrite annotation, else its
-/// InternalIP (flannel's order; ExternalIP when it has no InternalIP).
-fn own_addresses(s: &Seen) -> (Option<String>, Option<Ipv6Addr>) {
+/// InternalIP (flannel's order; ExternalIP when it has no InternalIP). On
+/// an IPv6-only cluster its one address (the first) is IPv6: our overwrite
+/// annotation or flannel's IPv6 one, else its IPv6 InternalIP.
+fn own_addresses(net: &NetConf, s: &Seen) -> (Option<String>, Option<Ipv6Addr>) {
+    if net.network.is_none() {
+        let v6 = ann(s, &[ANN_PUBLIC_IP_OVERWRITE, FLANNEL_PUBLIC_IP6_OVERWRITE])
+            .map(str::to_string)
+            .or_else(|| {
+                first_v6(&s.internal)
+                    .or_else(|| first_v6(&s.external))
+                    .map(|a| a.to_string())
+            });
+        return (v6, None);
+    }
     let v4 = ann(s, &[ANN_PUBLIC_IP_OVERWRITE, FLANNEL_PUBLIC_IP_OVERWRITE])
         .map(str::to_string)
         .or_else(|| {
@@ -316,10 +329,19 @@ fn own_addresses(s: &Seen) -> (Option<String>, Option<Ipv6Addr>) {
 /// says what is wrong and, for this node, what to do about it.
 fn node_of(net: &NetConf, name: &str, s: &Seen, own: bool) -> Result<Node, String> {
     let (address, address6) = if own {
-        own_addresses(s)
+        own_addresses(net, s)
+    } else if net.network.is_none() {
+        // IPv6-only: the peer's published IPv6 address is its "address".
+        let (a, _) = own_addresses(net, s);
+        (
+            ann(s, &[ANN_PUBLIC_IP6, FLANNEL_PUBLIC_IP6])
+                .map(str::to_string)
+                .or(a),
+            None,
+        )
     } else {
         // What the peer published, else what it would publish.
-        let (a, a6) = own_addresses(s);
+        let (a, a6) = own_addresses(net, s);
         (
             ann(s, &[ANN_PUBLIC_IP, FLANNEL_PUBLIC_IP])
                 .map(str::to_string)
@@ -330,27 +352,40 @@ fn node_of(net: &NetConf, name: &str, s: &Seen, own: bool) -> Result<Node, Strin
         )
     };
     let Some(address) = address else {
+        let ipv6 = if net.network.is_none() { "IPv6 " } else { "" };
         return Err(format!(
-            "Node {name:?} has no InternalIP (status.addresses) and no {ANN_PUBLIC_IP_OVERWRITE} annotation"
+            "Node {name:?} has no {ipv6}InternalIP (status.addresses) and no {ANN_PUBLIC_IP_OVERWRITE} annotation"
         ));
     };
     if s.pod_cidrs.is_empty() {
         return Err(if own {
             format!(
                 "Node {name:?} has no spec.podCIDRs: no pod subnet was assigned to it. Let kube-controller-manager assign them (--allocate-node-cidrs=true --cluster-cidr={}), or set it on the Node (kubectl patch node {name} -p '{{\"spec\":{{\"podCIDR\":\"...\",\"podCIDRs\":[\"...\"]}}}}')",
-                net.network
+                net.network.map_or_else(
+                    || net.network6.map(|n| n.to_string()).unwrap_or_default(),
+                    |n| n.to_string()
+                )
             )
         } else {
             format!("Node {name:?} has no spec.podCIDRs yet")
         });
     }
     // IPv6 pod subnets of a cluster the net-conf makes single-stack are
-    // not this agent's to route.
+    // not this agent's to route, nor IPv4 ones of an IPv6-only net-conf.
     let cidrs: Vec<&String> = s
         .pod_cidrs
         .iter()
-        .filter(|c| net.network6.is_some() || !c.contains(':'))
+        .filter(|c| match net.network {
+            None => c.contains(':'),
+            Some(_) => net.network6.is_some() || !c.contains(':'),
+        })
         .collect();
+    if cidrs.is_empty() && net.network.is_none() {
+        return Err(format!(
+            "Node {name:?} has no IPv6 spec.podCIDRs ({}): the net-conf's \"network\" is IPv6 (an IPv6-only cluster)",
+            s.pod_cidrs.join(", ")
+        ));
+    }
     let mut o = json!({"name": name, "address": address, "podCIDRs": cidrs});
     // Peers' keys are checked as a cluster file's `wireguardPublicKey` is.
     if let Some(k) = ann(s, &[ANN_WIREGUARD_KEY]) {
@@ -410,10 +445,18 @@ fn wanted(
     if let Some(k) = wireguard_key {
         w.insert(ANN_WIREGUARD_KEY.to_string(), k.to_string());
     }
-    let (a, a6) = own_addresses(s);
+    let (a, a6) = own_addresses(net, s);
     w.insert(ANN_BACKEND.to_string(), net.backend.as_str().to_string());
+    // An IPv6-only node's one address and VTEP are IPv6 ones (as flannel's
+    // IPv6-only nodes publish only public-ipv6 and backend-v6-data).
+    let v6_only = net.network.is_none();
     if let Some(a) = &a {
-        w.insert(ANN_PUBLIC_IP.to_string(), a.clone());
+        let key = if v6_only {
+            ANN_PUBLIC_IP6
+        } else {
+            ANN_PUBLIC_IP
+        };
+        w.insert(key.to_string(), a.clone());
     }
     if matches!(net.backend, Backend::Bgp(_)) {
         let both: Vec<String> = a
@@ -429,7 +472,12 @@ fn wanted(
             w.insert(ANN_BGP_ADDRESS.to_string(), both.join(","));
         }
     }
-    if net.backend.uses_vxlan() {
+    if net.backend.uses_vxlan() && v6_only {
+        w.insert(
+            ANN_VTEP_MAC6.to_string(),
+            desired::vtep_mac6(name, net.vni).to_string(),
+        );
+    } else if net.backend.uses_vxlan() {
         w.insert(
             ANN_VTEP_MAC.to_string(),
             desired::vtep_mac(name, net.vni).to_string(),

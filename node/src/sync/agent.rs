@@ -138,12 +138,22 @@ pub async fn reconcile(
                 .join(", ")
         ))
     })?;
-    let uplink = find_uplink(nl, me, IpAddr::V4(me.address)).await?;
+    // IPv4: the uplink holding the node's address; an IPv6-only node has
+    // none.
+    let four = match (me.address, me.pod_cidr) {
+        (Some(a), Some(p)) => Some((find_uplink(nl, me, IpAddr::V4(a)).await?, a, p)),
+        _ => None,
+    };
     // Dual-stack: the node's IPv6 underlay and its own uplink (usually the
-    // same link as the IPv4 one).
+    // same link as the IPv4 one); an IPv6-only node's only one.
     let six = match (me.address6, me.pod_cidr6) {
         (Some(a6), Some(p6)) => Some((find_uplink(nl, me, IpAddr::V6(a6)).await?, a6, p6)),
         _ => None,
+    };
+    let none = desired::Uplink {
+        index: 0,
+        mtu: 0,
+        nets: Vec::new(),
     };
     // Pod traffic crosses the node: forwarding must be on.
     if rcni_netlink::sysctl::get(nl.netns(), "net.ipv4.ip_forward")
@@ -155,35 +165,51 @@ pub async fn reconcile(
         report.log.push("net.ipv4.ip_forward = 1".into());
     }
     if cluster.encryption == Encryption::WireGuard {
+        // The peers' endpoints are on the IPv4 uplink, or on an IPv6-only
+        // node's IPv6 one.
+        let uplink = four
+            .as_ref()
+            .map(|(u, _, _)| u)
+            .or(six.as_ref().map(|(u, _, _)| u))
+            .unwrap_or(&none)
+            .clone();
         return reconcile_wireguard(nl, cluster, opts, me, &uplink, six, report).await;
     }
     drop_wg(nl, &mut report).await?;
-    let mut mtu = desired::pod_mtu(cluster.backend, uplink.mtu);
-    let vtep = if cluster.backend.uses_vxlan() {
-        let spec = VxlanSpec {
-            name: desired::vtep_name(cluster.vni),
-            vni: cluster.vni,
-            port: cluster.port,
-            local: IpAddr::V4(me.address),
-            dev: uplink.index,
-            mtu,
-            mac: desired::vtep_mac(&me.name, cluster.vni),
-        };
-        let addr = IpNetwork::V4(
-            Ipv4Network::new(desired::vtep_addr(me.pod_cidr), 32).expect("/32 is a valid prefix"),
-        );
-        Some(ensure_vtep(nl, &spec, addr, &mut report).await?)
-    } else {
-        drop_vtep(
-            nl,
-            &desired::vtep_name(cluster.vni),
-            &format!("backend {}", cluster.backend.as_str()),
-            &mut report,
-        )
-        .await?;
-        None
+    let uplink = four.as_ref().map_or(&none, |(u, _, _)| u);
+    // The pods' MTU is the smallest any family's path carries: an
+    // IPv6-only node's is its IPv6 path's (below).
+    let mut mtu = match &four {
+        Some(_) => desired::pod_mtu(cluster.backend, uplink.mtu),
+        None => u32::MAX,
     };
-    let entries = program(nl, cluster, me, &uplink, vtep, false, &mut report).await?;
+    let vtep = match &four {
+        Some((_, a, p)) if cluster.backend.uses_vxlan() => {
+            let spec = VxlanSpec {
+                name: desired::vtep_name(cluster.vni),
+                vni: cluster.vni,
+                port: cluster.port,
+                local: IpAddr::V4(*a),
+                dev: uplink.index,
+                mtu,
+                mac: desired::vtep_mac(&me.name, cluster.vni),
+            };
+            let addr = IpNetwork::V4(
+                Ipv4Network::new(desired::vtep_addr(*p), 32).expect("/32 is a valid prefix"),
+            );
+            Some(ensure_vtep(nl, &spec, addr, &mut report).await?)
+        }
+        _ => {
+            let why = match four {
+                Some(_) => format!("backend {}", cluster.backend.as_str()),
+                None => "IPv6-only cluster".into(),
+            };
+            drop_vtep(nl, &desired::vtep_name(cluster.vni), &why, &mut report).await?;
+            None
+        }
+    };
+    // An IPv6-only node has no IPv4 peers: what an earlier file made goes.
+    let entries = program(nl, cluster, me, uplink, vtep, false, &mut report).await?;
     let mut hops = xnode::hops(&entries, uplink.mtu, mtu);
 
     // IPv6: the same for the node's IPv6 pod subnet over its address6, or,
@@ -237,11 +263,6 @@ pub async fn reconcile(
         }
         None => {
             drop_vtep(nl, &name6, "node not dual-stack", &mut report).await?;
-            let none = desired::Uplink {
-                index: 0,
-                mtu: 0,
-                nets: Vec::new(),
-            };
             let empty = Cluster {
                 nodes: Vec::new(),
                 ..cluster.clone()
@@ -300,12 +321,16 @@ async fn finish(
         (Some(p6), Some(n6)) => Some((p6, n6)),
         _ => None,
     };
-    if masq::ensure(nl.netns(), me.pod_cidr, cluster.network)? {
+    let masq4 = match (me.pod_cidr, cluster.network) {
+        (Some(p), Some(n)) => Some((p, n)),
+        _ => None,
+    };
+    if masq::ensure(nl.netns(), masq4)? {
         report.changes += 1;
-        report.log.push(format!(
-            "masquerade: {} leaving {}",
-            me.pod_cidr, cluster.network
-        ));
+        report.log.push(match masq4 {
+            Some((p, n)) => format!("masquerade: {p} leaving {n}"),
+            None => "masquerade: IPv4 table removed".into(),
+        });
     }
     if masq::ensure6(nl.netns(), masq6)? {
         report.changes += 1;
@@ -314,7 +339,10 @@ async fn finish(
             None => "masquerade: IPv6 table removed".into(),
         });
     }
-    let nets: Vec<IpNetwork> = std::iter::once(IpNetwork::V4(cluster.network))
+    let nets: Vec<IpNetwork> = cluster
+        .network
+        .map(IpNetwork::V4)
+        .into_iter()
         .chain(masq6.map(|(_, n6)| IpNetwork::V6(n6)))
         .collect();
     for line in forward::ensure(nl.netns(), &nets)? {
@@ -383,7 +411,8 @@ async fn program(
 
 /// WireGuard as the tunnel for every peer: no VXLAN devices; the
 /// WireGuard device with the node's key; a peer per keyed node owning its
-/// pod subnets; routes to those subnets into the device.
+/// pod subnets; routes to those subnets into the device. `uplink` is the
+/// endpoints' (IPv4, or an IPv6-only node's IPv6 one).
 async fn reconcile_wireguard(
     nl: &Netlink,
     cluster: &Cluster,
@@ -411,22 +440,31 @@ async fn reconcile_wireguard(
             opts.state_dir.join(wgkey::KEY_FILE).display()
         ));
     }
-    // Peers' endpoints are IPv4: the overhead is IPv4's for both families
-    // of pod traffic.
-    let mtu = desired::wg_mtu(uplink.mtu);
+    // The overhead is the endpoints' family's for both families of pod
+    // traffic: IPv4's, or IPv6's on an IPv6-only cluster.
+    let mtu = if cluster.v6_only() {
+        desired::wg_mtu6(uplink.mtu)
+    } else {
+        desired::wg_mtu(uplink.mtu)
+    };
     let index = ensure_wg(nl, mtu, &mut report).await?;
     // The pod subnets' `.0` (`::0`) on the device, as flannel's VTEP has:
     // the node's own traffic to a remote pod then leaves from an address
     // inside this node's allowed-ips at the peer, which drops any other
     // source arriving from this node.
     let pods6 = six.as_ref().map(|(_, _, p6)| *p6);
-    let want: Vec<IpNetwork> = std::iter::once(IpNetwork::V4(
-        Ipv4Network::new(desired::vtep_addr(me.pod_cidr), 32).expect("/32 is a valid prefix"),
-    ))
-    .chain(pods6.map(|p6| {
-        IpNetwork::V6(Ipv6Network::new(desired::vtep_addr6(p6), 128).expect("/128 is valid"))
-    }))
-    .collect();
+    let want: Vec<IpNetwork> = me
+        .pod_cidr
+        .map(|p| {
+            IpNetwork::V4(
+                Ipv4Network::new(desired::vtep_addr(p), 32).expect("/32 is a valid prefix"),
+            )
+        })
+        .into_iter()
+        .chain(pods6.map(|p6| {
+            IpNetwork::V6(Ipv6Network::new(desired::vtep_addr6(p6), 128).expect("/128 is valid"))
+        }))
+        .collect();
     own_addresses(nl, index, &want, true, true, &mut report).await?;
 
     let (want, refused) = desired::wg_peers(cluster, me);
@@ -476,7 +514,8 @@ async fn reconcile_wireguard(
         });
     }
     // Routes after peers: a route never points into the device before the
-    // peer that owns its subnet exists.
+    // peer that owns its subnet exists. (No IPv4 ones on an IPv6-only
+    // cluster: what an earlier file made goes.)
     program(nl, cluster, me, uplink, Some(index), false, &mut report).await?;
     if pods6.is_some()
         && rcni_netlink::sysctl::get(nl.netns(), "net.ipv6.conf.all.forwarding")
@@ -572,7 +611,8 @@ async fn drop_vtep(
 /// that family.
 async fn find_uplink(nl: &Netlink, me: &Node, address: IpAddr) -> Result<Uplink, AgentError> {
     let addrs = nl.addresses(None).await?;
-    let field = if address.is_ipv4() {
+    // An IPv6-only node's IPv6 address is its "address".
+    let field = if address.is_ipv4() || me.address.is_none() {
         "address"
     } else {
         "address6"

@@ -66,8 +66,10 @@ pub fn vtep_addr6(pod_cidr6: Ipv6Network) -> Ipv6Addr {
 /// WireGuard's encapsulation over an IPv4 underlay: outer IPv4 (20) + UDP
 /// (8) + WireGuard header (16) + authentication tag (16).
 pub const WIREGUARD_OVERHEAD: u32 = 60;
-// An IPv6 underlay would cost 80 bytes; node addresses are IPv4 today
-// (cluster.rs refuses an IPv6 "address"), so every endpoint is IPv4.
+/// Over an IPv6 underlay (an IPv6-only cluster's endpoints): 40 bytes of
+/// IPv6 header instead of 20. A dual-stack cluster's endpoints are its
+/// nodes' IPv4 addresses.
+pub const WIREGUARD6_OVERHEAD: u32 = 80;
 
 /// The WireGuard device's name.
 pub const WG_NAME: &str = "rcni-wg";
@@ -78,9 +80,14 @@ pub fn wg_mtu(uplink_mtu: u32) -> u32 {
     uplink_mtu.saturating_sub(WIREGUARD_OVERHEAD)
 }
 
+/// The same over an IPv6 underlay.
+pub fn wg_mtu6(uplink_mtu: u32) -> u32 {
+    uplink_mtu.saturating_sub(WIREGUARD6_OVERHEAD)
+}
+
 /// The peers the WireGuard device should hold: every other node with a
-/// published key, at its IPv4 address, owning its pod subnets (both
-/// families). Peers without a key yet are refused (not reachable until
+/// published key, at its underlay address (IPv4, or an IPv6-only node's
+/// IPv6 one), owning its pod subnets (both families). Peers without a key yet are refused (not reachable until
 /// they publish one).
 pub fn wg_peers(cluster: &Cluster, me: &Node) -> (Vec<wg::Peer>, Vec<String>) {
     let mut peers = Vec::new();
@@ -93,13 +100,13 @@ pub fn wg_peers(cluster: &Cluster, me: &Node) -> (Vec<wg::Peer>, Vec<String>) {
             ));
             continue;
         };
-        let mut allowed = vec![IpNetwork::V4(n.pod_cidr)];
+        let mut allowed: Vec<IpNetwork> = n.pod_cidr.map(IpNetwork::V4).into_iter().collect();
         allowed.extend(n.pod_cidr6.map(IpNetwork::V6));
         allowed.sort();
         peers.push(wg::Peer {
             key,
             endpoint: Some(std::net::SocketAddr::new(
-                IpAddr::V4(n.address),
+                n.underlay(),
                 cluster.wireguard_port,
             )),
             allowed,
@@ -194,10 +201,12 @@ fn far(n: &Node, vni: u32, v6: bool) -> Option<Far> {
             mac: n.vtep_mac6.unwrap_or_else(|| vtep_mac6(&n.name, vni)),
         })
     } else {
+        // An IPv6-only node has no IPv4 side.
+        let (a, p) = (n.address?, n.pod_cidr?);
         Some(Far {
-            address: IpAddr::V4(n.address),
-            pods: IpNetwork::V4(n.pod_cidr),
-            gw: IpAddr::V4(vtep_addr(n.pod_cidr)),
+            address: IpAddr::V4(a),
+            pods: IpNetwork::V4(p),
+            gw: IpAddr::V4(vtep_addr(p)),
             mac: n.vtep_mac.unwrap_or_else(|| vtep_mac(&n.name, vni)),
         })
     }
@@ -550,6 +559,65 @@ mod tests {
         );
         assert_eq!(vtep_name6(16_777_215).len(), 14);
         assert_eq!(pod_mtu6(Backend::Vxlan, 1500), 1430);
+    }
+
+    #[test]
+    fn ipv6_only_peers_have_only_ipv6_entries_and_ipv6_endpoints() {
+        let text = |backend: &str, extra: &str| {
+            format!(
+                r#"{{"network": "fd00::/48", "backend": "{backend}" {extra}, "nodes": [
+                {{"name": "n1", "address": "fd50::1", "podCIDR": "fd00:0:0:1::/64"}},
+                {{"name": "n2", "address": "fd50::2", "podCIDR": "fd00:0:0:2::/64", "wireguardPublicKey": "HIgo9xNzJMWLKASShiTqIybxZ0U3wGLiUeJ1PKf8ykw="}},
+                {{"name": "n3", "address": "fd60::3", "podCIDR": "fd00:0:0:3::/64"}}]}}"#
+            )
+        };
+        let up6 = Uplink {
+            index: 2,
+            mtu: 1500,
+            nets: vec!["fd50::1/64".parse().unwrap()],
+        };
+        let c = cluster::parse(&text("vxlan", "")).unwrap();
+        let me = c.node("n1").unwrap().clone();
+        // No IPv4 side at all.
+        let p4 = peers(&c, &me, &up6, Some(9), false);
+        assert!(p4.entries.is_empty() && p4.refused.is_empty());
+        let p = peers(&c, &me, &up6, Some(7), true);
+        let got: Vec<String> = p.entries.iter().map(|e| e.route.to_string()).collect();
+        assert_eq!(
+            got,
+            [
+                "fd00:0:0:2::/64 via fd00:0:0:2:: dev 7 onlink",
+                "fd00:0:0:3::/64 via fd00:0:0:3:: dev 7 onlink"
+            ]
+        );
+        assert_eq!(p.entries[0].neighbour.unwrap().1, vtep_mac6("n2", 1));
+        assert_eq!(
+            p.entries[1].fdb.as_ref().unwrap().dst,
+            Some("fd60::3".parse().unwrap())
+        );
+        // host-gw: via the on-link peer's address; the other refused.
+        let c = cluster::parse(&text("host-gw", "")).unwrap();
+        let p = peers(&c, &me, &up6, None, true);
+        assert_eq!(p.entries.len(), 1);
+        assert_eq!(
+            p.entries[0].route.to_string(),
+            "fd00:0:0:2::/64 via fd50::2 dev 2"
+        );
+        assert!(p.refused[0].contains("fd60::3"), "{:?}", p.refused);
+        // WireGuard: the endpoint is the peer's IPv6 address, the allowed
+        // IPs its IPv6 subnet alone; 80 bytes of overhead.
+        let c = cluster::parse(&text("vxlan", r#", "encryption": "wireguard""#)).unwrap();
+        let (w, refused) = wg_peers(&c, &me);
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].endpoint.unwrap().to_string(), "[fd50::2]:51820");
+        assert_eq!(
+            w[0].allowed,
+            vec!["fd00:0:0:2::/64".parse::<IpNetwork>().unwrap()]
+        );
+        assert_eq!((wg_mtu(1500), wg_mtu6(1500)), (1440, 1420));
+        assert!(peers(&c, &me, &up6, Some(5), false).entries.is_empty());
+        assert_eq!(peers(&c, &me, &up6, Some(5), true).entries.len(), 1);
     }
 
     fn actual_of(entries: &[PeerEntries]) -> Actual {

@@ -23,20 +23,20 @@ fn comments(pod_cidr: IpNetwork, network: IpNetwork) -> [String; 2] {
 
 /// Makes the table hold exactly
 /// `ip saddr <pod_cidr> ip daddr <network> accept` and
-/// `ip saddr <pod_cidr> masquerade` in a postrouting nat chain. Returns
-/// whether it changed anything. One transaction: the rules are replaced
-/// atomically, never absent.
-pub fn ensure(
-    ns: &NetNs,
-    pod_cidr: Ipv4Network,
-    network: Ipv4Network,
-) -> rcni_netlink::Result<bool> {
-    ensure_family(
-        ns,
-        NftFamily::Ip,
-        IpNetwork::V4(pod_cidr),
-        IpNetwork::V4(network),
-    )
+/// `ip saddr <pod_cidr> masquerade` in a postrouting nat chain, or, with
+/// `None` (an IPv6-only node), that table removed. Returns whether it
+/// changed anything. One transaction: the rules are replaced atomically,
+/// never absent.
+pub fn ensure(ns: &NetNs, pods: Option<(Ipv4Network, Ipv4Network)>) -> rcni_netlink::Result<bool> {
+    match pods {
+        Some((pod_cidr, network)) => ensure_family(
+            ns,
+            NftFamily::Ip,
+            IpNetwork::V4(pod_cidr),
+            IpNetwork::V4(network),
+        ),
+        None => drop_table(ns, NftFamily::Ip),
+    }
 }
 
 /// The same for IPv6 in table `ip6 rcni_node` (`ip6 saddr`, `ip6 daddr`),
@@ -49,18 +49,21 @@ pub fn ensure6(ns: &NetNs, pods: Option<(Ipv6Network, Ipv6Network)>) -> rcni_net
             IpNetwork::V6(pod_cidr),
             IpNetwork::V6(network),
         ),
-        None => {
-            let mut nl = Nfnl::open(ns)?;
-            if nl.nft_rules(NftFamily::Ip6, TABLE)?.is_none() {
-                return Ok(false);
-            }
-            nl.nft_apply(&[NftOp::DeleteTable {
-                family: NftFamily::Ip6,
-                table: TABLE.into(),
-            }])?;
-            Ok(true)
-        }
+        None => drop_table(ns, NftFamily::Ip6),
     }
+}
+
+/// The family's table gone (whether it was there).
+fn drop_table(ns: &NetNs, family: NftFamily) -> rcni_netlink::Result<bool> {
+    let mut nl = Nfnl::open(ns)?;
+    if nl.nft_rules(family, TABLE)?.is_none() {
+        return Ok(false);
+    }
+    nl.nft_apply(&[NftOp::DeleteTable {
+        family,
+        table: TABLE.into(),
+    }])?;
+    Ok(true)
 }
 
 fn ensure_family(

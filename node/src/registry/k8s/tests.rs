@@ -110,7 +110,7 @@ fn names(c: &Cluster) -> Vec<&str> {
 }
 
 fn addr(c: &Cluster, n: &str) -> String {
-    c.node(n).unwrap().address.to_string()
+    c.node(n).unwrap().address.unwrap().to_string()
 }
 
 #[test]
@@ -124,7 +124,10 @@ fn nodes_added_modified_deleted_and_own_annotations_published() {
         let c = r.load().unwrap();
         assert_eq!(names(&c), ["n1", "n2"]);
         assert_eq!(c.backend, Backend::Vxlan);
-        assert_eq!(c.node("n2").unwrap().pod_cidr.to_string(), "10.244.2.0/24");
+        assert_eq!(
+            c.node("n2").unwrap().pod_cidr.unwrap().to_string(),
+            "10.244.2.0/24"
+        );
         assert_eq!(addr(&c, "n2"), "192.168.50.2");
         assert_eq!(c.node("n2").unwrap().vtep_mac, None);
 
@@ -176,7 +179,7 @@ fn nodes_added_modified_deleted_and_own_annotations_published() {
         ));
         let c = settle(&mut r, "f3 added", |c| c.node("f3").is_some()).await;
         let f3 = c.node("f3").unwrap();
-        assert_eq!(f3.address.to_string(), "192.168.50.33");
+        assert_eq!(f3.address.unwrap().to_string(), "192.168.50.33");
         assert_eq!(f3.vtep_mac.unwrap().to_string(), "0a:bb:cc:dd:ee:ff");
 
         // n4 gets its subnet: it joins.
@@ -427,6 +430,85 @@ fn bgp_overrides_come_from_annotations_and_the_bgp_address_is_published() {
             "{e}"
         );
     }
+}
+
+#[test]
+fn an_ipv6_only_net_conf_takes_nodes_by_their_ipv6_address_and_publishes_ipv6() {
+    let n = parse_net_conf(r#"{"network": "fd00::/48", "backend": "vxlan"}"#).unwrap();
+    // A dual-stack Node: its IPv6 address and subnet are this cluster's.
+    let mut k = knode("n1", "192.168.50.1", Some("10.244.1.0/24"), &[]);
+    k.spec.as_mut().unwrap().pod_cidrs =
+        Some(vec!["10.244.1.0/24".into(), "fd00:0:0:1::/64".into()]);
+    k.status
+        .as_mut()
+        .unwrap()
+        .addresses
+        .as_mut()
+        .unwrap()
+        .push(NodeAddress {
+            type_: "InternalIP".into(),
+            address: "fd50::1".into(),
+        });
+    let s = seen(&k);
+    let me = node_of(&n, "n1", &s, true).unwrap();
+    assert_eq!((me.address, me.pod_cidr), (None, None));
+    assert_eq!(me.address6.unwrap().to_string(), "fd50::1");
+    assert_eq!(me.pod_cidr6.unwrap().to_string(), "fd00:0:0:1::/64");
+    // It publishes its IPv6 address and IPv6 VTEP MAC only.
+    let p = patch_for(&n, "n1", &s, None).unwrap();
+    let a = &p["metadata"]["annotations"];
+    assert_eq!(a[ANN_PUBLIC_IP6], "fd50::1", "{p}");
+    assert_eq!(
+        a[ANN_VTEP_MAC6],
+        desired::vtep_mac6("n1", 1).to_string(),
+        "{p}"
+    );
+    assert!(
+        a.get(ANN_PUBLIC_IP).is_none() && a.get(ANN_VTEP_MAC).is_none(),
+        "{p}"
+    );
+    // An IPv6-only peer, by its InternalIP.
+    let s = seen(&knode("n2", "fd50::2", Some("fd00:0:0:2::/64"), &[]));
+    let peer = node_of(&n, "n2", &s, false).unwrap();
+    assert_eq!(peer.address6.unwrap().to_string(), "fd50::2");
+    assert_eq!(peer.address, None);
+    // A flannel IPv6-only peer: its public-ipv6 and backend-v6-data.
+    let s = seen(&knode(
+        "f3",
+        "fd50::3",
+        Some("fd00:0:0:3::/64"),
+        &[
+            (FLANNEL_PUBLIC_IP6, "fd50::33"),
+            (FLANNEL_BACKEND_DATA6, r#"{"VNIMAC":"0a:bb:cc:dd:ee:ff"}"#),
+        ],
+    ));
+    let f3 = node_of(&n, "f3", &s, false).unwrap();
+    assert_eq!(f3.address6.unwrap().to_string(), "fd50::33");
+    assert_eq!(f3.vtep_mac6.unwrap().to_string(), "0a:bb:cc:dd:ee:ff");
+    // This node's address overwritten (flannel's IPv6 annotation).
+    let s = seen(&knode(
+        "n1",
+        "fd50::1",
+        Some("fd00:0:0:1::/64"),
+        &[(FLANNEL_PUBLIC_IP6_OVERWRITE, "fd60::1")],
+    ));
+    let me = node_of(&n, "n1", &s, true).unwrap();
+    assert_eq!(me.address6.unwrap().to_string(), "fd60::1");
+    // No IPv6 address, or only an IPv4 subnet: said so.
+    let s = seen(&knode("n4", "192.168.50.4", Some("fd00:0:0:4::/64"), &[]));
+    let e = node_of(&n, "n4", &s, true).unwrap_err();
+    assert!(e.contains("no IPv6 InternalIP"), "{e}");
+    let s = seen(&knode("n5", "fd50::5", Some("10.244.5.0/24"), &[]));
+    let e = node_of(&n, "n5", &s, false).unwrap_err();
+    assert!(e.contains("no IPv6 spec.podCIDRs (10.244.5.0/24)"), "{e}");
+    let s = seen(&knode("n6", "fd50::6", None, &[]));
+    let e = node_of(&n, "n6", &s, true).unwrap_err();
+    assert!(e.contains("--cluster-cidr=fd00::/48"), "{e}");
+    // BGP: the one address it peers from.
+    let nb = parse_net_conf(r#"{"network": "fd00::/48", "backend": "bgp"}"#).unwrap();
+    let s = seen(&knode("n1", "fd50::1", Some("fd00:0:0:1::/64"), &[]));
+    let p = patch_for(&nb, "n1", &s, None).unwrap();
+    assert_eq!(p["metadata"]["annotations"][ANN_BGP_ADDRESS], "fd50::1");
 }
 
 #[test]
