@@ -293,3 +293,76 @@ fn dual_stack_pods_talk_over_wireguard() {
     assert_eq!(counter(&c, "plain"), 0, "no pod address on the wire");
     assert!(counter(&c, "wg") > 0);
 }
+
+#[test]
+fn ipv6_only_pods_talk_over_wireguard_between_ipv6_endpoints() {
+    let c = wg_cluster(2);
+    // Only IPv6 on the underlay: node i at fd5<i>::<i+1>, the router
+    // routing between the two subnets.
+    c.make_v6only();
+    let write = |keys: bool| {
+        let nodes: Vec<Value> = c
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let mut v = json!({"name": n.name,
+                    "address": format!("fd5{i}::{}", i + 1),
+                    "podCIDR": format!("fd00:0:0:{}::/64", i + 1)});
+                if keys {
+                    v["wireguardPublicKey"] = json!(n.public_key());
+                }
+                v
+            })
+            .collect();
+        let f = json!({"network": "fd00::/48", "backend": "vxlan",
+                       "encryption": "wireguard", "nodes": nodes});
+        std::fs::write(&c.file, serde_json::to_vec_pretty(&f).unwrap()).unwrap();
+    };
+    // Keys first (the first pass makes them), then the real file.
+    write(false);
+    for n in &c.nodes {
+        let _ = n.run_once(&c.file);
+    }
+    write(true);
+    for n in &c.nodes {
+        n.reconcile(&c.file);
+    }
+    // The peer's endpoint is its IPv6 address; WireGuard over IPv6 costs
+    // 80 bytes.
+    let peers = c.nodes[0].peers();
+    assert_eq!(
+        peers,
+        [(
+            c.nodes[1].public_key(),
+            format!("[fd51::2]:{WG_PORT}"),
+            "fd00:0:0:2::/64".to_string()
+        )]
+    );
+    let l = wg_link(&c.nodes[0].ns.ns);
+    assert_eq!(l["mtu"], 1420, "uplink 1500 - 80: {l}");
+    assert_eq!(c.nodes[0].plugin_conf()["mtu"], 1420);
+    assert_eq!(
+        rcni_integration::addrs_of(&c.nodes[0].ns.ns, WG),
+        ["fd00:0:0:1::/128"]
+    );
+    count_on_wire(&c);
+    let (p1, r1) = c.nodes[0].add_pod("s1");
+    let (p2, r2) = c.nodes[1].add_pod("s2");
+    let (b1, b2) = (addr_of(&r1, false), addr_of(&r2, false));
+    assert!(
+        rcni_testkit::result_ips(&r1)
+            .iter()
+            .all(|a| a.contains(':'))
+    );
+    assert!(ping6(&p1.ns, &b2), "IPv6 pod -> pod");
+    assert!(ping6(&p2.ns, &b1), "IPv6 pod -> pod, back");
+    assert!(
+        ping6(&c.nodes[0].ns.ns, &b2),
+        "n1 itself -> n2 pod over IPv6"
+    );
+    assert_eq!(counter(&c, "plain"), 0, "no pod address on the wire");
+    assert!(counter(&c, "wg") > 0);
+    let routes = stdout_of(command_in(&c.nodes[0].ns.ns, "ip").args(["-4", "route", "show"]));
+    assert!(routes.trim().is_empty(), "{routes}");
+}
