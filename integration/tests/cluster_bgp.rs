@@ -65,8 +65,13 @@ fn main_table(ns: &NetNs) -> BTreeSet<String> {
 #[test]
 fn the_fabric_carries_pod_prefixes_between_racks_without_any_agent() {
     let f = Fabric::routed(&[0, 1], Stack::V4);
-    assert!(f.tors[0].prefixes_from("tor2").contains("192.168.60.0/24"));
-    assert!(f.tors[1].prefixes_from("tor1").contains("192.168.50.0/24"));
+    // Established is not yet exchanged: the UPDATEs follow.
+    wait_for(CONVERGE, "rack 2's subnet on ToR 1", || {
+        f.tors[0].prefixes_from("tor2").contains("192.168.60.0/24")
+    });
+    wait_for(CONVERGE, "rack 1's subnet on ToR 2", || {
+        f.tors[1].prefixes_from("tor1").contains("192.168.50.0/24")
+    });
 
     let b1 = stand_in(&f, 0, "route 172.16.0.0/24 blackhole;");
     let b2 = stand_in(&f, 1, "");
