@@ -124,7 +124,11 @@ pub fn plan(cluster: &Cluster, me: &Node) -> Plan {
             IpAddr::V6(_) => me.address6.map(IpAddr::V6),
         };
         let Some(local) = local else {
-            let key = if p.ip.is_ipv6() { "address6" } else { "address" };
+            let key = if p.ip.is_ipv6() {
+                "address6"
+            } else {
+                "address"
+            };
             refused.push(format!(
                 "BGP peer {} (AS {}): node {:?} has no {} address (\"{key}\") to speak from",
                 p.ip,
@@ -375,5 +379,29 @@ mod tests {
         assert!(!a.is_unspecified());
         me.name = "n9".into();
         assert_ne!(a, router_id(&me));
+    }
+
+    #[test]
+    fn an_ipv6_only_node_speaks_over_ipv6_and_announces_its_ipv6_subnet() {
+        let c = cluster::parse(
+            r#"{"network": "fd00::/48", "backend": "bgp", "nodes": [
+                {"name": "n1", "address": "fd50::1", "podCIDR": "fd00:0:0:1::/64"},
+                {"name": "n2", "address": "fd50::2", "podCIDR": "fd00:0:0:2::/64"}]}"#,
+        )
+        .unwrap();
+        let p = plan(&c, c.node("n1").unwrap());
+        let got: Vec<(String, String)> = p
+            .neighbours
+            .iter()
+            .map(|n| (n.local.to_string(), n.ip.to_string()))
+            .collect();
+        assert_eq!(got, vec![("fd50::1".to_string(), "fd50::2".to_string())]);
+        let text = render(&p);
+        assert!(text.contains("route fd00:0:0:1::/64 blackhole;"), "{text}");
+        assert!(!text.contains("protocol static rcni_pods4"), "{text}");
+        assert!(
+            text.contains("ipv6 { import filter rcni_import6;"),
+            "{text}"
+        );
     }
 }
