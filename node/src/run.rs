@@ -13,6 +13,7 @@ use crate::registry::k8s;
 use crate::registry::{FileRegistry, Registry};
 use crate::sync::{agent, xnode};
 use crate::{bgp, log, wgkey};
+use rcni_netlink::route_watch::RouteWatch;
 
 /// How long `--once --kubernetes` waits for the first list of Nodes.
 const ONCE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -162,9 +163,15 @@ pub fn run(args: RunArgs) -> ExitCode {
         let mut first = true;
         let mut speaker = bgp::Speaker::new(&args.state_dir, &args.bird);
         let mut seen_bgp;
+        // With BIRD running, its table's changes wake the loop at once; the
+        // poll below still catches what a lost notification would miss.
+        let mut routes: Option<RouteWatch> = None;
         loop {
             // Read before the reconcile: a route BIRD adds while it runs
             // differs from this, and makes the next one.
+            if let Some(w) = &mut routes {
+                w.drain();
+            }
             seen_bgp = bgp::fingerprint(&nl).await.unwrap_or_default();
             let status = once(
                 &mut *registry,
@@ -183,6 +190,14 @@ pub fn run(args: RunArgs) -> ExitCode {
                 };
             }
             first = false;
+            match (speaker.running(), routes.is_some()) {
+                (true, false) => match RouteWatch::open(bgp::conf::TABLE) {
+                    Ok(w) => routes = Some(w),
+                    Err(e) => log(format!("bgp: {e}: BIRD's table is polled only")),
+                },
+                (false, true) => routes = None,
+                _ => {}
+            }
             // Wait for a change of the file, the periodic resync, or the
             // end. Exiting flushes nothing: what is programmed stays, and
             // the next start reconciles from it.
@@ -196,6 +211,7 @@ pub fn run(args: RunArgs) -> ExitCode {
             loop {
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(tick)) => {}
+                    _ = table_changed(&mut routes), if speaker.running() => {}
                     _ = term.recv() => {
                         log("SIGTERM: exiting, kernel state kept");
                         return ExitCode::SUCCESS;
@@ -225,6 +241,13 @@ pub fn run(args: RunArgs) -> ExitCode {
             last_full = Instant::now();
         }
     })
+}
+
+async fn table_changed(w: &mut Option<RouteWatch>) {
+    match w {
+        Some(w) => w.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// How often BIRD's table and sessions are looked at, at most.

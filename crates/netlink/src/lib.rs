@@ -29,6 +29,7 @@ pub mod netconf;
 pub mod nlsock;
 pub mod overlay;
 pub mod packet;
+pub mod route_watch;
 mod routes;
 mod rule;
 pub mod sysctl;
