@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rcni_integration::lab::cluster::{SETTLE, VTEP};
+use rcni_integration::lab::cluster::{SETTLE, VTEP, VTEP6};
 use rcni_integration::lab::fabric::{
     Agent, BIRD_TABLE, Bird, CONVERGE, Fabric, Stack, all_routes_text, birdc, node_as,
     node_bird_sock, parse_prefixes, pod_cidr, pod_cidr6, rcni_prefixes, rcni_routes, table_routes,
@@ -677,4 +677,80 @@ fn bad_peers_are_refused_and_good_routes_still_installed() {
     let (p1, _) = f.nodes[0].pod("p1");
     let (_, a2) = f.nodes[1].pod("p2");
     assert!(ping(&p1.ns, &a2), "{}", state(&f, &a));
+}
+
+/// IPv6-only nodes (no IPv4 on them at all): IPv6 sessions to the ToRs
+/// carry the IPv6 pod subnets, pods talk across racks, and nothing of
+/// IPv4 is written.
+#[test]
+fn ipv6_only_nodes_route_pods_across_racks_by_bgp() {
+    let f = Fabric::routed(&[0, 0, 1], Stack::V6);
+    f.write(&[0, 1, 2], mesh_off());
+    let a = agents(&f, &[0, 1, 2]);
+    f.wait_converged(&[0, 1, 2], &a);
+    assert_eq!(
+        f.tors[1].prefixes_from("n3v6"),
+        BTreeSet::from([pod_cidr6(2)])
+    );
+    let r1 = rcni_routes(&f.nodes[0].ns.ns);
+    assert!(
+        r1.contains("fd00:0:0:3::/64 via fd50::fe dev eth0"),
+        "{r1:?}"
+    );
+    for n in &f.nodes {
+        let v4: Vec<String> = table_routes(&n.ns.ns, 254)
+            .into_iter()
+            .filter(|r| r.contains('.'))
+            .collect();
+        assert!(v4.is_empty(), "{}: {v4:?}", n.name);
+        assert!(tunnels(&n.ns.ns).is_empty(), "{:?}", tunnels(&n.ns.ns));
+    }
+    let (p1, b1) = pod6(&f, 0, "p1");
+    let (p2, b2) = pod6(&f, 1, "p2");
+    let (p3, b3) = pod6(&f, 2, "p3");
+    for (from, to) in [(&p1, &b3), (&p3, &b1), (&p2, &b3), (&p1, &b2)] {
+        assert!(ping6(&from.ns, to), "ping {to}\n{}", state(&f, &a));
+    }
+    let mut s = stream(&p1.ns, &p3.ns, &b3);
+    echo(&mut s);
+}
+
+/// IPv6-only nodes with "vxlanMode": "CrossSubnet": the same rack by BGP,
+/// the other rack through the IPv6 VXLAN device.
+// TODO(issue 30): also switch running IPv6-only nodes from "Never" to
+// "CrossSubnet", once the agent does it (today its first route through
+// rcni6.1 fails with EINVAL and is not tried again).
+#[test]
+fn ipv6_only_cross_subnet_tunnels_only_to_the_other_rack() {
+    let f = Fabric::routed(&[0, 0, 1], Stack::V6);
+    // Underlay config, not the pods' path: VXLAN packets to the other
+    // rack's node addresses need a route, the default route via the ToR.
+    f.add_default_routes();
+    f.write(
+        &[0, 1, 2],
+        json!({"nodeToNodeMeshEnabled": false, "vxlanMode": "CrossSubnet"}),
+    );
+    let a = agents(&f, &[0, 1, 2]);
+    f.wait_converged(&[0, 1, 2], &a);
+    let r1 = rcni_routes(&f.nodes[0].ns.ns);
+    assert!(
+        r1.contains("fd00:0:0:2::/64 via fd50::2 dev eth0"),
+        "{r1:?}"
+    );
+    assert!(
+        r1.contains(&format!("fd00:0:0:3::/64 via fd00:0:0:3:: dev {VTEP6}")),
+        "{r1:?}"
+    );
+    let (p1, b1) = pod6(&f, 0, "p1");
+    let (p2, b2) = pod6(&f, 1, "p2");
+    let (p3, b3) = pod6(&f, 2, "p3");
+    for (from, to) in [(&p1, &b3), (&p3, &b1), (&p1, &b2), (&p2, &b3)] {
+        assert!(ping6(&from.ns, to), "ping {to}\n{}", state(&f, &a));
+    }
+}
+
+/// A pod on an IPv6-only node: its namespace and address.
+fn pod6(f: &Fabric, i: usize, cid: &str) -> (rcni_testkit::TestNs, String) {
+    let (ns, r) = f.nodes[i].add_pod(cid);
+    (ns, rcni_integration::addr_of(&r, false))
 }
