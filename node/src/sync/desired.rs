@@ -381,7 +381,20 @@ pub fn diff(desired: &[PeerEntries], actual: &Actual) -> Vec<Change> {
             }
         }
         want_dst.insert(p.route.dst);
-        if routes.get(&p.route.dst).copied() != Some(&p.route) {
+        let have = routes.get(&p.route.dst).copied();
+        if have != Some(&p.route) {
+            // IPv6 refuses to replace a route with an onlink one whose
+            // gateway the old route covers on another device (the kernel's
+            // onlink check looks the gateway up first: EINVAL), as when a
+            // BGP-learned route to a peer becomes its VXLAN route; the old
+            // one goes first.
+            if let Some(old) = have
+                && old.dst.is_ipv6()
+                && p.route.onlink
+                && old.oif != p.route.oif
+            {
+                ops.push(Op::DelRoute(old.clone()));
+            }
             ops.push(Op::SetRoute(p.route.clone()));
         }
         if !ops.is_empty() {
@@ -704,5 +717,54 @@ mod tests {
         assert_eq!(changes[1].ops.len(), 2);
         assert!(matches!(changes[1].ops[0], Op::DelFdb(_)));
         assert!(matches!(changes[1].ops[1], Op::DelNeighbour(_)));
+    }
+
+    #[test]
+    fn an_ipv6_route_moving_to_an_onlink_tunnel_route_is_removed_first() {
+        let old = OwnedRoute {
+            dst: "fd00:0:0:3::/64".parse().unwrap(),
+            gateway: Some("fd50::fe".parse().unwrap()),
+            oif: Some(2),
+            onlink: false,
+        };
+        let new = OwnedRoute {
+            dst: old.dst,
+            gateway: Some("fd00:0:0:3::".parse().unwrap()),
+            oif: Some(5),
+            onlink: true,
+        };
+        let want = PeerEntries {
+            name: "n3".into(),
+            via: Via::Vxlan,
+            neighbour: None,
+            fdb: None,
+            route: new.clone(),
+        };
+        let actual = Actual {
+            routes: vec![old.clone()],
+            ..Default::default()
+        };
+        let ops = &diff(std::slice::from_ref(&want), &actual)[0].ops;
+        assert_eq!(ops, &vec![Op::DelRoute(old.clone()), Op::SetRoute(new)]);
+        // IPv4 replaces in place, as it always did.
+        let old4 = OwnedRoute {
+            dst: "10.244.3.0/24".parse().unwrap(),
+            gateway: Some("192.168.50.254".parse().unwrap()),
+            ..old
+        };
+        let new4 = OwnedRoute {
+            dst: old4.dst,
+            gateway: Some("10.244.3.0".parse().unwrap()),
+            ..want.route.clone()
+        };
+        let actual = Actual {
+            routes: vec![old4],
+            ..Default::default()
+        };
+        let want4 = PeerEntries {
+            route: new4.clone(),
+            ..want
+        };
+        assert_eq!(diff(&[want4], &actual)[0].ops, vec![Op::SetRoute(new4)]);
     }
 }
