@@ -717,21 +717,34 @@ fn ipv6_only_nodes_route_pods_across_racks_by_bgp() {
 
 /// IPv6-only nodes with "vxlanMode": "CrossSubnet": the same rack by BGP,
 /// the other rack through the IPv6 VXLAN device.
-// TODO(issue 30): also switch running IPv6-only nodes from "Never" to
-// "CrossSubnet", once the agent does it (today its first route through
-// rcni6.1 fails with EINVAL and is not tried again).
+/// The nodes start on "Never" and are switched while running: the
+/// BGP-learned route to the far rack becomes the tunnel's (IPv6 refuses
+/// that replace in place: the agent removes the old route first).
 #[test]
 fn ipv6_only_cross_subnet_tunnels_only_to_the_other_rack() {
     let f = Fabric::routed(&[0, 0, 1], Stack::V6);
     // Underlay config, not the pods' path: VXLAN packets to the other
     // rack's node addresses need a route, the default route via the ToR.
     f.add_default_routes();
+    f.write(&[0, 1, 2], mesh_off());
+    let a = agents(&f, &[0, 1, 2]);
+    f.wait_converged(&[0, 1, 2], &a);
+    assert!(
+        rcni_routes(&f.nodes[0].ns.ns).contains("fd00:0:0:3::/64 via fd50::fe dev eth0"),
+        "{}",
+        state(&f, &a)
+    );
     f.write(
         &[0, 1, 2],
         json!({"nodeToNodeMeshEnabled": false, "vxlanMode": "CrossSubnet"}),
     );
-    let a = agents(&f, &[0, 1, 2]);
-    f.wait_converged(&[0, 1, 2], &a);
+    let tunnelled = format!("fd00:0:0:3::/64 via fd00:0:0:3:: dev {VTEP6}");
+    assert!(
+        poll(CONVERGE, || rcni_routes(&f.nodes[0].ns.ns)
+            .contains(&tunnelled)),
+        "{}",
+        state(&f, &a)
+    );
     let r1 = rcni_routes(&f.nodes[0].ns.ns);
     assert!(
         r1.contains("fd00:0:0:2::/64 via fd50::2 dev eth0"),
