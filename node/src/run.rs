@@ -172,7 +172,12 @@ pub fn run(args: RunArgs) -> ExitCode {
             if let Some(w) = &mut routes {
                 w.drain();
             }
-            seen_bgp = bgp::fingerprint(&nl).await.unwrap_or_default();
+            // (Only with BIRD running: other backends pay no dump.)
+            seen_bgp = if speaker.running() {
+                bgp::fingerprint(&nl).await.unwrap_or_default()
+            } else {
+                Vec::new()
+            };
             let status = once(
                 &mut *registry,
                 &nl,

@@ -79,14 +79,7 @@ fn proto_name(prefix: &str, s: &str) -> String {
 
 /// The sessions of node `me` in `cluster` (which must have a `bgp`).
 pub fn plan(cluster: &Cluster, me: &Node) -> Plan {
-    let bgp = cluster
-        .bgp
-        .clone()
-        .unwrap_or(crate::registry::cluster::BgpConf {
-            as_number: crate::registry::cluster::DEFAULT_AS,
-            mesh: true,
-            peers: Vec::new(),
-        });
+    let bgp = cluster.bgp.clone().unwrap_or_default();
     let my_as = me.bgp_as.unwrap_or(bgp.as_number);
     let mut networks: Vec<IpNetwork> = cluster.network.map(IpNetwork::V4).into_iter().collect();
     let mut own: Vec<IpNetwork> = me.pod_cidr.map(IpNetwork::V4).into_iter().collect();

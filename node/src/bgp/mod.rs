@@ -295,11 +295,6 @@ impl Speaker {
         log
     }
 
-    /// Session name -> state, as last seen.
-    pub fn states(&self) -> Vec<(String, String)> {
-        self.sessions.values().cloned().collect()
-    }
-
     /// Shuts BIRD down cleanly: every peer gets a Cease and withdraws this
     /// node's routes at once (the node left the cluster, or the backend
     /// is no longer bgp), instead of keeping them for the Restart Time.

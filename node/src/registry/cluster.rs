@@ -126,6 +126,17 @@ pub struct BgpConf {
 /// Calico's default AS.
 pub const DEFAULT_AS: u32 = 64512;
 
+/// Calico's defaults: AS 64512, the full mesh, no listed peers.
+impl Default for BgpConf {
+    fn default() -> BgpConf {
+        BgpConf {
+            as_number: DEFAULT_AS,
+            mesh: true,
+            peers: Vec::new(),
+        }
+    }
+}
+
 /// How node-to-node pod traffic is protected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encryption {
