@@ -1,12 +1,10 @@
 //! A simulated cluster (rcni_integration::lab::cluster) whose agents read
 //! the Kubernetes API (a stand-in server) instead of a cluster file.
 
-use std::path::PathBuf;
-
 use rcni_integration::ip;
 use rcni_integration::ip_link_json as link_json;
 use rcni_integration::lab::cluster::{Cluster, SETTLE, VTEP};
-use rcni_integration::lab::kube::{Agent, KubeApi, knode};
+use rcni_integration::lab::kube::{KubeApi, agent_log, knode};
 use rcni_testkit::{bin, command_in, ping, poll, wait_for};
 
 #[test]
@@ -22,24 +20,11 @@ fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
             &format!("10.244.{}.0/24", i + 1),
         ));
     }
-    let logs: Vec<PathBuf> = c
-        .nodes
-        .iter()
-        .map(|n| n.dir.path().join("agent.log"))
-        .collect();
-    let _agents: Vec<Agent> = c
-        .nodes
-        .iter()
-        .zip(&logs)
-        .map(|(n, log)| {
-            let mut cmd = k.agent_command(n);
-            // The node's name the DaemonSet way.
-            cmd.env("NODE_NAME", &n.name)
-                .stderr(std::fs::File::create(log).unwrap());
-            Agent(cmd.spawn().unwrap())
-        })
-        .collect();
-    let log_of = |i: usize| std::fs::read_to_string(&logs[i]).unwrap_or_default();
+    // The node's name the DaemonSet way.
+    let _agents = k.spawn_agents(&c, |cmd, n| {
+        cmd.env("NODE_NAME", &n.name);
+    });
+    let log_of = |i: usize| agent_log(&c.nodes[i]);
     for (i, n) in c.nodes.iter().enumerate() {
         wait_for(SETTLE, &format!("{}'s two peers", n.name), || {
             n.entries().2.len() == 2 && n.conf_dir().join("10-rcni.conflist").exists()
@@ -276,25 +261,12 @@ fn bgp_from_the_net_conf_and_node_annotations_with_ebpf() {
         }
         api.put(&n);
     }
-    let logs: Vec<PathBuf> = c
-        .nodes
-        .iter()
-        .map(|n| n.dir.path().join("agent.log"))
-        .collect();
-    let _agents: Vec<Agent> = c
-        .nodes
-        .iter()
-        .zip(&logs)
-        .map(|(n, log)| {
-            let mut cmd = k.agent_command(n);
-            cmd.args(["--node", &n.name])
-                .arg("--bpf-pin-root")
-                .arg(n.bpffs.path())
-                .stderr(std::fs::File::create(log).unwrap());
-            Agent(cmd.spawn().unwrap())
-        })
-        .collect();
-    let log_of = |i: usize| std::fs::read_to_string(&logs[i]).unwrap_or_default();
+    let _agents = k.spawn_agents(&c, |cmd, n| {
+        cmd.args(["--node", &n.name])
+            .arg("--bpf-pin-root")
+            .arg(n.bpffs.path());
+    });
+    let log_of = |i: usize| agent_log(&c.nodes[i]);
     let birdc = |i: usize, what: &str| {
         let out = command_in(&c.nodes[i].ns.ns, "birdc")
             .arg("-s")

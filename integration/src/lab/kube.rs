@@ -41,6 +41,11 @@ pub fn knode(name: &str, ip: &str, cidr: &str) -> k8s_openapi::api::core::v1::No
     }
 }
 
+/// What a node's agent started by [`KubeApi::spawn_agents`] said so far.
+pub fn agent_log(n: &ClusterNode) -> String {
+    std::fs::read_to_string(n.dir.path().join("agent.log")).unwrap_or_default()
+}
+
 /// The stand-in API server, in the router namespace on the underlay
 /// address every node reaches directly, with a kubeconfig for it and a
 /// net-conf file.
@@ -85,6 +90,25 @@ impl KubeApi {
     /// `rcni-node run --kubernetes` in `n`'s namespace against this API,
     /// with the node's own conf, state and IPAM directories; callers add
     /// how the node learns its name and their own flags.
+    /// [`KubeApi::agent_command`] started in the background on every node
+    /// of `c`, each's stderr into its `agent.log` ([`agent_log`]); `how`
+    /// adds what tells the node its name and any other flag.
+    pub fn spawn_agents(
+        &self,
+        c: &Cluster,
+        how: impl Fn(&mut std::process::Command, &ClusterNode),
+    ) -> Vec<Agent> {
+        c.nodes
+            .iter()
+            .map(|n| {
+                let mut cmd = self.agent_command(n);
+                how(&mut cmd, n);
+                cmd.stderr(std::fs::File::create(n.dir.path().join("agent.log")).unwrap());
+                Agent(cmd.spawn().unwrap())
+            })
+            .collect()
+    }
+
     pub fn agent_command(&self, n: &ClusterNode) -> std::process::Command {
         let mut cmd = tied_command_in(&n.ns.ns, bin("rcni-node"));
         cmd.arg("run")
