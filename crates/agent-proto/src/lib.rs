@@ -6,5 +6,6 @@
 //! in this workspace), so what the agent writes stays byte for byte what
 //! it wrote before these types existed; the tests pin it.
 
+pub mod ipam;
 pub mod pods;
 pub mod socket;
