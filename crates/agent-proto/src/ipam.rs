@@ -22,8 +22,9 @@ pub struct Attachment {
     pub if_name: String,
 }
 
-/// `{"op": "add"|"del"|"check", "containerID", "ifName"}` or
-/// `{"op": "gc", "valid": [{"containerID", "ifName"}...]}`.
+/// `{"op": "add"|"del"|"check", "containerID", "ifName"}`,
+/// `{"op": "gc", "valid": [{"containerID", "ifName"}...]}` or
+/// `{"op": "status"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
 pub enum IpamRequest {
@@ -45,6 +46,8 @@ pub enum IpamRequest {
     /// Every address held by an attachment not in `valid` back to the
     /// pool (CNI GC's `cni.dev/valid-attachments`).
     Gc { valid: Vec<Attachment> },
+    /// Can ADD be served (CNI STATUS)? `{}`, or code 50 with why not.
+    Status,
 }
 
 /// An address (`ip` with the interface that carries it), `{}` for a DEL or

@@ -1,0 +1,3 @@
+fn main() {
+    rcni_cni::skel::run(&vpc_ipam::VpcIpam)
+}
