@@ -20,6 +20,8 @@ pub struct Rule {
     pub v6: bool,
     /// `from PREFIX`; `None` is `from all`.
     pub src: Option<IpNetwork>,
+    /// `to PREFIX`; `None` is `to all`.
+    pub dst: Option<IpNetwork>,
     pub table: u32,
     /// `None` on creation lets the kernel pick (just above the first rule
     /// after `local`, as `ip rule add` without `pref`).
@@ -35,10 +37,28 @@ impl Rule {
         Rule {
             v6: src.is_ipv6(),
             src: Some(src),
+            dst: None,
             table,
             priority: None,
             other_matches: false,
         }
+    }
+
+    /// `to dst lookup table`, priority left to the kernel.
+    pub fn to_dst(dst: IpNetwork, table: u32) -> Rule {
+        Rule {
+            v6: dst.is_ipv6(),
+            src: None,
+            dst: Some(dst),
+            table,
+            priority: None,
+            other_matches: false,
+        }
+    }
+
+    pub fn priority(mut self, p: u32) -> Rule {
+        self.priority = Some(p);
+        self
     }
 }
 
@@ -50,6 +70,9 @@ impl std::fmt::Display for Rule {
         match self.src {
             Some(s) => write!(f, "from {s}")?,
             None => write!(f, "from all")?,
+        }
+        if let Some(d) = self.dst {
+            write!(f, " to {d}")?;
         }
         write!(f, " lookup {}", self.table)
     }
@@ -73,6 +96,10 @@ fn message(rule: &Rule) -> RuleMessage {
         msg.header.src_len = src.prefix();
         msg.attributes.push(RuleAttribute::Source(src.ip()));
     }
+    if let Some(dst) = rule.dst {
+        msg.header.dst_len = dst.prefix();
+        msg.attributes.push(RuleAttribute::Destination(dst.ip()));
+    }
     if let Some(p) = rule.priority {
         msg.attributes.push(RuleAttribute::Priority(p));
     }
@@ -88,19 +115,22 @@ fn parse(m: &RuleMessage) -> Option<Rule> {
     let mut rule = Rule {
         v6,
         src: None,
+        dst: None,
         table: u32::from(m.header.table),
         priority: Some(0),
-        other_matches: m.header.dst_len > 0 || m.header.tos > 0,
+        other_matches: m.header.tos > 0,
     };
     for a in &m.attributes {
         match a {
             RuleAttribute::Source(ip) => {
                 rule.src = IpNetwork::new(*ip, m.header.src_len).ok();
             }
+            RuleAttribute::Destination(ip) => {
+                rule.dst = IpNetwork::new(*ip, m.header.dst_len).ok();
+            }
             RuleAttribute::Table(t) => rule.table = *t,
             RuleAttribute::Priority(p) => rule.priority = Some(*p),
-            RuleAttribute::Destination(_)
-            | RuleAttribute::Iifname(_)
+            RuleAttribute::Iifname(_)
             | RuleAttribute::Oifname(_)
             | RuleAttribute::FwMark(_)
             | RuleAttribute::UidRange(_)
@@ -146,8 +176,8 @@ impl Netlink {
         .await
     }
 
-    /// Deletes the rule matching `rule`'s source, table and (when set)
-    /// priority; a missing one is an error with `is_not_found()`.
+    /// Deletes the rule matching `rule`'s source, destination, table and
+    /// (when set) priority; a missing one is an error with `is_not_found()`.
     pub async fn del_rule(&self, rule: &Rule) -> Result<()> {
         self.acked_request(
             &format!("delete rule {rule}"),

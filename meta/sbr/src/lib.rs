@@ -320,6 +320,7 @@ impl Plugin for Sbr {
                 if !rules.iter().any(|r| {
                     r.src == Some(src)
                         && !r.other_matches
+                        && r.dst.is_none()
                         && conf.table.is_none_or(|t| r.table == t)
                 }) {
                     return Err(CniError::check_failed(format!(

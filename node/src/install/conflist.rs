@@ -87,6 +87,27 @@ pub fn render(
     })
 }
 
+/// Cloud mode's network, as the AWS VPC CNI lays pods out: ptp (a veth per
+/// pod, a /32 route to it, 169.254.1.1 on the host end as the pod's
+/// gateway) with `vpc-ipam` asking the agent's pool on `socket` for an
+/// address of the cloud network, then the policy plugin when the agent
+/// mirrors policy, then portmap. No masquerade in ptp: pod addresses are
+/// the VPC's own, and the agent translates only what leaves the VPC.
+pub fn render_cloud(mtu: u32, socket: &Path, policy: Option<&PolicyPlugin>) -> Value {
+    let mut plugins = vec![json!({
+        "type": "ptp",
+        "mtu": mtu,
+        "ipam": {"type": "vpc-ipam", "socket": socket},
+    })];
+    plugins.extend(policy.map(PolicyPlugin::render));
+    plugins.push(json!({"type": "portmap", "capabilities": {"portMappings": true}}));
+    json!({
+        "cniVersion": "1.0.0",
+        "name": NETWORK_NAME,
+        "plugins": plugins,
+    })
+}
+
 /// Writes `DIR/10-rcni.conflist` when its content differs, atomically (a
 /// runtime reading the directory sees the old file or the new one). Returns
 /// whether it wrote.

@@ -14,11 +14,17 @@ const CHAIN: &str = "postrouting";
 
 /// The rules' comments: they name what the rules do, so an unchanged table
 /// is recognised and left alone (no flush on restart).
-fn comments(pod_cidr: IpNetwork, network: IpNetwork) -> [String; 2] {
-    [
-        format!("rcni-node: {pod_cidr} to {network} keeps its source"),
-        format!("rcni-node: {pod_cidr} leaving {network} masqueraded"),
-    ]
+fn comments(pod_cidr: IpNetwork, keep: &[IpNetwork]) -> Vec<String> {
+    let mut v: Vec<String> = keep
+        .iter()
+        .map(|n| format!("rcni-node: {pod_cidr} to {n} keeps its source"))
+        .collect();
+    let all: Vec<String> = keep.iter().map(|n| n.to_string()).collect();
+    v.push(format!(
+        "rcni-node: {pod_cidr} leaving {} masqueraded",
+        all.join(", ")
+    ));
+    v
 }
 
 /// Makes the table hold exactly
@@ -33,8 +39,23 @@ pub fn ensure(ns: &NetNs, pods: Option<(Ipv4Network, Ipv4Network)>) -> rcni_netl
             ns,
             NftFamily::Ip,
             IpNetwork::V4(pod_cidr),
-            IpNetwork::V4(network),
+            &[IpNetwork::V4(network)],
         ),
+        None => drop_table(ns, NftFamily::Ip),
+    }
+}
+
+/// The same with several destinations keeping the source (cloud mode: the
+/// VPC's CIDR blocks and the excluded ones), or the table removed.
+pub fn ensure_keep(
+    ns: &NetNs,
+    pods: Option<(Ipv4Network, &[Ipv4Network])>,
+) -> rcni_netlink::Result<bool> {
+    match pods {
+        Some((pod_cidr, keep)) => {
+            let keep: Vec<IpNetwork> = keep.iter().map(|n| IpNetwork::V4(*n)).collect();
+            ensure_family(ns, NftFamily::Ip, IpNetwork::V4(pod_cidr), &keep)
+        }
         None => drop_table(ns, NftFamily::Ip),
     }
 }
@@ -47,7 +68,7 @@ pub fn ensure6(ns: &NetNs, pods: Option<(Ipv6Network, Ipv6Network)>) -> rcni_net
             ns,
             NftFamily::Ip6,
             IpNetwork::V6(pod_cidr),
-            IpNetwork::V6(network),
+            &[IpNetwork::V6(network)],
         ),
         None => drop_table(ns, NftFamily::Ip6),
     }
@@ -70,14 +91,15 @@ fn ensure_family(
     ns: &NetNs,
     family: NftFamily,
     pods: IpNetwork,
-    net: IpNetwork,
+    keep: &[IpNetwork],
 ) -> rcni_netlink::Result<bool> {
     let mut nl = Nfnl::open(ns)?;
-    let want = comments(pods, net);
+    let want = comments(pods, keep);
     let have = nl.nft_rules(family, TABLE)?;
     if let Some(rules) = &have {
         let got: Vec<Option<&str>> = rules.iter().map(|r| r.comment.as_deref()).collect();
-        if got == [Some(want[0].as_str()), Some(want[1].as_str())] {
+        let want: Vec<Option<&str>> = want.iter().map(|c| Some(c.as_str())).collect();
+        if got == want {
             return Ok(false);
         }
     }
@@ -89,14 +111,8 @@ fn ensure_family(
         comment: Some(comment.into()),
         insert: false,
     };
-    let keep = [
-        expr::addr(true, pods),
-        expr::addr(false, net),
-        expr::accept(),
-    ]
-    .concat();
     let masq = [expr::addr(true, pods), expr::masquerade()].concat();
-    let ops = vec![
+    let mut ops = vec![
         NftOp::AddTable {
             family,
             table: TABLE.into(),
@@ -119,9 +135,20 @@ fn ensure_family(
             table: TABLE.into(),
             chain: CHAIN.into(),
         },
-        rule(keep, &want[0]),
-        rule(masq, &want[1]),
     ];
+    for (net, comment) in keep.iter().zip(&want) {
+        let e = [
+            expr::addr(true, pods),
+            expr::addr(false, *net),
+            expr::accept(),
+        ]
+        .concat();
+        ops.push(rule(e, comment));
+    }
+    ops.push(rule(
+        masq,
+        want.last().expect("the masquerade rule's comment"),
+    ));
     nl.nft_apply(&ops)?;
     Ok(true)
 }
