@@ -15,5 +15,6 @@ pub mod kube;
 pub mod multinet;
 mod node;
 pub mod traffic;
+pub mod vpc;
 
 pub use node::Node;
