@@ -5,6 +5,7 @@
 //! node list changes.
 
 pub mod bgp;
+pub mod cloud;
 pub mod install;
 pub mod k8s_policy;
 pub mod registry;

@@ -12,7 +12,7 @@ use crate::registry::cluster::{self, ClusterError};
 use crate::registry::k8s;
 use crate::registry::{FileRegistry, Registry};
 use crate::sync::{agent, xnode};
-use crate::{bgp, log, wgkey};
+use crate::{bgp, cloud, log, wgkey};
 use rcni_netlink::route_watch::RouteWatch;
 
 /// How long `--once --kubernetes` waits for the first list of Nodes.
@@ -24,10 +24,21 @@ pub struct RunArgs {
     #[arg(
         long,
         value_name = "FILE",
-        required_unless_present = "kubernetes",
+        required_unless_present_any = ["kubernetes", "cloud", "net_conf"],
         conflicts_with = "kubernetes"
     )]
     pub cluster: Option<PathBuf>,
+    /// Pods on the cloud network's own addresses (AWS VPC CNI / Azure CNI
+    /// mode): a warm pool of the node's secondary addresses, served to the
+    /// vpc-ipam plugin on --cloud-socket. Also set by the net-conf's
+    /// "cloud" section; tuned by its keys or the AWS VPC CNI's variables
+    /// (WARM_ENI_TARGET, WARM_IP_TARGET, MINIMUM_IP_TARGET,
+    /// ENABLE_PREFIX_DELEGATION, ...).
+    #[arg(long, value_enum, value_name = "PROVIDER", conflicts_with = "cluster")]
+    pub cloud: Option<cloud::ProviderKind>,
+    /// In cloud mode: the socket the vpc-ipam plugin asks (its "socket").
+    #[arg(long, value_name = "PATH", default_value = rcni_agent_proto::ipam::DEFAULT_SOCKET)]
+    pub cloud_socket: PathBuf,
     /// Nodes from the Kubernetes API (Node objects) instead of a cluster
     /// file; needs --net-conf.
     #[arg(long, requires = "net_conf")]
@@ -120,6 +131,15 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
     };
     rt.block_on(async move {
+        match cloud_conf(&args) {
+            Ok(Some(c)) => return run_cloud(&args, c).await,
+            Ok(None) => {}
+            Err(code) => return code,
+        }
+        if !args.kubernetes && args.cluster.is_none() {
+            log("--net-conf without --kubernetes is for cloud mode: it needs a \"cloud\" section");
+            return ExitCode::from(EXIT_CONFIG);
+        }
         let mut registry: Box<dyn Registry> = match (&args.cluster, &args.net_conf) {
             (Some(file), _) => Box::new(FileRegistry::new(file)),
             (None, Some(net_conf)) => match kube_registry(&args, net_conf).await {
@@ -246,6 +266,81 @@ pub fn run(args: RunArgs) -> ExitCode {
             last_full = Instant::now();
         }
     })
+}
+
+/// Cloud mode's settings, when the command line or the net-conf asks for
+/// it.
+fn cloud_conf(args: &RunArgs) -> Result<Option<cloud::CloudConf>, ExitCode> {
+    let net = match (&args.cluster, &args.net_conf) {
+        (None, Some(f)) => {
+            let v = std::fs::read_to_string(f)
+                .map_err(|e| e.to_string())
+                .and_then(|t| {
+                    serde_json::from_str::<serde_json::Value>(&t).map_err(|e| e.to_string())
+                });
+            match v {
+                Ok(v) => Some(v),
+                // Not cloud mode's to report: the cluster parser names it.
+                Err(_) if args.cloud.is_none() => return Ok(None),
+                Err(e) => {
+                    log(format!("--net-conf {}: {e}", f.display()));
+                    return Err(ExitCode::from(EXIT_CONFIG));
+                }
+            }
+        }
+        _ => None,
+    };
+    cloud::conf(net.as_ref(), args.cloud, &|k| std::env::var(k).ok()).map_err(|e| {
+        log(e);
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+async fn run_cloud(args: &RunArgs, conf: cloud::CloudConf) -> ExitCode {
+    // With --kubernetes --policy-dir, policy comes from the API as in the
+    // other modes (the Canal-style preset); the guard keeps it running.
+    let mut _policy = None;
+    if let (true, Some(dir)) = (args.kubernetes, &args.policy_dir) {
+        let client = match k8s::client(args.kubeconfig.as_deref()).await {
+            Ok(c) => c,
+            Err(e) => {
+                log(e);
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        };
+        let sync = k8s_policy::SyncCommand {
+            bin: args.cni_bin_dir.join("policy"),
+            network: conflist::NETWORK_NAME.into(),
+            data_dir: args.policy_data_dir.clone(),
+        };
+        match k8s_policy::start(
+            client,
+            dir.clone(),
+            &args.node,
+            &args.agent_socket,
+            Some(sync),
+        ) {
+            Ok(p) => _policy = Some(p),
+            Err(e) => {
+                log(e);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let opts = cloud::Options {
+        node: args.node.clone(),
+        cni_conf_dir: args.cni_conf_dir.clone(),
+        state_dir: args.state_dir.clone(),
+        socket: args.cloud_socket.clone(),
+        policy: args.policy_dir.as_ref().map(|d| conflist::PolicyPlugin {
+            policy_dir: d.clone(),
+            agent_socket: args.agent_socket.clone(),
+            data_dir: args.policy_data_dir.clone(),
+        }),
+        once: args.once,
+        resync: Duration::from_secs(args.resync_s),
+    };
+    cloud::run(conf, opts).await
 }
 
 async fn table_changed(w: &mut Option<RouteWatch>) {

@@ -1,0 +1,433 @@
+//! `rcni-node run --cloud aws|azure`: pods on the cloud network's own
+//! addresses, as the AWS VPC CNI and Azure CNI give them. The agent keeps
+//! a warm pool of secondary addresses on the node's cloud interfaces
+//! (`rcni_cloud`), answers the `vpc-ipam` plugin from it over a unix
+//! socket, and lays the node out as the AWS VPC CNI does ([`datapath`]).
+//! No overlay, no routes to other nodes: the VPC delivers each address to
+//! the interface it is assigned to.
+//!
+//! Settings: the net-conf's `"cloud"` section (`--net-conf`), then the AWS
+//! VPC CNI's environment variables (WARM_ENI_TARGET, WARM_IP_TARGET,
+//! MINIMUM_IP_TARGET, WARM_PREFIX_TARGET, ENABLE_PREFIX_DELEGATION,
+//! IP_COOLDOWN_PERIOD, MAX_ENI, AWS_VPC_K8S_CNI_EXTERNALSNAT,
+//! AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS) over it, as a DaemonSet sets them.
+
+pub mod datapath;
+pub mod server;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnetwork::Ipv4Network;
+use rcni_cloud::Provider;
+use rcni_cloud::manager::{Manager, Tuning};
+use rcni_cloud::pool::PoolConfig;
+use serde_json::Value;
+
+use crate::install::conflist;
+use crate::log;
+use datapath::{PodAddr, Snat};
+
+/// Which cloud's API the pool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProviderKind {
+    Aws,
+    Azure,
+}
+
+impl ProviderKind {
+    fn parse(s: &str) -> Result<ProviderKind, String> {
+        match s {
+            "aws" => Ok(ProviderKind::Aws),
+            "azure" => Ok(ProviderKind::Azure),
+            other => Err(format!(
+                "cloud.provider {other:?}: one of \"aws\", \"azure\""
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloudConf {
+    pub provider: ProviderKind,
+    pub pool: PoolConfig,
+    pub snat: Snat,
+    /// ipamd's timings unless the test knobs below change them.
+    pub tuning: Tuning,
+}
+
+/// ipamd's fixed timings, which only tests change (they cannot wait a
+/// minute per step): RCNI_CLOUD_RESYNC_MS (the pool check, 5 s),
+/// RCNI_CLOUD_DECREASE_MS (at most one give-back per 30 s) and
+/// RCNI_CLOUD_MIN_ENI_AGE_MS (no interface younger than 1 min freed).
+fn tuning(env: &dyn Fn(&str) -> Option<String>) -> Result<Tuning, String> {
+    let mut t = Tuning::default();
+    for (k, field) in [
+        ("RCNI_CLOUD_RESYNC_MS", &mut t.resync),
+        ("RCNI_CLOUD_DECREASE_MS", &mut t.decrease_interval),
+        ("RCNI_CLOUD_MIN_ENI_AGE_MS", &mut t.min_interface_age),
+    ] {
+        if let Some(v) = env(k) {
+            let ms: u64 = v
+                .parse()
+                .map_err(|_| format!("{k}={v:?}: a number of milliseconds"))?;
+            *field = Duration::from_millis(ms);
+        }
+    }
+    Ok(t)
+}
+
+/// The cloud settings from the net-conf's `"cloud"` section (if any), the
+/// command line's provider and the environment; `None` when nothing asks
+/// for cloud mode.
+pub fn conf(
+    net_conf: Option<&Value>,
+    cli: Option<ProviderKind>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<CloudConf>, String> {
+    let section = net_conf.and_then(|v| v.get("cloud"));
+    if section.is_none() && cli.is_none() {
+        return Ok(None);
+    }
+    if let Some(obj) = net_conf.and_then(Value::as_object)
+        && let Some(k) = obj.keys().find(|k| k.as_str() != "cloud")
+    {
+        return Err(format!(
+            "{k:?}: in cloud mode the net-conf holds only \"cloud\" (pods take the VPC's own addresses: no pod network, no backend)"
+        ));
+    }
+    let empty = Value::Object(Default::default());
+    let section = section.unwrap_or(&empty);
+    if !section.is_object() {
+        return Err("\"cloud\" must be an object".into());
+    }
+    let provider = match (cli, section.get("provider")) {
+        (Some(p), _) => p,
+        (None, Some(Value::String(s))) => ProviderKind::parse(s)?,
+        (None, Some(_)) => return Err("cloud.provider must be a string".into()),
+        (None, None) => {
+            return Err("cloud.provider (\"aws\" or \"azure\") or --cloud is needed".into());
+        }
+    };
+    let mut pool = PoolConfig::from_json(section).map_err(|e| format!("cloud: {e}"))?;
+    pool.apply_env(env).map_err(|e| format!("cloud: {e}"))?;
+    let mut snat = Snat {
+        external: match section.get("externalSNAT") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err("cloud.externalSNAT must be true or false".into()),
+        },
+        exclude: match section.get("excludeSNATCIDRs") {
+            None => Vec::new(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .and_then(|s| s.parse::<Ipv4Network>().ok())
+                        .ok_or_else(|| format!("cloud.excludeSNATCIDRs: {v} is not an IPv4 CIDR"))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err("cloud.excludeSNATCIDRs must be a list of CIDRs".into()),
+        },
+    };
+    if let Some(v) = env("AWS_VPC_K8S_CNI_EXTERNALSNAT") {
+        snat.external = match v.as_str() {
+            "true" => true,
+            "false" => false,
+            other => {
+                return Err(format!(
+                    "AWS_VPC_K8S_CNI_EXTERNALSNAT={other:?}: true or false"
+                ));
+            }
+        };
+    }
+    if let Some(v) = env("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS") {
+        snat.exclude = v
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<Ipv4Network>().map_err(|_| {
+                    format!("AWS_VPC_K8S_CNI_EXCLUDE_SNAT_CIDRS: {s:?} is not an IPv4 CIDR")
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    Ok(Some(CloudConf {
+        provider,
+        pool,
+        snat,
+        tuning: tuning(env)?,
+    }))
+}
+
+/// What the cloud loop needs from the command line.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub node: String,
+    pub cni_conf_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub socket: PathBuf,
+    pub policy: Option<conflist::PolicyPlugin>,
+    pub once: bool,
+    pub resync: Duration,
+}
+
+/// How often interfaces the cloud attached but the node does not show yet
+/// are looked for.
+const LINK_WAIT: Duration = Duration::from_millis(200);
+
+/// Runs cloud mode until SIGTERM. A config or identity problem exits 2;
+/// anything the cloud or kernel refuses while running is logged and
+/// retried.
+pub async fn run(conf: CloudConf, opts: Options) -> ExitCode {
+    match conf.provider {
+        ProviderKind::Aws => match rcni_cloud::aws::Aws::from_env().await {
+            Ok(p) => go(p, conf, opts).await,
+            Err(e) => {
+                log(format!("cloud: AWS: {e}"));
+                ExitCode::FAILURE
+            }
+        },
+        ProviderKind::Azure => match rcni_cloud::azure::Azure::from_env().await {
+            Ok(p) => go(p, conf, opts).await,
+            Err(e) => {
+                log(format!("cloud: Azure: {e}"));
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// The pool, the socket and the node's layout with provider `p`.
+pub async fn go<P: Provider + 'static>(p: P, conf: CloudConf, opts: Options) -> ExitCode {
+    let nl = match rcni_netlink::Netlink::connect_current().await {
+        Ok(nl) => nl,
+        Err(e) => {
+            log(e);
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(&opts.state_dir) {
+        log(format!("state dir {}: {e}", opts.state_dir.display()));
+        return ExitCode::FAILURE;
+    }
+    let checkpoint = opts.state_dir.join("cloud-ipam.json");
+    let pool =
+        match Manager::start_tuned(p, conf.pool.clone(), checkpoint.clone(), conf.tuning).await {
+            Ok(m) => m,
+            Err(e) => {
+                log(format!("cloud: {e}"));
+                return ExitCode::FAILURE;
+            }
+        };
+    let snap = pool.snapshot();
+    log(format!(
+        "cloud: instance {} ({}, {}): {} interfaces, max pods {}, {} pods from {}",
+        snap.instance.id,
+        snap.instance.instance_type,
+        snap.instance.region,
+        snap.interfaces.len(),
+        snap.max_pods,
+        snap.allocations.len(),
+        checkpoint.display()
+    ));
+    let vpc = snap.instance.vpc_cidrs.clone();
+    let ctx = Arc::new(server::Ctx {
+        pool: pool.clone(),
+        nl: nl.clone(),
+        vpc: vpc.clone(),
+        snat: conf.snat.clone(),
+    });
+    let mut missing = layout(&ctx).await;
+    // The primary interface's MTU for the pods' veths (9001 on EC2's
+    // current instance types).
+    let mtu = primary_mtu(&nl, &snap.instance.primary_mac)
+        .await
+        .unwrap_or(1500);
+    let conflist = conflist::render_cloud(mtu, &opts.socket, opts.policy.as_ref());
+    match conflist::write(&opts.cni_conf_dir, &conflist) {
+        Ok((path, true)) => log(format!("wrote {}", path.display())),
+        Ok(_) => {}
+        Err(e) => {
+            log(format!("{}: {e}", opts.cni_conf_dir.display()));
+            return ExitCode::FAILURE;
+        }
+    }
+    if opts.once {
+        return ExitCode::SUCCESS;
+    }
+    let listener = match server::listen(&opts.socket) {
+        Ok(l) => l,
+        Err(e) => {
+            log(format!("cloud: socket {}: {e}", opts.socket.display()));
+            return ExitCode::FAILURE;
+        }
+    };
+    log(format!(
+        "cloud: serving vpc-ipam on {}",
+        opts.socket.display()
+    ));
+    let serving = tokio::spawn(server::serve(listener, ctx.clone()));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let refill = tokio::spawn(pool.clone().run(async move {
+        let _ = stop_rx.await;
+    }));
+    let mut changes = pool.changes();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            log(format!("SIGTERM handler: {e}"));
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut last_full = tokio::time::Instant::now();
+    loop {
+        let wait = if missing.is_empty() {
+            opts.resync
+        } else {
+            LINK_WAIT
+        };
+        tokio::select! {
+            r = changes.changed() => {
+                if r.is_err() {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep(wait) => {}
+            _ = term.recv() => {
+                log("SIGTERM: exiting, addresses and kernel state kept");
+                break;
+            }
+            _ = tokio::signal::ctrl_c() => {
+                log("SIGINT: exiting, addresses and kernel state kept");
+                break;
+            }
+        }
+        let was = missing.len();
+        missing = layout(&ctx).await;
+        if was != missing.len() || last_full.elapsed() >= opts.resync {
+            last_full = tokio::time::Instant::now();
+            let s = pool.snapshot();
+            log(format!(
+                "cloud: {} pods, {} free, {} cooling, {} interfaces{}",
+                s.allocations.len(),
+                s.free,
+                s.cooling,
+                s.interfaces.len(),
+                if missing.is_empty() {
+                    String::new()
+                } else {
+                    format!(", waiting for the links of {}", missing.join(", "))
+                }
+            ));
+        }
+    }
+    let _ = stop_tx.send(());
+    let _ = refill.await;
+    serving.abort();
+    let _ = std::fs::remove_file(&opts.socket);
+    ExitCode::SUCCESS
+}
+
+/// Interfaces, pods' rules and SNAT as the pool says; returns the MACs of
+/// attached interfaces whose links are not on the node yet. Failures are
+/// logged: the next pass tries again.
+async fn layout<P: Provider + 'static>(ctx: &server::Ctx<P>) -> Vec<String> {
+    let s = ctx.pool.snapshot();
+    let missing = match datapath::ensure_interfaces(&ctx.nl, &s.interfaces).await {
+        Ok(m) => m,
+        Err(e) => {
+            log(format!("cloud: interfaces: {e}"));
+            Vec::new()
+        }
+    };
+    let pods: Vec<PodAddr> = s
+        .allocations
+        .iter()
+        .map(|(_, a)| PodAddr {
+            ip: a.ip,
+            device_index: a.device_index,
+        })
+        .collect();
+    match datapath::reconcile_pods(&ctx.nl, &pods, &ctx.vpc, &ctx.snat).await {
+        Ok(0) => {}
+        Ok(n) => log(format!("cloud: {n} pod rules changed")),
+        Err(e) => log(format!("cloud: pod rules: {e}")),
+    }
+    match datapath::ensure_snat(ctx.nl.netns(), &ctx.vpc, &ctx.snat) {
+        Ok(true) => log(format!(
+            "cloud: SNAT {}",
+            if ctx.snat.external {
+                "external: none here".to_string()
+            } else {
+                format!("to the primary address outside {:?}", ctx.vpc)
+            }
+        )),
+        Ok(false) => {}
+        Err(e) => log(format!("cloud: SNAT: {e}")),
+    }
+    missing
+}
+
+async fn primary_mtu(nl: &rcni_netlink::Netlink, mac: &str) -> Option<u32> {
+    nl.links().await.ok()?.into_iter().find_map(|l| {
+        let m = l.mac?;
+        let text: Vec<String> = m.0.iter().map(|b| format!("{b:02x}")).collect();
+        (text.join(":") == mac).then_some(l.mtu)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn cloud_mode_only_when_asked() {
+        assert_eq!(conf(None, None, &no_env).unwrap(), None);
+        let c = conf(None, Some(ProviderKind::Aws), &no_env)
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.provider, ProviderKind::Aws);
+        assert!(!c.snat.external);
+        let n = json!({"cloud": {"provider": "azure", "externalSNAT": true,
+            "excludeSNATCIDRs": ["192.168.0.0/16"]}});
+        let c = conf(Some(&n), None, &no_env).unwrap().unwrap();
+        assert_eq!(c.provider, ProviderKind::Azure);
+        assert!(c.snat.external);
+        assert_eq!(c.snat.exclude.len(), 1);
+        let env = |k: &str| (k == "AWS_VPC_K8S_CNI_EXTERNALSNAT").then(|| "false".to_string());
+        assert!(!conf(Some(&n), None, &env).unwrap().unwrap().snat.external);
+    }
+
+    #[test]
+    fn bad_cloud_settings_are_named() {
+        let e = conf(Some(&json!({"cloud": {"provider": "gcp"}})), None, &no_env).unwrap_err();
+        assert!(e.contains("gcp"), "{e}");
+        let e = conf(Some(&json!({"cloud": {}})), None, &no_env).unwrap_err();
+        assert!(e.contains("--cloud"), "{e}");
+        let e = conf(
+            Some(&json!({"cloud": {"provider": "aws"}, "network": "10.0.0.0/8"})),
+            None,
+            &no_env,
+        )
+        .unwrap_err();
+        assert!(e.contains("network"), "{e}");
+        let e = conf(
+            Some(&json!({"cloud": {"provider": "aws", "excludeSNATCIDRs": ["x"]}})),
+            None,
+            &no_env,
+        )
+        .unwrap_err();
+        assert!(e.contains("excludeSNATCIDRs"), "{e}");
+        let env = |k: &str| (k == "AWS_VPC_K8S_CNI_EXTERNALSNAT").then(|| "yes".to_string());
+        assert!(conf(None, Some(ProviderKind::Aws), &env).is_err());
+    }
+}
