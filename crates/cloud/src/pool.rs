@@ -756,22 +756,23 @@ impl Pool {
         let may_decrease = self
             .last_decrease
             .is_none_or(|at| now.duration_since(at).unwrap_or_default() >= decrease_interval);
-        if over > 0 && may_decrease {
-            if let Some(step) = self.take_excess(over, now) {
-                self.last_decrease = Some(now);
-                return Some(step);
-            }
+        if over > 0
+            && may_decrease
+            && let Some(step) = self.take_excess(over, now)
+        {
+            self.last_decrease = Some(now);
+            return Some(step);
         }
         let unused = self
             .interfaces()
             .any(|i| i.device_index != 0 && !self.holds_pods(i));
-        if should_remove_extra(&self.cfg, self.limits, &s, unused) {
-            if let Some(idx) = self.deletable(now, min_interface_age) {
-                let slot = self.slots.remove(&idx)?;
-                return Some(Step::DeleteInterface {
-                    interface: slot.iface,
-                });
-            }
+        if should_remove_extra(&self.cfg, self.limits, &s, unused)
+            && let Some(idx) = self.deletable(now, min_interface_age)
+        {
+            let slot = self.slots.remove(&idx)?;
+            return Some(Step::DeleteInterface {
+                interface: slot.iface,
+            });
         }
         None
     }
@@ -1185,6 +1186,9 @@ mod tests {
         }
     }
 
+    /// Pods, addresses (prefixes) per interface, unused addresses.
+    type Row = (u32, Vec<usize>, u32);
+
     fn sorted(mut v: Vec<usize>) -> Vec<usize> {
         v.sort();
         v
@@ -1202,7 +1206,7 @@ mod tests {
             minimum_ip_target: Some(m),
             ..Default::default()
         };
-        let rows: Vec<(PoolConfig, Limits, Vec<(u32, Vec<usize>, u32)>)> = vec![
+        let rows: Vec<(PoolConfig, Limits, Vec<Row>)> = vec![
             (
                 PoolConfig::default(),
                 t3small,
@@ -1275,7 +1279,7 @@ mod tests {
             minimum_ip_target: m,
             ..Default::default()
         };
-        let rows: Vec<(PoolConfig, Limits, Vec<(u32, Vec<usize>, u32)>)> = vec![
+        let rows: Vec<(PoolConfig, Limits, Vec<Row>)> = vec![
             (
                 pd(Some(1), None, None),
                 t3small,
