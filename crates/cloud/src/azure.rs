@@ -322,7 +322,9 @@ impl Azure {
 
     /// Follows a NIC update to its end (the Azure-AsyncOperation URL, or the
     /// NIC's provisioningState without one) and returns the NIC as it is
-    /// then.
+    /// then. The PUT was accepted, so the change is Azure's already: a
+    /// throttled poll waits and polls again (within the bound) rather than
+    /// leave the pool unaware of addresses the NIC now has.
     async fn finish_update(&self, nic_id: &str, put: Reply) -> Result<Value> {
         let what = format!("updating NIC {nic_id}");
         let nic = put.json(&what)?;
@@ -331,17 +333,18 @@ impl Azure {
         }
         let deadline = Instant::now() + OPERATION_TIMEOUT;
         let mut wait = put.retry_after();
-        let op = put.header("azure-asyncoperation").map(str::to_string);
+        let mut op = put.header("azure-asyncoperation").map(str::to_string);
         // The token goes only to ARM itself, never to a URL an answer names
         // elsewhere.
-        if let Some(op) = &op
-            && !op.starts_with(&format!("{}/", self.arm))
+        if let Some(url) = &op
+            && !url.starts_with(&format!("{}/", self.arm))
         {
             return Err(CloudError::Other(format!(
-                "{what}: the operation's status URL {op:?} is not on {}",
+                "{what}: the operation's status URL {url:?} is not on {}",
                 self.arm
             )));
         }
+        let nic_url = self.resource_url(nic_id, NETWORK_API);
         loop {
             let pause = wait.unwrap_or(POLL_DEFAULT).clamp(POLL_MIN, POLL_MAX);
             if Instant::now() + pause > deadline {
@@ -351,33 +354,39 @@ impl Azure {
                 )));
             }
             tokio::time::sleep(pause).await;
-            match &op {
-                Some(op) => {
-                    let r = self.arm_url(Method::GET, op, None, None).await?;
-                    if !r.status.is_success() {
-                        return Err(error_of(&what, &r));
+            // The operation's status while there is one, then the NIC.
+            let url = op.as_deref().unwrap_or(&nic_url);
+            let r = self.arm_url(Method::GET, url, None, None).await?;
+            if !r.status.is_success() {
+                match error_of(&what, &r) {
+                    CloudError::Throttled(_) => {
+                        wait = r.retry_after();
+                        continue;
                     }
-                    let status = r.json(&what)?;
-                    match status.get("status").and_then(Value::as_str) {
-                        Some("Succeeded") => {
-                            return self.get(nic_id, NETWORK_API, &what).await;
-                        }
-                        Some(s @ ("Failed" | "Canceled")) => {
-                            return Err(operation_error(&what, s, &status));
-                        }
-                        _ => wait = r.retry_after(),
-                    }
+                    e => return Err(e),
                 }
-                None => {
-                    let nic = self.get(nic_id, NETWORK_API, &what).await?;
-                    match provisioning_state(&nic) {
-                        Some("Succeeded") | None => return Ok(nic),
-                        Some(s @ ("Failed" | "Canceled")) => {
-                            return Err(CloudError::Other(format!("{what}: {s}")));
-                        }
-                        _ => wait = None,
+            }
+            let v = r.json(&what)?;
+            wait = r.retry_after();
+            if op.is_some() {
+                match v.get("status").and_then(Value::as_str) {
+                    Some("Succeeded") => {
+                        op = None;
+                        wait = Some(Duration::ZERO);
                     }
+                    Some(s @ ("Failed" | "Canceled")) => {
+                        return Err(operation_error(&what, s, &v));
+                    }
+                    _ => {}
                 }
+                continue;
+            }
+            match provisioning_state(&v) {
+                Some("Succeeded") | None => return Ok(v),
+                Some(s @ ("Failed" | "Canceled")) => {
+                    return Err(CloudError::Other(format!("{what}: {s}")));
+                }
+                _ => {}
             }
         }
     }

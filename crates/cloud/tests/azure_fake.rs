@@ -371,23 +371,26 @@ fn throttling_is_throttled() {
         let e = a.assign_ips(&nic, 2).await.unwrap_err();
         assert!(matches!(e, CloudError::Throttled(_)), "{e:?}");
         assert_eq!(fake.state().len(), 1);
-        // Every second request: some call in the sequence is refused, and
-        // a throttled assign leaves nothing half done.
-        fake.hook("POST", "/_rcni/throttle", Some(json!({"every": 2})));
-        let mut ok = 0;
-        for _ in 0..6 {
+        // Every third request: in each assign the GET or the PUT is refused
+        // (nothing changes: Throttled), or the PUT is accepted and a refused
+        // poll is polled again (the addresses are returned). Either way no
+        // address is on the NIC that the caller was not given.
+        fake.hook("POST", "/_rcni/throttle", Some(json!({"every": 3})));
+        let (mut ok, mut throttled) = (0, 0);
+        for _ in 0..8 {
             match a.assign_ips(&nic, 1).await {
                 Ok(v) => {
                     assert_eq!(v.len(), 1);
                     ok += 1;
                 }
-                Err(CloudError::Throttled(_)) => {}
+                Err(CloudError::Throttled(_)) => throttled += 1,
                 Err(e) => panic!("{e:?}"),
             }
         }
         fake.hook("POST", "/_rcni/throttle", Some(json!({"every": 0})));
+        assert!(ok > 0 && throttled > 0, "{ok} assigned, {throttled} throttled");
         let held = fake.state().len() - 1;
-        assert!(held >= ok, "{held} configurations, {ok} assigns succeeded");
+        assert_eq!(held, ok, "{held} configurations, {ok} assigns succeeded");
         let view = a.describe().await.unwrap();
         assert_eq!(view.interfaces[0].secondary_ips.len(), held);
     });
@@ -442,6 +445,17 @@ fn long_running_updates_are_followed() {
         // The next update starts after the first finished: no 409.
         a.unassign_ips(&nic, &got[..1]).await.expect("unassign");
         assert_eq!(fake.state().len(), 2);
+        // Two at once: the second's PUT finds the etag changed (412), reads
+        // again and finds the first update still running (409
+        // AnotherOperationInProgress): a wait, like a throttle.
+        let (x, y) = tokio::join!(a.assign_ips(&nic, 1), a.assign_ips(&nic, 1));
+        let (done, waited) = if x.is_ok() { (x, y) } else { (y, x) };
+        assert_eq!(done.map(|v| v.len()), Ok(1));
+        assert!(
+            matches!(&waited, Err(CloudError::Throttled(m)) if m.contains("409")),
+            "{waited:?}"
+        );
+        assert_eq!(fake.state().len(), 3);
     });
 }
 
