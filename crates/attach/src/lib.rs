@@ -502,6 +502,28 @@ pub async fn configure_iface(
             route = route.advmss(m);
         }
         match ct.add_route(&route).await {
+            // A gateway the link does not reach (the AWS VPC CNI's layout:
+            // a /32 pod address behind 169.254.1.1) is made reachable on
+            // the link, then the route added again. The reference's
+            // ConfigureIface fails here ("network is unreachable"), so no
+            // config that works with it gets this route: the README lists
+            // it among the differences.
+            Err(e) if e.errno() == Some(nix::libc::ENETUNREACH) && gw.is_some() => {
+                let g = gw.expect("checked");
+                let host = ipnetwork::IpNetwork::new(g, if g.is_ipv4() { 32 } else { 128 })
+                    .expect("full-length prefix");
+                let onlink = rcni_netlink::Route::new(host)
+                    .oif(link.index)
+                    .scope(SCOPE_LINK);
+                match ct.add_route(&onlink).await {
+                    Err(e) if !e.is_exists() => return Err(e.into()),
+                    _ => {}
+                }
+                match ct.add_route(&route).await {
+                    Err(e) if !e.is_exists() => return Err(e.into()),
+                    _ => {}
+                }
+            }
             Err(e) if !e.is_exists() => return Err(e.into()),
             _ => {}
         }
