@@ -14,6 +14,12 @@
 //!   more), follow the long-running operation, then read the addresses Azure
 //!   chose. Removing is the same PUT without those configurations.
 //! - A NIC holds at most 256 IP configurations, its primary one included.
+//!   By default the provider reports 31 (Azure CNI's default of 30 pods per
+//!   node, plus the primary): with the pool's WARM_ENI_TARGET of one whole
+//!   interface, a node then holds 30 addresses up front, as Azure CNI
+//!   reserves max pods' worth per node, so Azure CNI's subnet sizing holds.
+//!   Reporting 256 would make the first node take 255 addresses, a whole /24.
+//!   `RCNI_AZURE_MAX_IP_CONFIGS` sets it, up to 256.
 //!
 //! Not covered: VM scale set instances (AKS node pools), whose NICs belong to
 //! the scale set's model and change through it.
@@ -50,13 +56,16 @@ pub const ARM_ENDPOINT_ENV: &str = "RCNI_AZURE_ARM_ENDPOINT";
 pub const ARM_RESOURCE_ENV: &str = "RCNI_AZURE_ARM_RESOURCE";
 /// A user-assigned identity's client id, for a VM with more than one.
 pub const CLIENT_ID_ENV: &str = "RCNI_AZURE_CLIENT_ID";
-/// Fewer IP configurations per NIC than Azure allows (the pool then keeps
-/// fewer pods on the node).
+/// IP configurations per NIC the pool may use, the primary one included
+/// (default [`DEFAULT_IP_CONFIGS`], at most [`MAX_IP_CONFIGS_PER_NIC`]).
 pub const MAX_IP_CONFIGS_ENV: &str = "RCNI_AZURE_MAX_IP_CONFIGS";
 
 /// Azure's limit of IP configurations (private addresses) per NIC, the
 /// primary one included ("Private IP addresses per network interface").
 pub const MAX_IP_CONFIGS_PER_NIC: u32 = 256;
+/// What the provider reports unless told otherwise: Azure CNI's default max
+/// pods (30) and the NIC's own address.
+pub const DEFAULT_IP_CONFIGS: u32 = 31;
 
 const IMDS_INSTANCE_API: &str = "2021-02-01";
 const IMDS_TOKEN_API: &str = "2018-02-01";
@@ -131,7 +140,7 @@ impl Azure {
             arm: arm_url.trim_end_matches('/').to_string(),
             resource: ARM_RESOURCE.to_string(),
             client_id: None,
-            max_ip_configs: MAX_IP_CONFIGS_PER_NIC,
+            max_ip_configs: DEFAULT_IP_CONFIGS,
             http: http_client()?,
             calls: AtomicU64::new(0),
             token: Mutex::new(None),

@@ -202,7 +202,8 @@ fn describe_reads_imds_and_arm() {
         ] as [Ipv4Network; 2]
     );
     assert_eq!(view.limits.max_interfaces, 1);
-    assert_eq!(view.limits.addrs_per_interface, 256);
+    // Azure CNI's default of 30 pods, and the NIC's own address.
+    assert_eq!(view.limits.addrs_per_interface, 31);
     assert_eq!(view.interfaces.len(), 1);
     let nic = &view.interfaces[0];
     assert_eq!(
@@ -511,6 +512,71 @@ fn no_azure_behind_the_endpoints() {
     assert!(
         matches!(&e, CloudError::Other(m) if m.contains("instance")),
         "{e:?}"
+    );
+}
+
+/// The shared pool on Azure: one NIC, WARM_ENI_TARGET 1 fills it with 30
+/// addresses (Azure CNI's max pods, reserved up front as Azure CNI does),
+/// no second interface is ever asked for, and a pod gets one of the NIC's
+/// addresses.
+#[test]
+fn the_pool_keeps_its_warm_addresses_on_the_primary_nic() {
+    use rcni_agent_proto::ipam::Attachment;
+    use rcni_cloud::manager::Manager;
+    use rcni_cloud::pool::PoolConfig;
+
+    let fake = Fake::start(&[]);
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("cloud-ipam.json");
+    let (snap, pod) = fake
+        .ns
+        .ns
+        .run(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let azure = Azure::with_endpoints(URL, URL).unwrap();
+                let m = Manager::start(azure, PoolConfig::default(), checkpoint)
+                    .await
+                    .expect("pool on Azure");
+                let watch = m.clone();
+                let filled = async move {
+                    let t = std::time::Instant::now();
+                    while watch.snapshot().free < 30 && t.elapsed() < Duration::from_secs(30) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                };
+                m.clone().run(filled).await;
+                let pod = m.allocate(&Attachment {
+                    container_id: "c1".into(),
+                    if_name: "eth0".into(),
+                });
+                (m.snapshot(), pod)
+            })
+        })
+        .unwrap();
+    assert_eq!(snap.interfaces.len(), 1);
+    assert_eq!(snap.total, 30, "{snap:?}");
+    // The pod holds one of them.
+    assert_eq!(snap.free, 29);
+    let pod = pod.expect("a pod's address");
+    assert_eq!(pod.interface, snap.interfaces[0].id);
+    assert_eq!(pod.device_index, 0);
+    let held = fake.state();
+    assert_eq!(held.len(), 31);
+    assert!(
+        held.iter()
+            .any(|(n, a)| n.starts_with("rcni-") && *a == pod.ip)
+    );
+    // Describe, one NIC update with its operation followed; no attach call
+    // exists in Azure's API, so none was made.
+    assert_eq!(
+        fake.count("PUT networkInterfaces/{nic}"),
+        1,
+        "{}",
+        fake.calls()
     );
 }
 
