@@ -91,8 +91,8 @@ const TOKEN_MARGIN: Duration = Duration::from_secs(300);
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// The Azure provider. Cheap to share; every method is one short sequence
-/// of requests.
+/// The Azure provider: every method is one short sequence of requests. The
+/// managed identity's token is cached until shortly before it expires.
 pub struct Azure {
     imds: String,
     arm: String,
