@@ -9,7 +9,7 @@ use std::future::Future;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use rcni_agent_proto::ipam::Attachment;
 use serde::Serialize;
@@ -59,6 +59,14 @@ pub struct Tuning {
     /// First wait after a throttled call, doubled up to `backoff_max`.
     pub backoff_start: Duration,
     pub backoff_max: Duration,
+    /// How often the pool takes the cloud's view over again (ipamd's
+    /// `nodeIPPoolReconcileInterval`, 1 min): addresses or interfaces
+    /// added or removed behind its back.
+    pub reconcile: Duration,
+    /// What the pool itself changed less than this ago is left out of a
+    /// reconcile, the cloud's reads lagging its writes (ipamd's
+    /// `ipReconcileCooldown`, 1 min).
+    pub reconcile_quiet: Duration,
 }
 
 impl Default for Tuning {
@@ -69,6 +77,8 @@ impl Default for Tuning {
             decrease_interval: Duration::from_secs(30),
             backoff_start: Duration::from_millis(500),
             backoff_max: Duration::from_secs(30),
+            reconcile: Duration::from_secs(60),
+            reconcile_quiet: Duration::from_secs(60),
         }
     }
 }
@@ -95,6 +105,7 @@ pub struct Snapshot {
 struct State {
     pool: Pool,
     instance: Instance,
+    last_reconcile: Instant,
 }
 
 pub struct Manager<P: Provider> {
@@ -195,6 +206,7 @@ impl<P: Provider + 'static> Manager<P> {
             state: Mutex::new(State {
                 pool,
                 instance: view.instance,
+                last_reconcile: Instant::now(),
             }),
             wake: Notify::new(),
             changes: watch::channel(0).0,
@@ -400,6 +412,27 @@ impl<P: Provider + 'static> Manager<P> {
     /// Steps until the pool needs nothing (or a call fails). Bounded, so a
     /// cloud that answers with fewer addresses than asked cannot spin us.
     async fn pass(&self) -> Result<()> {
+        let due = self.lock().last_reconcile.elapsed() >= self.tuning.reconcile;
+        if due {
+            let view = self.provider.describe().await?;
+            let mut st = self.lock();
+            st.last_reconcile = Instant::now();
+            let notes = st.pool.reconcile(
+                view.interfaces,
+                SystemTime::now(),
+                self.tuning.reconcile_quiet,
+            );
+            if !notes.is_empty() {
+                if let Err(e) = self.save(&st) {
+                    log!("{e} (reconcile)");
+                }
+                drop(st);
+                for n in notes {
+                    log!("reconcile: {n}");
+                }
+                self.changed();
+            }
+        }
         for _ in 0..64 {
             let step = {
                 let mut st = self.lock();
@@ -419,12 +452,16 @@ impl<P: Provider + 'static> Manager<P> {
             Step::AssignIps { interface, count } => {
                 let ips = p.assign_ips(&interface, count).await?;
                 log!("{interface}: +{} addresses", ips.len());
-                self.lock().pool.add_ips(&interface, &ips);
+                self.lock()
+                    .pool
+                    .add_ips(&interface, &ips, SystemTime::now());
             }
             Step::AssignPrefixes { interface, count } => {
                 let prefixes = p.assign_prefixes(&interface, count).await?;
                 log!("{interface}: +{} prefixes", prefixes.len());
-                self.lock().pool.add_prefixes(&interface, &prefixes);
+                self.lock()
+                    .pool
+                    .add_prefixes(&interface, &prefixes, SystemTime::now());
             }
             Step::CreateInterface {
                 device_index,
@@ -443,11 +480,11 @@ impl<P: Provider + 'static> Manager<P> {
                     if prefix {
                         let v = p.assign_prefixes(&id, count).await?;
                         log!("{id}: +{} prefixes", v.len());
-                        self.lock().pool.add_prefixes(&id, &v);
+                        self.lock().pool.add_prefixes(&id, &v, SystemTime::now());
                     } else {
                         let v = p.assign_ips(&id, count).await?;
                         log!("{id}: +{} addresses", v.len());
-                        self.lock().pool.add_ips(&id, &v);
+                        self.lock().pool.add_ips(&id, &v, SystemTime::now());
                     }
                 }
             }

@@ -423,6 +423,11 @@ pub struct Pool {
     owner: HashMap<Ipv4Addr, Attachment>,
     cooling: HashMap<Ipv4Addr, SystemTime>,
     last_decrease: Option<SystemTime>,
+    /// When the pool last changed an address, prefix or interface in the
+    /// cloud (`ip:`, `prefix:`, `iface:` keys): [`Pool::reconcile`] leaves
+    /// those alone for a while, the cloud's reads being eventually
+    /// consistent (ipamd's `reconcileCooldownCache`).
+    touched: HashMap<String, SystemTime>,
 }
 
 impl Pool {
@@ -447,6 +452,7 @@ impl Pool {
             owner: HashMap::new(),
             cooling: HashMap::new(),
             last_decrease: None,
+            touched: HashMap::new(),
         }
     }
 
@@ -770,6 +776,7 @@ impl Pool {
             && let Some(idx) = self.deletable(now, min_interface_age)
         {
             let slot = self.slots.remove(&idx)?;
+            self.touched.insert(format!("iface:{}", slot.iface.id), now);
             return Some(Step::DeleteInterface {
                 interface: slot.iface,
             });
@@ -806,8 +813,14 @@ impl Pool {
                     (!v.is_empty()).then(|| (*idx, v, Vec::new()))
                 }
             })?;
+        let interface = self.slots.get(&idx)?.iface.id.clone();
+        for p in &picked_prefixes {
+            self.touched.insert(format!("prefix:{p}"), now);
+        }
+        for ip in &picked_ips {
+            self.touched.insert(format!("ip:{ip}"), now);
+        }
         let iface = &mut self.slots.get_mut(&idx)?.iface;
-        let interface = iface.id.clone();
         if prefix {
             iface.prefixes.retain(|p| !picked_prefixes.contains(p));
             Some(Step::UnassignPrefixes {
@@ -860,13 +873,17 @@ impl Pool {
 
     /// A new interface from the cloud.
     pub fn add_interface(&mut self, iface: Interface, now: SystemTime) {
+        self.touched.insert(format!("iface:{}", iface.id), now);
         self.slots
             .insert(iface.device_index, Slot { iface, seen: now });
     }
 
     /// New secondary addresses on `interface`; false if the pool no longer
     /// knows it.
-    pub fn add_ips(&mut self, interface: &str, ips: &[Ipv4Addr]) -> bool {
+    pub fn add_ips(&mut self, interface: &str, ips: &[Ipv4Addr], now: SystemTime) -> bool {
+        for ip in ips {
+            self.touched.insert(format!("ip:{ip}"), now);
+        }
         let Some(i) = self.iface_mut(interface) else {
             return false;
         };
@@ -878,7 +895,15 @@ impl Pool {
         true
     }
 
-    pub fn add_prefixes(&mut self, interface: &str, prefixes: &[Ipv4Network]) -> bool {
+    pub fn add_prefixes(
+        &mut self,
+        interface: &str,
+        prefixes: &[Ipv4Network],
+        now: SystemTime,
+    ) -> bool {
+        for p in prefixes {
+            self.touched.insert(format!("prefix:{p}"), now);
+        }
         let Some(i) = self.iface_mut(interface) else {
             return false;
         };
@@ -888,6 +913,114 @@ impl Pool {
             }
         }
         true
+    }
+
+    /// Takes the cloud's view over again (ipamd's `nodeIPPoolReconcile`):
+    /// interfaces and addresses the cloud has and the pool does not become
+    /// free; those the pool has and the cloud no longer does go, with any
+    /// assignment on them (dropped: the pod's address is gone). Whatever the
+    /// pool itself changed less than `quiet` ago is left alone, the cloud's
+    /// answer may not show it yet. Returns what changed, to log.
+    pub fn reconcile(
+        &mut self,
+        cloud: Vec<Interface>,
+        now: SystemTime,
+        quiet: Duration,
+    ) -> Vec<String> {
+        self.touched
+            .retain(|_, at| now.duration_since(*at).unwrap_or_default() < quiet);
+        let recent = |key: String| self.touched.contains_key(&key);
+        let mut notes = Vec::new();
+        let mut gone_ips: Vec<Ipv4Addr> = Vec::new();
+        let mut gone_prefixes: Vec<Ipv4Network> = Vec::new();
+        let known: Vec<String> = self.interfaces().map(|i| i.id.clone()).collect();
+        for theirs in cloud.iter().filter(|c| !known.contains(&c.id)) {
+            if !recent(format!("iface:{}", theirs.id))
+                && !self.slots.contains_key(&theirs.device_index)
+            {
+                notes.push(format!(
+                    "found interface {} at device index {}",
+                    theirs.id, theirs.device_index
+                ));
+                let slot = Slot {
+                    iface: theirs.clone(),
+                    seen: now,
+                };
+                self.slots.insert(theirs.device_index, slot);
+            }
+        }
+        let vanished: Vec<u32> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| {
+                !cloud.iter().any(|c| c.id == s.iface.id)
+                    && !recent(format!("iface:{}", s.iface.id))
+            })
+            .map(|(idx, _)| *idx)
+            .collect();
+        for idx in vanished {
+            if let Some(slot) = self.slots.remove(&idx) {
+                notes.push(format!("interface {} is gone", slot.iface.id));
+                gone_ips.extend(&slot.iface.secondary_ips);
+                gone_prefixes.extend(&slot.iface.prefixes);
+            }
+        }
+        let touched = self.touched.clone();
+        let recent = |key: String| touched.contains_key(&key);
+        for slot in self.slots.values_mut() {
+            let ours = &mut slot.iface;
+            let Some(theirs) = cloud.iter().find(|c| c.id == ours.id) else {
+                continue;
+            };
+            for ip in &theirs.secondary_ips {
+                if !ours.secondary_ips.contains(ip) && !recent(format!("ip:{ip}")) {
+                    notes.push(format!("{}: found {ip}", ours.id));
+                    ours.secondary_ips.push(*ip);
+                }
+            }
+            for p in &theirs.prefixes {
+                if !ours.prefixes.contains(p) && !recent(format!("prefix:{p}")) {
+                    notes.push(format!("{}: found {p}", ours.id));
+                    ours.prefixes.push(*p);
+                }
+            }
+            let id = ours.id.clone();
+            ours.secondary_ips.retain(|ip| {
+                let keep = theirs.secondary_ips.contains(ip) || recent(format!("ip:{ip}"));
+                if !keep {
+                    notes.push(format!("{id}: {ip} is gone"));
+                    gone_ips.push(*ip);
+                }
+                keep
+            });
+            ours.prefixes.retain(|p| {
+                let keep = theirs.prefixes.contains(p) || recent(format!("prefix:{p}"));
+                if !keep {
+                    notes.push(format!("{id}: {p} is gone"));
+                    gone_prefixes.push(*p);
+                }
+                keep
+            });
+        }
+        let gone =
+            |ip: &Ipv4Addr| gone_ips.contains(ip) || gone_prefixes.iter().any(|p| p.contains(*ip));
+        let dropped: Vec<Attachment> = self
+            .assigned
+            .iter()
+            .filter(|(_, al)| gone(&al.ip))
+            .map(|(a, _)| a.clone())
+            .collect();
+        for a in dropped {
+            if let Some(al) = self.assigned.remove(&a) {
+                self.owner.remove(&al.ip);
+                notes.push(format!(
+                    "{}/{}: dropped {}, no longer the node's",
+                    a.container_id, a.if_name, al.ip
+                ));
+            }
+        }
+        self.cooling.retain(|ip, _| !gone(ip));
+        notes
     }
 }
 
@@ -1117,11 +1250,11 @@ mod tests {
                 match step {
                     Step::AssignIps { interface, count } => {
                         let ips = self.ips(count);
-                        self.pool.add_ips(&interface, &ips);
+                        self.pool.add_ips(&interface, &ips, now);
                     }
                     Step::AssignPrefixes { interface, count } => {
                         let p = self.prefixes(count);
-                        self.pool.add_prefixes(&interface, &p);
+                        self.pool.add_prefixes(&interface, &p, now);
                     }
                     Step::CreateInterface {
                         device_index,
@@ -1136,10 +1269,10 @@ mod tests {
                         self.pool.add_interface(iface, now);
                         if self.pool.cfg.prefix_delegation {
                             let p = self.prefixes(count);
-                            self.pool.add_prefixes(&id, &p);
+                            self.pool.add_prefixes(&id, &p, now);
                         } else {
                             let ips = self.ips(count);
-                            self.pool.add_ips(&id, &ips);
+                            self.pool.add_ips(&id, &ips, now);
                         }
                     }
                     Step::UnassignIps { .. }
@@ -1433,5 +1566,37 @@ mod tests {
             }
         }
         assert!(seen.contains(&ip), "{seen:?}");
+    }
+
+    #[test]
+    fn reconcile_leaves_what_the_pool_just_changed_alone() {
+        let cfg = PoolConfig::default();
+        let mut sim = Sim::new(cfg, limits(3, 4));
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        sim.pool.next_step(t0, Duration::ZERO, Duration::ZERO);
+        let ips = sim.ips(3);
+        sim.pool.add_ips("eni-0", &ips, t0);
+        let a = Attachment {
+            container_id: "c".into(),
+            if_name: "eth0".into(),
+        };
+        let al = sim.pool.assign(&a, t0).unwrap();
+        let quiet = Duration::from_secs(60);
+        // The cloud's read still lags: it shows none of the three.
+        let mut stale: Vec<Interface> = sim.pool.interfaces().cloned().collect();
+        stale[0].secondary_ips.clear();
+        let notes = sim
+            .pool
+            .reconcile(stale.clone(), t0 + Duration::from_secs(5), quiet);
+        assert!(notes.is_empty(), "{notes:?}");
+        assert_eq!(sim.pool.lookup(&a), Some(&al));
+        // Past the quiet window the cloud is believed: the pod's address
+        // is gone and so is its assignment.
+        let notes = sim
+            .pool
+            .reconcile(stale, t0 + Duration::from_secs(61), quiet);
+        assert_eq!(notes.len(), 4, "{notes:?}");
+        assert_eq!(sim.pool.lookup(&a), None);
+        assert_eq!(sim.pool.stats(t0).total, 0);
     }
 }

@@ -35,6 +35,8 @@ fn fast() -> Tuning {
         decrease_interval: Duration::ZERO,
         backoff_start: Duration::from_millis(10),
         backoff_max: Duration::from_millis(80),
+        reconcile: Duration::from_secs(3600),
+        reconcile_quiet: Duration::from_secs(60),
     }
 }
 
@@ -515,5 +517,68 @@ async fn allocation_is_off_the_cloud_path() {
     eprintln!("allocate from a warm pool: {each:?} each (checkpoint write included)");
     assert!(each < Duration::from_millis(5), "{each:?}");
     consistent(&r.mgr, &cloud).unwrap();
+    r.stop().await;
+}
+
+#[tokio::test]
+async fn the_cloud_view_is_taken_over_again_periodically() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = FakeCloud::new(limits(3, 10), subnet());
+    let cfg = PoolConfig {
+        warm_ip_target: Some(2),
+        minimum_ip_target: Some(2),
+        ..Default::default()
+    };
+    let mgr = Manager::start_tuned(
+        cloud.clone(),
+        cfg,
+        dir.path().join("pool.json"),
+        Tuning {
+            reconcile: Duration::from_millis(30),
+            reconcile_quiet: Duration::ZERO,
+            ..fast()
+        },
+    )
+    .await
+    .unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(mgr.clone().run(async move {
+        let _ = rx.await;
+    }));
+    let r = Running {
+        mgr,
+        stop: Some(tx),
+        task,
+    };
+    let (a, _) = r.allocate(&pod(0)).await;
+    r.allocate(&pod(1)).await;
+    eventually("settled", || {
+        let s = r.mgr.snapshot();
+        match s.total - s.allocations.len() as u32 {
+            2 => Ok(()),
+            n => Err(format!("{n} available")),
+        }
+    })
+    .await;
+    // Someone else removes a pod's address and adds three.
+    cloud.assign_ips("eni-0", 3).await.unwrap();
+    cloud.drop_ip(a.ip);
+    eventually("the pod whose address went is dropped", || {
+        match r.mgr.lookup(&pod(0)) {
+            None => Ok(()),
+            Some(al) => Err(format!("still {al:?}")),
+        }
+    })
+    .await;
+    // The three extra are over WARM_IP_TARGET and go back.
+    eventually("pool and cloud agree, targets kept", || {
+        consistent(&r.mgr, &cloud)?;
+        let s = r.mgr.snapshot();
+        match s.total - s.allocations.len() as u32 {
+            2 => Ok(()),
+            n => Err(format!("{n} available")),
+        }
+    })
+    .await;
     r.stop().await;
 }
