@@ -8,22 +8,30 @@
 //!
 //! Skips with a message when moto is not installed (PyPI `moto[server]`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use rcni_integration::ip;
 use rcni_integration::lab::vpc::{
-    self, GATEWAY, INTERNET, MODEL, SUBNET, VPC_HOST, Vpc, in_prefix, reaches,
+    self, GATEWAY, INTERNET, MODEL, SUBNET, VPC_CIDR, VPC_HOST, Vpc, VpcNode, in_prefix, reaches,
+    source_seen,
 };
-use rcni_testkit::{command_in, ping};
+use rcni_testkit::{TestNs, command_in, ping};
 use serde_json::json;
 
 const REACH: Duration = Duration::from_secs(10);
+/// How long a test retries an ADD answered 11 (the pool refilling).
+const ADD_LIMIT: Duration = Duration::from_secs(60);
+/// How long the agent may take to bring the API to its targets.
+const SETTLE: Duration = Duration::from_secs(20);
+/// The burst the issue asks the warm targets to hold after.
+const BURST: usize = 110;
 
 fn lab() -> Option<Vpc> {
-    if !vpc::moto_available() {
-        eprintln!("SKIP: moto is not installed (pip install 'moto[server]')");
+    if vpc::python().is_none() {
+        eprintln!("SKIP: no Python with moto[server] and boto3 (scripts/setup --for test)");
         return None;
     }
     Some(Vpc::new())
@@ -186,4 +194,561 @@ fn lab_follows_the_api() {
     assert!(!routes.iter().any(|r| r.ends_with(" n1e1")), "{routes:?}");
     assert!(!ping(&nb.ns.ns, &p1.to_string()));
     assert_eq!(v.ec2.agent_calls(), BTreeMap::new(), "no agent ran");
+}
+
+/// Links that would mean an overlay.
+fn tunnels(ns: &rcni_netns::NetNs) -> Vec<String> {
+    rcni_integration::nl(ns, async |n| n.links().await.unwrap())
+        .into_iter()
+        .filter(|l| {
+            matches!(
+                l.kind.as_deref(),
+                Some("vxlan" | "ipip" | "gre" | "sit" | "wireguard" | "geneve" | "ip6tnl")
+            )
+        })
+        .map(|l| l.name)
+        .collect()
+}
+
+/// `ip -4 rule show` in `ns`, one line each.
+fn rules(ns: &rcni_netns::NetNs) -> Vec<String> {
+    let out = command_in(ns, "ip")
+        .args(["-4", "rule", "show"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// The rule lines that name `ip` (as `from` or `to`).
+fn rules_of(ns: &rcni_netns::NetNs, ip: Ipv4Addr) -> Vec<String> {
+    let a = ip.to_string();
+    rules(ns)
+        .into_iter()
+        .filter(|l| {
+            l.split_whitespace()
+                .any(|w| w == a || w == format!("{a}/32"))
+        })
+        .collect()
+}
+
+/// Whether the agent's masquerade table is there.
+fn masq_table(ns: &rcni_netns::NetNs) -> bool {
+    command_in(ns, "nft")
+        .args(["list", "table", "ip", "rcni_node"])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// Pods on their VPC addresses talk across nodes and with a host of the
+/// VPC with no tunnel; a pod on a secondary interface too (its rule sends
+/// VPC traffic out of that interface: the VPC's source check would drop it
+/// on eth0). The VPC host sees pods' own addresses, the internet host the
+/// node's primary address (SNAT). With AWS_VPC_K8S_CNI_EXTERNALSNAT=true
+/// the node leaves SNAT to the VPC: no masquerade table, the secondary
+/// interface's pods' rule has no `to` part (everything leaves by that
+/// interface), and the internet host sees the pod's address.
+#[test]
+fn pods_talk_on_their_vpc_addresses_without_a_tunnel() {
+    let Some(mut v) = lab() else { return };
+    // t3.small: 3 interfaces x 4 addresses, so a node's 4th pod is on eth1.
+    let a = v.add_node("t3.small");
+    let b = v.add_node("t3.small");
+    let c = v.add_node("t3.small");
+    v.nodes[a].start_agent(&[]);
+    v.nodes[b].start_agent(&[]);
+    v.nodes[c].start_agent(&[("AWS_VPC_K8S_CNI_EXTERNALSNAT", "true")]);
+    let (na, nb, nc) = (&v.nodes[a], &v.nodes[b], &v.nodes[c]);
+    let mut pods_a = Vec::new();
+    let mut pods_c = Vec::new();
+    for i in 0..4 {
+        pods_a.push(na.add_pod_retrying(&format!("a{i}"), ADD_LIMIT));
+        pods_c.push(nc.add_pod_retrying(&format!("c{i}"), ADD_LIMIT));
+    }
+    let (pb, _, ipb, _) = nb.add_pod_retrying("b0", ADD_LIMIT);
+    v.settle();
+
+    let on_a = v.assigned(a);
+    let on_c = v.assigned(c);
+    for (_, _, ip, _) in &pods_a {
+        assert!(
+            on_a.contains_key(ip),
+            "{ip} is not a's per the API: {on_a:?}"
+        );
+    }
+    assert!(v.assigned(b).contains_key(&ipb));
+    let (pa, ipa) = (&pods_a[0].0, pods_a[0].2);
+    assert_eq!(on_a[&ipa], 0, "the first pod is on the primary interface");
+    let (pa1, ipa1) = pods_a
+        .iter()
+        .find(|p| on_a[&p.2] >= 1)
+        .map(|p| (&p.0, p.2))
+        .expect("a pod on a secondary interface");
+    let (pc1, ipc1) = pods_c
+        .iter()
+        .find(|p| on_c[&p.2] >= 1)
+        .map(|p| (&p.0, p.2))
+        .expect("a pod on c's secondary interface");
+    let table = on_a[&ipa1] + 1;
+
+    for (from, to) in [
+        (pa, ipb),
+        (&pb, ipa),
+        (pa1, ipb),
+        (&pb, ipa1),
+        (pc1, ipb),
+        (&pb, ipc1),
+    ] {
+        assert!(reaches(&from.ns, &to.to_string(), REACH), "-> {to}");
+    }
+    for (p, ip) in [(pa, ipa), (pa1, ipa1), (pc1, ipc1)] {
+        assert_eq!(
+            source_seen(&v.host.ns, VPC_HOST, &p.ns).as_deref(),
+            Some(ip.to_string().as_str()),
+            "the VPC host sees the pod's own address"
+        );
+    }
+    for p in [pa, pa1] {
+        assert_eq!(
+            source_seen(&v.internet.ns, INTERNET, &p.ns).as_deref(),
+            Some(na.primary_ip.to_string().as_str()),
+            "the internet sees a's primary address (SNAT)"
+        );
+    }
+    assert_eq!(
+        source_seen(&v.internet.ns, INTERNET, &pc1.ns).as_deref(),
+        Some(ipc1.to_string().as_str()),
+        "external SNAT: the node leaves the pod's address alone"
+    );
+
+    let ra = rules_of(&na.ns.ns, ipa1);
+    assert!(
+        ra.iter()
+            .any(|l| l.contains(&format!("from {ipa1} to {VPC_CIDR} lookup {table}"))),
+        "{ra:?}"
+    );
+    assert!(
+        ra.iter()
+            .any(|l| l.contains(&format!("to {ipa1} lookup main"))),
+        "{ra:?}"
+    );
+    assert!(masq_table(&na.ns.ns));
+    let rc = rules_of(&nc.ns.ns, ipc1);
+    let from: Vec<&String> = rc
+        .iter()
+        .filter(|l| l.contains(&format!("from {ipc1} ")))
+        .collect();
+    assert_eq!(from.len(), 1, "{rc:?}");
+    assert!(!from[0].contains(" to "), "external SNAT: {rc:?}");
+    assert!(!masq_table(&nc.ns.ns), "external SNAT: no masquerade table");
+    for n in &v.nodes {
+        assert_eq!(tunnels(&n.ns.ns), Vec::<String>::new(), "{}", n.name);
+    }
+}
+
+/// The secondary addresses (and prefixes' addresses) the API assigns to
+/// node `n`'s interfaces.
+fn api_count(v: &Vpc, n: usize) -> usize {
+    v.assigned(n).len()
+}
+
+fn wait_api_count(v: &Vpc, n: usize, want: usize, limit: Duration) {
+    let ok = rcni_testkit::poll(limit, || api_count(v, n) == want);
+    assert!(
+        ok,
+        "{}: the API shows {} pod addresses, not {want}\n{}",
+        v.nodes[n].name,
+        api_count(v, n),
+        tail(&v.nodes[n].agent_log())
+    );
+}
+
+fn tail(s: &str) -> String {
+    let l: Vec<&str> = s.lines().collect();
+    l[l.len().saturating_sub(40)..].join("\n")
+}
+
+/// A pod's address per the API is one of its node's secondary addresses;
+/// DEL puts it to rest for IP_COOLDOWN_PERIOD (a pod added meanwhile gets
+/// another, one added when it is the only one left waits on code 11 and
+/// then gets it back), and what is past the warm targets goes back to EC2
+/// (UnassignPrivateIpAddresses) until the API shows the target again.
+#[test]
+fn del_cools_reuses_and_gives_back_past_the_target() {
+    let Some(mut v) = lab() else { return };
+    // t3.large: 12 addresses per interface, so every address here is on
+    // the primary interface and one give-back returns all the excess (the
+    // agent gives back from one interface at a time, then waits ipamd's
+    // 30 s before the next).
+    let a = v.add_node("t3.large");
+    v.nodes[a].start_agent(&[
+        ("WARM_IP_TARGET", "1"),
+        ("MINIMUM_IP_TARGET", "3"),
+        ("IP_COOLDOWN_PERIOD", "2"),
+    ]);
+    wait_api_count(&v, a, 3, SETTLE);
+    let n = &v.nodes[a];
+    let (p1, _, x1, _) = n.add_pod_retrying("p1", ADD_LIMIT);
+    let (p2, _, x2, _) = n.add_pod_retrying("p2", ADD_LIMIT);
+    let on_api = v.assigned(a);
+    for x in [x1, x2] {
+        assert!(
+            on_api.contains_key(&x),
+            "{x} not a's per the API: {on_api:?}"
+        );
+    }
+    n.del_pod(&p1, "p1");
+    let released = Instant::now();
+    let (p3, _, x3, _) = n.add_pod_retrying("p3", ADD_LIMIT);
+    assert_ne!(x3, x1, "a cooling address was handed out");
+    // Three addresses (the minimum), two pods, x1 cooling: the pool counts
+    // it as available (as ipamd does) and does not grow, so p4 waits.
+    let (p4, _, x4, tries) = n.add_pod_retrying("p4", ADD_LIMIT);
+    assert_eq!(x4, x1, "the one address left, once cooled ({tries} tries)");
+    assert!(
+        released.elapsed() >= Duration::from_millis(1500),
+        "reused after {:?}, before the cooldown",
+        released.elapsed()
+    );
+    let (p5, _, _, _) = n.add_pod_retrying("p5", ADD_LIMIT);
+    let (p6, _, _, _) = n.add_pod_retrying("p6", ADD_LIMIT);
+    // Five pods and WARM_IP_TARGET=1: six addresses.
+    wait_api_count(&v, a, 6, SETTLE);
+    v.ec2.reset_calls();
+    for (p, cid) in [
+        (&p2, "p2"),
+        (&p3, "p3"),
+        (&p4, "p4"),
+        (&p5, "p5"),
+        (&p6, "p6"),
+    ] {
+        n.del_pod(p, cid);
+    }
+    // Cooled, then over both targets by 3 (6 - 3 >= 6 - 1): back to EC2.
+    // What has cooled goes at once; the rest after ipamd's 30 s between
+    // two give-backs (the DELs were not all at one instant).
+    let shrinking = rcni_testkit::poll(SETTLE, || api_count(&v, a) < 6);
+    assert!(shrinking, "nothing given back\n{}", tail(&n.agent_log()));
+    wait_api_count(&v, a, 3, Duration::from_secs(45));
+    let calls = v.ec2.agent_calls();
+    eprintln!("EC2 calls after 5 DELs: {calls:?}");
+    assert!(
+        calls
+            .get("UnassignPrivateIpAddresses")
+            .copied()
+            .unwrap_or(0)
+            >= 1,
+        "{calls:?}"
+    );
+    let cp = n.checkpoint().expect("the agent's checkpoint");
+    assert_eq!(cp["allocations"], json!([]), "{cp}");
+}
+
+/// A pod of a burst.
+struct Pod {
+    cid: String,
+    ns: TestNs,
+    ip: Ipv4Addr,
+}
+
+/// `count` pods added on `n` by `threads` workers at once, each ADD
+/// retried on 11 (any other code fails the test); `done` counts the pods
+/// added so far. Returns the pods and the 11s seen.
+fn burst(
+    n: &VpcNode,
+    tag: &str,
+    count: usize,
+    threads: usize,
+    done: &AtomicUsize,
+) -> (Vec<Pod>, u32) {
+    let results: Vec<(Vec<Pod>, u32)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut pods = Vec::new();
+                    let mut elevens = 0;
+                    for i in (t..count).step_by(threads) {
+                        let cid = format!("{tag}{i}");
+                        let (ns, _, ip, tries) = n.add_pod_retrying(&cid, ADD_LIMIT);
+                        elevens += tries;
+                        pods.push(Pod { cid, ns, ip });
+                        done.fetch_add(1, Ordering::SeqCst);
+                    }
+                    (pods, elevens)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let mut pods = Vec::new();
+    let mut elevens = 0;
+    for (p, e) in results {
+        pods.extend(p);
+        elevens += e;
+    }
+    (pods, elevens)
+}
+
+/// DEL of every pod, by `threads` workers.
+fn teardown(n: &VpcNode, pods: &[Pod], threads: usize) {
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || {
+                for p in pods.iter().skip(t).step_by(threads) {
+                    n.del_pod(&p.ns, &p.cid);
+                }
+            });
+        }
+    });
+}
+
+/// No address twice, and each the node's per the API.
+fn assert_distinct_and_assigned(v: &Vpc, node: usize, pods: &[Pod]) {
+    let ips: BTreeSet<Ipv4Addr> = pods.iter().map(|p| p.ip).collect();
+    assert_eq!(ips.len(), pods.len(), "an address was given twice");
+    let on_api = v.assigned(node);
+    for p in pods {
+        assert!(
+            on_api.contains_key(&p.ip),
+            "{} ({}) is not the node's per the API",
+            p.ip,
+            p.cid
+        );
+    }
+}
+
+fn per_pod(calls: &BTreeMap<String, i64>, pods: usize) -> f64 {
+    calls.values().sum::<i64>() as f64 / pods as f64
+}
+
+/// The burst of the issue on an m5.4xlarge (8 interfaces x 30 addresses)
+/// with the agent's `env`: 110 ADDs at once, all distinct and the node's
+/// per the API; once settled the API holds `want_total(110)` pod
+/// addresses; then the teardown. Prints the agent's EC2 calls per pod.
+fn burst_holds_the_targets(case: &str, env: &[(&str, &str)], want_total: impl Fn(usize) -> usize) {
+    let Some(mut v) = lab() else { return };
+    let a = v.add_node("m5.4xlarge");
+    v.nodes[a].start_agent(env);
+    let warm = want_total(0);
+    wait_api_count(&v, a, warm, SETTLE);
+    v.ec2.reset_calls();
+    let n = &v.nodes[a];
+    let started = Instant::now();
+    let (pods, elevens) = burst(n, "b", BURST, 4, &AtomicUsize::new(0));
+    let took = started.elapsed();
+    assert_distinct_and_assigned(&v, a, &pods);
+    wait_api_count(&v, a, want_total(BURST), SETTLE);
+    let free = api_count(&v, a) - BURST;
+    let up = v.ec2.agent_calls();
+
+    v.ec2.reset_calls();
+    teardown(n, &pods, 4);
+    // Past the cooldown and the agent's first give-back.
+    std::thread::sleep(Duration::from_secs(5));
+    let down = v.ec2.agent_calls();
+    eprintln!(
+        "{case}: {BURST} ADDs in {took:.1?} ({elevens} answered 11), {free} free after; \
+         EC2 calls over the burst {:.3}/pod {up:?}; over the teardown (+5 s) {:.3}/pod {down:?}",
+        per_pod(&up, BURST),
+        per_pod(&down, BURST),
+    );
+    let cp = n.checkpoint().expect("the agent's checkpoint");
+    assert_eq!(cp["allocations"], json!([]), "{cp}");
+}
+
+/// WARM_IP_TARGET=5, MINIMUM_IP_TARGET=10: 115 addresses after the burst
+/// (5 free), 10 before.
+#[test]
+fn burst_of_110_holds_warm_ip_target() {
+    burst_holds_the_targets(
+        "WARM_IP_TARGET=5 MINIMUM_IP_TARGET=10",
+        &[
+            ("WARM_IP_TARGET", "5"),
+            ("MINIMUM_IP_TARGET", "10"),
+            ("IP_COOLDOWN_PERIOD", "2"),
+        ],
+        |pods| (pods + 5).max(10),
+    );
+}
+
+/// The default WARM_ENI_TARGET=1: whole interfaces of 29 addresses, one
+/// interface's worth free (5 interfaces, 145 addresses, after 110 pods).
+#[test]
+fn burst_of_110_holds_warm_eni_target() {
+    burst_holds_the_targets(
+        "WARM_ENI_TARGET=1",
+        &[("IP_COOLDOWN_PERIOD", "2")],
+        |pods| 29 * (pods + 29).div_ceil(29),
+    );
+}
+
+/// Prefix delegation: pods' addresses fall in /28 prefixes the API shows
+/// on the node's interfaces (no secondary addresses), the VPC routes the
+/// /28s, pods talk across nodes and with the VPC host on them.
+#[test]
+fn prefix_mode_pods_live_in_delegated_prefixes() {
+    let Some(mut v) = lab() else { return };
+    let a = v.add_node("t3.medium");
+    let b = v.add_node("t3.medium");
+    let env = [("ENABLE_PREFIX_DELEGATION", "true")];
+    v.nodes[a].start_agent(&env);
+    v.nodes[b].start_agent(&env);
+    let (na, nb) = (&v.nodes[a], &v.nodes[b]);
+    let mut pods = Vec::new();
+    for i in 0..3 {
+        pods.push(na.add_pod_retrying(&format!("a{i}"), ADD_LIMIT));
+    }
+    let (pb, _, ipb, _) = nb.add_pod_retrying("b0", ADD_LIMIT);
+    v.settle();
+    for (node, ips) in [
+        (na, pods.iter().map(|p| p.2).collect::<Vec<_>>()),
+        (nb, vec![ipb]),
+    ] {
+        let enis = v.ec2.enis_of(&node.instance);
+        for e in &enis {
+            assert!(e.secondary.is_empty(), "prefix mode: {e:?}");
+        }
+        for ip in ips {
+            let e = enis
+                .iter()
+                .find(|e| e.prefixes.iter().any(|p| in_prefix(p, ip)))
+                .unwrap_or_else(|| panic!("{ip} is in none of {}'s prefixes: {enis:?}", node.name));
+            let p = e.prefixes.iter().find(|p| in_prefix(p, ip)).unwrap();
+            let veth = format!("{}e{}", node.name, e.device_index.unwrap());
+            let routes = v.fabric_routes();
+            assert!(routes.contains(&format!("{p} {veth}")), "{routes:?}");
+        }
+    }
+    // WARM_PREFIX_TARGET=1 (the default): one whole prefix free beside the
+    // pods' partly used one.
+    let prefixes = |n: &VpcNode| -> usize {
+        v.ec2
+            .enis_of(&n.instance)
+            .iter()
+            .map(|e| e.prefixes.len())
+            .sum()
+    };
+    assert!(
+        rcni_testkit::poll(SETTLE, || prefixes(na) == 2),
+        "{}",
+        prefixes(na)
+    );
+    let (pa, ipa) = (&pods[0].0, pods[0].2);
+    assert!(reaches(&pa.ns, &ipb.to_string(), REACH));
+    assert!(reaches(&pb.ns, &ipa.to_string(), REACH));
+    assert_eq!(
+        source_seen(&v.host.ns, VPC_HOST, &pa.ns).as_deref(),
+        Some(ipa.to_string().as_str())
+    );
+}
+
+/// The agent SIGKILLed during a burst (refilling: the burst outruns the
+/// warm interface) and started again: the pods keep their addresses (the
+/// checkpoint has exactly them), ADDs during and after succeed (11 while
+/// it is down), no address is given twice, and what the API assigns to
+/// the node is the pods' plus what the warm target says is free: nothing
+/// leaked.
+#[test]
+fn agent_killed_mid_refill_loses_and_leaks_nothing() {
+    let Some(mut v) = lab() else { return };
+    // m5.xlarge: 4 interfaces x 15 addresses, 14 for pods each.
+    let a = v.add_node("m5.xlarge");
+    v.nodes[a].start_agent(&[("IP_COOLDOWN_PERIOD", "2")]);
+    wait_api_count(&v, a, 14, SETTLE);
+    let n = &v.nodes[a];
+    let done = AtomicUsize::new(0);
+    let (mut pods, elevens) = std::thread::scope(|s| {
+        let w = s.spawn(|| burst(n, "k", 30, 3, &done));
+        // Pod 15 takes the second interface's first address: the agent is
+        // attaching the third then.
+        while done.load(Ordering::SeqCst) < 15 && !w.is_finished() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        n.kill_agent();
+        std::thread::sleep(Duration::from_millis(500));
+        n.restart_agent();
+        w.join().unwrap()
+    });
+    eprintln!("30 ADDs across the kill: {elevens} answered 11");
+    let before: BTreeMap<String, Ipv4Addr> = pods.iter().map(|p| (p.cid.clone(), p.ip)).collect();
+    for i in 0..2 {
+        let (ns, _, ip, _) = n.add_pod_retrying(&format!("after{i}"), ADD_LIMIT);
+        pods.push(Pod {
+            cid: format!("after{i}"),
+            ns,
+            ip,
+        });
+    }
+    assert_distinct_and_assigned(&v, a, &pods);
+    let cp = n.checkpoint().expect("the agent's checkpoint");
+    let held: BTreeMap<String, Ipv4Addr> = cp["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["containerID"].as_str().unwrap().to_string(),
+                e["ip"].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    let ours: BTreeMap<String, Ipv4Addr> = pods.iter().map(|p| (p.cid.clone(), p.ip)).collect();
+    assert_eq!(
+        held, ours,
+        "the checkpoint is the pods, each with its address"
+    );
+    for (cid, ip) in &before {
+        assert_eq!(held.get(cid), Some(ip), "{cid} kept its address");
+    }
+    // 32 pods, one interface's worth (14) free: 4 interfaces, 56.
+    wait_api_count(&v, a, 14 * (32usize + 14).div_ceil(14), SETTLE);
+    let orphans: Vec<String> = v
+        .ec2
+        .enis()
+        .into_iter()
+        .filter(|e| e.instance.is_none())
+        .map(|e| e.id)
+        .collect();
+    if !orphans.is_empty() {
+        eprintln!("interfaces left unattached by the kill (EC2 keeps them): {orphans:?}");
+    }
+    teardown(n, &pods, 3);
+    let cp = n.checkpoint().unwrap();
+    assert_eq!(cp["allocations"], json!([]), "{cp}");
+}
+
+/// Throttling (every 3rd mutating call answered RequestLimitExceeded,
+/// from the agent's start on) slows refills but fails pods only with code
+/// 11: retried ADDs all succeed, addresses distinct and the node's, no
+/// interface left behind by a throttled attach. (Every 2nd would refuse
+/// the second call of every create-then-attach pair forever, a pattern
+/// EC2's token buckets never make.)
+#[test]
+fn throttled_refills_fail_pods_only_with_code_11() {
+    let Some(mut v) = lab() else { return };
+    // m5.large: 3 interfaces x 10; WARM_IP_TARGET=2 refills in small steps
+    // and the 20 pods need a second interface.
+    let a = v.add_node("m5.large");
+    v.ec2.throttle(3);
+    v.nodes[a].start_agent(&[("WARM_IP_TARGET", "2"), ("IP_COOLDOWN_PERIOD", "2")]);
+    let n = &v.nodes[a];
+    let (pods, elevens) = burst(n, "t", 20, 2, &AtomicUsize::new(0));
+    let refused = v.ec2.throttled();
+    eprintln!("20 ADDs throttled: {refused} EC2 calls refused, {elevens} ADDs answered 11");
+    assert!(refused > 0, "nothing was throttled");
+    v.ec2.throttle(0);
+    assert_distinct_and_assigned(&v, a, &pods);
+    let orphans: Vec<String> = v
+        .ec2
+        .enis()
+        .into_iter()
+        .filter(|e| e.instance.is_none())
+        .map(|e| e.id)
+        .collect();
+    assert_eq!(orphans, Vec::<String>::new(), "interfaces left unattached");
+    teardown(n, &pods, 2);
 }

@@ -75,15 +75,18 @@ fn script(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Whether moto and boto3 are installed (PyPI `moto[server]`): the cloud
-/// tests skip without them.
-pub fn moto_available() -> bool {
-    Command::new("python3")
-        .args(["-c", "import moto, boto3, werkzeug"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// The Python with moto's server and boto3 (the test venv's, or python3
+/// on PATH: [`rcni_testkit::python_with`]); `None` when there is none and
+/// the cloud tests skip (scripts/setup --for test installs it).
+pub fn python() -> Option<PathBuf> {
+    rcni_testkit::python_with("moto.moto_server.werkzeug_app").filter(|p| {
+        Command::new(p)
+            .args(["-c", "import boto3"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
 }
 
 /// One interface as DescribeNetworkInterfaces shows it.
@@ -179,8 +182,8 @@ pub struct Ec2 {
 }
 
 impl Ec2 {
-    fn start(ns: &NetNs) -> Ec2 {
-        let mut child = tied_command_in(ns, "python3")
+    fn start(ns: &NetNs, py: &Path) -> Ec2 {
+        let mut child = tied_command_in(ns, py)
             .arg(script("lab_ec2.py"))
             .arg("--ec2")
             .arg(format!("http://{}:{}", MODEL.0, MODEL.1))
@@ -378,6 +381,7 @@ pub struct Vpc {
     shared: Arc<Shared>,
     hypervisor: Option<std::thread::JoinHandle<()>>,
     pub dir: tempfile::TempDir,
+    py: PathBuf,
     // Last: the model outlives the helper and the thread that call it.
     pub model: Daemon,
 }
@@ -404,8 +408,10 @@ impl Shared {
 
 impl Vpc {
     /// The VPC, its subnets, the router, the VPC host and the internet
-    /// host; no nodes yet ([`Vpc::add_node`]).
+    /// host; no nodes yet ([`Vpc::add_node`]). Panics without moto
+    /// ([`python`] says whether to skip).
     pub fn new() -> Vpc {
+        let py = python().expect("moto[server] (scripts/setup --for test)");
         let dir = tempfile::tempdir().unwrap();
         let router = TestNs::new();
         let r = &router.ns;
@@ -428,7 +434,7 @@ impl Vpc {
         }
         let model = Daemon::start(
             {
-                let mut c = tied_command_in(r, "python3");
+                let mut c = tied_command_in(r, &py);
                 c.arg(script("ec2_model.py"))
                     .arg("--listen")
                     .arg(format!("{}:{}", MODEL.0, MODEL.1));
@@ -437,7 +443,7 @@ impl Vpc {
             dir.path().join("ec2_model.log"),
             "ec2_model.py",
         );
-        let ec2 = Arc::new(Ec2::start(r));
+        let ec2 = Arc::new(Ec2::start(r, &py));
         let vpc = ec2.call("create_vpc", json!({"CidrBlock": VPC_CIDR}));
         let vpc_id = vpc["Vpc"]["VpcId"].as_str().unwrap().to_string();
         let subnet = ec2.call(
@@ -500,6 +506,7 @@ impl Vpc {
             shared,
             hypervisor: Some(hypervisor),
             dir,
+            py,
             model,
         }
     }
@@ -548,7 +555,7 @@ impl Vpc {
         let dir = tempfile::tempdir().unwrap();
         let imds = Daemon::start(
             {
-                let mut c = tied_command_in(&ns.ns, "python3");
+                let mut c = tied_command_in(&ns.ns, &self.py);
                 c.arg(script("imds.py"))
                     .arg("--listen")
                     .arg(format!("127.0.0.1:{IMDS_PORT}"))
@@ -1102,9 +1109,8 @@ impl VpcNode {
                     let a = pod_ip(&r);
                     return (pod, r, a, tries);
                 }
-                Err((11, msg)) if Instant::now() < until => {
+                Err((11, _)) if Instant::now() < until => {
                     tries += 1;
-                    let _ = msg;
                     std::thread::sleep(Duration::from_millis(100));
                 }
                 Err((code, msg)) => panic!(
@@ -1171,8 +1177,9 @@ pub fn reaches(ns: &NetNs, dst: &str, limit: Duration) -> bool {
     rcni_testkit::poll(limit, || rcni_testkit::ping(ns, dst))
 }
 
-/// The source address a TCP connection from `from` to `to`:`port`
-/// arrives with at `to`, as `to`'s server sees it.
+/// The source address a TCP connection from `from` arrives with at a
+/// server on `server_addr` in `server_ns` (None when it does not connect):
+/// what SNAT left of it.
 pub fn source_seen(server_ns: &NetNs, server_addr: &str, from: &NetNs) -> Option<String> {
     let (tx, rx) = std::sync::mpsc::channel();
     let addr = rcni_testkit::tcp_server(server_ns, server_addr.parse().unwrap(), move |s| {
