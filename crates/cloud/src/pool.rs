@@ -785,34 +785,56 @@ impl Pool {
     }
 
     /// Up to `over` addresses (prefixes) no pod holds and none cooling, from
-    /// one interface, the last interfaces first; taken out of the pool.
+    /// the last interface that has spare ones; taken out of the pool.
     fn take_excess(&mut self, over: u32, now: SystemTime) -> Option<Step> {
         let prefix = self.cfg.prefix_delegation;
-        let (idx, picked_ips, picked_prefixes) =
-            self.slots.iter().rev().find_map(|(idx, slot)| {
-                let iface = &slot.iface;
-                let free_ip =
-                    |ip: &Ipv4Addr| !self.owner.contains_key(ip) && !self.cooling_at(*ip, now);
-                if prefix {
-                    let v: Vec<Ipv4Network> = iface
-                        .prefixes
-                        .iter()
-                        .filter(|p| p.iter().all(|ip| free_ip(&ip)))
-                        .take(over as usize)
-                        .copied()
-                        .collect();
-                    (!v.is_empty()).then(|| (*idx, Vec::new(), v))
-                } else {
-                    let v: Vec<Ipv4Addr> = iface
-                        .secondary_ips
-                        .iter()
-                        .filter(|ip| free_ip(ip))
-                        .take(over as usize)
-                        .copied()
-                        .collect();
-                    (!v.is_empty()).then(|| (*idx, v, Vec::new()))
+        let over = over as usize;
+        let mut found = None;
+        for (idx, slot) in self.slots.iter().rev() {
+            let iface = &slot.iface;
+            let unheld = |ip: &Ipv4Addr| !self.owner.contains_key(ip);
+            let cooling = |ip: &Ipv4Addr| self.cooling_at(*ip, now);
+            let waiting = if prefix {
+                let unheld: Vec<Ipv4Network> = iface
+                    .prefixes
+                    .iter()
+                    .filter(|p| p.iter().all(|ip| unheld(&ip)))
+                    .copied()
+                    .collect();
+                let v: Vec<Ipv4Network> = unheld
+                    .iter()
+                    .filter(|p| !p.iter().any(|ip| cooling(&ip)))
+                    .take(over)
+                    .copied()
+                    .collect();
+                if !v.is_empty() {
+                    found = Some((*idx, Vec::new(), v));
+                    break;
                 }
-            })?;
+                !unheld.is_empty()
+            } else {
+                let unheld: Vec<Ipv4Addr> =
+                    iface.secondary_ips.iter().copied().filter(unheld).collect();
+                let v: Vec<Ipv4Addr> = unheld
+                    .iter()
+                    .filter(|ip| !cooling(ip))
+                    .take(over)
+                    .copied()
+                    .collect();
+                if !v.is_empty() {
+                    found = Some((*idx, v, Vec::new()));
+                    break;
+                }
+                !unheld.is_empty()
+            };
+            // The last interface's spare addresses still cool: wait for
+            // them rather than give back an earlier interface's, so the
+            // last one empties and can go.
+            if waiting {
+                return None;
+            }
+        }
+        let (idx, picked_ips, picked_prefixes) = found?;
         let interface = self.slots.get(&idx)?.iface.id.clone();
         for p in &picked_prefixes {
             self.touched.insert(format!("prefix:{p}"), now);

