@@ -582,3 +582,43 @@ async fn the_cloud_view_is_taken_over_again_periodically() {
     .await;
     r.stop().await;
 }
+
+#[tokio::test]
+async fn concurrent_adds_never_share_an_address() {
+    let dir = tempfile::tempdir().unwrap();
+    let cloud = FakeCloud::new(limits(4, 15), subnet());
+    let r = Running::start(&cloud, PoolConfig::default(), &dir.path().join("pool.json")).await;
+    // Four runtimes' worth of ADDs at once, each retrying on Empty as the
+    // runtime does on code 11, while the loop refills.
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let mgr = r.mgr.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut got = Vec::new();
+                for k in 0..12 {
+                    let a = pod(w * 100 + k);
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    loop {
+                        match mgr.allocate(&a) {
+                            Ok(al) => break got.push(al.ip),
+                            Err(AllocError::Empty) if Instant::now() < deadline => {
+                                std::thread::sleep(Duration::from_millis(1))
+                            }
+                            Err(e) => panic!("{a:?}: {e}"),
+                        }
+                    }
+                }
+                got
+            })
+        })
+        .collect();
+    let mut all = BTreeSet::new();
+    for w in workers {
+        for ip in w.await.unwrap() {
+            assert!(all.insert(ip), "{ip} handed out twice");
+        }
+    }
+    assert_eq!(all.len(), 48);
+    consistent(&r.mgr, &cloud).unwrap();
+    r.stop().await;
+}
