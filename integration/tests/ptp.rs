@@ -368,3 +368,56 @@ fn ipam_ipv6_addresses_survive_a_link_down_up_as_v191() {
         }
     }
 }
+
+/// The AWS VPC CNI's layout, which vpc-ipam returns: a /32 address behind
+/// 169.254.1.1. The reference fails ADD there (the default route's gateway
+/// is unreachable); ours makes the gateway on-link first, and two pods so
+/// attached reach each other through the node.
+#[test]
+fn a_host_address_behind_a_link_local_gateway() {
+    let c = |node: &Node, a: &str| {
+        json!({"cniVersion": "1.0.0", "name": "vpc", "type": "ptp",
+               "ipam": {"type": "static", "dataDir": node.data.path(),
+                        "addresses": [{"address": a, "gateway": "169.254.1.1"}],
+                        "routes": [{"dst": "0.0.0.0/0"}]}})
+    };
+    for (plugin, path) in ours_and_v191("ptp") {
+        let ours = plugin == bin("ptp");
+        let node = Node::with_path(path);
+        let (a, b) = (TestNs::new(), TestNs::new());
+        let out = node.call(
+            &plugin,
+            "ADD",
+            &a.path(),
+            "ctr-a",
+            &c(&node, "10.0.16.5/32"),
+        );
+        if !ours {
+            assert_ne!(out.code, 0, "the reference now takes it: {}", out.stdout);
+            assert!(out.stdout.contains("unreachable"), "{}", out.stdout);
+            continue;
+        }
+        let ra = out.ok();
+        let rb = add(&node, &b, "ctr-b", &c(&node, "10.0.16.6/32"));
+        assert_eq!(
+            routes_of(&a.ns),
+            [
+                "0.0.0.0/0 via 169.254.1.1 scope 0",
+                "10.0.16.5/32 via 169.254.1.1 src 10.0.16.5 scope 0",
+                "169.254.1.1/32 scope 253"
+            ],
+            "{ra}"
+        );
+        assert!(ping(&a.ns, "10.0.16.6"), "{ra} {rb}");
+        for (pod, cid, r, ip) in [
+            (&a, "ctr-a", &ra, "10.0.16.5/32"),
+            (&b, "ctr-b", &rb, "10.0.16.6/32"),
+        ] {
+            let mut d = c(&node, ip);
+            d["prevResult"] = r.clone();
+            node.call(&plugin, "CHECK", &pod.path(), cid, &d).ok();
+            node.call(&plugin, "DEL", &pod.path(), cid, &d).ok();
+        }
+        node.assert_nothing_left();
+    }
+}
