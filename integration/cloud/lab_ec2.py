@@ -132,8 +132,10 @@ def handle(ec2, upstream, req):
     if op == "model":
         return model(upstream, req["method"], req["path"], req.get("body"))
     if op == "agent_calls":
-        # Under the lock: a forwarded call is counted before it is sent,
-        # so what the model has seen of it is subtracted too.
+        # Under the lock, so no forwarded call is counted while the two
+        # are read. A forwarded call is counted before it is sent: one in
+        # flight is subtracted before the model counts it (the IMDS
+        # stand-ins make a few per agent start, none per pod).
         with _lock:
             total = model(upstream, "GET", "/_rcni/calls")
             for counts in (_own, _proxied):

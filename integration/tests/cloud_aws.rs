@@ -305,6 +305,13 @@ fn pods_talk_on_their_vpc_addresses_without_a_tunnel() {
     ] {
         assert!(reaches(&from.ns, &to.to_string(), REACH), "-> {to}");
     }
+    for (p, ip) in [(pa, ipa), (pa1, ipa1)] {
+        assert_eq!(
+            source_seen(&pb.ns, &ipb.to_string(), &p.ns).as_deref(),
+            Some(ip.to_string().as_str()),
+            "a pod on another node sees the pod's own address"
+        );
+    }
     for (p, ip) in [(pa, ipa), (pa1, ipa1), (pc1, ipc1)] {
         assert_eq!(
             source_seen(&v.host.ns, VPC_HOST, &p.ns).as_deref(),
