@@ -59,6 +59,19 @@ mod tests {
     }
 
     #[test]
+    fn cloud_command_line() {
+        let a = parse(&["--cloud", "aws", "--node", "n1"]).unwrap();
+        assert_eq!(a.cloud, Some(rcni_node::cloud::ProviderKind::Aws));
+        assert_eq!(a.cloud_socket, PathBuf::from("/run/rcni/cloud.sock"));
+        assert!(a.cluster.is_none() && !a.kubernetes);
+        let a = parse(&["--net-conf", "n.json", "--node", "n1"]).unwrap();
+        assert!(a.cloud.is_none() && a.net_conf.is_some());
+        assert!(parse(&["--cloud", "gcp", "--node", "n1"]).is_err());
+        assert!(parse(&["--cloud", "aws", "--cluster", "c.json", "--node", "n1"]).is_err());
+        assert!(parse(&["--node", "n1"]).is_err());
+    }
+
+    #[test]
     fn kubernetes_command_line() {
         let a = parse(&[
             "--kubernetes",
