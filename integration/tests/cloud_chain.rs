@@ -1,0 +1,206 @@
+//! Cloud mode with the meta plugins chained after ptp + vpc-ipam, as they
+//! run after bridge or ptp elsewhere: fastpath, policy (NetworkPolicy on
+//! the pods' VPC addresses) and portmap (a host port on the node's primary
+//! address), on the VPC lab with the agent against the EC2 model.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rcni_integration::lab::chain::{tcp_get, tcp_get_within, tcp_server};
+use rcni_integration::lab::vpc::{VPC_HOST, Vpc, pod_ip, python};
+use rcni_testkit::{Bpffs, Call, TestNs, bin, require_root};
+use serde_json::{Value, json};
+
+/// The agent's ptp + vpc-ipam, then fastpath, policy and portmap.
+fn chain(agent_list: &Value, pins: &Bpffs, data: &Path, policy_dir: &Path) -> Vec<Value> {
+    let mut ptp = agent_list["plugins"][0].clone();
+    assert_eq!(ptp["ipam"]["type"], "vpc-ipam");
+    ptp["cniVersion"] = json!("1.1.0");
+    ptp["name"] = json!("rcni");
+    let base = |v: Value| {
+        let mut v = v;
+        v["cniVersion"] = json!("1.1.0");
+        v["name"] = json!("rcni");
+        v
+    };
+    vec![
+        ptp,
+        base(json!({"type": "fastpath", "pinRoot": pins.root()})),
+        base(
+            json!({"type": "policy", "backend": "ebpf", "pinRoot": pins.root(),
+                    "dataDir": data.join("policy"), "policyDir": policy_dir}),
+        ),
+        base(json!({"type": "portmap", "capabilities": {"portMappings": true}})),
+    ]
+}
+
+struct Pod {
+    ns: TestNs,
+    cid: String,
+    result: Value,
+}
+
+/// ADD through the chain; `labels` as the runtime's CNI args, `ports` as
+/// the runtime config's portMappings.
+fn add(
+    node_ns: &rcni_netns::NetNs,
+    plugins: &[Value],
+    cid: &str,
+    labels: Value,
+    ports: Value,
+) -> Pod {
+    let ns = TestNs::new();
+    let mut prev: Option<Value> = None;
+    for p in plugins {
+        let mut c = p.clone();
+        if let Some(r) = &prev {
+            c["prevResult"] = r.clone();
+        }
+        match c["type"].as_str().unwrap() {
+            "policy" => c["args"] = json!({"cni": {"labels": labels, "namespace": "default"}}),
+            "portmap" => c["runtimeConfig"] = json!({"portMappings": ports}),
+            _ => {}
+        }
+        let ty = c["type"].as_str().unwrap().to_string();
+        let r = Call::new(bin(&ty), "ADD")
+            .env("CNI_CONTAINERID", cid)
+            .netns(&ns.path())
+            .stdin(&c)
+            .run_in(node_ns)
+            .ok();
+        prev = Some(r);
+    }
+    Pod {
+        ns,
+        cid: cid.into(),
+        result: prev.unwrap(),
+    }
+}
+
+fn del(node_ns: &rcni_netns::NetNs, plugins: &[Value], p: &Pod, labels: Value, ports: Value) {
+    for c in plugins.iter().rev() {
+        let mut c = c.clone();
+        c["prevResult"] = p.result.clone();
+        match c["type"].as_str().unwrap() {
+            "policy" => c["args"] = json!({"cni": {"labels": labels, "namespace": "default"}}),
+            "portmap" => c["runtimeConfig"] = json!({"portMappings": ports}),
+            _ => {}
+        }
+        let ty = c["type"].as_str().unwrap().to_string();
+        Call::new(bin(&ty), "DEL")
+            .env("CNI_CONTAINERID", &p.cid)
+            .netns(&p.ns.path())
+            .stdin(&c)
+            .run_in(node_ns)
+            .ok();
+    }
+}
+
+#[test]
+fn fastpath_policy_and_portmap_chained_after_vpc_ipam() {
+    require_root();
+    if python().is_none() {
+        eprintln!("SKIP: no moto[server] (scripts/setup --for test)");
+        return;
+    }
+    let mut vpc = Vpc::new();
+    let k = vpc.add_node("t3.medium");
+    let node = &vpc.nodes[k];
+    node.start_agent(&[]);
+    let pins = Bpffs::empty();
+    let policy_dir = tempfile::tempdir().unwrap();
+    // web (app=web) takes 8080 from app=client pods only.
+    std::fs::write(
+        policy_dir.path().join("web.json"),
+        serde_json::to_vec(
+            &json!({"kind": "NetworkPolicy", "apiVersion": "networking.k8s.io/v1",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+                                  "ports": [{"port": 8080}]}]}}),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let plugins = chain(&node.conflist(), &pins, node.dir.path(), policy_dir.path());
+    let ns = &node.ns.ns;
+    // ADD may meet an empty pool right after the start: the test waits for
+    // the warm pool (the default WARM_ENI_TARGET fills the primary ENI).
+    rcni_testkit::wait_for(Duration::from_secs(60), "the warm pool", || {
+        vpc.assigned(k).len() >= 4
+    });
+    let none = json!([]);
+    let web_l = json!({"app": "web"});
+    let client_l = json!({"app": "client"});
+    let other_l = json!({"app": "other"});
+    let other_ports = json!([{"hostPort": 19090, "containerPort": 9090, "protocol": "tcp"}]);
+    let web = add(ns, &plugins, "web", web_l.clone(), none.clone());
+    let client = add(ns, &plugins, "client", client_l.clone(), none.clone());
+    let other = add(ns, &plugins, "other", other_l.clone(), other_ports.clone());
+    let (w, o) = (pod_ip(&web.result), pod_ip(&other.result));
+    // The addresses are the node's per the API.
+    let assigned = vpc.assigned(k);
+    for p in [&web, &client, &other] {
+        assert!(assigned.contains_key(&pod_ip(&p.result)), "{}", p.result);
+    }
+    tcp_server(&web.ns.ns, 8080, "web");
+    tcp_server(&other.ns.ns, 9090, "other");
+    // The servers answer with the peer's address: inside the VPC nothing
+    // is translated.
+    let c = pod_ip(&client.result);
+    assert_eq!(
+        tcp_get(&client.ns.ns, &format!("{w}:8080")),
+        Some(format!("web {c}")),
+        "client -> web:8080 (policy allows)\n{}",
+        node.agent_log()
+    );
+    assert!(
+        tcp_get_within(
+            &other.ns.ns,
+            &format!("{w}:8080"),
+            Duration::from_millis(800)
+        )
+        .is_none(),
+        "other -> web:8080 must be dropped by policy"
+    );
+    assert!(
+        tcp_get_within(
+            &vpc.host.ns,
+            &format!("{w}:8080"),
+            Duration::from_millis(800)
+        )
+        .is_none(),
+        "the VPC host -> web:8080 must be dropped by policy"
+    );
+    // other is selected by no policy: the VPC host reaches it on its own
+    // address, and through the node's host port (portmap).
+    assert_eq!(
+        tcp_get(&vpc.host.ns, &format!("{o}:9090")),
+        Some(format!("other {VPC_HOST}"))
+    );
+    assert!(
+        tcp_get(&vpc.host.ns, &format!("{}:19090", node.primary_ip))
+            .is_some_and(|r| r.starts_with("other ")),
+        "host port 19090 on the node's primary address -> other:9090"
+    );
+    // fastpath has the pods as endpoints.
+    assert!(
+        std::fs::read_dir(pins.path()).unwrap().count() > 0,
+        "fastpath pinned nothing"
+    );
+    del(ns, &plugins, &other, other_l, other_ports);
+    del(ns, &plugins, &client, client_l, none.clone());
+    del(ns, &plugins, &web, web_l, none);
+    // The addresses went back to the pool: no rules of these pods remain.
+    let rules = rcni_integration::nl(ns, async |n| {
+        n.rules(rcni_netlink::Family::V4).await.unwrap()
+    });
+    for a in [w, o] {
+        assert!(
+            !rules
+                .iter()
+                .any(|r| r.dst.is_some_and(|d| d.ip() == std::net::IpAddr::V4(a))),
+            "{a}: {rules:?}"
+        );
+    }
+}
