@@ -57,7 +57,7 @@ impl Drop for Servers {
 /// made through the API.
 struct Lab {
     // Dropped first: the servers go before their namespace.
-    servers: Servers,
+    _servers: Servers,
     ns: TestNs,
     python: PathBuf,
     instances: Vec<(String, u16)>,
@@ -128,7 +128,7 @@ impl Lab {
             instances.push((id, port));
         }
         Some(Lab {
-            servers,
+            _servers: servers,
             ns,
             python,
             instances,
