@@ -722,7 +722,7 @@ fn agent_killed_mid_refill_loses_and_leaks_nothing() {
     wait_api_count(&v, a, 14, SETTLE);
     let n = &v.nodes[a];
     let done = AtomicUsize::new(0);
-    let (mut pods, elevens) = std::thread::scope(|s| {
+    let ((mut pods, elevens), at_kill) = std::thread::scope(|s| {
         let w = s.spawn(|| burst(n, "k", 30, 3, &done));
         // Pod 15 takes the second interface's first address: the agent is
         // attaching the third then.
@@ -730,11 +730,14 @@ fn agent_killed_mid_refill_loses_and_leaks_nothing() {
             std::thread::sleep(Duration::from_millis(5));
         }
         n.kill_agent();
+        let at_kill = done.load(Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(500));
         n.restart_agent();
-        w.join().unwrap()
+        let r = w.join().unwrap();
+        assert!(at_kill < 30, "the burst was over before the kill");
+        (r, at_kill)
     });
-    eprintln!("30 ADDs across the kill: {elevens} answered 11");
+    eprintln!("30 ADDs, the agent killed after {at_kill}: {elevens} answered 11");
     let before: BTreeMap<String, Ipv4Addr> = pods.iter().map(|p| (p.cid.clone(), p.ip)).collect();
     for i in 0..2 {
         let (ns, _, ip, _) = n.add_pod_retrying(&format!("after{i}"), ADD_LIMIT);
