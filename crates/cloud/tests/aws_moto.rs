@@ -509,3 +509,74 @@ fn missing_interfaces_are_not_found() {
         }
     });
 }
+
+/// [`Aws::from_env`] with the SDK's standard variables only, as rcni-node
+/// runs it: this test binary again, in the lab's namespace, with the
+/// variables set for that child alone.
+#[test]
+fn from_env_follows_the_standard_variables() {
+    const CHILD: &str = "RCNI_AWS_MOTO_FROM_ENV_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let view = rt.block_on(async {
+            let aws = Aws::from_env().await.expect("from_env");
+            aws.describe().await.expect("describe")
+        });
+        println!(
+            "INSTANCE {}",
+            serde_json::to_string(&view.instance).unwrap()
+        );
+        return;
+    }
+    let Some(lab) = Lab::start(&["m5.large"]) else {
+        return;
+    };
+    let out = lab
+        .ns
+        .command(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "from_env_follows_the_standard_variables",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        // The EC2-specific variable wins over the general one.
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .env(
+            "AWS_ENDPOINT_URL_EC2",
+            format!("http://127.0.0.1:{EC2_PORT}"),
+        )
+        .env(
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT",
+            format!("http://127.0.0.1:{}", lab.instances[0].1),
+        )
+        .env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        // Nothing of the host's own AWS configuration.
+        .env("AWS_CONFIG_FILE", "/nonexistent")
+        .env("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_REGION")
+        .env_remove("AWS_DEFAULT_REGION")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        // libtest prints the test's name on the same line.
+        .find_map(|l| l.split_once("INSTANCE ").map(|(_, json)| json))
+        .unwrap_or_else(|| panic!("no INSTANCE line: {stdout}"));
+    let instance: Value = serde_json::from_str(line).unwrap();
+    assert_eq!(instance["id"], lab.instances[0].0.as_str());
+    assert_eq!(instance["instance_type"], "m5.large");
+    assert_eq!(instance["region"], REGION);
+}
