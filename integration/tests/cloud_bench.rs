@@ -147,8 +147,8 @@ fn bench_pod_add_from_warm_pool() {
         }
     }
     for r in 0..rounds {
-        for (i, c) in chains.iter_mut().enumerate() {
-            let (pod, cid, res) = &pods[i][r];
+        for (c, pods) in chains.iter_mut().zip(&pods) {
+            let (pod, cid, res) = &pods[r];
             let mut conf = c.conf.clone();
             conf["prevResult"] = res.clone();
             let call = Call::new(&c.bin, "DEL")
