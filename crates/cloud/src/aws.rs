@@ -3,9 +3,9 @@
 //! Identity (instance id, type, region, primary MAC) comes from IMDSv2,
 //! everything else from the EC2 API: DescribeInstances once at start (the
 //! primary interface's subnet and security groups, which new interfaces
-//! get), then DescribeNetworkInterfaces, DescribeSubnets and DescribeVpcs
-//! per [`Provider::describe`] (DescribeInstanceTypes once: a type's limits
-//! never change).
+//! get), then DescribeNetworkInterfaces and DescribeVpcs per
+//! [`Provider::describe`] (DescribeInstanceTypes and DescribeSubnets once
+//! each: a type's limits and a subnet's CIDR never change).
 //!
 //! [`Aws::from_env`] follows the SDK's standard configuration: the
 //! credential chain (environment, profile, web identity, container, IMDS),
@@ -18,6 +18,9 @@
 //! to try again (the SDK's standard mode would retry three times itself,
 //! hiding the throttling and multiplying the calls).
 //!
+//! [`Provider::calls`] counts the EC2 requests sent (IMDS's are not: they
+//! are local to the instance and not rate-limited by the EC2 API).
+//!
 //! TLS is rustls on ring (aws-smithy-http-client's `rustls-ring`): the SDK's
 //! default client is rustls on aws-lc, a C build the static release keeps
 //! out.
@@ -25,8 +28,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use aws_config::BehaviorVersion;
@@ -74,6 +77,9 @@ pub struct Aws {
     subnet_id: String,
     security_groups: Vec<String>,
     limits: OnceLock<Limits>,
+    /// Subnets' CIDRs by id: a subnet's IPv4 CIDR never changes, so each is
+    /// described once.
+    subnets: Mutex<BTreeMap<String, Ipv4Network>>,
     calls: Arc<AtomicU64>,
 }
 
@@ -194,10 +200,12 @@ impl Aws {
             subnet_id,
             security_groups,
             limits: OnceLock::new(),
+            subnets: Mutex::new(BTreeMap::new()),
             calls,
         })
     }
 
+    /// This instance's id, as IMDS gave it.
     pub fn instance_id(&self) -> &str {
         &self.instance_id
     }
@@ -246,29 +254,43 @@ impl Aws {
         Ok(*self.limits.get_or_init(|| limits))
     }
 
-    /// DescribeSubnets for these ids: their IPv4 CIDRs.
+    /// These subnets' IPv4 CIDRs, DescribeSubnets for those not known yet.
     async fn subnet_cidrs(
         &self,
         ids: impl IntoIterator<Item = String>,
     ) -> Result<BTreeMap<String, Ipv4Network>> {
         let ids: BTreeSet<String> = ids.into_iter().collect();
-        if ids.is_empty() {
-            return Ok(BTreeMap::new());
-        }
-        let out = self
-            .ec2
-            .describe_subnets()
-            .set_subnet_ids(Some(ids.into_iter().collect()))
-            .send()
-            .await
-            .map_err(|e| map_err("DescribeSubnets", e))?;
-        let mut cidrs = BTreeMap::new();
-        for s in out.subnets() {
-            if let (Some(id), Some(cidr)) = (s.subnet_id(), s.cidr_block()) {
-                cidrs.insert(id.to_string(), parse_net("DescribeSubnets", cidr)?);
+        let missing: Vec<String> = {
+            let known = self.subnets.lock().unwrap_or_else(|e| e.into_inner());
+            ids.iter()
+                .filter(|i| !known.contains_key(*i))
+                .cloned()
+                .collect()
+        };
+        if !missing.is_empty() {
+            let out = self
+                .ec2
+                .describe_subnets()
+                .set_subnet_ids(Some(missing))
+                .send()
+                .await
+                .map_err(|e| map_err("DescribeSubnets", e))?;
+            let mut found = Vec::new();
+            for s in out.subnets() {
+                if let (Some(id), Some(cidr)) = (s.subnet_id(), s.cidr_block()) {
+                    found.push((id.to_string(), parse_net("DescribeSubnets", cidr)?));
+                }
             }
+            self.subnets
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(found);
         }
-        Ok(cidrs)
+        let known = self.subnets.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(ids
+            .into_iter()
+            .filter_map(|i| known.get(&i).map(|c| (i, *c)))
+            .collect())
     }
 
     /// DescribeVpcs: the VPC's associated IPv4 CIDR blocks.

@@ -241,6 +241,11 @@ fn describe_reports_identity_limits_and_interfaces() {
         let view = lab.with_aws(n, async |aws| {
             let v = aws.describe().await.expect("describe");
             assert!(aws.calls() > 0, "requests are counted");
+            // Limits and subnets are described once: later describes ask
+            // for the interfaces and the VPC only.
+            let before = aws.calls();
+            assert_eq!(aws.describe().await.unwrap(), v);
+            assert_eq!(aws.calls() - before, 2);
             v
         });
         assert_eq!(view.instance.id, id);
