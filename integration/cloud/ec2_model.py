@@ -136,7 +136,7 @@ def _free_prefixes(subnet, count):
     if len(candidates) < count:
         raise EC2ClientError(
             "InsufficientCidrBlocks",
-            f"The specified subnet does not have enough free cidr blocks to satisfy the request.",
+            "The specified subnet does not have enough free cidr blocks to satisfy the request.",
         )
     return [str(p) for p in random.sample(candidates, count)]
 
@@ -189,8 +189,8 @@ def _get_available_subnet_ip(self, instance):
         if ipaddress.IPv4Address(ip) not in taken:
             break
         skipped.append(ip)
-    for ip in skipped:
-        self._subnet_ips.pop(ip, None)
+    for other in skipped:
+        self._subnet_ips.pop(other, None)
     return ip
 
 

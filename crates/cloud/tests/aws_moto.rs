@@ -393,7 +393,7 @@ fn prefixes_are_assigned_apart_from_addresses() {
         return;
     };
     let subnet = lab.subnet;
-    lab.with_aws(0, async |aws| {
+    let taken = lab.with_aws(0, async |aws| {
         let eni = aws.describe().await.unwrap().interfaces[0].clone();
         let ips = aws.assign_ips(&eni.id, 2).await.unwrap();
         let prefixes = aws
@@ -444,7 +444,22 @@ fn prefixes_are_assigned_apart_from_addresses() {
         aws.assign_prefixes(&eni.id, 4).await.expect("to the limit");
         let err = aws.assign_prefixes(&eni.id, 1).await.unwrap_err();
         assert!(matches!(err, CloudError::Limit(_)), "{err:?}");
+        aws.describe().await.unwrap().interfaces
     });
+    // Instances started later get none of these as their own address.
+    let primaries = lab.boto(
+        "s = ec2.describe_subnets()['Subnets'][0]['SubnetId']\n\
+         r = ec2.run_instances(ImageId='ami-12c6146b', MinCount=8, MaxCount=8, InstanceType='t3.medium', SubnetId=s)\n\
+         print(' '.join(i['PrivateIpAddress'] for i in r['Instances']))",
+    );
+    for p in primaries.split_whitespace() {
+        let p: Ipv4Addr = p.parse().unwrap();
+        for i in &taken {
+            assert_ne!(p, i.primary_ip);
+            assert!(!i.secondary_ips.contains(&p), "{p} is {}'s", i.id);
+            assert!(!i.prefixes.iter().any(|n| n.contains(p)), "{p} in {i:?}");
+        }
+    }
 }
 
 #[test]
