@@ -10,9 +10,11 @@ what the tests need, marked "ours" below:
 - Addresses as EC2 hands them out: unique in the subnet, never one of the
   five EC2 reserves, never inside a delegated prefix; moto draws them at
   random per interface and can give one address to two interfaces.
-- EC2's limits moto does not enforce: addresses plus prefixes per interface
+- EC2's limits and refusals moto lacks: addresses plus prefixes per interface
   (PrivateIpAddressLimitExceeded), interfaces per instance
-  (AttachmentLimitExceeded), one interface per device index.
+  (AttachmentLimitExceeded), one interface per device index; an explicit
+  address someone else has, and unassigning an interface's primary address,
+  refused.
 - AssignPrivateIpAddresses answers with the new addresses only, as EC2 does
   (moto lists all of the interface's).
 - Throttling on demand: `POST /_rcni/throttle` with `{"every": N}` makes
@@ -264,6 +266,19 @@ def _assign_private_ip_addresses(self):
         return ActionResult(result)
     _check_slots(eni, len(explicit_ips) + count)
     before = {item.get("PrivateIpAddress") for item in eni.private_ip_addresses}
+    # EC2 refuses an address someone has (without AllowReassignment, which
+    # nothing here uses), one it reserves, or one outside the subnet; moto
+    # takes any.
+    taken = _taken(eni.subnet.cidr_block)
+    for ip in explicit_ips:
+        addr = ipaddress.IPv4Address(ip)
+        if addr not in ipaddress.IPv4Network(eni.subnet.cidr_block) or (
+            addr in taken and ip not in before
+        ):
+            raise EC2ClientError(
+                "InvalidParameterValue",
+                f"Address {ip} is in use, reserved or not in subnet {eni.subnet.cidr_block}.",
+            )
     self.ec2_backend.assign_private_ip_addresses(eni_id, explicit_ips, count)
     result["AssignedPrivateIpAddresses"] = [
         {"PrivateIpAddress": item["PrivateIpAddress"]}
@@ -284,6 +299,12 @@ def _unassign_private_ip_addresses(self):
             raise EC2ClientError(
                 "InvalidParameterValue", f"Prefix {p} is not assigned to {eni_id}."
             )
+    if eni.private_ip_address in ips:
+        # moto would drop the interface's primary address; EC2 refuses.
+        raise EC2ClientError(
+            "InvalidParameterValue",
+            f"The primary address {eni.private_ip_address} of {eni_id} cannot be unassigned.",
+        )
     gone = {str(ipaddress.IPv4Network(p, strict=False)) for p in prefixes}
     eni.ipv4_prefixes = [p for p in _prefixes(eni) if p["Ipv4Prefix"] not in gone]
     if ips:
