@@ -845,6 +845,32 @@ pub fn processes_in(inodes: &[u64]) -> Vec<String> {
     out
 }
 
+/// The Python that has the test tools scripts/setup installs (moto for
+/// the cloud tests): its venv (`RCNI_VENV`, else
+/// `$XDG_DATA_HOME/rcni/venv` or `~/.local/share/rcni/venv`, as
+/// scripts/setup makes it), when that has `module`; else the first
+/// `python3` on PATH that has it. `None` when none does: the caller skips
+/// and says to run scripts/setup --for test.
+pub fn python_with(module: &str) -> Option<PathBuf> {
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    let data = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(&home).join(".local/share"));
+    let venv = std::env::var_os("RCNI_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| data.join("rcni/venv"));
+    let has = |py: &Path| {
+        std::process::Command::new(py)
+            .args(["-c", &format!("import {module}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let candidates = [venv.join("bin/python3"), PathBuf::from("python3")];
+    candidates.into_iter().find(|p| has(p))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -886,30 +912,4 @@ mod tests {
         );
         assert!(reservations(&d.path().join("none")).is_empty());
     }
-}
-
-/// The Python that has the test tools scripts/setup installs (moto for
-/// the cloud tests): its venv (`RCNI_VENV`, else
-/// `$XDG_DATA_HOME/rcni/venv` or `~/.local/share/rcni/venv`, as
-/// scripts/setup makes it), when that has `module`; else the first
-/// `python3` on PATH that has it. `None` when none does: the caller skips
-/// and says to run scripts/setup --for test.
-pub fn python_with(module: &str) -> Option<PathBuf> {
-    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-    let data = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(&home).join(".local/share"));
-    let venv = std::env::var_os("RCNI_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| data.join("rcni/venv"));
-    let has = |py: &Path| {
-        std::process::Command::new(py)
-            .args(["-c", &format!("import {module}")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let candidates = [venv.join("bin/python3"), PathBuf::from("python3")];
-    candidates.into_iter().find(|p| has(p))
 }
