@@ -204,3 +204,92 @@ fn fastpath_policy_and_portmap_chained_after_vpc_ipam() {
         );
     }
 }
+
+/// vpc-ipam's other commands end to end: CHECK (through ptp, which asks
+/// its IPAM), GC releasing what no valid attachment holds (its rules gone,
+/// the checkpoint without it), STATUS; with the agent gone, STATUS is 50
+/// and ADD and DEL are 11 (the runtime retries), never a made-up address.
+#[test]
+fn vpc_ipam_check_gc_status_and_a_missing_agent() {
+    require_root();
+    if python().is_none() {
+        eprintln!("SKIP: no moto[server] (scripts/setup --for test)");
+        return;
+    }
+    let mut vpc = Vpc::new();
+    let k = vpc.add_node("t3.medium");
+    let node = &vpc.nodes[k];
+    node.start_agent(&[("WARM_IP_TARGET", "4"), ("MINIMUM_IP_TARGET", "4")]);
+    let ns = &node.ns.ns;
+    let list = node.conflist();
+    let mut ptp = list["plugins"][0].clone();
+    ptp["cniVersion"] = list["cniVersion"].clone();
+    ptp["name"] = list["name"].clone();
+    // What a runtime hands the IPAM plugin: the network's config.
+    let mut ipam = ptp.clone();
+    ipam["cniVersion"] = json!("1.1.0");
+    let (pa, ra, a, _) = node.add_pod_retrying("keep", Duration::from_secs(30));
+    let (pb, _, b, _) = node.add_pod_retrying("lost", Duration::from_secs(30));
+    // CHECK through ptp: its IPAM's CHECK agrees with prevResult.
+    let mut c = ptp.clone();
+    c["prevResult"] = ra.clone();
+    Call::new(bin("ptp"), "CHECK")
+        .env("CNI_CONTAINERID", "keep")
+        .netns(&pa.path())
+        .stdin(&c)
+        .run_in(ns)
+        .ok();
+    let has_rule = |ip: std::net::Ipv4Addr| {
+        rcni_integration::nl(ns, async |n| {
+            n.rules(rcni_netlink::Family::V4).await.unwrap()
+        })
+        .iter()
+        .any(|r| r.dst.is_some_and(|d| d.ip() == std::net::IpAddr::V4(ip)))
+    };
+    assert!(has_rule(a) && has_rule(b));
+    // GC with only "keep" valid: "lost" (a pod whose DEL never came)
+    // goes back to the pool.
+    let mut g = ipam.clone();
+    g["cni.dev/valid-attachments"] = json!([{"containerID": "keep", "ifname": "eth0"}]);
+    Call::new(bin("vpc-ipam"), "GC").stdin(&g).run_in(ns).ok();
+    assert!(has_rule(a) && !has_rule(b), "GC left {b}'s rules");
+    let cp = node.checkpoint().unwrap();
+    let held: Vec<&str> = cp["allocations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["containerID"].as_str().unwrap())
+        .collect();
+    assert_eq!(held, ["keep"], "{cp}");
+    // GC without the key is refused (an empty list would release all).
+    let out = Call::new(bin("vpc-ipam"), "GC").stdin(&ipam).run_in(ns);
+    assert_eq!(out.code, 1, "{}", out.stdout);
+    assert!(out.stdout.contains("\"code\": 7"), "{}", out.stdout);
+    Call::new(bin("vpc-ipam"), "STATUS")
+        .stdin(&ipam)
+        .run_in(ns)
+        .ok();
+    // The agent gone: 50 for STATUS, 11 for ADD and DEL.
+    node.kill_agent();
+    let _ = std::fs::remove_file(node.socket());
+    let out = Call::new(bin("vpc-ipam"), "STATUS").stdin(&ipam).run_in(ns);
+    assert!(out.stdout.contains("\"code\": 50"), "{}", out.stdout);
+    let pod = TestNs::new();
+    let out = Call::new(bin("vpc-ipam"), "ADD")
+        .env("CNI_CONTAINERID", "late")
+        .netns(&pod.path())
+        .stdin(&ipam)
+        .run_in(ns);
+    assert!(out.stdout.contains("\"code\": 11"), "{}", out.stdout);
+    let out = Call::new(bin("vpc-ipam"), "DEL")
+        .env("CNI_CONTAINERID", "keep")
+        .netns(&pa.path())
+        .stdin(&ipam)
+        .run_in(ns);
+    assert!(out.stdout.contains("\"code\": 11"), "{}", out.stdout);
+    // Back, the agent still knows "keep" (its checkpoint) and DEL works.
+    node.restart_agent();
+    node.del_pod(&pa, "keep");
+    assert!(!has_rule(a));
+    drop(pb);
+}

@@ -91,6 +91,11 @@ struct Identity {
     primary_mac: String,
 }
 
+/// The SDK's IMDS read timeout is 1 s: a node busy starting its pods
+/// misses it (seen on this project's 2-core CI). IMDS answers locally, so
+/// a longer wait costs nothing when it is healthy.
+const IMDS_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Aws {
     /// The standard SDK configuration: IMDSv2 (`AWS_EC2_METADATA_SERVICE_ENDPOINT`
     /// overrides where it is), the standard credential chain and endpoint
@@ -98,7 +103,10 @@ impl Aws {
     pub async fn from_env() -> Result<Aws> {
         let http = https_client();
         let provider_config = ProviderConfig::default().with_http_client(http.clone());
-        let imds = imds::Client::builder().configure(&provider_config).build();
+        let imds = imds::Client::builder()
+            .configure(&provider_config)
+            .read_timeout(IMDS_TIMEOUT)
+            .build();
         let id = identity(&imds).await?;
         let shared = aws_config::defaults(BehaviorVersion::latest())
             .http_client(http)
@@ -128,6 +136,7 @@ impl Aws {
             .configure(&provider_config)
             .endpoint(imds_url)
             .map_err(|e| CloudError::Other(format!("IMDS endpoint {imds_url}: {e}")))?
+            .read_timeout(IMDS_TIMEOUT)
             .build();
         let id = identity(&imds).await?;
         let calls = Arc::new(AtomicU64::new(0));

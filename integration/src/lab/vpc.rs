@@ -987,7 +987,7 @@ impl VpcNode {
             .unwrap();
         cmd.stdout(Stdio::null()).stderr(log);
         let child = cmd.spawn().expect("rcni-node (cargo build -p rcni-node)");
-        *self.agent.lock().unwrap() = Some(child);
+        *self.agent.lock().unwrap_or_else(|e| e.into_inner()) = Some(child);
     }
 
     fn wait_agent_ready(&self) {
@@ -996,7 +996,11 @@ impl VpcNode {
             if self.conf_dir().join("10-rcni.conflist").exists() && self.socket().exists() {
                 return;
             }
-            if let Some(c) = self.agent.lock().unwrap().as_mut()
+            if let Some(c) = self
+                .agent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
                 && let Some(st) = c.try_wait().unwrap()
             {
                 panic!("{}: agent exited ({st}):\n{}", self.name, self.agent_log());
@@ -1013,7 +1017,7 @@ impl VpcNode {
 
     /// SIGKILL: no chance to save or release anything.
     pub fn kill_agent(&self) {
-        if let Some(mut c) = self.agent.lock().unwrap().take() {
+        if let Some(mut c) = self.agent.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -1028,7 +1032,11 @@ impl VpcNode {
         // for the new one to answer instead.
         let until = Instant::now() + START;
         while std::os::unix::net::UnixStream::connect(self.socket()).is_err() {
-            if let Some(c) = self.agent.lock().unwrap().as_mut()
+            if let Some(c) = self
+                .agent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_mut()
                 && let Some(st) = c.try_wait().unwrap()
             {
                 panic!("{}: agent exited ({st}):\n{}", self.name, self.agent_log());

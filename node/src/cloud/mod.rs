@@ -179,40 +179,69 @@ pub struct Options {
 /// are looked for.
 const LINK_WAIT: Duration = Duration::from_millis(200);
 
-/// Runs cloud mode until SIGTERM. A config or identity problem exits 2;
-/// anything the cloud or kernel refuses while running is logged and
-/// retried.
+/// Runs cloud mode until SIGTERM. The cloud's identity and first view
+/// (IMDS, EC2 or ARM) are asked again with backoff while they fail, as a
+/// node's metadata service can be slow at boot: the agent logs why and keeps
+/// trying rather than leave the node without a pool. `--once` tries once.
 pub async fn run(conf: CloudConf, opts: Options) -> ExitCode {
-    match conf.provider {
-        ProviderKind::Aws => match rcni_cloud::aws::Aws::from_env().await {
-            Ok(p) => go(p, conf, opts).await,
-            Err(e) => {
-                log(format!("cloud: AWS: {e}"));
-                ExitCode::FAILURE
+    let mut wait = Duration::from_secs(1);
+    loop {
+        let started = match conf.provider {
+            ProviderKind::Aws => match rcni_cloud::aws::Aws::from_env().await {
+                Ok(p) => go(p, conf.clone(), opts.clone()).await,
+                Err(e) => Err(format!("AWS: {e}")),
+            },
+            ProviderKind::Azure => match rcni_cloud::azure::Azure::from_env().await {
+                Ok(p) => go(p, conf.clone(), opts.clone()).await,
+                Err(e) => Err(format!("Azure: {e}")),
+            },
+        };
+        match started {
+            Ok(code) => return code,
+            Err(e) if opts.once => {
+                log(format!("cloud: {e}"));
+                return ExitCode::FAILURE;
             }
-        },
-        ProviderKind::Azure => match rcni_cloud::azure::Azure::from_env().await {
-            Ok(p) => go(p, conf, opts).await,
             Err(e) => {
-                log(format!("cloud: Azure: {e}"));
-                ExitCode::FAILURE
+                log(format!("cloud: {e}; trying again in {wait:?}"));
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+                    _ = sigterm() => return ExitCode::SUCCESS,
+                }
+                wait = (wait * 2).min(Duration::from_secs(30));
             }
-        },
+        }
+    }
+}
+
+async fn sigterm() {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(mut s) => {
+            s.recv().await;
+        }
+        Err(_) => std::future::pending().await,
     }
 }
 
 /// The pool, the socket and the node's layout with provider `p`.
-pub async fn go<P: Provider + 'static>(p: P, conf: CloudConf, opts: Options) -> ExitCode {
+/// `Err` when the pool could not start (the cloud's first view): the
+/// caller tries again.
+pub async fn go<P: Provider + 'static>(
+    p: P,
+    conf: CloudConf,
+    opts: Options,
+) -> Result<ExitCode, String> {
     let nl = match rcni_netlink::Netlink::connect_current().await {
         Ok(nl) => nl,
         Err(e) => {
             log(e);
-            return ExitCode::FAILURE;
+            return Ok(ExitCode::FAILURE);
         }
     };
     if let Err(e) = std::fs::create_dir_all(&opts.state_dir) {
         log(format!("state dir {}: {e}", opts.state_dir.display()));
-        return ExitCode::FAILURE;
+        return Ok(ExitCode::FAILURE);
     }
     let checkpoint = opts.state_dir.join("cloud-ipam.json");
     let pool =
@@ -220,7 +249,7 @@ pub async fn go<P: Provider + 'static>(p: P, conf: CloudConf, opts: Options) -> 
             Ok(m) => m,
             Err(e) => {
                 log(format!("cloud: {e}"));
-                return ExitCode::FAILURE;
+                return Ok(ExitCode::FAILURE);
             }
         };
     let snap = pool.snapshot();
@@ -253,17 +282,17 @@ pub async fn go<P: Provider + 'static>(p: P, conf: CloudConf, opts: Options) -> 
         Ok(_) => {}
         Err(e) => {
             log(format!("{}: {e}", opts.cni_conf_dir.display()));
-            return ExitCode::FAILURE;
+            return Ok(ExitCode::FAILURE);
         }
     }
     if opts.once {
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     let listener = match server::listen(&opts.socket) {
         Ok(l) => l,
         Err(e) => {
             log(format!("cloud: socket {}: {e}", opts.socket.display()));
-            return ExitCode::FAILURE;
+            return Ok(ExitCode::FAILURE);
         }
     };
     log(format!(
@@ -280,7 +309,7 @@ pub async fn go<P: Provider + 'static>(p: P, conf: CloudConf, opts: Options) -> 
         Ok(s) => s,
         Err(e) => {
             log(format!("SIGTERM handler: {e}"));
-            return ExitCode::FAILURE;
+            return Ok(ExitCode::FAILURE);
         }
     };
     let mut last_full = tokio::time::Instant::now();
@@ -329,7 +358,7 @@ pub async fn go<P: Provider + 'static>(p: P, conf: CloudConf, opts: Options) -> 
     let _ = refill.await;
     serving.abort();
     let _ = std::fs::remove_file(&opts.socket);
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Interfaces, pods' rules and SNAT as the pool says; returns the MACs of
