@@ -287,10 +287,8 @@ pub fn lower_in_container(node: &Node, plugin: &str, conf: &Value) -> TestNs {
 }
 
 /// An IPAM plugin `fake-ipam` in a new directory (put it first in
-/// CNI_PATH) whose ADD hands out 10.70.0.5/24 with a route via 224.0.0.1,
-/// which the kernel refuses as a gateway (so the main plugin's ADD fails
-/// after IPAM; a unicast gateway off the link no longer fails: the plugins
-/// make it on-link, as vpc-ipam's layout needs), and
+/// CNI_PATH) whose ADD hands out 10.70.0.5/24 with a route via 10.99.0.1,
+/// which no pod can reach (so the main plugin's ADD fails after IPAM), and
 /// whose DEL appends `present` or `gone` to the returned log: whether the
 /// pod's interface still existed when it ran.
 pub fn release_order_ipam() -> (tempfile::TempDir, std::path::PathBuf) {
@@ -303,7 +301,7 @@ pub fn release_order_ipam() -> (tempfile::TempDir, std::path::PathBuf) {
             r#"#!/bin/sh
 cat >/dev/null
 case "$CNI_COMMAND" in
-ADD) echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.70.0.5/24"}}],"routes":[{{"dst":"10.80.0.0/16","gw":"224.0.0.1"}}]}}' ;;
+ADD) echo '{{"cniVersion":"1.0.0","ips":[{{"address":"10.70.0.5/24"}}],"routes":[{{"dst":"10.80.0.0/16","gw":"10.99.0.1"}}]}}' ;;
 DEL) if nsenter --net="$CNI_NETNS" ip link show "$CNI_IFNAME" >/dev/null 2>&1; then echo present; else echo gone; fi >>{} ;;
 esac
 "#,

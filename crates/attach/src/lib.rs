@@ -502,13 +502,18 @@ pub async fn configure_iface(
             route = route.advmss(m);
         }
         match ct.add_route(&route).await {
-            // A gateway the link does not reach (the AWS VPC CNI's layout:
-            // a /32 pod address behind 169.254.1.1) is made reachable on
-            // the link, then the route added again. The reference's
-            // ConfigureIface fails here ("network is unreachable"), so no
-            // config that works with it gets this route: the README lists
-            // it among the differences.
-            Err(e) if e.errno() == Some(nix::libc::ENETUNREACH) && gw.is_some() => {
+            // A link-local gateway (169.254.0.0/16: on the link by
+            // definition, RFC 3927) that no route puts on the link: the AWS
+            // VPC CNI's layout, a /32 pod address behind 169.254.1.1, which
+            // vpc-ipam returns. The route to it is made on-link, then the
+            // route added again. The reference's ConfigureIface fails here
+            // ("network is unreachable"), so no config that works with it
+            // gets this route: the README lists it among the differences.
+            // Any other unreachable gateway still fails ADD, as there.
+            Err(e)
+                if e.errno() == Some(nix::libc::ENETUNREACH)
+                    && matches!(gw, Some(IpAddr::V4(a)) if a.is_link_local()) =>
+            {
                 let g = gw.expect("checked");
                 let host = ipnetwork::IpNetwork::new(g, if g.is_ipv4() { 32 } else { 128 })
                     .expect("full-length prefix");
