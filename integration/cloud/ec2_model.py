@@ -18,8 +18,12 @@ what the tests need, marked "ours" below:
 - AssignPrivateIpAddresses answers with the new addresses only, as EC2 does
   (moto lists all of the interface's).
 - Throttling on demand: `POST /_rcni/throttle` with `{"every": N}` makes
-  every Nth mutating call (anything but Describe*/Get*) answer HTTP 503 with
-  EC2's RequestLimitExceeded error; 0 turns it off. `GET /_rcni/throttle`
+  one mutating call (anything but Describe*/Get*) in N, on average, answer
+  HTTP 503 with EC2's RequestLimitExceeded error (1: all of them; 0 turns
+  it off). Drawn from a fixed-seed generator rather than strictly every
+  Nth: a strict period locks step with a retry cycle of the same length
+  (create, attach refused, delete: every attach refused forever), which
+  EC2's token buckets never do. `GET /_rcni/throttle`
   shows the setting and how many were refused.
 - `GET /_rcni/calls`: requests received per EC2 Action (refused ones too),
   `POST /_rcni/calls/reset` zeroes them.
@@ -326,6 +330,7 @@ class Model:
         self.every = 0
         self.mutating = 0
         self.throttled = 0
+        self.rng = random.Random(31)
 
     def __call__(self, environ, start_response):
         with _lock:
@@ -348,7 +353,7 @@ class Model:
             self.calls[action] = self.calls.get(action, 0) + 1
             if not action.startswith(("Describe", "Get")):
                 self.mutating += 1
-                if self.every and self.mutating % self.every == 0:
+                if self.every and self.rng.randrange(self.every) == 0:
                     self.throttled += 1
                     return self.throttle(start_response)
         return self.app(environ, start_response)
@@ -406,6 +411,7 @@ class Model:
                 return answer("400 Bad Request", {"error": str(e)})
             self.every = every
             self.mutating = 0
+            self.rng = random.Random(31)
             return answer("200 OK", {"every": self.every})
         return answer("404 Not Found", {"error": f"no {method} {path}"})
 

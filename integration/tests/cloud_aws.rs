@@ -785,11 +785,12 @@ fn agent_killed_mid_refill_loses_and_leaks_nothing() {
     assert_eq!(cp["allocations"], json!([]), "{cp}");
 }
 
-/// Throttling (every 3rd mutating call answered RequestLimitExceeded,
-/// from the agent's start on) slows refills but fails pods only with code
-/// 11: retried ADDs all succeed, addresses distinct and the node's, no
-/// interface left behind by a throttled attach. (Every 2nd would refuse
-/// the second call of every create-then-attach pair forever, a pattern
+/// Throttling (one mutating call in 3 answered RequestLimitExceeded, drawn
+/// by the model from a fixed seed, from the agent's start on) slows refills
+/// but fails pods only with code 11: retried ADDs all succeed, addresses
+/// distinct and the node's, no interface left behind by a throttled
+/// attach. (A strict every-3rd once locked step with the agent's
+/// create, attach refused, delete cycle: every attach refused, a pattern
 /// EC2's token buckets never make.)
 #[test]
 fn throttled_refills_fail_pods_only_with_code_11() {
@@ -798,7 +799,13 @@ fn throttled_refills_fail_pods_only_with_code_11() {
     // and the 20 pods need a second interface.
     let a = v.add_node("m5.large");
     v.ec2.throttle(3);
-    v.nodes[a].start_agent(&[("WARM_IP_TARGET", "2"), ("IP_COOLDOWN_PERIOD", "2")]);
+    // The backoff's cap lowered from 30 s: an unlucky streak of refusals
+    // would otherwise outlast the test's patience, not the agent's.
+    v.nodes[a].start_agent(&[
+        ("WARM_IP_TARGET", "2"),
+        ("IP_COOLDOWN_PERIOD", "2"),
+        ("RCNI_CLOUD_BACKOFF_MAX_MS", "4000"),
+    ]);
     let n = &v.nodes[a];
     let (pods, elevens) = burst(n, "t", 20, 2, &AtomicUsize::new(0));
     let refused = v.ec2.throttled();

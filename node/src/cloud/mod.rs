@@ -60,14 +60,16 @@ pub struct CloudConf {
 
 /// ipamd's fixed timings, which only tests change (they cannot wait a
 /// minute per step): RCNI_CLOUD_RESYNC_MS (the pool check, 5 s),
-/// RCNI_CLOUD_DECREASE_MS (at most one give-back per 30 s) and
-/// RCNI_CLOUD_MIN_ENI_AGE_MS (no interface younger than 1 min freed).
+/// RCNI_CLOUD_DECREASE_MS (at most one give-back per 30 s),
+/// RCNI_CLOUD_MIN_ENI_AGE_MS (no interface younger than 1 min freed) and
+/// RCNI_CLOUD_BACKOFF_MAX_MS (the throttling backoff's cap, 30 s).
 fn tuning(env: &dyn Fn(&str) -> Option<String>) -> Result<Tuning, String> {
     let mut t = Tuning::default();
     for (k, field) in [
         ("RCNI_CLOUD_RESYNC_MS", &mut t.resync),
         ("RCNI_CLOUD_DECREASE_MS", &mut t.decrease_interval),
         ("RCNI_CLOUD_MIN_ENI_AGE_MS", &mut t.min_interface_age),
+        ("RCNI_CLOUD_BACKOFF_MAX_MS", &mut t.backoff_max),
     ] {
         if let Some(v) = env(k) {
             let ms: u64 = v
