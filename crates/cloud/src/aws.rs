@@ -80,6 +80,10 @@ pub struct Aws {
     /// Subnets' CIDRs by id: a subnet's IPv4 CIDR never changes, so each is
     /// described once.
     subnets: Mutex<BTreeMap<String, Ipv4Network>>,
+    /// Secondary interfaces' attachment ids, from the last describe or
+    /// attach: a delete is then DetachNetworkInterface and
+    /// DeleteNetworkInterface alone, as ipamd's, with no Describe first.
+    attachments: Mutex<BTreeMap<String, String>>,
     calls: Arc<AtomicU64>,
 }
 
@@ -210,6 +214,7 @@ impl Aws {
             security_groups,
             limits: OnceLock::new(),
             subnets: Mutex::new(BTreeMap::new()),
+            attachments: Mutex::new(BTreeMap::new()),
             calls,
         })
     }
@@ -362,6 +367,33 @@ impl Aws {
             .ok_or_else(|| CloudError::NotFound(format!("network interface {id}")))
     }
 
+    /// DeleteNetworkInterface, retried while EC2 is still detaching it
+    /// (`InvalidNetworkInterface.InUse`, `IncorrectState`), as ipamd's
+    /// deleteENI does, rather than polled with DescribeNetworkInterfaces.
+    async fn delete_when_detached(&self, id: &str) -> Result<()> {
+        let deadline = tokio::time::Instant::now() + DETACH_WAIT;
+        loop {
+            match self
+                .ec2
+                .delete_network_interface()
+                .network_interface_id(id)
+                .send()
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if matches!(
+                        e.code(),
+                        Some("InvalidNetworkInterface.InUse" | "IncorrectState")
+                    ) && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(DETACH_POLL).await
+                }
+                Err(e) => return Err(map_err("DeleteNetworkInterface", e)),
+            }
+        }
+    }
+
     async fn delete(&self, id: &str) -> Result<()> {
         self.ec2
             .delete_network_interface()
@@ -394,6 +426,17 @@ impl Provider for Aws {
             )
             .await?;
         let vpc_cidrs = self.vpc_cidrs(&vpc_id).await?;
+        *self.attachments.lock().unwrap_or_else(|e| e.into_inner()) = enis
+            .iter()
+            .filter_map(|n| {
+                let a = n.attachment()?;
+                (a.device_index()? > 0).then_some(())?;
+                Some((
+                    n.network_interface_id()?.to_string(),
+                    a.attachment_id()?.to_string(),
+                ))
+            })
+            .collect();
         let mut interfaces = enis
             .iter()
             .map(|n| interface_of(n, &subnets))
@@ -460,6 +503,12 @@ impl Provider for Aws {
                 return Err(err);
             }
         };
+        if let Some(att) = &attachment_id {
+            self.attachments
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id.clone(), att.clone());
+        }
         if let Some(att) = attachment_id {
             // As the AWS VPC CNI does: the interface goes with the instance
             // when the instance is terminated. Best effort: without it the
@@ -505,6 +554,32 @@ impl Provider for Aws {
     }
 
     async fn delete_interface(&self, id: &str) -> Result<()> {
+        let cached = self
+            .attachments
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        if let Some(att_id) = cached {
+            match self
+                .ec2
+                .detach_network_interface()
+                .attachment_id(&att_id)
+                .send()
+                .await
+                .map_err(|e| map_err("DetachNetworkInterface", e))
+            {
+                // Already detached (by someone else): on to the delete.
+                Ok(_) | Err(CloudError::NotFound(_)) => {}
+                Err(e) => {
+                    self.attachments
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id.to_string(), att_id);
+                    return Err(e);
+                }
+            }
+            return self.delete_when_detached(id).await;
+        }
         let eni = self.one_interface(id).await?;
         if let Some(att) = eni.attachment()
             && att.status() != Some(&AttachmentStatus::Detached)
