@@ -600,21 +600,7 @@ impl Provider for Aws {
                     .await
                     .map_err(|e| map_err("DetachNetworkInterface", e))?;
             }
-            // EC2 detaches asynchronously and refuses to delete an
-            // interface until it is `available`.
-            let deadline = tokio::time::Instant::now() + DETACH_WAIT;
-            loop {
-                let now = self.one_interface(id).await?;
-                if now.status() == Some(&NetworkInterfaceStatus::Available) {
-                    break;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(CloudError::Other(format!(
-                        "{id} still not detached after {DETACH_WAIT:?}"
-                    )));
-                }
-                tokio::time::sleep(DETACH_POLL).await;
-            }
+            return self.delete_when_detached(id).await;
         }
         self.delete(id).await
     }

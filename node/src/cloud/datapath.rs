@@ -90,14 +90,20 @@ pub async fn add_pod(
     Ok(())
 }
 
-/// Removes the pod's rules (those already gone are fine).
-pub async fn del_pod(nl: &Netlink, ip: Ipv4Addr) -> rcni_netlink::Result<()> {
-    for r in nl.rules(Family::V4).await? {
-        if is_pod_rule(&r) && (r.src == Some(host(ip)) || r.dst == Some(host(ip))) {
-            match nl.del_rule(&r).await {
-                Err(e) if e.is_not_found() => {}
-                other => other?,
-            }
+/// Removes the pod's rules (those already gone are fine): the ones
+/// [`pod_rules`] makes, deleted by what they are, with no dump of the
+/// table on a pod's DEL. A rule left by another SNAT setting is the next
+/// [`reconcile_pods`]'s.
+pub async fn del_pod(
+    nl: &Netlink,
+    p: PodAddr,
+    vpc: &[Ipv4Network],
+    snat: &Snat,
+) -> rcni_netlink::Result<()> {
+    for r in pod_rules(p, vpc, snat) {
+        match nl.del_rule(&r).await {
+            Err(e) if e.is_not_found() => {}
+            other => other?,
         }
     }
     Ok(())
@@ -155,13 +161,6 @@ fn same(a: &Rule, b: &Rule) -> bool {
     a.src == b.src && a.dst == b.dst && a.table == b.table && a.priority == b.priority
 }
 
-fn mac_text(m: &[u8]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
 /// Each secondary interface's link set up (address, table, no connected
 /// route in main). Returns the MACs not found on the node yet: the
 /// hypervisor plugs an attached interface in a moment later.
@@ -174,7 +173,7 @@ pub async fn ensure_interfaces(
     for i in ifaces.iter().filter(|i| i.device_index > 0) {
         let Some(link) = links
             .iter()
-            .find(|l| l.mac.as_ref().is_some_and(|m| mac_text(&m.0) == i.mac))
+            .find(|l| l.mac.is_some_and(|m| m.to_string() == i.mac))
         else {
             missing.push(i.mac.clone());
             continue;

@@ -404,11 +404,11 @@ async fn layout<P: Provider + 'static>(ctx: &server::Ctx<P>) -> Vec<String> {
 }
 
 async fn primary_mtu(nl: &rcni_netlink::Netlink, mac: &str) -> Option<u32> {
-    nl.links().await.ok()?.into_iter().find_map(|l| {
-        let m = l.mac?;
-        let text: Vec<String> = m.0.iter().map(|b| format!("{b:02x}")).collect();
-        (text.join(":") == mac).then_some(l.mtu)
-    })
+    nl.links()
+        .await
+        .ok()?
+        .into_iter()
+        .find_map(|l| (l.mac?.to_string() == mac).then_some(l.mtu))
 }
 
 #[cfg(test)]

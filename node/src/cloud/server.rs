@@ -98,7 +98,7 @@ pub async fn handle<P: Provider + 'static>(ctx: &Ctx<P>, req: IpamRequest) -> Ip
             Ok(a) => {
                 if let Err(e) = datapath::add_pod(&ctx.nl, pod(&a), &ctx.vpc, &ctx.snat).await {
                     // Nothing half-made: the address goes back.
-                    let _ = datapath::del_pod(&ctx.nl, a.ip).await;
+                    let _ = datapath::del_pod(&ctx.nl, pod(&a), &ctx.vpc, &ctx.snat).await;
                     ctx.pool.release(&attachment);
                     return IpamAnswer::error(
                         999,
@@ -112,7 +112,7 @@ pub async fn handle<P: Provider + 'static>(ctx: &Ctx<P>, req: IpamRequest) -> Ip
         },
         IpamRequest::Del { attachment } => {
             if let Some(a) = ctx.pool.release(&attachment)
-                && let Err(e) = datapath::del_pod(&ctx.nl, a.ip).await
+                && let Err(e) = datapath::del_pod(&ctx.nl, pod(&a), &ctx.vpc, &ctx.snat).await
             {
                 // The address is back in the pool (cooling down); the
                 // next reconcile removes the rules.
@@ -128,7 +128,7 @@ pub async fn handle<P: Provider + 'static>(ctx: &Ctx<P>, req: IpamRequest) -> Ip
             let gone = ctx.pool.gc(&valid);
             for (who_, a) in &gone {
                 log(format!("cloud: GC released {} of {}", a.ip, who(who_)));
-                if let Err(e) = datapath::del_pod(&ctx.nl, a.ip).await {
+                if let Err(e) = datapath::del_pod(&ctx.nl, pod(a), &ctx.vpc, &ctx.snat).await {
                     log(format!("cloud: rules of {}: {e}", a.ip));
                 }
             }
