@@ -73,8 +73,13 @@ struct endpoint {
 	__u32 identity;
 	__u32 ingress_rs;
 	__u32 egress_rs;
-	__u32 pad;
+	// POL_AUDIT_*: a direction whose rule set is audit-only reports what it
+	// would deny and lets it through.
+	__u32 pol_flags;
 };
+
+#define POL_AUDIT_IN 1
+#define POL_AUDIT_OUT 2
 
 // The fast path added the entry: the MACs are valid, it may redirect.
 #define EP_FASTPATH 1
@@ -110,6 +115,8 @@ enum verdict {
 	V_FROM_REMOTE = 11, // from another node, redirected to a local pod
 	V_TOO_BIG = 12,     // over the out device's MTU: the normal path answers
 	V_NAT_FLOW = 13,    // a flow the node's NAT translated keeps the normal path
+	V_EV_LOST = 14,     // a policy flow event the full ring buffer refused
+	V_EV_LIMITED = 15,  // a policy flow event a pod's rate limit suppressed
 	V_MAX = 16,
 };
 

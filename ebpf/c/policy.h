@@ -127,6 +127,76 @@ struct {
 	__type(value, __u32);
 } rcni_node_addrs SEC(".maps");
 
+// Flow events (see meta/policy/src/flows): a point that denies a new flow,
+// lets one through in audit mode, or (when asked) allows one by a rule set
+// writes one record to rcni_pol_events, which the collector reads.
+#define EV_DENY 1
+#define EV_ALLOW 2
+#define EV_AUDIT 3
+
+// rcni_pol_cfg's one entry, written by the policy plugin from the
+// network's flowEvents and flowRate.
+#define EVENTS_DENY 1  // denials and audit findings
+#define EVENTS_ALLOW 2 // new flows a rule set allows
+struct pol_cfg {
+	__u32 events;
+	__u32 rate; // events per second per pod
+};
+
+struct flow_event {
+	__u64 ts; // bpf_ktime_get_ns
+	__u8 family;
+	__u8 proto;
+	__u8 verdict; // EV_*
+	__u8 point;   // CT_EGRESS: the sender's policy decided; CT_INGRESS: the receiver's
+	__u16 sport;  // host byte order; ICMP echo: the identifier
+	__u16 dport;
+	__u8 icmp_type;
+	__u8 pad[3];
+	__u32 rs;         // the rule set that decided
+	__u32 suppressed; // this pod's events the rate limit dropped since its last one
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u32 pad2;
+};
+
+// The same denied flow at the same point is reported once per this long:
+// one event per connection attempt, not one per retransmitted SYN.
+#define SEEN_NS (10ULL * 1000000000ULL)
+
+// Per policed pod (by address): a one-second window of events.
+struct pol_rl {
+	__u64 window; // when the window began (ns)
+	__u32 count;  // events in it
+	__u32 suppressed;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 18);
+} rcni_pol_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pol_cfg);
+} rcni_pol_cfg SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1 << 14);
+	__type(key, struct ep_key);
+	__type(value, struct pol_rl);
+} rcni_pol_rl SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1 << 14);
+	__type(key, struct ct_key);
+	__type(value, __u64);
+} rcni_pol_seen SEC(".maps");
+
 // What the points need of a packet.
 struct flow {
 	__u8 family;
@@ -306,6 +376,78 @@ static __always_inline void ct_record(const struct flow *f, __u8 point)
 	bpf_map_update_elem(&rcni_pol_ct, &k, &now, BPF_ANY);
 }
 
+// Reports a point's decision on a new flow f, within the policed pod's
+// rate limit. Only new flows come here (an established one is a ct_has hit
+// before any rule is read), so the cost is per connection, not per packet.
+static __noinline int pol_event(const struct flow *f, __u8 verdict, __u8 point, __u32 rs)
+{
+	__u32 zero = 0;
+	struct pol_cfg *cfg = bpf_map_lookup_elem(&rcni_pol_cfg, &zero);
+
+	if (!cfg)
+		return 0;
+	if (!(cfg->events & (verdict == EV_ALLOW ? EVENTS_ALLOW : EVENTS_DENY)))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (verdict == EV_DENY) {
+		struct ct_key k;
+		ct_key_of(&k, f, point, 0);
+		__u64 *last = bpf_map_lookup_elem(&rcni_pol_seen, &k);
+		if (last && now - *last < SEEN_NS)
+			return 0;
+		bpf_map_update_elem(&rcni_pol_seen, &k, &now, BPF_ANY);
+	}
+	struct ep_key pk = { .family = f->family };
+	__builtin_memcpy(pk.addr, point == CT_EGRESS ? f->saddr : f->daddr, 16);
+	__u32 suppressed = 0;
+	struct pol_rl *r = bpf_map_lookup_elem(&rcni_pol_rl, &pk);
+	if (!r) {
+		struct pol_rl n = { .window = now, .count = 1 };
+		bpf_map_update_elem(&rcni_pol_rl, &pk, &n, BPF_ANY);
+	} else {
+		// Racy across CPUs by design: a window may let a few more
+		// through; the suppressed count itself is atomic.
+		if (now - r->window >= 1000000000ULL) {
+			r->window = now;
+			r->count = 0;
+		}
+		if (r->count >= cfg->rate) {
+			__sync_fetch_and_add(&r->suppressed, 1);
+			count(V_EV_LIMITED);
+			return 0;
+		}
+		r->count += 1;
+		suppressed = r->suppressed;
+		if (suppressed)
+			__sync_fetch_and_add(&r->suppressed, -suppressed);
+	}
+	struct flow_event *e = bpf_ringbuf_reserve(&rcni_pol_events, sizeof(*e), 0);
+	if (!e) {
+		if (r && suppressed)
+			__sync_fetch_and_add(&r->suppressed, suppressed + 1);
+		count(V_EV_LOST);
+		return 0;
+	}
+	e->ts = now;
+	e->family = f->family;
+	e->proto = f->proto;
+	e->verdict = verdict;
+	e->point = point;
+	e->sport = f->sport;
+	e->dport = f->dport;
+	e->icmp_type = f->icmp_type;
+	e->pad[0] = 0;
+	e->pad[1] = 0;
+	e->pad[2] = 0;
+	e->rs = rs;
+	e->suppressed = suppressed;
+	__builtin_memcpy(e->saddr, f->saddr, 16);
+	__builtin_memcpy(e->daddr, f->daddr, 16);
+	e->pad2 = 0;
+	bpf_ringbuf_submit(e, 0);
+	return 0;
+}
+
 static __always_inline int ports_allow(__u32 id, __u8 proto, __u16 port)
 {
 	if (id == PORTSET_ALL)
@@ -377,8 +519,16 @@ static __always_inline int egress_point(const struct endpoint *p, const struct f
 	if (rs) {
 		if (!peer_known)
 			peer_id = identity_of(f->family, f->daddr);
-		if (!rules_allow(rs, peer_id, f, f->daddr) && !(node_check && to_node(f)))
-			return 0;
+		if (!rules_allow(rs, peer_id, f, f->daddr) && !(node_check && to_node(f))) {
+			if (!(p->pol_flags & POL_AUDIT_OUT)) {
+				pol_event(f, EV_DENY, CT_EGRESS, rs);
+				return 0;
+			}
+			// Audit: reported once, then the flow passes as allowed.
+			pol_event(f, EV_AUDIT, CT_EGRESS, rs);
+		} else {
+			pol_event(f, EV_ALLOW, CT_EGRESS, rs);
+		}
 	}
 	ct_record(f, CT_EGRESS);
 	return 1;
@@ -399,8 +549,15 @@ static __always_inline int ingress_point(const struct endpoint *p, const struct 
 	if (rs) {
 		if (!peer_known)
 			peer_id = identity_of(f->family, f->saddr);
-		if (!rules_allow(rs, peer_id, f, f->saddr))
-			return 0;
+		if (!rules_allow(rs, peer_id, f, f->saddr)) {
+			if (!(p->pol_flags & POL_AUDIT_IN)) {
+				pol_event(f, EV_DENY, CT_INGRESS, rs);
+				return 0;
+			}
+			pol_event(f, EV_AUDIT, CT_INGRESS, rs);
+		} else {
+			pol_event(f, EV_ALLOW, CT_INGRESS, rs);
+		}
 	}
 	ct_record(f, CT_INGRESS);
 	return 1;

@@ -165,7 +165,24 @@ impl Datapath {
         ingress_rs: u32,
         egress_rs: u32,
     ) -> Result<()> {
-        let ep = Endpoint::policy(ifindex, owner, identity, ingress_rs, egress_rs);
+        self.set_policy_endpoint_audited(keys, ifindex, owner, identity, ingress_rs, egress_rs, 0)
+    }
+
+    /// [`Datapath::set_policy_endpoint`] with audit flags
+    /// ([`crate::POL_AUDIT_IN`], [`crate::POL_AUDIT_OUT`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn set_policy_endpoint_audited(
+        &mut self,
+        keys: &[EndpointKey],
+        ifindex: u32,
+        owner: u64,
+        identity: u32,
+        ingress_rs: u32,
+        egress_rs: u32,
+        pol_flags: u32,
+    ) -> Result<()> {
+        let ep = Endpoint::policy(ifindex, owner, identity, ingress_rs, egress_rs)
+            .policy_audited(pol_flags);
         let eps: Vec<(EndpointKey, Endpoint)> = keys.iter().map(|k| (*k, ep)).collect();
         self.upsert(&eps, Endpoint::merge_policy)
     }

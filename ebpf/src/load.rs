@@ -3,7 +3,7 @@
 
 use crate::bpffs::{self, remove_pin};
 use crate::types::{self, CidrData, PortSet, RemoteData};
-use crate::{CtKey, Endpoint, EndpointKey, EndpointStats, PeerKey, RemoteHop};
+use crate::{CtKey, Endpoint, EndpointKey, EndpointStats, PeerKey, PolicyConfig, RemoteHop};
 use crate::{DATAPATH_VERSION, Error, PROG_PIN, Program, Result, object};
 use aya::maps::lpm_trie::{Key as LpmKey, LpmTrie};
 use aya::maps::{Array, HashMap, Map, MapData, MapError, MapType, PerCpuArray};
@@ -24,9 +24,13 @@ const MAP_CT: &str = "rcni_pol_ct";
 const MAP_NODE_ADDRS: &str = "rcni_node_addrs";
 const MAP_REMOTE: &str = "rcni_remote";
 const MAP_NAT_SOCKS: &str = "rcni_nat_socks";
+const MAP_POL_EVENTS: &str = "rcni_pol_events";
+const MAP_POL_CFG: &str = "rcni_pol_cfg";
+const MAP_POL_RL: &str = "rcni_pol_rl";
+const MAP_POL_SEEN: &str = "rcni_pol_seen";
 
 /// What each map must look like: (name, type, key size, value size).
-fn map_specs() -> [(&'static str, MapType, usize, usize); 12] {
+fn map_specs() -> [(&'static str, MapType, usize, usize); 16] {
     use std::mem::size_of;
     [
         (
@@ -56,6 +60,11 @@ fn map_specs() -> [(&'static str, MapType, usize, usize); 12] {
             size_of::<RemoteHop>(),
         ),
         (MAP_NAT_SOCKS, MapType::LruHash, types::NAT_SOCK_SIZE, 8),
+        // A ring buffer has neither keys nor values.
+        (MAP_POL_EVENTS, MapType::RingBuf, 0, 0),
+        (MAP_POL_CFG, MapType::Array, 4, size_of::<PolicyConfig>()),
+        (MAP_POL_RL, MapType::LruHash, size_of::<EndpointKey>(), 16),
+        (MAP_POL_SEEN, MapType::LruHash, size_of::<CtKey>(), 8),
     ]
 }
 
@@ -80,7 +89,12 @@ pub struct Datapath {
     pub(crate) ct: HashMap<MapData, CtKey, u64>,
     pub(crate) node_addrs: HashMap<MapData, EndpointKey, u32>,
     pub(crate) remote: LpmTrie<MapData, RemoteData, RemoteHop>,
+    pub(crate) pol_cfg: Array<MapData, PolicyConfig>,
+    /// The flow events' ring, until [`Datapath::take_flow_events`].
+    pub(crate) pol_events: Option<Map>,
     _nat_socks: Map,
+    _pol_rl: Map,
+    _pol_seen: Map,
 }
 
 /// Opens the map pinned as `name` in `dir`, checked against what this
@@ -209,8 +223,12 @@ impl Datapath {
             ct: typed(map(MAP_CT)?, MAP_CT)?,
             node_addrs: typed(map(MAP_NODE_ADDRS)?, MAP_NODE_ADDRS)?,
             remote: typed(map(MAP_REMOTE)?, MAP_REMOTE)?,
-            // Only the programs use it; opening checks its layout.
+            pol_cfg: typed(map(MAP_POL_CFG)?, MAP_POL_CFG)?,
+            pol_events: Some(map(MAP_POL_EVENTS)?),
+            // Only the programs use these; opening checks their layout.
             _nat_socks: map(MAP_NAT_SOCKS)?,
+            _pol_rl: map(MAP_POL_RL)?,
+            _pol_seen: map(MAP_POL_SEEN)?,
         })
     }
 

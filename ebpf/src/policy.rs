@@ -8,11 +8,14 @@
 use crate::load::{collect, not_found_ok};
 use crate::types::{self, CidrData, PortSet};
 use crate::{
-    CtKey, Datapath, EndpointKey, Error, MAX_PORT_RANGES, PORTSET_ALL, PORTSET_NONE, PeerKey,
-    PortRange, Result,
+    CtKey, Datapath, EndpointKey, Error, FlowEvent, MAX_PORT_RANGES, PORTSET_ALL, PORTSET_NONE,
+    PeerKey, PolicyConfig, PortRange, Result,
 };
 use aya::maps::lpm_trie::Key as LpmKey;
+use aya::maps::{MapData, RingBuf};
 use std::net::IpAddr;
+use std::os::fd::{AsFd, BorrowedFd};
+use zerocopy::FromBytes;
 
 impl Datapath {
     /// Stores port set `id` (2 and up: 0 and 1 are [`PORTSET_NONE`] and
@@ -194,4 +197,62 @@ impl Datapath {
 fn cidr_key(rs: u32, ip: IpAddr, len: u8) -> Result<LpmKey<CidrData>> {
     types::cidr_key(rs, ip, len)
         .ok_or_else(|| Error::msg(format!("{ip}/{len}: prefix longer than the address")))
+}
+
+/// The reader of a network's policy flow events (`rcni_pol_events`). A
+/// BPF ring buffer has one consumer position: one reader per network at a
+/// time (the flow collector holds a lock for that).
+pub struct FlowEvents {
+    ring: RingBuf<MapData>,
+}
+
+impl FlowEvents {
+    /// Reads what is in the ring now, oldest first, at most `max`.
+    pub fn read(&mut self, max: usize) -> Vec<FlowEvent> {
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(item) = self.ring.next() else { break };
+            if let Ok((e, _)) = FlowEvent::read_from_prefix(&item) {
+                out.push(e);
+            }
+        }
+        out
+    }
+}
+
+impl AsFd for FlowEvents {
+    /// Readable (poll) when records are waiting.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.ring.as_fd()
+    }
+}
+
+impl Datapath {
+    /// Which decisions become flow events ([`crate::EVENTS_DENY`],
+    /// [`crate::EVENTS_ALLOW`]) and how many per second per pod.
+    pub fn set_flow_config(&mut self, events: u32, rate: u32) -> Result<()> {
+        let want = PolicyConfig { events, rate };
+        if self.pol_cfg.get(&0, 0).ok() == Some(want) {
+            return Ok(());
+        }
+        self.pol_cfg
+            .set(0, want, 0)
+            .map_err(|e| Error::aya("write the flow event config", e))
+    }
+
+    pub fn flow_config(&self) -> Result<PolicyConfig> {
+        self.pol_cfg
+            .get(&0, 0)
+            .map_err(|e| Error::aya("read the flow event config", e))
+    }
+
+    /// The flow events' reader; a second call is an error.
+    pub fn take_flow_events(&mut self) -> Result<FlowEvents> {
+        let m = self
+            .pol_events
+            .take()
+            .ok_or_else(|| Error::msg("the flow event ring is taken already"))?;
+        let ring = RingBuf::try_from(m).map_err(|e| Error::aya("map rcni_pol_events", e))?;
+        Ok(FlowEvents { ring })
+    }
 }

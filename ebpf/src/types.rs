@@ -36,6 +36,7 @@ pod!(
     CtKey,
     RemoteData,
     RemoteHop,
+    PolicyConfig,
 );
 
 const FAMILY_V4: u32 = 4;
@@ -115,9 +116,15 @@ pub struct Endpoint {
     pub ingress_rs: u32,
     /// The rule set deciding traffic from the pod; 0: not selected.
     pub egress_rs: u32,
-    /// Zero.
-    pub pad: u32,
+    /// [`POL_AUDIT_IN`], [`POL_AUDIT_OUT`]: that direction's rule set is
+    /// audit-only (reports what it would deny, lets it through).
+    pub pol_flags: u32,
 }
+
+/// The ingress rule set reports instead of denying.
+pub const POL_AUDIT_IN: u32 = 1;
+/// The egress rule set reports instead of denying.
+pub const POL_AUDIT_OUT: u32 = 2;
 
 const _: () = {
     assert!(size_of::<Endpoint>() == 48);
@@ -172,6 +179,12 @@ impl Endpoint {
         }
     }
 
+    /// [`Endpoint::policy`] with audit flags ([`POL_AUDIT_IN`],
+    /// [`POL_AUDIT_OUT`]).
+    pub fn policy_audited(self, pol_flags: u32) -> Endpoint {
+        Endpoint { pol_flags, ..self }
+    }
+
     /// This fast path endpoint, kept on the normal path or not (see
     /// [`EP_NORMAL_PATH`]).
     pub fn normal_path(self, on: bool) -> Endpoint {
@@ -208,6 +221,7 @@ impl Endpoint {
             && self.identity == o.identity
             && self.ingress_rs == o.ingress_rs
             && self.egress_rs == o.egress_rs
+            && self.pol_flags == o.pol_flags
             && self.flags & EP_POLICY == o.flags & EP_POLICY
     }
 
@@ -222,7 +236,6 @@ impl Endpoint {
         Endpoint {
             slot: old.map_or(0, |o| o.slot),
             owner,
-            pad: 0,
             ..base
         }
     }
@@ -250,6 +263,7 @@ impl Endpoint {
             identity: pol.identity,
             ingress_rs: pol.ingress_rs,
             egress_rs: pol.egress_rs,
+            pol_flags: pol.pol_flags,
             ..base
         }
     }
@@ -272,6 +286,7 @@ impl Endpoint {
             identity: 0,
             ingress_rs: 0,
             egress_rs: 0,
+            pol_flags: 0,
             flags,
             ..self
         })
@@ -343,10 +358,12 @@ pub enum Verdict {
     FromRemote = 11,
     TooBig = 12,
     NatFlow = 13,
+    EventLost = 14,
+    EventLimited = 15,
 }
 
 impl Verdict {
-    pub const ALL: [Verdict; 14] = [
+    pub const ALL: [Verdict; 16] = [
         Verdict::Redirect,
         Verdict::NotIp,
         Verdict::Short,
@@ -361,6 +378,8 @@ impl Verdict {
         Verdict::FromRemote,
         Verdict::TooBig,
         Verdict::NatFlow,
+        Verdict::EventLost,
+        Verdict::EventLimited,
     ];
 
     pub fn name(self) -> &'static str {
@@ -379,6 +398,8 @@ impl Verdict {
             Verdict::FromRemote => "redirected from another node",
             Verdict::TooBig => "passed: over the out device's MTU",
             Verdict::NatFlow => "passed: a flow the node's NAT translates",
+            Verdict::EventLost => "policy flow event lost: ring buffer full",
+            Verdict::EventLimited => "policy flow event suppressed: pod's rate limit",
         }
     }
 }
@@ -598,6 +619,77 @@ fn mask(addr: &mut [u8; 16], len: u8) {
     for (i, b) in addr.iter_mut().enumerate() {
         let keep = (u32::from(len)).saturating_sub(i as u32 * 8).min(8);
         *b &= if keep == 0 { 0 } else { 0xffu8 << (8 - keep) };
+    }
+}
+
+/// `struct pol_cfg`, `rcni_pol_cfg`'s one value: which decisions become
+/// flow events and how many per second per pod.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct PolicyConfig {
+    /// [`EVENTS_DENY`] | [`EVENTS_ALLOW`].
+    pub events: u32,
+    pub rate: u32,
+}
+
+/// Denials and audit findings become flow events.
+pub const EVENTS_DENY: u32 = 1;
+/// New flows a rule set allows become flow events.
+pub const EVENTS_ALLOW: u32 = 2;
+
+/// A flow event's verdict (`EV_*`).
+pub const EV_DENY: u8 = 1;
+pub const EV_ALLOW: u8 = 2;
+pub const EV_AUDIT: u8 = 3;
+
+/// `struct flow_event`: one record of `rcni_pol_events`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct FlowEvent {
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC).
+    pub ts: u64,
+    pub family: u8,
+    pub proto: u8,
+    /// [`EV_DENY`], [`EV_ALLOW`], [`EV_AUDIT`].
+    pub verdict: u8,
+    /// [`CT_EGRESS`]: the sender's policy decided; [`CT_INGRESS`]: the
+    /// receiver's.
+    pub point: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub icmp_type: u8,
+    pub pad: [u8; 3],
+    /// The rule set that decided.
+    pub rs: u32,
+    /// The policed pod's events its rate limit dropped since its last one.
+    pub suppressed: u32,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub pad2: u32,
+}
+
+const _: () = {
+    assert!(size_of::<FlowEvent>() == 64);
+    assert!(offset_of!(FlowEvent, sport) == 12);
+    assert!(offset_of!(FlowEvent, rs) == 20);
+    assert!(offset_of!(FlowEvent, saddr) == 28);
+};
+
+impl FlowEvent {
+    fn addr(&self, a: &[u8; 16]) -> IpAddr {
+        if self.family == 4 {
+            IpAddr::from([a[0], a[1], a[2], a[3]])
+        } else {
+            IpAddr::from(*a)
+        }
+    }
+
+    pub fn src(&self) -> IpAddr {
+        self.addr(&self.saddr)
+    }
+
+    pub fn dst(&self) -> IpAddr {
+        self.addr(&self.daddr)
     }
 }
 

@@ -126,6 +126,8 @@ impl PolicyBackend for Ebpf<'_> {
             None => datapath(self.conf)?,
         };
         dp.set_node_addrs(&node_addrs()?).map_err(ebpf::err)?;
+        dp.set_flow_config(ebpf::flow_events(self.conf), self.conf.flow_rate)
+            .map_err(ebpf::err)?;
         ebpf::apply(&mut dp, pods, desired, applied)?;
         if let Some(p) = attach {
             attach_programs(&mut dp, self.conf, p)?;

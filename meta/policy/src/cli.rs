@@ -16,7 +16,7 @@ use clap::{Parser, Subcommand};
 use rcni_cni::CniError;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,6 +41,26 @@ enum Cmd {
         /// one kept from the network's last ADD.
         #[arg(long)]
         config: Option<PathBuf>,
+    },
+    /// Policy flow events as JSON lines (schema: see the README): the
+    /// connections the network's policies denied, audited or (with
+    /// "flowEvents": "all") allowed.
+    Flows {
+        #[arg(long)]
+        network: String,
+        #[arg(long, default_value = DEFAULT_DATA_DIR)]
+        data_dir: PathBuf,
+        /// Keep printing events as they happen (else: what the log holds,
+        /// then what is waiting in the kernel, and exit).
+        #[arg(long)]
+        follow: bool,
+        /// deny, allow, audit or all.
+        #[arg(long, default_value = "all")]
+        verdict: String,
+        /// The node name in the events (default: $NODE_NAME, else the
+        /// host name).
+        #[arg(long)]
+        node: Option<String>,
     },
     /// Show the network's pods, identities and rule sets.
     Show {
@@ -74,6 +94,13 @@ pub fn run(args: &[String]) -> i32 {
             data_dir,
             json,
         } => show(&network, &data_dir, json),
+        Cmd::Flows {
+            network,
+            data_dir,
+            follow,
+            verdict,
+            node,
+        } => flows(&network, &data_dir, follow, &verdict, node),
     };
     match r {
         Ok(out) => {
@@ -243,4 +270,70 @@ fn show(network: &str, data_dir: &Path, as_json: bool) -> Result<String, CniErro
         );
     }
     Ok(out)
+}
+
+/// `policy flows`: prints events as JSON lines, straight to stdout (a
+/// follower's output is live, not buffered to the end).
+fn flows(
+    network: &str,
+    data_dir: &Path,
+    follow: bool,
+    verdict: &str,
+    node: Option<String>,
+) -> Result<String, CniError> {
+    use crate::flows::{self, CollectorLock, Filter};
+    use std::io::Write;
+    let filter = Filter::parse(verdict).ok_or_else(|| {
+        CniError::unsupported(
+            "--verdict",
+            format!("{verdict:?} (deny, allow, audit or all)"),
+        )
+    })?;
+    let node = node.unwrap_or_else(flows::node_name);
+    let stdout = std::io::stdout();
+    // A closed stdout (the reader went away) ends the run.
+    let print = |line: &str| -> bool {
+        let mut o = stdout.lock();
+        writeln!(o, "{line}").and_then(|_| o.flush()).is_ok()
+    };
+    let wanted = |line: &str| {
+        serde_json::from_str::<flows::Event>(line).is_ok_and(|e| filter.wants(e.verdict))
+    };
+    let (lines, pos) = flows::history(data_dir, network);
+    if !follow {
+        for l in lines.iter().filter(|l| wanted(l)) {
+            if !print(l) {
+                return Ok(String::new());
+            }
+        }
+    }
+    let tick = Duration::from_millis(100);
+    match CollectorLock::try_acquire(data_dir, network)? {
+        Some(lock) => {
+            // No collector runs: this run is the network's collector.
+            let mut source = flows::source(data_dir, network)?;
+            let mut idle = 0;
+            flows::collect(&lock, network, &node, source.as_mut(), tick, |e| match e {
+                Some(e) => {
+                    !filter.wants(e.verdict)
+                        || print(&serde_json::to_string(e).expect("serializable"))
+                }
+                // Without --follow: stop once the kernel has nothing waiting.
+                None => {
+                    idle += 1;
+                    follow || idle < 2
+                }
+            })?;
+        }
+        None => {
+            if !follow {
+                return Ok(String::new());
+            }
+            flows::follow(data_dir, network, pos, tick, |l| match l {
+                Some(l) => !wanted(l) || print(l),
+                None => true,
+            })?;
+        }
+    }
+    Ok(String::new())
 }

@@ -22,8 +22,8 @@
 //! selection lives, and are freed when it goes.
 
 use crate::model::{
-    Dir, IpBlock, Labels, MAX_PORT_RANGES, NamedPorts, Peer, PolicySet, PortRange, RemotePod, Rule,
-    proto_number,
+    Dir, IpBlock, Labels, MAX_PORT_RANGES, NamedPorts, Peer, Policy, PolicySet, PortRange,
+    RemotePod, Rule, proto_number,
 };
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
@@ -136,6 +136,10 @@ pub struct RuleSet {
     /// Flattened for longest-prefix match, sorted; a prefix with no ports
     /// punches a hole (an `except`) into a shorter one.
     pub cidrs: Vec<(IpNetwork, Ports)>,
+    /// Made of audit-only policies (`rcni.io/audit`, or the network's
+    /// `"audit": true`): what it denies is reported and let through.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub audit: bool,
 }
 
 impl RuleSet {
@@ -392,12 +396,13 @@ pub fn compile(
         .collect();
 
     let mut wanted_rs: BTreeSet<String> = BTreeSet::new();
-    let mut rs_by_key: BTreeMap<String, (Dir, Vec<String>, Option<NamedPorts>)> = BTreeMap::new();
+    type Selection = (Dir, Vec<String>, Option<NamedPorts>, bool);
+    let mut rs_by_key: BTreeMap<String, Selection> = BTreeMap::new();
     let mut pod_sel: BTreeMap<&str, [Option<String>; 2]> = BTreeMap::new();
     for (key, pod) in pods {
         let mut sel: [Option<String>; 2] = [None, None];
         for (i, dir) in [Dir::Ingress, Dir::Egress].into_iter().enumerate() {
-            let mut ps: Vec<String> = set
+            let selecting: Vec<&Policy> = set
                 .policies
                 .iter()
                 .filter(|p| {
@@ -405,13 +410,27 @@ pub fn compile(
                         && p.namespace == pod.namespace
                         && p.pod_selector.matches(&pod.labels)
                 })
+                .collect();
+            // Audit policies never change what is enforced: a pod that an
+            // enforced policy selects is decided by the enforced ones
+            // alone (an audit policy could only add allows, which it must
+            // not); one that only audit policies select is decided by
+            // them, in audit mode: what they deny is reported and passes.
+            let enforced = selecting.iter().any(|p| !p.audit);
+            let mut ps: Vec<String> = selecting
+                .iter()
+                .filter(|p| p.audit != enforced)
                 .map(|p| p.id())
                 .collect();
             if ps.is_empty() {
                 continue;
             }
             ps.sort();
+            let audit = !enforced;
             let mut k = ruleset_key(dir, &ps);
+            if audit {
+                k.insert_str(0, "audit:");
+            }
             // Ingress rules' named ports are the policed pod's own.
             let named = (dir == Dir::Ingress && uses_named(set, dir, &ps)).then(|| {
                 k.push('#');
@@ -419,26 +438,25 @@ pub fn compile(
                 pod.ports.clone()
             });
             wanted_rs.insert(k.clone());
-            rs_by_key.insert(k.clone(), (dir, ps, named));
+            rs_by_key.insert(k.clone(), (dir, ps, named, audit));
             sel[i] = Some(k);
         }
         pod_sel.insert(key.as_str(), sel);
     }
     ids.rulesets.retain(|k, _| wanted_rs.contains(k));
-    for (k, (dir, ps, named)) in &rs_by_key {
+    for (k, (dir, ps, named, audit)) in &rs_by_key {
         let n = alloc(&mut ids.rulesets, k);
-        d.rulesets.insert(
-            n,
-            build_ruleset(
-                set,
-                *dir,
-                ps,
-                named.as_ref(),
-                &identities,
-                &remote,
-                &ns_labels,
-            )?,
-        );
+        let mut rs = build_ruleset(
+            set,
+            *dir,
+            ps,
+            named.as_ref(),
+            &identities,
+            &remote,
+            &ns_labels,
+        )?;
+        rs.audit = *audit;
+        d.rulesets.insert(n, rs);
     }
     for (key, pod) in pods {
         let sel = &pod_sel[key.as_str()];
@@ -528,6 +546,7 @@ fn build_ruleset(
         peers,
         remote,
         cidrs,
+        audit: false,
     })
 }
 

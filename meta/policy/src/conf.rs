@@ -5,8 +5,16 @@
 //! {"type": "policy", "backend": "auto", "policies": [...], "policyDir": "/etc/cni/policy.d",
 //!  "namespaces": {"prod": {"team": "a"}}, "dataDir": "/var/lib/cni/rcni-policy",
 //!  "pinRoot": "/sys/fs/bpf/rcni", "attachMode": "auto",
-//!  "agentSocket": "/run/rcni/agent.sock"}
+//!  "agentSocket": "/run/rcni/agent.sock",
+//!  "audit": false, "flowEvents": "deny", "flowRate": 10}
 //! ```
+//!
+//! `audit`: every policy of the network is audit-only (as if annotated
+//! `rcni.io/audit: "true"`): reported, never enforced. `flowEvents`: which
+//! decisions become flow events (`deny`, the default: denials and audit
+//! findings; `all`: every new connection a policy allows too; `none`).
+//! `flowRate`: events per second per pod (a burst of as many), the rest
+//! counted as suppressed.
 //!
 //! The pod's labels come from `args.cni.labels` (the CNI convention: a
 //! list of `{"key", "value"}`, or an object), its namespace from
@@ -70,7 +78,27 @@ struct Raw {
     attach_mode: Option<String>,
     #[serde(default)]
     agent_socket: Option<String>,
+    #[serde(default)]
+    audit: Option<bool>,
+    #[serde(default)]
+    flow_events: Option<String>,
+    #[serde(default)]
+    flow_rate: Option<u32>,
 }
+
+/// Which decisions become flow events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlowEvents {
+    None,
+    /// Denials and audit findings.
+    #[default]
+    Deny,
+    /// And every new connection a policy allows.
+    All,
+}
+
+/// Events per second per pod when `flowRate` is not given.
+pub const DEFAULT_FLOW_RATE: u32 = 10;
 
 #[derive(Debug, Clone)]
 pub struct Conf {
@@ -86,6 +114,11 @@ pub struct Conf {
     pub attach_mode: Option<Hook>,
     /// The rcni-node agent's pod socket: labels from the Kubernetes API.
     pub agent_socket: Option<PathBuf>,
+    /// Every policy audit-only.
+    pub audit: bool,
+    pub flow_events: FlowEvents,
+    /// Flow events per second per pod (and the burst).
+    pub flow_rate: u32,
 }
 
 fn abs(key: &str, v: Option<&str>, default: &str) -> Result<PathBuf, CniError> {
@@ -134,7 +167,31 @@ impl Conf {
             None | Some("") => None,
             Some(p) => Some(abs("agentSocket", Some(p), "")?),
         };
+        let flow_events = match raw.flow_events.as_deref() {
+            None | Some("") | Some("deny") => FlowEvents::Deny,
+            Some("all") => FlowEvents::All,
+            Some("none") => FlowEvents::None,
+            Some(v) => {
+                return Err(CniError::unsupported(
+                    "flowEvents",
+                    format!("{v:?} (deny, all or none)"),
+                ));
+            }
+        };
+        let flow_rate = match raw.flow_rate {
+            None => DEFAULT_FLOW_RATE,
+            Some(0) => {
+                return Err(CniError::unsupported(
+                    "flowRate",
+                    "0 (events per second per pod: at least 1; \"flowEvents\": \"none\" turns them off)",
+                ));
+            }
+            Some(n) => n,
+        };
         Ok(Conf {
+            audit: raw.audit.unwrap_or(false),
+            flow_events,
+            flow_rate,
             agent_socket,
             backend,
             inline,
@@ -159,6 +216,11 @@ impl Conf {
         set.add_document(&self.inline, "policies")?;
         if let Some(d) = &self.policy_dir {
             set.add_dir(d)?;
+        }
+        if self.audit {
+            for p in &mut set.policies {
+                p.audit = true;
+            }
         }
         set.sort();
         Ok(set)

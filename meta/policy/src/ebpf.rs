@@ -16,6 +16,7 @@
 //! live on as a "reply".
 
 use crate::compile::{Desired, PodPolicy, Ports, RuleSet};
+use crate::conf::{Conf, FlowEvents};
 use crate::state::PodRecord;
 use ipnetwork::IpNetwork;
 use rcni_cni::{CniError, ErrorCode};
@@ -35,9 +36,33 @@ struct AppliedRs {
     peers: BTreeMap<u32, u32>,
 }
 
+/// The datapath's flow event switches for `conf`.
+pub fn flow_events(conf: &Conf) -> u32 {
+    match conf.flow_events {
+        FlowEvents::None => 0,
+        FlowEvents::Deny => rcni_ebpf::EVENTS_DENY,
+        FlowEvents::All => rcni_ebpf::EVENTS_DENY | rcni_ebpf::EVENTS_ALLOW,
+    }
+}
+
+/// The endpoint's audit flags: the directions whose rule set is audit-only.
+fn audit_flags(desired: &Desired, p: &PodPolicy) -> u32 {
+    let audit = |rs: u32| desired.rulesets.get(&rs).is_some_and(|r| r.audit);
+    let mut f = 0;
+    if audit(p.ingress) {
+        f |= rcni_ebpf::POL_AUDIT_IN;
+    }
+    if audit(p.egress) {
+        f |= rcni_ebpf::POL_AUDIT_OUT;
+    }
+    f
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 struct AppliedPod {
     policy: PodPolicy,
+    #[serde(default)]
+    audit: u32,
     addrs: Vec<IpAddr>,
     ifindex: u32,
     owner: u64,
@@ -310,6 +335,7 @@ impl Writer<'_> {
             };
             let want = AppliedPod {
                 policy: *policy,
+                audit: audit_flags(desired, policy),
                 addrs: pod.addrs.clone(),
                 ifindex: pod.host_ifindex,
                 owner: owner(pod),
@@ -337,13 +363,14 @@ impl Writer<'_> {
                 }
             }
             self.dp
-                .set_policy_endpoint(
+                .set_policy_endpoint_audited(
                     &keys(&want.addrs),
                     want.ifindex,
                     want.owner,
                     policy.identity,
                     policy.ingress,
                     policy.egress,
+                    want.audit,
                 )
                 .map_err(err)?;
             self.ch.endpoints += want.addrs.len();

@@ -26,6 +26,7 @@ pub mod cli;
 pub mod compile;
 pub mod conf;
 pub mod ebpf;
+pub mod flows;
 pub mod model;
 pub mod nft;
 pub mod state;

@@ -15,6 +15,9 @@ pub struct Policy {
     pub pod_selector: Selector,
     pub ingress: Option<Vec<Rule>>,
     pub egress: Option<Vec<Rule>>,
+    /// Annotated `rcni.io/audit: "true"`: evaluated and reported, never
+    /// enforced (see `compile`).
+    pub audit: bool,
     /// The JSON it was read from, normalized: two policies are the same
     /// when this is.
     pub source: String,
@@ -48,6 +51,29 @@ const POLICY_KEYS: &[&str] = &[
     "spec",
     "status",
 ];
+
+/// The annotation that makes a policy audit-only.
+pub const AUDIT_ANNOTATION: &str = "rcni.io/audit";
+
+/// `metadata.annotations["rcni.io/audit"]`: "true" or "false" (any case);
+/// anything else is an error, so a typo cannot enforce a policy meant to
+/// be audited.
+fn audit_annotation(m: &Map<String, Value>, who: &str) -> Result<bool, CniError> {
+    let v = m
+        .get("metadata")
+        .and_then(|m| m.get("annotations"))
+        .and_then(|a| a.get(AUDIT_ANNOTATION));
+    match v {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => Ok(true),
+        Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => Ok(false),
+        Some(v) => Err(invalid(
+            who,
+            &format!("metadata.annotations.{AUDIT_ANNOTATION}"),
+            &format!("{v} is not \"true\" or \"false\""),
+        )),
+    }
+}
 
 pub(super) fn parse_policy(m: &Map<String, Value>, origin: &str) -> Result<Policy, CniError> {
     // The Kubernetes object keeps its name in metadata and its rules in spec.
@@ -138,6 +164,7 @@ pub(super) fn parse_policy(m: &Map<String, Value>, origin: &str) -> Result<Polic
             "rules given but policyTypes lacks \"Egress\"",
         ));
     }
+    let audit = audit_annotation(m, who)?;
     let mut norm = spec.clone();
     norm.remove("name");
     norm.remove("namespace");
@@ -151,7 +178,14 @@ pub(super) fn parse_policy(m: &Map<String, Value>, origin: &str) -> Result<Polic
         pod_selector,
         ingress: has_in.then(|| ingress.unwrap_or_default()),
         egress: has_eg.then(|| egress.unwrap_or_default()),
-        source: format!("{id}:{}", canonical(&Value::Object(norm))),
+        audit,
+        // Auditing is part of what the policy is: turning it off is a
+        // change to apply.
+        source: format!(
+            "{id}:{}{}",
+            if audit { "audit:" } else { "" },
+            canonical(&Value::Object(norm))
+        ),
     })
 }
 
