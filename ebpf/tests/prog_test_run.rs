@@ -1501,3 +1501,88 @@ fn flows_the_node_translates_keep_the_normal_path_both_ways() {
         TC_ACT_REDIRECT
     );
 }
+
+/// The flow events A's points wrote, drained.
+fn events(ring: &mut rcni_ebpf::FlowEvents) -> Vec<rcni_ebpf::FlowEvent> {
+    ring.read(10_000)
+}
+
+#[test]
+fn denials_audits_and_asked_for_allows_become_flow_events() {
+    let mut dp = a_selected(0, 41);
+    let mut ring = dp.take_flow_events().unwrap();
+    // Nothing is reported before the plugin writes the config.
+    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40000 > 10.0.0.3:80")), DROP);
+    assert!(events(&mut ring).is_empty());
+    dp.set_flow_config(rcni_ebpf::EVENTS_DENY, 10).unwrap();
+    // A's egress denies everything: one event per flow, not per packet.
+    for _ in 0..3 {
+        assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40001 > 10.0.0.3:80")), DROP);
+    }
+    assert_eq!(out(&mut dp, &flow("udp [fd00::2]:5000 > [fd00::3]:53")), DROP);
+    let ev = events(&mut ring);
+    assert_eq!(ev.len(), 2, "{ev:?}");
+    assert_eq!(
+        (ev[0].verdict, ev[0].point, ev[0].proto, ev[0].sport, ev[0].dport, ev[0].rs),
+        (rcni_ebpf::EV_DENY, CT_EGRESS, TCP, 40001, 80, 41)
+    );
+    assert_eq!((ev[0].src(), ev[0].dst()), (ip("10.0.0.2"), ip("10.0.0.3")));
+    assert_eq!((ev[1].proto, ev[1].dst()), (UDP, ip("fd00::3")));
+    // Allowed flows only when asked.
+    dp.put_portset(2, &[PortRange::new(TCP, 443, 443)]).unwrap();
+    dp.put_peer(41, B_ID, 2).unwrap();
+    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40002 > 10.0.0.3:443")), PASS);
+    assert!(events(&mut ring).is_empty());
+    dp.set_flow_config(rcni_ebpf::EVENTS_DENY | rcni_ebpf::EVENTS_ALLOW, 10)
+        .unwrap();
+    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40003 > 10.0.0.3:443")), PASS);
+    // The flow's later packets are connection tracking hits: no event.
+    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40003 > 10.0.0.3:443")), PASS);
+    let ev = events(&mut ring);
+    assert_eq!(ev.len(), 1);
+    assert_eq!((ev[0].verdict, ev[0].dport), (rcni_ebpf::EV_ALLOW, 443));
+    // Audit: what the rule set denies passes, reported once.
+    dp.set_policy_endpoint_audited(
+        &[key("10.0.0.2"), key("fd00::2")],
+        LO,
+        A_OWNER,
+        A_ID,
+        0,
+        41,
+        rcni_ebpf::POL_AUDIT_OUT,
+    )
+    .unwrap();
+    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40004 > 10.0.0.3:22")), PASS);
+    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40004 > 10.0.0.3:22")), PASS);
+    let ev = events(&mut ring);
+    assert_eq!(ev.len(), 1);
+    assert_eq!((ev[0].verdict, ev[0].dport), (rcni_ebpf::EV_AUDIT, 22));
+    assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 5);
+}
+
+#[test]
+fn a_flood_of_denials_stays_within_the_pods_rate_limit() {
+    let mut dp = a_selected(0, 41);
+    let mut ring = dp.take_flow_events().unwrap();
+    dp.set_flow_config(rcni_ebpf::EVENTS_DENY, 5).unwrap();
+    for sport in 1000..1100 {
+        let spec = format!("udp 10.0.0.2:{sport} > 10.0.0.3:53");
+        assert_eq!(out(&mut dp, &flow(&spec)), DROP);
+    }
+    let ev = events(&mut ring);
+    // One window (the loop takes well under a second): 5 events.
+    assert_eq!(ev.len(), 5, "{ev:?}");
+    assert_eq!(verdict(&dp, Verdict::EventLimited), 95);
+    // The next window's first event carries the count.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    assert_eq!(out(&mut dp, &flow("udp 10.0.0.2:2000 > 10.0.0.3:53")), DROP);
+    let ev = events(&mut ring);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].suppressed, 95);
+    // B is another pod: a window of its own.
+    assert_eq!(
+        into_a(&mut dp, &flow("udp 10.0.0.3:1 > 10.0.0.2:2")),
+        PASS,
+        "A's ingress is not selected"
+    );
+}

@@ -5,7 +5,7 @@ use serde_json::json;
 
 #[test]
 fn times_are_rfc3339_utc() {
-    let t = UNIX_EPOCH + Duration::from_micros(1_795_766_400_123_456);
+    let t = UNIX_EPOCH + Duration::from_micros(1_795_737_600_123_456);
     assert_eq!(rfc3339(t), "2026-11-27T00:00:00.123456Z");
     assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00.000000Z");
     let leap = UNIX_EPOCH + Duration::from_secs(951_782_400 + 3723);
@@ -23,9 +23,9 @@ fn filters() {
 
 fn pod(ns: &str, name: &str, ip: &str, labels: serde_json::Value) -> PodRecord {
     serde_json::from_value(json!({
-        "container_id": format!("c-{name}"), "ifname": "eth0", "namespace": ns,
+        "containerId": format!("c-{name}"), "ifname": "eth0", "namespace": ns,
         "name": name, "labels": labels, "addrs": [ip],
-        "host_ifname": format!("veth{name}"), "host_ifindex": 7
+        "hostIfname": format!("veth{name}"), "hostIfindex": 7
     }))
     .unwrap()
 }
@@ -198,10 +198,10 @@ fn flow_settings_are_validated() {
     );
     assert_eq!(
         c(json!({"flowEvents": "loud"})).unwrap_err().code,
-        ErrorCode::UnsupportedField
+        ErrorCode::UnsupportedField as u32
     );
     assert_eq!(
         c(json!({"flowRate": 0})).unwrap_err().code,
-        ErrorCode::UnsupportedField
+        ErrorCode::UnsupportedField as u32
     );
 }
