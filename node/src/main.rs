@@ -8,8 +8,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use rcni_node::install;
 use rcni_node::run::{RunArgs, run};
+use rcni_node::{install, status};
 
 #[derive(Parser)]
 #[command(
@@ -32,6 +32,9 @@ enum Cmd {
     Install(install::InstallArgs),
     /// Remove what `install` wrote, and the agent's conflist.
     Uninstall(install::UninstallArgs),
+    /// The node at a glance, from the running agent's status file:
+    /// backend, datapath, peers, pods, pool use, last reconcile.
+    Status(status::StatusArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Cmd::Run(args) => run(*args),
         Cmd::Install(args) => install::install(args),
         Cmd::Uninstall(args) => install::uninstall(args),
+        Cmd::Status(args) => status::status(args),
     }
 }
 
@@ -114,6 +118,38 @@ mod tests {
         assert!(parse(&["--cluster", "c", "--kubeconfig", "k", "--node", "x"]).is_err());
         assert!(parse(&["--node", "x"]).is_err());
         assert!(parse(&["--cluster", "c", "--node", "x"]).is_ok());
+    }
+
+    #[test]
+    fn metrics_and_status_flags() {
+        let a = parse(&["--cluster", "c", "--node", "x"]).unwrap();
+        assert!(a.metrics_addr.is_none());
+        assert_eq!(a.cni_stats_dir, PathBuf::from("/run/rcni/cni-stats"));
+        assert_eq!(a.status_file, PathBuf::from("/run/rcni/node-status.json"));
+        let a = parse(&[
+            "--cluster",
+            "c",
+            "--node",
+            "x",
+            "--metrics-addr",
+            "0.0.0.0:9680",
+            "--cni-stats-dir",
+            "/s",
+            "--status-file",
+            "/t.json",
+        ])
+        .unwrap();
+        assert_eq!(a.metrics_addr.as_deref(), Some("0.0.0.0:9680"));
+        assert_eq!(a.cni_stats_dir, PathBuf::from("/s"));
+        assert_eq!(a.status_file, PathBuf::from("/t.json"));
+        match Cli::try_parse_from(["rcni-node", "status", "--json", "--status-file", "/t"]) {
+            Ok(Cli {
+                cmd: Cmd::Status(s),
+            }) => {
+                assert!(s.json && s.status_file == std::path::Path::new("/t"));
+            }
+            _ => panic!("status"),
+        }
     }
 
     #[test]

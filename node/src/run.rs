@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 
 use crate::install::conflist;
 use crate::k8s_policy;
+use crate::metrics::{self, Metrics};
 use crate::registry::cluster::{self, ClusterError};
 use crate::registry::k8s;
 use crate::registry::{FileRegistry, Registry};
 use crate::sync::{agent, xnode};
-use crate::{bgp, cloud, log, wgkey};
+use crate::{bgp, cloud, log, status, wgkey};
 use rcni_netlink::route_watch::RouteWatch;
 
 /// How long `--once --kubernetes` waits for the first list of Nodes.
@@ -115,6 +116,19 @@ pub struct RunArgs {
     /// file or not: entries someone removed come back.
     #[arg(long, value_name = "SECONDS", default_value_t = 30)]
     pub resync_s: u64,
+    /// Serve Prometheus metrics on http://ADDR/metrics (host:port, e.g.
+    /// 0.0.0.0:9680); off when unset.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// With --metrics-addr: the directory the plugins record their CNI
+    /// commands in (their RCNI_CNI_STATS_DIR); the agent makes it, and
+    /// plugins record nothing where it does not exist.
+    #[arg(long, value_name = "DIR", default_value = metrics::cnistats::DEFAULT_DIR)]
+    pub cni_stats_dir: PathBuf,
+    /// The status file `rcni-node status` reads, replaced after each
+    /// reconcile; written only when its directory exists.
+    #[arg(long, value_name = "PATH", default_value = status::DEFAULT_FILE)]
+    pub status_file: PathBuf,
 }
 
 /// Exit status for a cluster file or command line that is wrong.
@@ -131,6 +145,9 @@ pub fn run(args: RunArgs) -> ExitCode {
         }
     };
     rt.block_on(async move {
+        if let Err(code) = start_metrics(&args).await {
+            return code;
+        }
         match cloud_conf(&args) {
             Ok(Some(c)) => return run_cloud(&args, c).await,
             Ok(None) => {}
@@ -202,7 +219,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                 &mut *registry,
                 &nl,
                 &opts,
-                &args.state_dir,
+                &args,
                 (!args.once).then_some(&mut speaker),
             )
             .await;
@@ -435,31 +452,72 @@ async fn once(
     registry: &mut dyn Registry,
     nl: &rcni_netlink::Netlink,
     opts: &agent::Options,
-    state_dir: &std::path::Path,
+    args: &RunArgs,
     speaker: Option<&mut bgp::Speaker>,
 ) -> Option<u8> {
-    let cluster = match registry.load() {
-        Ok(c) => c,
-        Err(e @ ClusterError::Invalid(_)) => {
-            log(format!("invalid cluster, nothing changed: {e}"));
-            return Some(EXIT_CONFIG);
+    let t0 = Instant::now();
+    let loaded = registry.load();
+    let (exit, cluster, refused) = match loaded {
+        Ok(cluster) => {
+            let (exit, refused) =
+                reconcile_loaded(registry, nl, opts, args, speaker, &cluster).await;
+            (exit, Some(cluster), refused)
         }
-        Err(e @ ClusterError::NotImplemented(_)) => {
-            log(e);
-            return Some(EXIT_NOT_IMPLEMENTED);
-        }
-        Err(e @ ClusterError::ThisNode(_)) => {
-            log(format!(
-                "this node cannot be programmed yet, nothing changed: {e}"
-            ));
-            return Some(EXIT_CONFIG_NODE);
+        Err(e) => {
+            let (msg, exit) = match &e {
+                ClusterError::Invalid(_) => (
+                    format!("invalid cluster, nothing changed: {e}"),
+                    EXIT_CONFIG,
+                ),
+                ClusterError::NotImplemented(_) => (e.to_string(), EXIT_NOT_IMPLEMENTED),
+                ClusterError::ThisNode(_) => (
+                    format!("this node cannot be programmed yet, nothing changed: {e}"),
+                    EXIT_CONFIG_NODE,
+                ),
+            };
+            log(&msg);
+            Metrics::get().reconciled("agent", Err(msg), t0.elapsed(), &Default::default());
+            (Some(exit), None, Vec::new())
         }
     };
+    let doc = status::agent_status(&status::AgentView {
+        node: &opts.node,
+        source: registry.describe(),
+        cluster: cluster.as_ref(),
+        refused: &refused,
+        cni_conf_dir: &opts.cni_conf_dir,
+        pin_root: &opts.bpf_pin_root,
+        resync_s: args.resync_s,
+    });
+    status::write(&args.status_file, &doc);
+    exit
+}
+
+/// The reconcile of a loaded cluster: the exit status `--once` ends with
+/// (`None` on full success) and the peers refused.
+async fn reconcile_loaded(
+    registry: &mut dyn Registry,
+    nl: &rcni_netlink::Netlink,
+    opts: &agent::Options,
+    args: &RunArgs,
+    speaker: Option<&mut bgp::Speaker>,
+    cluster: &cluster::Cluster,
+) -> (Option<u8>, Vec<String>) {
+    let state_dir = &args.state_dir;
+    Metrics::get().set_peer_names(
+        cluster
+            .nodes
+            .iter()
+            .filter_map(|n| Some((n.wireguard_key?, n.name.clone())))
+            .collect(),
+    );
     if let Some(speaker) = speaker {
-        bgp_speaker(speaker, nl, &cluster, &opts.node).await;
+        bgp_speaker(speaker, nl, cluster, &opts.node).await;
     }
     let t0 = Instant::now();
-    match agent::reconcile(nl, &cluster, opts).await {
+    let result = agent::reconcile(nl, cluster, opts).await;
+    let took = t0.elapsed();
+    match result {
         Ok(report) => {
             for l in &report.log {
                 log(l);
@@ -471,9 +529,12 @@ async fn once(
                 "reconciled {} nodes ({}) in {:.1} ms: {} kernel changes",
                 cluster.nodes.len(),
                 cluster.backend.as_str(),
-                t0.elapsed().as_secs_f64() * 1000.0,
+                took.as_secs_f64() * 1000.0,
                 report.changes
             ));
+            // Refused peers are the cluster's mistake, not the pass's: the
+            // rest is programmed.
+            Metrics::get().reconciled("agent", Ok(()), took, &report.kinds);
             let summary = serde_json::json!({
                 "cluster": registry.describe(),
                 "node": opts.node,
@@ -487,21 +548,63 @@ async fn once(
                 0o644,
             );
             if report.refused.is_empty() {
-                None
+                (None, report.refused)
             } else {
-                Some(EXIT_CONFIG)
+                (Some(EXIT_CONFIG), report.refused)
             }
         }
-        Err(e @ agent::AgentError::Config(_)) => {
-            log(e);
-            Some(EXIT_CONFIG_NODE)
-        }
-        Err(e @ agent::AgentError::Kernel(_)) => {
-            log(e);
-            Some(1)
+        Err(e) => {
+            log(&e);
+            let exit = match e {
+                agent::AgentError::Config(_) => EXIT_CONFIG_NODE,
+                agent::AgentError::Kernel(_) => 1,
+            };
+            Metrics::get().reconciled("agent", Err(crate::causes(&e)), took, &Default::default());
+            (Some(exit), Vec::new())
         }
     }
 }
+
+/// `--metrics-addr`: the registry's sources, the plugins' stats
+/// directory, and the server, running on the agent's runtime.
+async fn start_metrics(args: &RunArgs) -> Result<(), ExitCode> {
+    let Some(addr) = &args.metrics_addr else {
+        return Ok(());
+    };
+    let m = Metrics::get();
+    m.set_sources(Some(&args.bpf_pin_root), Some(&args.cni_conf_dir));
+    // Made here only: without a reader, the plugins' lines would pile up.
+    match std::fs::create_dir_all(&args.cni_stats_dir) {
+        Ok(()) => {
+            m.set_cni_stats_dir(&args.cni_stats_dir);
+            // Read often enough that the file stays small between scrapes.
+            tokio::spawn(async {
+                loop {
+                    tokio::time::sleep(CNI_STATS_EVERY).await;
+                    let _ =
+                        tokio::task::spawn_blocking(|| Metrics::get().collect_cni_stats()).await;
+                }
+            });
+        }
+        Err(e) => log(format!(
+            "cni stats dir {}: {e}: CNI commands are not counted",
+            args.cni_stats_dir.display()
+        )),
+    }
+    let listener = metrics::server::bind(addr).await.map_err(|e| {
+        log(format!("--metrics-addr {addr}: {e}"));
+        ExitCode::from(EXIT_CONFIG)
+    })?;
+    log(format!(
+        "serving metrics on http://{}/metrics",
+        metrics::server::local_addr(&listener).map_or(addr.clone(), |a| a.to_string())
+    ));
+    tokio::spawn(metrics::server::serve(listener, m));
+    Ok(())
+}
+
+/// How often the plugins' command lines are read besides each scrape.
+const CNI_STATS_EVERY: Duration = Duration::from_secs(10);
 
 /// BIRD running with the cluster's sessions when the backend is bgp, and
 /// stopped (its table emptied) when it no longer is. Without `--once`

@@ -246,6 +246,63 @@ impl WgSocket {
     }
 }
 
+/// A peer's traffic and last handshake, for the metrics (kept out of
+/// [`Peer`], which the diff compares).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerStats {
+    pub key: Key,
+    pub rx_bytes: u64,
+    pub tx_bytes: u64,
+    /// Seconds since the epoch; `None` before the first handshake (the
+    /// kernel reports zero).
+    pub last_handshake: Option<i64>,
+}
+
+impl WgSocket {
+    /// Every peer's counters on the device `ifindex`.
+    pub fn peer_stats(&mut self, ifindex: u32) -> Result<Vec<PeerStats>, WgError> {
+        let answers = self.wg(
+            "read the WireGuard device",
+            WireguardMessage {
+                cmd: WireguardCmd::GetDevice,
+                attributes: vec![WireguardAttribute::IfIndex(ifindex)],
+            },
+            NLM_F_DUMP,
+        )?;
+        let mut out: Vec<PeerStats> = Vec::new();
+        for m in answers {
+            for a in m.attributes {
+                let WireguardAttribute::Peers(list) = a else {
+                    continue;
+                };
+                for p in list {
+                    let mut s = PeerStats::default();
+                    let mut key = None;
+                    for a in p.0 {
+                        match a {
+                            WireguardPeerAttribute::PublicKey(k) => key = Some(k),
+                            WireguardPeerAttribute::RxBytes(n) => s.rx_bytes = n,
+                            WireguardPeerAttribute::TxBytes(n) => s.tx_bytes = n,
+                            WireguardPeerAttribute::LastHandshake(t) if t.seconds > 0 => {
+                                s.last_handshake = Some(t.seconds);
+                            }
+                            _ => {}
+                        }
+                    }
+                    let Some(key) = key else { continue };
+                    // A peer split over several messages: its counters
+                    // come in the first.
+                    if !out.iter().any(|q| q.key == key) {
+                        s.key = key;
+                        out.push(s);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
 fn merge_peer(peers: &mut Vec<Peer>, p: WireguardPeer) {
     let mut key = None;
     let mut endpoint = None;

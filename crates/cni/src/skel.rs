@@ -157,7 +157,9 @@ pub trait Plugin {
 
 /// Runs `plugin` against the process environment and exits.
 pub fn run<P: Plugin>(plugin: &P) -> ! {
-    let code = dispatch(
+    let t0 = std::time::Instant::now();
+    let mut done = None;
+    let code = dispatch_recording(
         plugin,
         &|k| std::env::var(k).ok(),
         &mut std::io::stdin().lock(),
@@ -165,8 +167,57 @@ pub fn run<P: Plugin>(plugin: &P) -> ! {
         // delegated ADD forwarding its child's stderr) write to them too.
         &mut std::io::stdout(),
         &mut std::io::stderr(),
+        &mut done,
     );
+    if let Some((command, cni_code)) = done {
+        let dir = match std::env::var_os(STATS_DIR_ENV) {
+            Some(d) => PathBuf::from(d),
+            None => PathBuf::from(DEFAULT_STATS_DIR),
+        };
+        record(&dir, plugin.about().name, command, cni_code, t0.elapsed());
+    }
     std::process::exit(code)
+}
+
+/// Where [`run`] records each command for rcni-node's metrics, unless
+/// [`STATS_DIR_ENV`] names another directory (empty: nowhere).
+pub const DEFAULT_STATS_DIR: &str = "/run/rcni/cni-stats";
+/// The variable that moves (or, empty, turns off) the recording.
+pub const STATS_DIR_ENV: &str = "RCNI_CNI_STATS_DIR";
+/// The file in that directory.
+pub const STATS_FILE: &str = "commands";
+
+/// Appends `plugin command code micros` to the stats file, when the
+/// directory exists (the node agent makes it when it serves metrics); any
+/// failure is ignored: recording never fails or holds up a command. One
+/// `write` of a line far below PIPE_BUF on an `O_APPEND` file: lines of
+/// plugins running at once never interleave.
+pub fn record(
+    dir: &std::path::Path,
+    plugin: &str,
+    command: Command,
+    cni_code: u32,
+    took: std::time::Duration,
+) {
+    use std::os::unix::fs::OpenOptionsExt;
+    if dir.as_os_str().is_empty() {
+        return;
+    }
+    let line = format!(
+        "{plugin} {} {cni_code} {}\n",
+        command.as_str(),
+        took.as_micros()
+    );
+    // create(true) makes the file, never the directory: a missing
+    // directory is one failed open.
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o644)
+        .open(dir.join(STATS_FILE))
+    {
+        let _ = f.write_all(line.as_bytes());
+    }
 }
 
 /// The entry of a binary that is a plugin and an operator's tool in one:
@@ -188,6 +239,19 @@ pub fn dispatch<P: Plugin>(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> i32 {
+    dispatch_recording(plugin, env, stdin, stdout, stderr, &mut None)
+}
+
+/// [`dispatch`], also setting `done` to the command and its CNI result
+/// code (0 for success) once CNI_COMMAND named a command.
+pub fn dispatch_recording<P: Plugin>(
+    plugin: &P,
+    env: &dyn Fn(&str) -> Option<String>,
+    stdin: &mut dyn Read,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+    done: &mut Option<(Command, u32)>,
+) -> i32 {
     let about = plugin.about();
     let getenv = |k: &str| env(k).unwrap_or_default();
     let cmd_str = getenv("CNI_COMMAND");
@@ -202,6 +266,7 @@ pub fn dispatch<P: Plugin>(
     }
     // Errors before the config is read are labelled with our newest version.
     let mut out_version = version::CURRENT.to_string();
+    let mut parsed = None;
     let result = (|| -> Result<Option<String>, CniError> {
         let Some(command) = Command::parse(&cmd_str) else {
             return Err(CniError::new(
@@ -209,6 +274,7 @@ pub fn dispatch<P: Plugin>(
                 format!("unknown CNI_COMMAND: {cmd_str}"),
             ));
         };
+        parsed = Some(command);
         let missing: Vec<&str> = command
             .required()
             .iter()
@@ -313,6 +379,7 @@ pub fn dispatch<P: Plugin>(
             )))
         })
     })();
+    *done = parsed.map(|c| (c, result.as_ref().map_or_else(|e| e.code, |_| 0)));
     match result {
         Ok(Some(out)) => {
             let _ = stdout.write_all(out.as_bytes());
@@ -338,5 +405,75 @@ fn is_own_netns(path: &std::path::Path) -> bool {
     ) {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod record_tests {
+    use super::*;
+    use crate::types::CniResult;
+
+    struct Fails;
+    impl Plugin for Fails {
+        fn about(&self) -> About {
+            About::all_versions("fails", "0")
+        }
+        fn add(&self, _: &CmdArgs) -> Result<CniResult, CniError> {
+            Err(CniError::new(ErrorCode::TryAgainLater, "busy"))
+        }
+        fn del(&self, _: &CmdArgs) -> Result<(), CniError> {
+            Ok(())
+        }
+        fn check(&self, _: &CmdArgs) -> Result<(), CniError> {
+            Ok(())
+        }
+    }
+
+    fn call(cmd: &str) -> Option<(Command, u32)> {
+        let env = |k: &str| -> Option<String> {
+            Some(match k {
+                "CNI_COMMAND" => cmd.into(),
+                "CNI_CONTAINERID" => "c1".into(),
+                "CNI_NETNS" => "/nonexistent/ns".into(),
+                "CNI_IFNAME" => "eth0".into(),
+                "CNI_PATH" => "/opt/cni/bin".into(),
+                _ => return None,
+            })
+        };
+        let mut done = None;
+        let conf = br#"{"cniVersion": "1.0.0", "name": "n", "type": "fails"}"#;
+        dispatch_recording(
+            &Fails,
+            &env,
+            &mut &conf[..],
+            &mut Vec::new(),
+            &mut Vec::new(),
+            &mut done,
+        );
+        done
+    }
+
+    #[test]
+    fn the_command_and_its_code_are_reported() {
+        assert_eq!(call("ADD"), Some((Command::Add, 11)));
+        assert_eq!(call("DEL"), Some((Command::Del, 0)));
+        assert_eq!(call("VERSION"), Some((Command::Version, 0)));
+        assert_eq!(call("BOGUS"), None);
+    }
+
+    #[test]
+    fn a_line_per_command_only_where_the_directory_exists() {
+        let d = std::env::temp_dir().join(format!("rcni-skel-record-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let took = std::time::Duration::from_micros(1234);
+        record(&d, "bridge", Command::Add, 0, took);
+        assert!(!d.exists(), "the directory is never made");
+        record(std::path::Path::new(""), "bridge", Command::Add, 0, took);
+        std::fs::create_dir(&d).unwrap();
+        record(&d, "bridge", Command::Add, 0, took);
+        record(&d, "ptp", Command::Del, 7, took);
+        let text = std::fs::read_to_string(d.join(STATS_FILE)).unwrap();
+        assert_eq!(text, "bridge ADD 0 1234\nptp DEL 7 1234\n");
+        std::fs::remove_dir_all(&d).unwrap();
     }
 }

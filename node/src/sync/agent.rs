@@ -51,6 +51,25 @@ pub struct Report {
     pub refused: Vec<String>,
     /// Lines for the log: what changed.
     pub log: Vec<String>,
+    /// `changes` by kind of kernel object (route, neighbour, fdb, link,
+    /// address, wireguard, masquerade, forward, ebpf): the metrics' labels.
+    pub kinds: std::collections::BTreeMap<&'static str, usize>,
+}
+
+impl Report {
+    fn changed(&mut self, kind: &'static str) {
+        self.changes += 1;
+        *self.kinds.entry(kind).or_default() += 1;
+    }
+}
+
+/// The metrics' kind of a peer entry change.
+fn op_kind(op: &Op) -> &'static str {
+    match op {
+        Op::SetNeighbour(..) | Op::DelNeighbour(..) => "neighbour",
+        Op::SetFdb(..) | Op::DelFdb(..) => "fdb",
+        Op::SetRoute(..) | Op::DelRoute(..) => "route",
+    }
 }
 
 /// Why a reconcile stopped; `rcni-node run` ends `--once` with status 4
@@ -303,6 +322,9 @@ fn sync_ebpf(
     let root = opts.bpf_pin_root.clone();
     let synced = nl.netns().run(move || xnode::sync(&root, want))??;
     report.changes += synced.changes;
+    if synced.changes > 0 {
+        *report.kinds.entry("ebpf").or_default() += synced.changes;
+    }
     report.log.extend(synced.log);
     Ok(())
 }
@@ -326,14 +348,14 @@ async fn finish(
         _ => None,
     };
     if masq::ensure(nl.netns(), masq4)? {
-        report.changes += 1;
+        report.changed("masquerade");
         report.log.push(match masq4 {
             Some((p, n)) => format!("masquerade: {p} leaving {n}"),
             None => "masquerade: IPv4 table removed".into(),
         });
     }
     if masq::ensure6(nl.netns(), masq6)? {
-        report.changes += 1;
+        report.changed("masquerade");
         report.log.push(match masq6 {
             Some((p6, n6)) => format!("masquerade: {p6} leaving {n6}"),
             None => "masquerade: IPv6 table removed".into(),
@@ -346,7 +368,7 @@ async fn finish(
         .chain(masq6.map(|(_, n6)| IpNetwork::V6(n6)))
         .collect();
     for line in forward::ensure(nl.netns(), &nets)? {
-        report.changes += 1;
+        report.changed("forward");
         report.log.push(line);
     }
     let conf = conflist::render(
@@ -392,7 +414,7 @@ async fn program(
     for change in desired::diff(&peers.entries, &actual) {
         for op in &change.ops {
             apply(nl, tunnel, op).await?;
-            report.changes += 1;
+            report.changed(op_kind(op));
         }
         report.log.push(format!(
             "{}{}: {}",
@@ -489,7 +511,7 @@ async fn reconcile_wireguard(
                 Ok((ops, key_port.is_some()))
             })??;
     if key_set {
-        report.changes += 1;
+        report.changed("wireguard");
         report.log.push(format!(
             "{} key {} listen-port {port}",
             desired::WG_NAME,
@@ -497,7 +519,7 @@ async fn reconcile_wireguard(
         ));
     }
     for op in &ops {
-        report.changes += 1;
+        report.changed("wireguard");
         report.log.push(match op {
             wg::PeerOp::Set(p) => format!(
                 "{}: wireguard peer {} endpoint {} allowed-ips {}",
@@ -556,7 +578,7 @@ async fn ensure_wg(nl: &Netlink, mtu: u32, report: &mut Report) -> Result<u32, A
         Some(l) => {
             if l.mtu != mtu {
                 nl.set_mtu(l.index, mtu).await?;
-                report.changes += 1;
+                report.changed("link");
                 report.log.push(format!("{name} mtu {mtu}"));
             }
             l
@@ -565,7 +587,7 @@ async fn ensure_wg(nl: &Netlink, mtu: u32, report: &mut Report) -> Result<u32, A
             nl.create_wireguard(name, mtu)
                 .await
                 .map_err(KernelError::NoWireGuardModule)?;
-            report.changes += 1;
+            report.changed("link");
             report.log.push(format!("created {name} (mtu {mtu})"));
             nl.link_by_name(name).await?
         }
@@ -582,7 +604,7 @@ async fn drop_wg(nl: &Netlink, report: &mut Report) -> Result<(), AgentError> {
         && l.kind.as_deref() == Some("wireguard")
     {
         nl.delete_link(l.index).await?;
-        report.changes += 1;
+        report.changed("link");
         report
             .log
             .push(format!("deleted {} (encryption none)", desired::WG_NAME));
@@ -601,7 +623,7 @@ async fn drop_vtep(
         && l.kind.as_deref() == Some("vxlan")
     {
         nl.delete_link(l.index).await?;
-        report.changes += 1;
+        report.changed("link");
         report.log.push(format!("deleted {name} ({why})"));
     }
     Ok(())
@@ -675,12 +697,12 @@ async fn ensure_vtep(
         Some(l) => {
             if l.mtu != spec.mtu {
                 nl.set_mtu(l.index, spec.mtu).await?;
-                report.changes += 1;
+                report.changed("link");
                 report.log.push(format!("{} mtu {}", spec.name, spec.mtu));
             }
             if l.mac != Some(spec.mac) {
                 nl.set_mac(l.index, spec.mac).await?;
-                report.changes += 1;
+                report.changed("link");
                 report
                     .log
                     .push(format!("{} address {}", spec.name, spec.mac));
@@ -689,7 +711,7 @@ async fn ensure_vtep(
         }
         None => {
             nl.create_vxlan(spec).await?;
-            report.changes += 1;
+            report.changed("link");
             report.log.push(format!(
                 "created {} (vni {}, port {}, local {}, mtu {}, mac {})",
                 spec.name, spec.vni, spec.port, spec.local, spec.mtu, spec.mac
@@ -734,12 +756,12 @@ async fn own_addresses(
         .filter(|a| ours(&a.addr) && !want.contains(&a.addr))
     {
         nl.del_address(index, a.addr).await?;
-        report.changes += 1;
+        report.changed("address");
     }
     for w in want {
         if !addrs.iter().any(|a| a.addr == *w) {
             nl.add_address(index, *w).await?;
-            report.changes += 1;
+            report.changed("address");
         }
     }
     Ok(())
