@@ -356,6 +356,7 @@ async fn run_cloud(args: &RunArgs, conf: cloud::CloudConf) -> ExitCode {
         }),
         once: args.once,
         resync: Duration::from_secs(args.resync_s),
+        status_file: Some(args.status_file.clone()),
     };
     cloud::run(conf, opts).await
 }

@@ -175,6 +175,8 @@ pub struct Options {
     pub policy: Option<conflist::PolicyPlugin>,
     pub once: bool,
     pub resync: Duration,
+    /// `rcni-node status`'s file (written where its directory exists).
+    pub status_file: Option<PathBuf>,
 }
 
 /// How often interfaces the cloud attached but the node does not show yet
@@ -273,6 +275,7 @@ pub async fn go<P: Provider + 'static>(
         snat: conf.snat.clone(),
     });
     let mut missing = layout(&ctx).await;
+    write_status(&opts, conf.provider);
     // The primary interface's MTU for the pods' veths (9001 on EC2's
     // current instance types).
     let mtu = primary_mtu(&nl, &snap.instance.primary_mac)
@@ -339,6 +342,7 @@ pub async fn go<P: Provider + 'static>(
         }
         let was = missing.len();
         missing = layout(&ctx).await;
+        write_status(&opts, conf.provider);
         if was != missing.len() || last_full.elapsed() >= opts.resync {
             last_full = tokio::time::Instant::now();
             let s = pool.snapshot();
@@ -367,11 +371,15 @@ pub async fn go<P: Provider + 'static>(
 /// attached interfaces whose links are not on the node yet. Failures are
 /// logged: the next pass tries again.
 async fn layout<P: Provider + 'static>(ctx: &server::Ctx<P>) -> Vec<String> {
+    let t0 = std::time::Instant::now();
+    let mut errors = Vec::new();
+    let mut kinds = std::collections::BTreeMap::new();
     let s = ctx.pool.snapshot();
     let missing = match datapath::ensure_interfaces(&ctx.nl, &s.interfaces).await {
         Ok(m) => m,
         Err(e) => {
             log(format!("cloud: interfaces: {e}"));
+            errors.push(format!("interfaces: {e}"));
             Vec::new()
         }
     };
@@ -385,10 +393,41 @@ async fn layout<P: Provider + 'static>(ctx: &server::Ctx<P>) -> Vec<String> {
         .collect();
     match datapath::reconcile_pods(&ctx.nl, &pods, &ctx.vpc, &ctx.snat).await {
         Ok(0) => {}
-        Ok(n) => log(format!("cloud: {n} pod rules changed")),
-        Err(e) => log(format!("cloud: pod rules: {e}")),
+        Ok(n) => {
+            log(format!("cloud: {n} pod rules changed"));
+            kinds.insert("rule", n);
+        }
+        Err(e) => {
+            log(format!("cloud: pod rules: {e}"));
+            errors.push(format!("pod rules: {e}"));
+        }
     }
-    match datapath::ensure_snat(ctx.nl.netns(), &ctx.vpc, &ctx.snat) {
+    let snat = datapath::ensure_snat(ctx.nl.netns(), &ctx.vpc, &ctx.snat);
+    if let Err(e) = &snat {
+        errors.push(format!("SNAT: {e}"));
+    }
+    if let Ok(true) = snat {
+        kinds.insert("masquerade", 1);
+    }
+    crate::metrics::Metrics::get().set_cloud_pool(crate::metrics::CloudPool {
+        used: s.allocations.len() as u64,
+        free: s.free.into(),
+        cooling: s.cooling.into(),
+        total: s.total.into(),
+        max_pods: s.max_pods.into(),
+        api_calls: s.provider_calls,
+    });
+    crate::metrics::Metrics::get().reconciled(
+        "cloud",
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors.join("; "))
+        },
+        t0.elapsed(),
+        &kinds,
+    );
+    match snat {
         Ok(true) => log(format!(
             "cloud: SNAT {}",
             if ctx.snat.external {
@@ -401,6 +440,22 @@ async fn layout<P: Provider + 'static>(ctx: &server::Ctx<P>) -> Vec<String> {
         Err(e) => log(format!("cloud: SNAT: {e}")),
     }
     missing
+}
+
+fn write_status(opts: &Options, provider: ProviderKind) {
+    if let Some(f) = &opts.status_file {
+        let name = match provider {
+            ProviderKind::Aws => "aws",
+            ProviderKind::Azure => "azure",
+        };
+        let doc = crate::status::cloud_status(
+            &opts.node,
+            name,
+            &opts.cni_conf_dir,
+            opts.resync.as_secs(),
+        );
+        crate::status::write(f, &doc);
+    }
 }
 
 async fn primary_mtu(nl: &rcni_netlink::Netlink, mac: &str) -> Option<u32> {

@@ -1,0 +1,447 @@
+//! `rcni-node run --metrics-addr`: the agent of a simulated cluster node
+//! (rcni_integration::lab::cluster) serves /metrics inside its node
+//! namespace; `promtool check metrics` (Debian's prometheus) accepts it,
+//! and its counters move with a real reconcile (a node joins the cluster
+//! file), real pod traffic across nodes on the eBPF datapath, and the
+//! plugins' real ADD and DEL. `rcni-node status` reads what the agent
+//! wrote.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rcni_integration::addr_of;
+use rcni_integration::lab::cluster::{Cluster, ClusterNode, SETTLE};
+use rcni_netns::NetNs;
+use rcni_testkit::{Call, TestNs, bin, ping};
+use serde_json::{Value, json};
+
+/// The agent's port inside its node namespace (each node has its own
+/// loopback: no clash with anything on the host).
+const PORT: u16 = 9680;
+const TO_REMOTE: &str = "redirected to another node";
+
+/// A running agent: killed (and waited for) on drop, its stderr kept.
+struct Agent {
+    child: Child,
+    log: Arc<Mutex<String>>,
+}
+
+impl Agent {
+    fn start(node: &ClusterNode, file: &Path, extra: &[&std::ffi::OsStr]) -> Agent {
+        let mut child = node
+            .agent(file)
+            // A pass (and a status file) every second besides the
+            // file's changes.
+            .args(["--poll-ms", "50", "--resync-s", "1"])
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let err = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        Agent { child, log }
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until the log holds `what`.
+    fn wait_for(&self, what: &str) {
+        let t0 = Instant::now();
+        while !self.log().contains(what) {
+            assert!(
+                t0.elapsed() < SETTLE,
+                "no {what:?} in the agent's log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// An HTTP GET of `path` on the agent's port, from inside `ns`: (status
+/// line, body).
+fn get(ns: &NetNs, path: &str) -> (String, String) {
+    let path = path.to_string();
+    ns.run(move || {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", PORT)).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(c, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        let (head, body) = out.split_once("\r\n\r\n").unwrap();
+        (head.lines().next().unwrap().to_string(), body.to_string())
+    })
+    .unwrap()
+}
+
+fn scrape(ns: &NetNs) -> String {
+    let (status, body) = get(ns, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    body
+}
+
+/// `promtool check metrics` on `body`: exit 0 and nothing to say (it
+/// prints each lint problem, and exits 0 for some of them).
+fn promtool_check(body: &str) {
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package)");
+    p.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = p.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool: {said}\n{body}"
+    );
+}
+
+/// The value of the series `series` (name and labels exactly as written),
+/// 0 when absent.
+fn value(body: &str, series: &str) -> f64 {
+    body.lines()
+        .find_map(|l| {
+            l.strip_prefix(series)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// Polls /metrics until `ok` holds for it.
+fn scrape_until(ns: &NetNs, what: &str, ok: impl Fn(&str) -> bool) -> String {
+    let t0 = Instant::now();
+    loop {
+        let body = scrape(ns);
+        if ok(&body) {
+            return body;
+        }
+        assert!(t0.elapsed() < SETTLE, "{what}:\n{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A pod through the node's conflist (bridge + host-local, then
+/// fastpath), each plugin recording into `stats`.
+fn add_pod(node: &ClusterNode, stats: &Path, cid: &str) -> (TestNs, Value) {
+    let pod = TestNs::new();
+    let list: Value =
+        serde_json::from_slice(&std::fs::read(node.conf_dir().join("10-rcni.conflist")).unwrap())
+            .unwrap();
+    let mut prev = Value::Null;
+    for p in list["plugins"].as_array().unwrap() {
+        let mut c = p.clone();
+        c["cniVersion"] = list["cniVersion"].clone();
+        c["name"] = list["name"].clone();
+        if !prev.is_null() {
+            c["prevResult"] = prev.clone();
+        }
+        prev = Call::new(bin(p["type"].as_str().unwrap()), "ADD")
+            .env("CNI_CONTAINERID", cid)
+            .env("RCNI_CNI_STATS_DIR", stats.to_str().unwrap())
+            .netns(&pod.path())
+            .stdin(&c)
+            .run_in(&node.ns.ns)
+            .ok();
+    }
+    (pod, prev)
+}
+
+/// DEL through the conflist, last plugin first.
+fn del_pod(node: &ClusterNode, stats: &Path, cid: &str, pod: &TestNs, result: &Value) {
+    let list: Value =
+        serde_json::from_slice(&std::fs::read(node.conf_dir().join("10-rcni.conflist")).unwrap())
+            .unwrap();
+    for p in list["plugins"].as_array().unwrap().iter().rev() {
+        let mut c = p.clone();
+        c["cniVersion"] = list["cniVersion"].clone();
+        c["name"] = list["name"].clone();
+        c["prevResult"] = result.clone();
+        Call::new(bin(p["type"].as_str().unwrap()), "DEL")
+            .env("CNI_CONTAINERID", cid)
+            .env("RCNI_CNI_STATS_DIR", stats.to_str().unwrap())
+            .netns(&pod.path())
+            .stdin(&c)
+            .run_in(&node.ns.ns)
+            .ok();
+    }
+}
+
+fn status_of(file: &Path, json: bool) -> (i32, String, String) {
+    let mut c = Command::new(bin("rcni-node"));
+    c.arg("status").arg("--status-file").arg(file);
+    if json {
+        c.arg("--json");
+    }
+    let out = c.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn metrics_move_with_reconciles_traffic_and_plugins_and_promtool_accepts_them() {
+    let c = Cluster::new(&[0, 0, 0]);
+    let on = json!({"ebpf": true});
+    c.write_with("host-gw", &[0, 1], on.clone());
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    n2.reconcile(&c.file);
+    let tmp = tempfile::tempdir().unwrap();
+    let stats: PathBuf = tmp.path().join("cni-stats");
+    let status_file = tmp.path().join("node-status.json");
+    let (code, _, err) = status_of(&status_file, false);
+    assert_eq!(code, 1);
+    assert!(err.contains("the agent is not running"), "{err}");
+
+    let addr = format!("127.0.0.1:{PORT}");
+    let mut agent = Agent::start(
+        n1,
+        &c.file,
+        &[
+            "--metrics-addr".as_ref(),
+            addr.as_ref(),
+            "--cni-stats-dir".as_ref(),
+            stats.as_os_str(),
+            "--status-file".as_ref(),
+            status_file.as_os_str(),
+        ],
+    );
+    agent.wait_for("serving metrics on http://127.0.0.1:9680/metrics");
+    agent.wait_for("kernel changes");
+    assert!(stats.is_dir(), "the agent makes the stats directory");
+
+    let ok = "rcni_reconcile_total{loop=\"agent\",result=\"ok\"}";
+    let routes = "rcni_kernel_changes_total{loop=\"agent\",kind=\"route\"}";
+    let body = scrape_until(&n1.ns.ns, "the first reconcile", |b| value(b, ok) >= 1.0);
+    promtool_check(&body);
+    assert!(body.contains("# TYPE rcni_reconcile_duration_seconds histogram"));
+    assert_eq!(
+        value(
+            &body,
+            "rcni_reconcile_duration_seconds_count{loop=\"agent\"}"
+        ),
+        value(&body, ok)
+    );
+    assert!(
+        value(
+            &body,
+            "rcni_reconcile_last_success_timestamp_seconds{loop=\"agent\"}"
+        ) > 1.7e9
+    );
+    assert!(value(&body, "rcni_agent_start_time_seconds") > 1.7e9);
+    assert!(body.contains("rcni_build_info{version=\""));
+    // The first pass made n2's route (and the datapath's map entry).
+    assert!(value(&body, routes) >= 1.0, "{body}");
+    assert!(
+        value(
+            &body,
+            "rcni_kernel_changes_total{loop=\"agent\",kind=\"ebpf\"}"
+        ) >= 1.0
+    );
+    let (status, nf) = get(&n1.ns.ns, "/");
+    assert!(status.starts_with("HTTP/1.1 404"), "{status} {nf}");
+
+    // A real reconcile: n3 joins the file, the agent routes to it.
+    let (oks, changed) = (value(&body, ok), value(&body, routes));
+    c.write_with("host-gw", &[0, 1, 2], on.clone());
+    let body = scrape_until(&n1.ns.ns, "a reconcile for n3", |b| {
+        value(b, ok) > oks && value(b, routes) > changed
+    });
+    assert_eq!(
+        value(
+            &body,
+            "rcni_reconcile_total{loop=\"agent\",result=\"error\"}"
+        ),
+        0.0
+    );
+
+    // Pods: the plugins record their commands, host-local's files are the
+    // pool's use.
+    let (p1, r1) = add_pod(n1, &stats, "p1");
+    let (p1b, r1b) = add_pod(n1, &stats, "p1b");
+    let (p2, r2) = n2.add_pod("p2");
+    let a2 = addr_of(&r2, true);
+    // A config that does not parse: the runtime's error code (6, decoding)
+    // is what is counted.
+    let bad = Call::new(bin("bridge"), "ADD")
+        .env("CNI_CONTAINERID", "bad")
+        .env("RCNI_CNI_STATS_DIR", stats.to_str().unwrap())
+        .netns(&p1.path())
+        .stdin_raw(b"{not json")
+        .run_in(&n1.ns.ns);
+    assert_eq!(bad.err().0, 6);
+    let cmd = |p: &str, c: &str, code: u32| {
+        format!("rcni_cni_commands_total{{plugin=\"{p}\",command=\"{c}\",code=\"{code}\"}}")
+    };
+    let used = "rcni_ipam_addresses{network=\"rcni\",range=\"10.244.1.0/24\",state=\"used\"}";
+    let free = "rcni_ipam_addresses{network=\"rcni\",range=\"10.244.1.0/24\",state=\"free\"}";
+    let body = scrape(&n1.ns.ns);
+    promtool_check(&body);
+    for (p, n) in [("bridge", 2.0), ("host-local", 2.0), ("fastpath", 2.0)] {
+        assert_eq!(value(&body, &cmd(p, "ADD", 0)), n, "{p}\n{body}");
+    }
+    assert_eq!(value(&body, &cmd("bridge", "ADD", 6)), 1.0, "{body}");
+    assert_eq!(
+        value(
+            &body,
+            "rcni_cni_command_duration_seconds_count{plugin=\"bridge\",command=\"ADD\"}"
+        ),
+        3.0
+    );
+    assert!(
+        value(
+            &body,
+            "rcni_cni_command_duration_seconds_sum{plugin=\"bridge\",command=\"ADD\"}"
+        ) > 0.0
+    );
+    assert_eq!(value(&body, used), 2.0, "{body}");
+    assert_eq!(value(&body, free), 251.0, "{body}");
+
+    // Real traffic across the nodes on the eBPF datapath: its "to another
+    // node" counter moves, as `fastpath stats` says.
+    let series = format!(
+        "rcni_datapath_packets_total{{network=\"rcni\",verdict=\"{TO_REMOTE}\",action=\"redirected\"}}"
+    );
+    let before = value(&body, &series);
+    assert!(ping(&p1.ns, &a2), "ping {a2}");
+    assert!(ping(&p1b.ns, &a2), "ping {a2}");
+    let body = scrape(&n1.ns.ns);
+    let after = value(&body, &series);
+    assert!(after >= before + 2.0, "{before} -> {after}\n{body}");
+    assert!(after <= n1.verdict(TO_REMOTE) as f64);
+    promtool_check(&body);
+
+    // The status screen: what the agent wrote after its last pass.
+    let t0 = Instant::now();
+    let screen = loop {
+        let (code, out, err) = status_of(&status_file, false);
+        assert_eq!(code, 0, "{err}");
+        if out.contains("pods (2)") {
+            break out;
+        }
+        // The pods came after the last pass: the next resync writes them.
+        assert!(t0.elapsed() < SETTLE, "{out}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    for want in [
+        "node n1",
+        "backend host-gw   encryption none   network 10.244.0.0/16",
+        "datapath ebpf",
+        "peers (2)",
+        "n2 ",
+        "n3 ",
+        "programmed",
+        "pool rcni 10.244.1.0/24: 2 used, 251 free",
+        "p1b",
+        "last reconcile",
+    ] {
+        assert!(screen.contains(want), "{want:?} not in\n{screen}");
+    }
+    let (code, out, _) = status_of(&status_file, true);
+    assert_eq!(code, 0);
+    let doc: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["lastReconcile"]["ok"], true, "{doc}");
+    assert_eq!(doc["stale"], false);
+    assert_eq!(doc["peers"].as_array().unwrap().len(), 2);
+
+    // DEL: counted, and the addresses are free again.
+    del_pod(n1, &stats, "p1", &p1, &r1);
+    del_pod(n1, &stats, "p1b", &p1b, &r1b);
+    let body = scrape(&n1.ns.ns);
+    for p in ["bridge", "host-local", "fastpath"] {
+        assert_eq!(value(&body, &cmd(p, "DEL", 0)), 2.0, "{p}\n{body}");
+    }
+    assert_eq!(value(&body, used), 0.0, "{body}");
+    assert_eq!(value(&body, free), 253.0, "{body}");
+    promtool_check(&body);
+    drop(p2);
+    agent.stop();
+}
+
+#[test]
+fn without_metrics_addr_nothing_is_served_and_no_stats_directory_is_made() {
+    let c = Cluster::new(&[0]);
+    c.write("host-gw", &[0]);
+    let n1 = &c.nodes[0];
+    let tmp = tempfile::tempdir().unwrap();
+    let stats = tmp.path().join("cni-stats");
+    let agent = Agent::start(
+        n1,
+        &c.file,
+        &["--cni-stats-dir".as_ref(), stats.as_os_str()],
+    );
+    agent.wait_for("kernel changes");
+    assert!(!stats.exists());
+    let refused = n1
+        .ns
+        .ns
+        .run(|| std::net::TcpStream::connect(("127.0.0.1", PORT)).is_err())
+        .unwrap();
+    assert!(refused);
+    // A plugin finds no directory and records nothing.
+    let (pod, r) = add_pod(n1, &stats, "p1");
+    assert!(!stats.exists());
+    del_pod(n1, &stats, "p1", &pod, &r);
+}
+
+#[test]
+fn an_address_in_use_is_a_config_error() {
+    let c = Cluster::new(&[0]);
+    c.write("host-gw", &[0]);
+    let n1 = &c.nodes[0];
+    let tmp = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{PORT}");
+    let _holder = n1
+        .ns
+        .ns
+        .run(|| std::net::TcpListener::bind(("127.0.0.1", PORT)).unwrap())
+        .unwrap();
+    let out = n1
+        .agent(&c.file)
+        .args(["--metrics-addr", &addr])
+        .arg("--cni-stats-dir")
+        .arg(tmp.path().join("s"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--metrics-addr 127.0.0.1:9680") && err.contains("in use"),
+        "{err}"
+    );
+}
