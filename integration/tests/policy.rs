@@ -47,6 +47,8 @@ struct Lab {
     policy_dir: tempfile::TempDir,
     backend: Backend,
     policies: Value,
+    /// More keys of the policy plugin's config.
+    extra: Value,
     pods: Vec<Pod>,
 }
 
@@ -83,6 +85,7 @@ impl Lab {
             policy_dir: tempfile::tempdir().unwrap(),
             backend,
             policies,
+            extra: json!({}),
             pods: vec![],
         }
     }
@@ -99,6 +102,9 @@ impl Lab {
             "args": {"cni": {"labels": labels, "namespace": namespace}}});
         if !prev.is_null() {
             c["prevResult"] = prev.clone();
+        }
+        for (k, v) in self.extra.as_object().unwrap() {
+            c[k] = v.clone();
         }
         c
     }
@@ -229,7 +235,12 @@ impl Lab {
         let left: Vec<_> = std::fs::read_dir(self.data_dir().join("podnet"))
             .map(|rd| rd.flatten().map(|e| e.file_name()).collect())
             .unwrap_or_default();
-        assert!(left.iter().all(|f| f == "lock"), "state left: {left:?}");
+        // The flow log is history, kept with the network's lock.
+        assert!(
+            left.iter()
+                .all(|f| f == "lock" || f.to_string_lossy().starts_with("flows.")),
+            "state left: {left:?}"
+        );
         match self.backend {
             Backend::Nftables => {
                 let out = command_in(&self.node.ns.ns, "nft")
@@ -693,4 +704,255 @@ fn example_conflist_runs_through_cnitool() {
         .ok();
     }
     assert!(node.host_veths().is_empty(), "{:?}", node.host_veths());
+}
+
+/// `policy flows --follow` in the node namespace: its lines as they come.
+struct Flows {
+    child: std::process::Child,
+    rx: std::sync::mpsc::Receiver<Value>,
+}
+
+impl Flows {
+    fn start(lab: &Lab) -> Flows {
+        let dd = lab.data_dir().display().to_string();
+        let mut child = rcni_testkit::tied_command_in(&lab.node.ns.ns, bin("policy"))
+            .args(["flows", "--follow", "--network", "podnet", "--data-dir", &dd])
+            .args(["--node", "node-a"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let v: Value = serde_json::from_str(&l).unwrap_or_else(|e| panic!("{l}: {e}"));
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        });
+        // Collecting once it holds the network's collector lock (and a
+        // moment for the source behind it: NFLOG drops what comes before
+        // its bind).
+        let lock = lab.data_dir().join("podnet").join("flows.lock");
+        let held = || {
+            std::fs::File::open(&lock).is_ok_and(|f| {
+                nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
+            })
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while !held() {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("policy flows exited: {st}");
+            }
+            assert!(std::time::Instant::now() < until, "policy flows never started");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        Flows { child, rx }
+    }
+
+    /// The next event within `t`.
+    fn next(&self, t: Duration) -> Option<Value> {
+        self.rx.recv_timeout(t).ok()
+    }
+
+    /// Every event that comes within `t`.
+    fn drain(&self, t: Duration) -> Vec<Value> {
+        let until = std::time::Instant::now() + t;
+        let mut v = vec![];
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            match self.rx.recv_timeout(left) {
+                Ok(e) => v.push(e),
+                Err(_) => break,
+            }
+        }
+        v
+    }
+}
+
+impl Drop for Flows {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One UDP datagram from `ns` to `addr:port`, from source port `sport`.
+fn udp_send(ns: &NetNs, addr: IpAddr, sport: u16, port: u16) {
+    ns.run(move || {
+        let s = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, sport)).unwrap();
+        s.send_to(b"rcni", (addr, port)).unwrap();
+    })
+    .unwrap();
+}
+
+fn pod_name(lab: &Lab, i: usize) -> String {
+    format!("default/{}", lab.pods[i].cid)
+}
+
+/// A denied UDP datagram and a denied TCP connection produce one event
+/// each within a second, naming both pods and the selecting policy; an
+/// allowed connection produces none (flowEvents defaults to "deny").
+#[test]
+fn flow_events_report_each_denied_connection_once() {
+    root();
+    for b in ALL {
+        let (lab, web, client, other) = Lab::three(b, web_policy());
+        let w = lab.pods[web].ip4();
+        let o = lab.pods[other].ip4();
+        listen(&lab.pods[web].ns.ns, w, 8080);
+        let flows = Flows::start(&lab);
+        assert!(talks(&lab.pods[client].ns.ns, w, 8080), "{b:?}");
+        udp_send(&lab.pods[other].ns.ns, w, 5353, 8080);
+        let e = flows
+            .next(Duration::from_secs(1))
+            .unwrap_or_else(|| panic!("{b:?}: no event within 1 s for the denied datagram"));
+        assert_eq!(e["version"], 1);
+        assert_eq!(e["node"], "node-a");
+        assert_eq!(e["network"], "podnet");
+        assert_eq!(e["verdict"], "deny", "{b:?}: {e}");
+        assert_eq!(e["direction"], "ingress", "{e}");
+        assert_eq!(e["protocol"], "UDP", "{e}");
+        assert_eq!(e["src"]["ip"], o.to_string(), "{e}");
+        assert_eq!(e["src"]["port"], 5353, "{e}");
+        assert_eq!(e["src"]["pod"], pod_name(&lab, other), "{e}");
+        assert_eq!(e["dst"]["ip"], w.to_string(), "{e}");
+        assert_eq!(e["dst"]["port"], 8080, "{e}");
+        assert_eq!(e["dst"]["pod"], pod_name(&lab, web), "{e}");
+        assert_eq!(e["policy"], "default-deny", "{e}");
+        assert_eq!(e["policies"], json!(["default/web"]), "{e}");
+        // A TCP connection: SYN retransmissions are the same attempt.
+        let ns = lab.pods[other].ns.ns.try_clone().unwrap();
+        let t = std::thread::spawn(move || talks(&ns, w, 8080));
+        let e = flows
+            .next(Duration::from_secs(1))
+            .unwrap_or_else(|| panic!("{b:?}: no event within 1 s for the denied connection"));
+        assert!(!t.join().unwrap(), "{b:?}: denied");
+        assert_eq!(e["protocol"], "TCP", "{e}");
+        assert_eq!(e["dst"]["port"], 8080, "{e}");
+        assert_eq!(e["src"]["pod"], pod_name(&lab, other), "{e}");
+        let more = flows.drain(Duration::from_millis(1500));
+        assert!(more.is_empty(), "{b:?}: one event per denial: {more:?}");
+        // The log keeps them for later readers.
+        let past = lab.operator(&["flows", "--verdict", "deny"]);
+        assert_eq!(past.lines().count(), 2, "{b:?}: {past}");
+        drop(flows);
+        lab.del_all();
+    }
+}
+
+/// With "flowEvents": "all", a connection a policy allows is reported
+/// with the policy that allowed it.
+#[test]
+fn flow_events_report_allowed_connections_when_asked() {
+    root();
+    for b in ALL {
+        let mut lab = Lab::new(b, web_policy());
+        lab.extra = json!({"flowEvents": "all"});
+        let web = lab.add("web");
+        let client = lab.add("client");
+        let w = lab.pods[web].ip4();
+        listen(&lab.pods[web].ns.ns, w, 9001);
+        let flows = Flows::start(&lab);
+        assert!(talks(&lab.pods[client].ns.ns, w, 9001));
+        let e = flows
+            .next(Duration::from_secs(1))
+            .unwrap_or_else(|| panic!("{b:?}: no event for the allowed connection"));
+        assert_eq!(e["verdict"], "allow", "{e}");
+        assert_eq!(e["policy"], "default/web", "{e}");
+        assert_eq!(e["dst"]["port"], 9001, "{e}");
+        assert_eq!(e["src"]["pod"], pod_name(&lab, client), "{e}");
+        // Only the connection's first packet: nothing more.
+        let more = flows.drain(Duration::from_millis(500));
+        assert!(more.is_empty(), "{b:?}: {more:?}");
+        drop(flows);
+        lab.del_all();
+    }
+}
+
+/// A flood of denied datagrams (a new flow each) from one pod: the events
+/// stay within the policed pod's rate limit, and the rest are counted.
+#[test]
+fn a_flood_of_denials_stays_within_the_rate_limit() {
+    root();
+    for b in ALL {
+        let mut lab = Lab::new(b, web_policy());
+        lab.extra = json!({"flowRate": 5});
+        let web = lab.add("web");
+        let other = lab.add("other");
+        let w = lab.pods[web].ip4();
+        let flows = Flows::start(&lab);
+        let start = std::time::Instant::now();
+        lab.pods[other]
+            .ns
+            .ns
+            .run(move || {
+                let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                // 2000 flows (source port is fixed, destination port varies).
+                for i in 0..2000u16 {
+                    let _ = s.send_to(b"x", (w, 20000 + i));
+                }
+            })
+            .unwrap();
+        let secs = start.elapsed().as_secs_f64();
+        let events = flows.drain(Duration::from_millis(1200));
+        // One more after the window: it carries the count of the rest.
+        udp_send(&lab.pods[other].ns.ns, w, 4444, 19999);
+        let last = flows.drain(Duration::from_millis(1000));
+        let all: Vec<&Value> = events.iter().chain(last.iter()).collect();
+        let windows = secs.ceil() as usize + 2;
+        assert!(
+            events.len() <= 5 * windows,
+            "{b:?}: {} events in {secs:.2} s",
+            events.len()
+        );
+        assert!(events.len() >= 5, "{b:?}: {} events", events.len());
+        let suppressed: u64 = all.iter().map(|e| e["suppressed"].as_u64().unwrap()).sum();
+        assert!(
+            suppressed + all.len() as u64 >= 1900,
+            "{b:?}: {} events, {suppressed} suppressed of 2001 denials",
+            all.len()
+        );
+        drop(flows);
+        lab.del_all();
+    }
+}
+
+/// An audit-only policy (the annotation, and the network-wide switch)
+/// lets the traffic through and reports what it would deny.
+#[test]
+fn audit_mode_lets_traffic_through_and_reports_it() {
+    root();
+    let mut spec = json!([{"kind": "NetworkPolicy", "apiVersion": "networking.k8s.io/v1",
+        "metadata": {"name": "web", "namespace": "default",
+                     "annotations": {"rcni.io/audit": "true"}},
+        "spec": web_policy()[0].clone()}]);
+    spec[0]["spec"].as_object_mut().unwrap().remove("name");
+    for b in ALL {
+        for network_wide in [false, true] {
+            let mut lab = Lab::new(b, if network_wide { web_policy() } else { spec.clone() });
+            if network_wide {
+                lab.extra = json!({"audit": true});
+            }
+            let web = lab.add("web");
+            let other = lab.add("other");
+            let w = lab.pods[web].ip4();
+            listen(&lab.pods[web].ns.ns, w, 8080);
+            let flows = Flows::start(&lab);
+            assert!(talks(&lab.pods[other].ns.ns, w, 8080), "{b:?}: audit never denies");
+            let e = flows
+                .next(Duration::from_secs(1))
+                .unwrap_or_else(|| panic!("{b:?}: no audit event"));
+            assert_eq!(e["verdict"], "audit", "{e}");
+            assert_eq!(e["policy"], "default-deny", "{e}");
+            assert_eq!(e["policies"], json!(["default/web"]), "{e}");
+            assert_eq!(e["src"]["pod"], pod_name(&lab, other), "{e}");
+            let more = flows.drain(Duration::from_millis(500));
+            assert!(more.is_empty(), "{b:?}: once per connection: {more:?}");
+            drop(flows);
+            lab.del_all();
+        }
+    }
 }
