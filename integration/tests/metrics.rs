@@ -445,3 +445,82 @@ fn an_address_in_use_is_a_config_error() {
         "{err}"
     );
 }
+
+/// The session gauge of every BGP peer in `body`: (peer label, value).
+fn bgp_sessions(body: &str) -> Vec<(String, f64)> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("rcni_bgp_session_established{peer=\""))
+        .filter_map(|rest| {
+            let (peer, v) = rest.rsplit_once("\"} ")?;
+            Some((peer.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The BGP backend's full mesh: BIRD's session with the other node shows
+/// as Established in /metrics and on the status screen, and as down once
+/// that node's agent (and its BIRD) is gone.
+#[test]
+fn bgp_sessions_follow_birds() {
+    let f = rcni_integration::lab::fabric::Fabric::one_l2(2);
+    f.write(&[0, 1], json!({}));
+    let tmp = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{PORT}");
+    let status_file = tmp.path().join("status.json");
+    let a1 = Agent::start(
+        &f.nodes[0],
+        &f.file,
+        &[
+            "--metrics-addr".as_ref(),
+            addr.as_ref(),
+            "--cni-stats-dir".as_ref(),
+            tmp.path().join("s1").as_os_str(),
+            "--status-file".as_ref(),
+            status_file.as_os_str(),
+        ],
+    );
+    let mut a2 = Agent::start(
+        &f.nodes[1],
+        &f.file,
+        &[
+            "--cni-stats-dir".as_ref(),
+            tmp.path().join("s2").as_os_str(),
+        ],
+    );
+    a1.wait_for("serving metrics on");
+    let ns = &f.nodes[0].ns.ns;
+    let t0 = Instant::now();
+    let body = loop {
+        let body = scrape(ns);
+        let s = bgp_sessions(&body);
+        if s.len() == 1 && s[0].1 == 1.0 {
+            break body;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "{s:?}\n{}\n{}",
+            a1.log(),
+            a2.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    promtool_check(&body);
+    let t0 = Instant::now();
+    loop {
+        let (code, out, err) = status_of(&status_file, false);
+        assert_eq!(code, 0, "{err}");
+        if out.contains("BGP sessions (1)") && out.contains("Established") {
+            assert!(out.contains("backend bgp"), "{out}");
+            break;
+        }
+        assert!(t0.elapsed() < SETTLE, "{out}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    a2.stop();
+    let body = scrape_until(ns, "the session down", |b| {
+        bgp_sessions(b).iter().all(|(_, v)| *v == 0.0) && !bgp_sessions(b).is_empty()
+    });
+    promtool_check(&body);
+    drop(a1);
+}

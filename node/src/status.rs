@@ -99,6 +99,14 @@ pub fn agent_status(v: &AgentView<'_>) -> Value {
             .collect();
         doc["peers"] = json!(peers);
     }
+    if let Some(sessions) = Metrics::get().bgp_sessions() {
+        doc["bgpSessions"] = json!(
+            sessions
+                .iter()
+                .map(|(peer, state)| json!({"peer": peer, "state": state}))
+                .collect::<Vec<_>>()
+        );
+    }
     let (pool, pods) = ipam::usage(v.cni_conf_dir);
     doc["pool"] = json!(pool);
     doc["pods"] = json!(pods);
@@ -382,6 +390,16 @@ pub fn screen(doc: &Value, now: f64) -> String {
             line(s);
         }
     }
+    if let Some(sessions) = doc["bgpSessions"].as_array() {
+        line(format!("BGP sessions ({})", sessions.len()));
+        for x in sessions {
+            line(format!(
+                "  {:<40} {}",
+                str_of(&x["peer"]),
+                str_of(&x["state"])
+            ));
+        }
+    }
     if let Some(c) = doc["cloudPool"].as_object() {
         line(format!(
             "cloud pool: {} used, {} free, {} cooling, {} total, max pods {}, {} API calls",
@@ -435,6 +453,7 @@ mod tests {
                        "reason": "node \"n3\": no address"}],
             "pool": [{"network": "rcni", "range": "10.244.1.0/24", "used": 2, "free": 251.0}],
             "pods": [{"network": "rcni", "ip": "10.244.1.2", "containerId": "c1", "ifname": "eth0"}],
+            "bgpSessions": [{"peer": "node n2 (192.168.50.2)", "state": "Established"}],
         });
         let s = screen(&doc, 1001.0);
         for want in [
@@ -449,6 +468,8 @@ mod tests {
             "pool rcni 10.244.1.0/24: 2 used, 251 free",
             "pods (1)",
             "10.244.1.2",
+            "BGP sessions (1)",
+            "Established",
         ] {
             assert!(s.contains(want), "{want:?} not in\n{s}");
         }

@@ -292,6 +292,7 @@ impl Speaker {
                 log.push(format!("bgp: {what}: {state}"));
             }
         }
+        crate::metrics::Metrics::get().set_bgp_sessions(self.sessions.values().cloned().collect());
         log
     }
 
@@ -322,6 +323,7 @@ impl Speaker {
         }
         self.applied = None;
         self.sessions.clear();
+        crate::metrics::Metrics::get().set_bgp_sessions(Vec::new());
     }
 }
 

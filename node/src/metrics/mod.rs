@@ -69,6 +69,8 @@ struct State {
     peer_names: BTreeMap<wg::Key, String>,
     cloud: Option<CloudPool>,
     cni: Option<cnistats::CniStats>,
+    /// BIRD's sessions: (what the peer is, its state or last error).
+    bgp: Option<Vec<(String, String)>>,
 }
 
 pub struct Metrics {
@@ -204,6 +206,16 @@ impl Metrics {
         self.state().peer_names = names;
     }
 
+    /// BIRD's sessions as the agent last read them: (the peer, its state:
+    /// "Established", "Active", or BIRD's last error).
+    pub fn set_bgp_sessions(&self, sessions: Vec<(String, String)>) {
+        self.state().bgp = Some(sessions);
+    }
+
+    pub fn bgp_sessions(&self) -> Option<Vec<(String, String)>> {
+        self.state().bgp.clone()
+    }
+
     pub fn set_cloud_pool(&self, pool: CloudPool) {
         self.state().cloud = Some(pool);
     }
@@ -332,6 +344,20 @@ impl Metrics {
             );
             for ((p, cmd), h) in &c.durations {
                 f.observed(&l(&[("plugin", p), ("command", cmd)]), h);
+            }
+            v.push(f);
+        }
+
+        if let Some(sessions) = &s.bgp {
+            let mut f = Family::gauge(
+                "rcni_bgp_session_established",
+                "1 when BIRD's BGP session with the peer (a node or a router) is Established, else 0.",
+            );
+            for (peer, state) in sessions {
+                f.sample(
+                    &l(&[("peer", peer)]),
+                    if state == "Established" { 1.0 } else { 0.0 },
+                );
             }
             v.push(f);
         }
@@ -491,6 +517,10 @@ mod tests {
         m.policy_flow("rcni", "default/web", "deny", "ingress");
         m.policy_flow("rcni", "default/web", "deny", "ingress");
         m.policy_flows_suppressed("rcni", 5);
+        m.set_bgp_sessions(vec![
+            ("node n2".into(), "Established".into()),
+            ("router 10.0.0.1".into(), "Active".into()),
+        ]);
         let kinds = BTreeMap::from([("route", 2), ("fdb", 1)]);
         m.reconciled("agent", Ok(()), Duration::from_millis(30), &kinds);
         m.reconciled(
@@ -509,6 +539,8 @@ mod tests {
             "rcni_policy_flows_total{network=\"rcni\",policy=\"default/web\",verdict=\"deny\",direction=\"ingress\"} 2\n",
             "rcni_policy_flows_suppressed_total{network=\"rcni\"} 5\n",
             "rcni_build_info{version=\"",
+            "rcni_bgp_session_established{peer=\"node n2\"} 1\n",
+            "rcni_bgp_session_established{peer=\"router 10.0.0.1\"} 0\n",
         ] {
             assert!(out.contains(want), "{want} not in\n{out}");
         }
