@@ -118,7 +118,7 @@ pub struct RunArgs {
     pub resync_s: u64,
     /// Serve Prometheus metrics on http://ADDR/metrics (host:port, e.g.
     /// 0.0.0.0:9680); off when unset.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", env = "RCNI_METRICS_ADDR")]
     pub metrics_addr: Option<String>,
     /// With --metrics-addr: the directory the plugins record their CNI
     /// commands in (their RCNI_CNI_STATS_DIR); the agent makes it, and

@@ -550,6 +550,35 @@ mod tests {
         assert!(ok.unwrap() <= last.time);
     }
 
+    /// Every series deploy/grafana-dashboard.json queries is one this
+    /// module writes.
+    #[test]
+    fn the_dashboard_asks_for_metrics_that_exist() {
+        let dash = include_str!("../../../deploy/grafana-dashboard.json");
+        let v: serde_json::Value = serde_json::from_str(dash).unwrap();
+        assert!(v["panels"].as_array().unwrap().len() > 10);
+        let src = include_str!("mod.rs");
+        let mut names = std::collections::BTreeSet::new();
+        for (i, _) in dash.match_indices("rcni_") {
+            let name: String = dash[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+        assert!(names.len() > 10, "{names:?}");
+        for n in names {
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| n.strip_suffix(s))
+                .unwrap_or(&n);
+            assert!(
+                src.contains(&format!("\"{family}\"")),
+                "{n} in the dashboard is not written here"
+            );
+        }
+    }
+
     #[test]
     fn verdict_actions() {
         for v in rcni_ebpf::Verdict::ALL {
