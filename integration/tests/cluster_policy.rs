@@ -201,6 +201,21 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     // Created, with the named port "http": only the web pod's 8080.
     api.put(&knetpol(json!("http")));
     expect("the policy with its named port", true, false);
+    // n2's agent logs the denied connections as flow events on its
+    // standard output (the DaemonSet's log).
+    wait_for(SETTLE, "n2's agent logs a denied connection", || {
+        std::fs::read_to_string(c.nodes[1].dir.path().join("agent.out"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| {
+                v["verdict"] == "deny"
+                    && v["node"] == "n2"
+                    && v["dst"]["pod"] == "default/web"
+                    && v["dst"]["port"] == 9090
+                    && v["policies"] == json!(["default/web"])
+            })
+    });
     // Changed: 9090 by number.
     api.put(&knetpol(json!(9090)));
     expect("the changed policy", false, true);
@@ -261,6 +276,7 @@ fn policy_agent(k: &KubeApi, n: &ClusterNode) -> Agent {
         .arg("--cni-bin-dir")
         .arg(&bin_dir)
         .args(["--node", &n.name])
+        .stdout(std::fs::File::create(n.dir.path().join("agent.out")).unwrap())
         .stderr(std::fs::File::create(n.dir.path().join("agent.log")).unwrap());
     Agent(cmd.spawn().unwrap())
 }

@@ -716,7 +716,14 @@ impl Flows {
     fn start(lab: &Lab) -> Flows {
         let dd = lab.data_dir().display().to_string();
         let mut child = rcni_testkit::tied_command_in(&lab.node.ns.ns, bin("policy"))
-            .args(["flows", "--follow", "--network", "podnet", "--data-dir", &dd])
+            .args([
+                "flows",
+                "--follow",
+                "--network",
+                "podnet",
+                "--data-dir",
+                &dd,
+            ])
             .args(["--node", "node-a"])
             .stdout(std::process::Stdio::piped())
             .spawn()
@@ -746,7 +753,10 @@ impl Flows {
             if let Some(st) = child.try_wait().unwrap() {
                 panic!("policy flows exited: {st}");
             }
-            assert!(std::time::Instant::now() < until, "policy flows never started");
+            assert!(
+                std::time::Instant::now() < until,
+                "policy flows never started"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -932,7 +942,14 @@ fn audit_mode_lets_traffic_through_and_reports_it() {
     spec[0]["spec"].as_object_mut().unwrap().remove("name");
     for b in ALL {
         for network_wide in [false, true] {
-            let mut lab = Lab::new(b, if network_wide { web_policy() } else { spec.clone() });
+            let mut lab = Lab::new(
+                b,
+                if network_wide {
+                    web_policy()
+                } else {
+                    spec.clone()
+                },
+            );
             if network_wide {
                 lab.extra = json!({"audit": true});
             }
@@ -941,7 +958,10 @@ fn audit_mode_lets_traffic_through_and_reports_it() {
             let w = lab.pods[web].ip4();
             listen(&lab.pods[web].ns.ns, w, 8080);
             let flows = Flows::start(&lab);
-            assert!(talks(&lab.pods[other].ns.ns, w, 8080), "{b:?}: audit never denies");
+            assert!(
+                talks(&lab.pods[other].ns.ns, w, 8080),
+                "{b:?}: audit never denies"
+            );
             let e = flows
                 .next(Duration::from_secs(1))
                 .unwrap_or_else(|| panic!("{b:?}: no audit event"));

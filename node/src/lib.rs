@@ -6,6 +6,7 @@
 
 pub mod bgp;
 pub mod cloud;
+pub mod flows;
 pub mod install;
 pub mod k8s_policy;
 pub mod metrics;

@@ -308,32 +308,52 @@ fn flows(
         }
     }
     let tick = Duration::from_millis(100);
-    match CollectorLock::try_acquire(data_dir, network)? {
-        Some(lock) => {
-            // No collector runs: this run is the network's collector.
-            let mut source = flows::source(data_dir, network)?;
-            let mut idle = 0;
-            flows::collect(&lock, network, &node, source.as_mut(), tick, |e| match e {
-                Some(e) => {
-                    !filter.wants(e.verdict)
-                        || print(&serde_json::to_string(e).expect("serializable"))
-                }
-                // Without --follow: stop once the kernel has nothing waiting.
-                None => {
-                    idle += 1;
-                    follow || idle < 2
-                }
-            })?;
-        }
-        None => {
-            if !follow {
+    let mut pos = pos;
+    loop {
+        match CollectorLock::try_acquire(data_dir, network)? {
+            Some(lock) => {
+                // No collector runs: this run is the network's collector.
+                let mut source = flows::source(data_dir, network)?;
+                let mut idle = 0;
+                flows::collect(&lock, network, &node, source.as_mut(), tick, |e| match e {
+                    Some(e) => {
+                        !filter.wants(e.verdict)
+                            || print(&serde_json::to_string(e).expect("serializable"))
+                    }
+                    // Without --follow: stop once the kernel has nothing
+                    // waiting.
+                    None => {
+                        idle += 1;
+                        follow || idle < 2
+                    }
+                })?;
                 return Ok(String::new());
             }
-            flows::follow(data_dir, network, pos, tick, |l| match l {
-                Some(l) => !wanted(l) || print(l),
-                None => true,
-            })?;
+            None if !follow => return Ok(String::new()),
+            None => {
+                // Another process collects: read what it writes, and take
+                // over when it goes (checked every second).
+                let mut ticks = 0;
+                let mut closed = false;
+                let mut free = false;
+                flows::follow(data_dir, network, pos, tick, |l| match l {
+                    Some(l) => {
+                        closed = wanted(l) && !print(l);
+                        !closed
+                    }
+                    None => {
+                        ticks += 1;
+                        if ticks % 10 == 0 {
+                            free = CollectorLock::is_free(data_dir, network);
+                        }
+                        !free
+                    }
+                })?;
+                if closed {
+                    return Ok(String::new());
+                }
+                pos = flows::history(data_dir, network).1;
+            }
         }
     }
-    Ok(String::new())
 }

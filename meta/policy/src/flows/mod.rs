@@ -399,6 +399,17 @@ impl CollectorLock {
     }
 }
 
+impl CollectorLock {
+    /// Whether no collector holds the network's lock (a follower's cue to
+    /// take over).
+    pub fn is_free(data_dir: &Path, network: &str) -> bool {
+        let p = data_dir.join(network).join(LOCK);
+        File::open(&p).is_ok_and(|f| {
+            nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockSharedNonblock).is_ok()
+        })
+    }
+}
+
 /// The source for the network's backend.
 pub fn source(data_dir: &Path, network: &str) -> Result<Box<dyn Source>, CniError> {
     let st = read_state(data_dir, network)?.ok_or_else(|| {
