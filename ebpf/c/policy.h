@@ -389,6 +389,16 @@ static __noinline int pol_event(const struct flow *f, __u8 verdict, __u8 point, 
 	if (!(cfg->events & (verdict == EV_ALLOW ? EVENTS_ALLOW : EVENTS_DENY)))
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
+	// The pod's window first: under a flood, a packet over the limit
+	// costs this one lookup and an atomic add, nothing written.
+	struct ep_key pk = { .family = f->family };
+	__builtin_memcpy(pk.addr, point == CT_EGRESS ? f->saddr : f->daddr, 16);
+	struct pol_rl *r = bpf_map_lookup_elem(&rcni_pol_rl, &pk);
+	if (r && now - r->window < 1000000000ULL && r->count >= cfg->rate) {
+		__sync_fetch_and_add(&r->suppressed, 1);
+		count(V_EV_LIMITED);
+		return 0;
+	}
 	if (verdict == EV_DENY) {
 		struct ct_key k;
 		ct_key_of(&k, f, point, 0);
@@ -397,10 +407,7 @@ static __noinline int pol_event(const struct flow *f, __u8 verdict, __u8 point, 
 			return 0;
 		bpf_map_update_elem(&rcni_pol_seen, &k, &now, BPF_ANY);
 	}
-	struct ep_key pk = { .family = f->family };
-	__builtin_memcpy(pk.addr, point == CT_EGRESS ? f->saddr : f->daddr, 16);
 	__u32 suppressed = 0;
-	struct pol_rl *r = bpf_map_lookup_elem(&rcni_pol_rl, &pk);
 	if (!r) {
 		struct pol_rl n = { .window = now, .count = 1 };
 		bpf_map_update_elem(&rcni_pol_rl, &pk, &n, BPF_ANY);
@@ -410,11 +417,6 @@ static __noinline int pol_event(const struct flow *f, __u8 verdict, __u8 point, 
 		if (now - r->window >= 1000000000ULL) {
 			r->window = now;
 			r->count = 0;
-		}
-		if (r->count >= cfg->rate) {
-			__sync_fetch_and_add(&r->suppressed, 1);
-			count(V_EV_LIMITED);
-			return 0;
 		}
 		r->count += 1;
 		suppressed = r->suppressed;

@@ -73,6 +73,15 @@ struct Args {
     /// Leave out the bridge without the policy plugin.
     #[arg(long)]
     no_baseline: bool,
+    /// Instead: what flow events cost (bench/flows.sh): per backend, flow
+    /// events off ("flowEvents": "none") against on ("deny", with the
+    /// collector running) while nothing is denied, and both while another
+    /// pod floods the server with denied datagrams.
+    #[arg(long)]
+    flows: bool,
+    /// The flood's datagrams per second (a new flow each).
+    #[arg(long, default_value_t = 20000)]
+    flood_pps: u64,
     /// CPU that the latency client and server run on (-1: anywhere).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     cpu: i32,
@@ -144,6 +153,8 @@ struct Pod {
 /// node's namespaces, the bpffs, the state directories.
 struct Node {
     backend: Option<Backend>,
+    /// The policy config's flowEvents, when set.
+    flow_events: Option<&'static str>,
     ours: PathBuf,
     pods: Vec<Pod>,
     ns: NetNs,
@@ -172,6 +183,7 @@ impl Node {
         }
         Node {
             backend,
+            flow_events: None,
             ours: ours.to_path_buf(),
             pods: vec![],
             ns,
@@ -221,12 +233,15 @@ impl Node {
     fn attach(&self, i: usize) -> f64 {
         let b = self.backend.expect("a policy node");
         let p = &self.pods[i];
-        let conf = json!({"cniVersion": "1.1.0", "name": NET, "type": "policy",
+        let mut conf = json!({"cniVersion": "1.1.0", "name": NET, "type": "policy",
             "backend": b.name(), "pinRoot": self.fs.as_ref().unwrap().root(),
             "dataDir": self.state.path(), "policyDir": self.policy_dir.path(),
             "args": {"cni": {"labels": [{"key": "app", "value": p.app}],
                              "namespace": "default"}},
             "prevResult": p.bridge});
+        if let Some(f) = self.flow_events {
+            conf["flowEvents"] = json!(f);
+        }
         let path = p.ns.proc_path().display().to_string();
         let (out, ok, wall) = call(
             &self.ns,
@@ -307,7 +322,12 @@ struct Pair {
 
 impl Pair {
     fn new(args: &Args, backend: Option<Backend>) -> Pair {
+        Pair::with_flows(args, backend, None)
+    }
+
+    fn with_flows(args: &Args, backend: Option<Backend>, flows: Option<&'static str>) -> Pair {
         let mut node = Node::new(backend, &args.ours, "10.203.0.0/24");
+        node.flow_events = flows;
         let server = node.add_pod("server");
         let client = node.add_pod("client");
         let other = backend.map(|_| node.add_pod("other"));
@@ -405,6 +425,10 @@ fn main() {
         args.rounds, args.rr_count, args.crr_count, args.cpu, args.tput_secs, args.rules
     );
 
+    if args.flows {
+        flows(&args, &backends);
+        return;
+    }
     datapath(&args, &backends);
     if args.sync_pods > 0 {
         for &b in &backends {
@@ -743,4 +767,197 @@ fn sync_to_pods(args: &Args, b: Backend) {
         pct(&adds, 0.99) / 1e3
     );
     drop(listeners);
+}
+
+/// A setup of the flow event comparison.
+struct FlowSetup {
+    pair: Pair,
+    backend: Backend,
+    logging: bool,
+    flood: bool,
+    _collector: Option<std::process::Child>,
+}
+
+/// `policy flows --follow` for the pair's node: the collector a node runs
+/// (rcni-node's), reading the kernel's events and writing the flow log.
+fn collector(p: &Pair) -> std::process::Child {
+    let dd = p.node.state.path().display().to_string();
+    let child = rcni_testkit::tied_command_in(&p.node.ns, p.node.ours.join("policy"))
+        .args(["flows", "--follow", "--network", NET, "--data-dir", &dd])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("policy flows");
+    std::thread::sleep(Duration::from_millis(300));
+    child
+}
+
+fn flows(args: &Args, backends: &[Backend]) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let t = Instant::now();
+    let mut setups = vec![];
+    for &b in backends {
+        for (logging, flood) in [(false, false), (true, false), (false, true), (true, true)] {
+            let pair = Pair::with_flows(args, Some(b), Some(if logging { "deny" } else { "none" }));
+            pair.assert_enforced();
+            let c = logging.then(|| collector(&pair));
+            setups.push(FlowSetup {
+                pair,
+                backend: b,
+                logging,
+                flood,
+                _collector: c,
+            });
+        }
+    }
+    eprintln!("setup: {:.1} s", t.elapsed().as_secs_f64());
+    let mut figs = vec![Figures::default(); setups.len()];
+    let mut sent = vec![0u64; setups.len()];
+    for r in 0..args.rounds {
+        for k in order(setups.len(), r) {
+            let s = &setups[k];
+            let p = &s.pair;
+            let f = &mut figs[k];
+            let stop = AtomicBool::new(false);
+            std::thread::scope(|sc| {
+                let flooder = s.flood.then(|| {
+                    let other = &p.node.pods[p.other.unwrap()].ns;
+                    let to = p.node.pods[p.server].ip;
+                    let stop = &stop;
+                    let pps = args.flood_pps;
+                    sc.spawn(move || {
+                        other
+                            .run(|| {
+                                let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+                                let mut n = 0u64;
+                                let start = Instant::now();
+                                let mut port = 20000u16;
+                                while !stop.load(Ordering::Relaxed) {
+                                    for _ in 0..100 {
+                                        port = if port >= 60000 { 20000 } else { port + 1 };
+                                        let _ = sock.send_to(b"x", (to, port));
+                                        n += 1;
+                                    }
+                                    // Paced: the flood must not take a CPU
+                                    // by itself, or it measures the CPU.
+                                    let due = Duration::from_secs_f64(n as f64 / pps as f64);
+                                    if let Some(d) = due.checked_sub(start.elapsed()) {
+                                        std::thread::sleep(d);
+                                    }
+                                }
+                                n
+                            })
+                            .unwrap()
+                    })
+                });
+                let client = &p.node.pods[p.client].ns;
+                let v = rr(client, p.rr, args.rr_count, args.cpu);
+                f.rr50.push(pct(&v, 0.5));
+                f.rr99.push(pct(&v, 0.99));
+                if args.crr_count > 0 {
+                    let v = crr(client, p.rr, args.crr_count, args.cpu);
+                    f.crr50.push(pct(&v, 0.5));
+                }
+                if args.tput_secs > 0 {
+                    let dst = p.node.pods[p.server].ip;
+                    f.tput.push(iperf_with(client, dst, 1, args.tput_secs, &[]));
+                }
+                stop.store(true, Ordering::Relaxed);
+                if let Some(h) = flooder {
+                    sent[k] += h.join().unwrap();
+                }
+            });
+        }
+        eprint!(".");
+    }
+    eprintln!();
+    for s in &setups {
+        s.pair.assert_enforced();
+    }
+    let med = |v: &[f64]| pct(v, 0.5);
+    let name = |s: &FlowSetup| {
+        format!(
+            "{} {}{}",
+            s.backend.name(),
+            if s.logging { "events on" } else { "events off" },
+            if s.flood { " + flood" } else { "" }
+        )
+    };
+    println!(
+        "\n== flow events: median over {} rounds (min-max) ==",
+        args.rounds
+    );
+    println!(
+        "{:<28} | {:>6} {:>11} | {:>7} {:>11} | {:>7} | {:>7} | {:>10} {:>9}",
+        "setup", "Gbit/s", "spread", "rr p50", "spread", "rr p99", "crr p50", "flood pps", "events"
+    );
+    for (k, s) in setups.iter().enumerate() {
+        let f = &figs[k];
+        let events = if s.logging {
+            let log = s.pair.node.state.path().join(NET).join("flows.jsonl");
+            std::fs::read_to_string(log)
+                .map_or(0, |t| t.lines().count())
+                .to_string()
+        } else {
+            "-".into()
+        };
+        println!(
+            "{:<28} | {:>6.2} {:>11} | {:>7.1} {:>11} | {:>7.1} | {:>7.1} | {:>10} {:>9}",
+            name(s),
+            med(&f.tput),
+            spread(&f.tput),
+            med(&f.rr50),
+            spread(&f.rr50),
+            med(&f.rr99),
+            med(&f.crr50),
+            if s.flood {
+                sent[k].to_string()
+            } else {
+                "-".into()
+            },
+            events
+        );
+    }
+    println!("\n== events on vs off, paired rounds (median of per-round ratios, min-max) ==");
+    for &b in backends {
+        let find = |logging: bool, flood: bool| {
+            setups
+                .iter()
+                .position(|s| s.backend == b && s.logging == logging && s.flood == flood)
+                .unwrap()
+        };
+        for flood in [false, true] {
+            let (on, off) = (find(true, flood), find(false, flood));
+            let ratio = |m: Metric| -> Vec<f64> {
+                m(&figs[on])
+                    .iter()
+                    .zip(m(&figs[off]))
+                    .map(|(x, y)| x / y)
+                    .collect()
+            };
+            let tput = ratio(|f| &f.tput);
+            let rr50 = ratio(|f| &f.rr50);
+            let crr = ratio(|f| &f.crr50);
+            let tput_loss = 1.0 - med(&tput);
+            let rr_added = med(&rr50) - 1.0;
+            let met = tput_loss <= 0.05 && rr_added <= 0.05;
+            println!(
+                "{:<9} {:<22}: throughput {:.3} ({}), rr p50 {:.3} ({}), crr p50 {:.3} ({}) -> \
+                 target (<= 5 % cost{}): {}",
+                b.name(),
+                if flood {
+                    "while denials flood"
+                } else {
+                    "nothing denied"
+                },
+                med(&tput),
+                spread(&tput),
+                med(&rr50),
+                spread(&rr50),
+                med(&crr),
+                spread(&crr),
+                if flood { " to allowed traffic" } else { "" },
+                if met { "met" } else { "NOT met" }
+            );
+        }
+    }
 }
