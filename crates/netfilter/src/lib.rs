@@ -6,6 +6,7 @@
 //! * [`expr`]: rule expressions as nft encodes them, and [`expr::Term`] to
 //!   compare listed rules;
 //! * [`conntrack`]: listing and deleting conntrack entries;
+//! * [`nflog`]: reading the packets `log group` rules send to NFLOG;
 //! * [`iptables`]: `iptables-save` parsing and `iptables-restore` writing,
 //!   for the reference's iptables layouts;
 //! * [`exec`]: running the tools (iptables, nft) inside a namespace;
@@ -24,6 +25,7 @@ pub mod expr;
 pub mod ipmasq;
 pub mod iptables;
 pub mod names;
+pub mod nflog;
 pub mod nfnl;
 pub mod nftset;
 

@@ -27,9 +27,9 @@ use crate::expr::Expr;
 use crate::nfnl::{Hook, NftFamily, NftOp, SetElem, SetSpec};
 use netlink_packet_core::{DefaultNla, Emitable, NLA_F_NESTED};
 use netlink_packet_netfilter::nftables::{
-    DataAttribute, Expressions, ListAttribute, Lookup, Meta, MetaKey, Payload, Register,
-    SetAttribute, SetDescription, SetElementAttribute, SetElementFlags, SetElementList, SetFlags,
-    Verdict, VerdictAttribute,
+    DataAttribute, ExpressionAttribute, Expressions, ListAttribute, Lookup, Meta, MetaKey, Payload,
+    Register, SetAttribute, SetDescription, SetElementAttribute, SetElementFlags, SetElementList,
+    SetFlags, Verdict, VerdictAttribute,
 };
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -62,6 +62,25 @@ const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
 const NFT_BYTEORDER_HTON: u32 = 1;
 const NFT_JUMP: i32 = -3;
 const NFT_SET_ELEM_INTERVAL_END: u32 = 1;
+const NFTA_SET_ELEM_EXPR: u16 = 7;
+const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_COUNTER_PACKETS: u16 = 2;
+const NFTA_DYNSET_SET_NAME: u16 = 1;
+const NFTA_DYNSET_OP: u16 = 3;
+const NFTA_DYNSET_SREG_KEY: u16 = 4;
+const NFTA_DYNSET_EXPR: u16 = 7;
+const NFT_DYNSET_OP_UPDATE: u32 = 1;
+const NFTA_LIMIT_RATE: u16 = 1;
+const NFTA_LIMIT_UNIT: u16 = 2;
+const NFTA_LIMIT_BURST: u16 = 3;
+const NFTA_LIMIT_TYPE: u16 = 4;
+const NFTA_LIMIT_FLAGS: u16 = 5;
+const NFT_LIMIT_PKTS: u32 = 0;
+const NFT_LIMIT_F_INV: u32 = 1;
+const NFTA_LOG_GROUP: u16 = 1;
+const NFTA_LOG_PREFIX: u16 = 2;
 
 /// `NFPROTO_INET`, the family of an `inet` table.
 pub const INET: u8 = 1;
@@ -139,6 +158,9 @@ pub enum Key {
     Addr { v6: bool },
     /// `ipv4_addr . inet_proto . inet_service` (or `ipv6_addr . ...`).
     AddrProtoPort { v6: bool },
+    /// A flow: `ipv4_addr . ipv4_addr . inet_proto . inet_service .
+    /// inet_service` (source, destination, protocol, ports; or IPv6).
+    Flow { v6: bool },
 }
 
 impl Key {
@@ -158,6 +180,13 @@ impl Key {
                     | (TYPE_INET_PROTOCOL << TYPE_BITS)
                     | TYPE_INET_SERVICE
             }
+            Key::Flow { v6 } => {
+                (Key::addr_type(v6) << (4 * TYPE_BITS))
+                    | (Key::addr_type(v6) << (3 * TYPE_BITS))
+                    | (TYPE_INET_PROTOCOL << (2 * TYPE_BITS))
+                    | (TYPE_INET_SERVICE << TYPE_BITS)
+                    | TYPE_INET_SERVICE
+            }
         }
     }
 
@@ -166,6 +195,7 @@ impl Key {
         match self {
             Key::Addr { v6 } => Key::addr_len(v6),
             Key::AddrProtoPort { v6 } => Key::addr_len(v6) + 4 + 4,
+            Key::Flow { v6 } => 2 * Key::addr_len(v6) + 4 + 4 + 4,
         }
     }
 
@@ -176,7 +206,7 @@ impl Key {
         let mut u = Vec::new();
         match self {
             Key::Addr { .. } => udata_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_BIG_ENDIAN),
-            Key::AddrProtoPort { .. } => {
+            Key::AddrProtoPort { .. } | Key::Flow { .. } => {
                 udata_u32(&mut u, UDATA_SET_KEYBYTEORDER, BYTEORDER_INVALID);
                 u.extend_from_slice(&[UDATA_SET_KEY_TYPEOF, 8, 0, 4, 13, 0, 0, 0, 1, 0]);
             }
@@ -293,7 +323,13 @@ pub struct SetDecl {
     pub interval: bool,
     /// A map to verdicts (`type <key> : verdict`).
     pub verdict_map: bool,
+    /// A set the rules fill (`update @set { ... }`): `size 65535; flags
+    /// dynamic,timeout; timeout <ms>`. 0: the set holds what is written.
+    pub timeout_ms: u64,
 }
+
+/// How many elements a dynamic set holds: nft's default `size` for one.
+const DYNAMIC_SIZE: u32 = 65535;
 
 /// The messages of one transaction on one table.
 #[derive(Debug)]
@@ -409,6 +445,9 @@ impl Batch {
         if matches!(d.key, Key::AddrProtoPort { .. }) {
             flags |= SetFlags::Concat;
         }
+        if d.timeout_ms > 0 {
+            flags |= SetFlags::Timeout | SetFlags::Eval;
+        }
         let id = self.set_id();
         let mut desc = None;
         if let Key::AddrProtoPort { v6 } = d.key {
@@ -425,6 +464,9 @@ impl Batch {
                 .collect();
             desc = Some(SetDescription::Concat(fields));
         }
+        if d.timeout_ms > 0 {
+            desc = Some(SetDescription::Size(DYNAMIC_SIZE));
+        }
         self.push(NftOp::AddSet {
             family: self.family,
             table: self.table.clone(),
@@ -436,6 +478,7 @@ impl Batch {
                 data: d.verdict_map.then_some((NFT_DATA_VERDICT, VERDICT_LEN)),
                 id,
                 desc,
+                timeout_ms: (d.timeout_ms > 0).then_some(d.timeout_ms),
                 userdata: d.key.udata(d.verdict_map),
             },
         });
@@ -606,6 +649,7 @@ impl Batch {
                 data: None,
                 id,
                 desc: Some(SetDescription::Size(types.len() as u32)),
+                timeout_ms: None,
                 userdata: u,
             },
         });
@@ -625,6 +669,63 @@ impl Batch {
         ]));
         e
     }
+}
+
+/// The key of a dynamic set's element, from the packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DynKey {
+    /// `ip|ip6 saddr|daddr` ([`Key::Addr`]).
+    Addr { v6: bool, src: bool },
+    /// `ip saddr . ip daddr . meta l4proto . th sport . th dport` (or
+    /// `ip6`; [`Key::Flow`]). For ICMP the "ports" are type, code and
+    /// checksum.
+    Flow { v6: bool },
+}
+
+/// What each element of a dynamic set keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stateful {
+    /// `limit rate over <rate>/<unit> burst <burst> packets`: matches once
+    /// the element's tokens are spent.
+    LimitOver {
+        rate: u64,
+        unit_secs: u64,
+        burst: u32,
+    },
+    /// `counter`: packets and bytes (read back with [`parse_counters`]).
+    Counter,
+}
+
+impl Stateful {
+    fn attrs(self) -> (&'static str, Vec<DefaultNla>) {
+        match self {
+            Stateful::LimitOver {
+                rate,
+                unit_secs,
+                burst,
+            } => (
+                "limit",
+                vec![
+                    DefaultNla::new(NFTA_LIMIT_RATE, rate.to_be_bytes().to_vec()),
+                    DefaultNla::new(NFTA_LIMIT_UNIT, unit_secs.to_be_bytes().to_vec()),
+                    DefaultNla::new(NFTA_LIMIT_BURST, be32(burst)),
+                    DefaultNla::new(NFTA_LIMIT_TYPE, be32(NFT_LIMIT_PKTS)),
+                    DefaultNla::new(NFTA_LIMIT_FLAGS, be32(NFT_LIMIT_F_INV)),
+                ],
+            ),
+            Stateful::Counter => ("counter", Vec::new()),
+        }
+    }
+}
+
+fn be32(v: u32) -> Vec<u8> {
+    v.to_be_bytes().to_vec()
+}
+
+fn c_str(s: &str) -> Vec<u8> {
+    let mut v = s.as_bytes().to_vec();
+    v.push(0);
+    v
 }
 
 /// A rule's expressions.
@@ -722,6 +823,98 @@ impl Exprs {
         self
     }
 
+    /// Loads `k` into the registers from 1 as nft lays it out; `meta
+    /// nfproto` first only at the start of a rule (nft checks the family
+    /// once per rule).
+    fn load(&mut self, k: DynKey) {
+        let dep = self.0.is_empty();
+        let (v6, src) = match k {
+            DynKey::Addr { v6, src } => (v6, src),
+            DynKey::Flow { v6 } => (v6, true),
+        };
+        if dep {
+            self.nftexpr(&crate::expr::nfproto(v6));
+        }
+        let (s, d, len) = if v6 { (8, 24, 16) } else { (12, 16, 4) };
+        if let DynKey::Addr { .. } = k {
+            let off = if src { s } else { d };
+            self.payload(NFT_PAYLOAD_NETWORK_HEADER, off, len, Register::Reg1);
+            return;
+        }
+        // Each field in the 4-byte registers after the previous one.
+        let (daddr, proto, sport, dport) = if v6 {
+            (
+                Register::Reg2,
+                Register::Reg3,
+                Register::Reg32_09,
+                Register::Reg32_10,
+            )
+        } else {
+            (
+                Register::Reg32_01,
+                Register::Reg32_02,
+                Register::Reg32_03,
+                Register::Reg2,
+            )
+        };
+        self.payload(NFT_PAYLOAD_NETWORK_HEADER, s, len, Register::Reg1);
+        self.payload(NFT_PAYLOAD_NETWORK_HEADER, d, len, daddr);
+        self.push(Expressions::Meta(vec![
+            Meta::Key(MetaKey::L4Proto),
+            Meta::DestinationRegister(proto),
+        ]));
+        self.payload(NFT_PAYLOAD_TRANSPORT_HEADER, 0, 2, sport);
+        self.payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, dport);
+    }
+
+    /// `update @set { <key> <stateful> }`: the element of the packet's
+    /// key (added when missing, with the set's timeout) runs its own copy
+    /// of `stateful`; the rule goes on only when that matches.
+    pub fn update(&mut self, key: DynKey, set: &str, stateful: Stateful) -> &mut Exprs {
+        self.load(key);
+        let (name, data) = stateful.attrs();
+        let inner = emit(&[
+            ExpressionAttribute::Name(name.to_string()),
+            ExpressionAttribute::Data(Expressions::Other {
+                expression_type: name.to_string(),
+                attributes: data,
+            }),
+        ]);
+        self.push(Expressions::Other {
+            expression_type: "dynset".into(),
+            attributes: vec![
+                DefaultNla::new(NFTA_DYNSET_SREG_KEY, be32(Register::Reg1.into())),
+                DefaultNla::new(NFTA_DYNSET_OP, be32(NFT_DYNSET_OP_UPDATE)),
+                DefaultNla::new(NFTA_DYNSET_SET_NAME, c_str(set)),
+                DefaultNla::new(NFTA_DYNSET_EXPR | NLA_F_NESTED, inner),
+            ],
+        });
+        self
+    }
+
+    /// `log prefix "<prefix>" group <group>`: the packet to NFLOG group
+    /// `group` (nfnetlink_log), tagged `prefix`.
+    pub fn log(&mut self, prefix: &str, group: u16) -> &mut Exprs {
+        self.push(Expressions::Other {
+            expression_type: "log".into(),
+            attributes: vec![
+                DefaultNla::new(NFTA_LOG_PREFIX, c_str(prefix)),
+                DefaultNla::new(NFTA_LOG_GROUP, group.to_be_bytes().to_vec()),
+            ],
+        });
+        self
+    }
+
+    /// The `drop` verdict.
+    pub fn drop(&mut self) -> &mut Exprs {
+        self.nftexpr(&crate::expr::drop())
+    }
+
+    /// `goto <chain>`.
+    pub fn goto(&mut self, chain: &str) -> &mut Exprs {
+        self.nftexpr(&crate::expr::goto(chain))
+    }
+
     /// The `return` verdict.
     pub fn ret(&mut self) -> &mut Exprs {
         self.nftexpr(&crate::expr::ret())
@@ -817,6 +1010,48 @@ pub fn parse_jumps(attrs: &[u8]) -> Vec<(IpAddr, String)> {
     out
 }
 
+fn ip_of(key: &[u8]) -> Option<IpAddr> {
+    match key.len() {
+        4 => <[u8; 4]>::try_from(key).ok().map(IpAddr::from),
+        16 => <[u8; 16]>::try_from(key).ok().map(IpAddr::from),
+        _ => None,
+    }
+}
+
+/// The packets counted by the `counter` of each element of one dumped
+/// message of an address set filled by `update @set { ... counter }`.
+pub fn parse_counters(attrs: &[u8]) -> Vec<(IpAddr, u64)> {
+    let mut out = Vec::new();
+    let Some(list) = nla(attrs, NFTA_SET_ELEM_LIST_ELEMENTS) else {
+        return out;
+    };
+    let packets = |expr: &[u8]| -> Option<u64> {
+        if nla(expr, NFTA_EXPR_NAME).map(c_string).as_deref() != Some("counter") {
+            return None;
+        }
+        let v = nla(nla(expr, NFTA_EXPR_DATA)?, NFTA_COUNTER_PACKETS)?;
+        Some(u64::from_be_bytes(v.try_into().ok()?))
+    };
+    for (_, e) in nlas(list).filter(|(t, _)| *t == NFTA_LIST_ELEM) {
+        let Some(ip) = nla(e, NFTA_SET_ELEM_KEY)
+            .and_then(|k| nla(k, NFTA_DATA_VALUE))
+            .and_then(ip_of)
+        else {
+            continue;
+        };
+        // One expression is dumped alone, several as a list.
+        let n = nla(e, NFTA_SET_ELEM_EXPR).and_then(packets).or_else(|| {
+            nlas(nla(e, NFTA_SET_ELEM_EXPRESSIONS)?)
+                .filter(|(t, _)| *t == NFTA_LIST_ELEM)
+                .find_map(|(_, x)| packets(x))
+        });
+        if let Some(n) = n {
+            out.push((ip, n));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -830,6 +1065,10 @@ mod tests {
         // As `nft --debug=netlink` names them.
         assert_eq!(Key::AddrProtoPort { v6: false }.type_id(), 0x730d);
         assert_eq!(Key::AddrProtoPort { v6: true }.type_id(), 0x830d);
+        assert_eq!(Key::Flow { v6: false }.type_id(), 0x071c_c34d);
+        assert_eq!(Key::Flow { v6: true }.type_id(), 0x0820_c34d);
+        assert_eq!(Key::Flow { v6: false }.len(), 20);
+        assert_eq!(Key::Flow { v6: true }.len(), 44);
     }
 
     #[test]
@@ -838,6 +1077,7 @@ mod tests {
             key: Key::Addr { v6: false },
             interval: true,
             verdict_map: false,
+            timeout_ms: 0,
         };
         let mut b = Batch::new(INET, "T");
         b.add_elements(
@@ -874,6 +1114,7 @@ mod tests {
             key: Key::Addr { v6: true },
             interval: true,
             verdict_map: false,
+            timeout_ms: 0,
         };
         let elems: Vec<Elem> = (0..5000u128)
             .map(|i| {
@@ -900,6 +1141,7 @@ mod tests {
             key: Key::Addr { v6: false },
             interval: false,
             verdict_map: true,
+            timeout_ms: 0,
         };
         b.add_elements(
             "m",
@@ -931,36 +1173,43 @@ mod wire {
             key: Key::Addr { v6: false },
             interval: true,
             verdict_map: false,
+            timeout_ms: 0,
         };
         let iv6 = SetDecl {
             key: Key::Addr { v6: true },
             interval: true,
             verdict_map: false,
+            timeout_ms: 0,
         };
         let plain = SetDecl {
             key: Key::Addr { v6: false },
             interval: false,
             verdict_map: false,
+            timeout_ms: 0,
         };
         let cc = SetDecl {
             key: Key::AddrProtoPort { v6: false },
             interval: true,
             verdict_map: false,
+            timeout_ms: 0,
         };
         let cc6 = SetDecl {
             key: Key::AddrProtoPort { v6: true },
             interval: true,
             verdict_map: false,
+            timeout_ms: 0,
         };
         let vm = SetDecl {
             key: Key::Addr { v6: false },
             interval: false,
             verdict_map: true,
+            timeout_ms: 0,
         };
         let vm6 = SetDecl {
             key: Key::Addr { v6: true },
             interval: false,
             verdict_map: true,
+            timeout_ms: 0,
         };
         b.add_set("ranges", iv);
         b.add_set("ranges6", iv6);

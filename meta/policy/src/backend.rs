@@ -217,7 +217,8 @@ impl PolicyBackend for Nftables<'_> {
         applied: &mut serde_json::Value,
         _attach: Option<&PodRecord>,
     ) -> Result<(), CniError> {
-        nft::apply(self.network, pods, desired, applied)
+        let flows = nft::flows(self.conf, self.network);
+        nft::apply(self.network, pods, desired, &flows, applied)
     }
 
     fn detach(&self, _p: &PodRecord) -> Result<(), CniError> {

@@ -7,7 +7,10 @@
 //! compiler, as the plugin's would.
 
 use policy::compile::{Desired, Ids, compile};
-use policy::model::PolicySet;
+use policy::conf::FlowEvents;
+use policy::flows::nft::NflogSource;
+use policy::flows::{RawEvent, Source, Verdict};
+use policy::model::{Dir, PolicySet};
 use policy::nft;
 use policy::state::PodRecord;
 use rcni_netns::NetNs;
@@ -15,8 +18,8 @@ use rcni_testkit::{TestNs, ip, ping};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::{Duration, Instant};
 
 const NET: &str = "kube-pods.v1";
 
@@ -36,6 +39,10 @@ struct Lab {
     records: BTreeMap<String, PodRecord>,
     ids: Ids,
     applied: Value,
+    /// What the chains report (off unless a test turns it on).
+    flows: nft::Flows,
+    /// Every policy audit-only (the network's `"audit": true`).
+    audit: bool,
 }
 
 impl Lab {
@@ -59,6 +66,8 @@ impl Lab {
             records: BTreeMap::new(),
             ids: Ids::default(),
             applied: Value::Null,
+            flows: nft::Flows::off(),
+            audit: false,
         }
     }
 
@@ -120,6 +129,9 @@ impl Lab {
     fn desired(&mut self, policies: &Value) -> Desired {
         let mut set = PolicySet::default();
         set.add_document(policies, "test").unwrap();
+        for p in &mut set.policies {
+            p.audit |= self.audit;
+        }
         set.sort();
         let views = self
             .records
@@ -136,7 +148,7 @@ impl Lab {
         let (records, applied) = (&self.records, &mut self.applied);
         self.node
             .ns
-            .run(|| nft::apply(NET, records, &d, applied))
+            .run(|| nft::apply(NET, records, &d, &self.flows, applied))
             .unwrap()
             .unwrap_or_else(|e| panic!("apply: {} {}", e.code, e.msg));
         d
@@ -368,4 +380,220 @@ fn drift_is_repaired_and_check_reports_it() {
         .unwrap()
         .unwrap();
     assert_eq!(lab.check("web", &d).unwrap_err().code, 106);
+}
+
+// ---- flow events ---------------------------------------------------------
+
+/// Flow events on, as the network's config would say.
+fn flows_on(events: FlowEvents, rate: u32) -> nft::Flows {
+    nft::Flows {
+        events,
+        rate,
+        group: nft::nflog_group(NET),
+    }
+}
+
+impl Lab {
+    /// The network's NFLOG source, bound in the node namespace.
+    fn source(&self) -> NflogSource {
+        self.node
+            .ns
+            .run(|| NflogSource::open(NET))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("open source: {}", e.msg))
+    }
+
+    /// Tries a TCP connection for `wait` (the SYN retransmitted meanwhile).
+    fn tcp_for(&self, from: &str, to: &str, port: u16, wait: Duration) -> bool {
+        let addr = SocketAddr::new(self.pod(to).v4, port);
+        self.pod(from)
+            .ns
+            .ns
+            .run(move || TcpStream::connect_timeout(&addr, wait).is_ok())
+            .unwrap()
+    }
+
+    /// Sends `n` UDP datagrams from `from` to `to`:`port`, each from a
+    /// new socket (a new source port: a new flow).
+    fn udp(&self, from: &str, to: &str, port: u16, n: usize) {
+        let addr = SocketAddr::new(self.pod(to).v4, port);
+        self.pod(from)
+            .ns
+            .ns
+            .run(move || {
+                for _ in 0..n {
+                    let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+                    let _ = s.send_to(b"x", addr);
+                }
+            })
+            .unwrap();
+    }
+}
+
+/// Everything `src` reports for `d`.
+fn drain(src: &mut NflogSource, d: Duration) -> Vec<RawEvent> {
+    let end = Instant::now() + d;
+    let mut out = Vec::new();
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        out.extend(src.poll(left.min(Duration::from_millis(100))).unwrap());
+    }
+    out
+}
+
+fn one(events: &[RawEvent], what: &str) -> RawEvent {
+    assert_eq!(events.len(), 1, "{what}: {events:#?}");
+    events[0].clone()
+}
+
+#[test]
+fn denials_allows_and_audit_findings_are_reported_once() {
+    let mut lab = Lab::new();
+    lab.add_pod("web", 2, &[("app", "web")]);
+    lab.add_pod("client", 3, &[("app", "client")]);
+    lab.add_pod("other", 5, &[("app", "other")]);
+    lab.flows = flows_on(FlowEvents::Deny, 10);
+    let d = lab.apply(&policies((8000, 8010)));
+    let mut src = lab.source();
+    let (web, client, other) = (lab.pod("web").v4, lab.pod("client").v4, lab.pod("other").v4);
+
+    // A denied TCP connect, its SYN sent three times in 2.5 s: one event,
+    // read within a second.
+    let t0 = Instant::now();
+    let (ev, first) = std::thread::scope(|s| {
+        let conn =
+            s.spawn(|| lab.tcp_for("other", "web", 8005, Duration::from_millis(2500)));
+        let mut ev = Vec::new();
+        let mut first = None;
+        while t0.elapsed() < Duration::from_millis(2800) {
+            ev.extend(src.poll(Duration::from_millis(50)).unwrap());
+            if first.is_none() && !ev.is_empty() {
+                first = Some(t0.elapsed());
+            }
+        }
+        assert!(!conn.join().unwrap(), "denied");
+        (ev, first)
+    });
+    let e = one(&ev, "denied TCP");
+    assert!(first.unwrap() < Duration::from_secs(1), "{first:?}");
+    assert_eq!(
+        (e.verdict, e.dir, e.proto, e.src, e.dst, e.dport),
+        (Verdict::Deny, Dir::Ingress, 6, other, web, 8005)
+    );
+    assert_ne!(e.sport, 0);
+    assert_eq!(e.suppressed, 0);
+
+    // A denied UDP datagram, by the sender's egress policy.
+    let t0 = Instant::now();
+    lab.udp("client", "other", 5353, 1);
+    let ev = drain(&mut src, Duration::from_millis(1000));
+    let e = one(&ev, "denied UDP");
+    assert!(t0.elapsed() >= Duration::from_millis(1000));
+    assert_eq!(
+        (e.verdict, e.dir, e.proto, e.src, e.dst, e.dport),
+        (Verdict::Deny, Dir::Egress, 17, client, other, 5353)
+    );
+    // A denied ping: ICMP with its type.
+    assert!(!lab.ping("client", "other"));
+    let ev = drain(&mut src, Duration::from_millis(300));
+    assert!(
+        ev.iter()
+            .all(|e| e.proto == 1 && e.icmp_type == Some(8) && e.dir == Dir::Egress),
+        "{ev:#?}"
+    );
+    assert!(!ev.is_empty());
+
+    // Allowed: nothing with the default "deny".
+    assert!(lab.tcp("client", "web", 8005, false));
+    assert!(drain(&mut src, Duration::from_millis(500)).is_empty());
+
+    // "all": the new connection, once at each policy that allowed it (the
+    // client's egress, web's ingress); its later packets pass on conntrack.
+    lab.flows = flows_on(FlowEvents::All, 10);
+    lab.apply(&policies((8000, 8010)));
+    assert!(lab.tcp("client", "web", 8005, false));
+    let mut ev = drain(&mut src, Duration::from_millis(500));
+    ev.sort_by_key(|e| e.dir);
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    let mut dirs = [Dir::Egress, Dir::Ingress];
+    dirs.sort();
+    for (e, dir) in ev.iter().zip(dirs) {
+        assert_eq!(
+            (e.verdict, e.dir, e.proto, e.src, e.dst, e.dport),
+            (Verdict::Allow, dir, 6, client, web, 8005)
+        );
+    }
+    // Denials are still reported.
+    lab.udp("other", "web", 8005, 1);
+    let e = one(&drain(&mut src, Duration::from_millis(300)), "denied");
+    assert_eq!((e.verdict, e.proto), (Verdict::Deny, 17));
+    for p in ["web", "client", "other"] {
+        lab.check(p, &d)
+            .unwrap_or_else(|e| panic!("check {p}: {}", e.msg));
+    }
+
+    // Audit: what the policies would deny passes and is reported, once
+    // per connection.
+    lab.audit = true;
+    lab.flows = flows_on(FlowEvents::Deny, 10);
+    lab.apply(&policies((8000, 8010)));
+    assert!(lab.tcp("other", "web", 8005, false), "audit lets it pass");
+    assert!(lab.tcp("other", "web", 8005, true));
+    let ev = drain(&mut src, Duration::from_millis(500));
+    assert_eq!(ev.len(), 2, "{ev:#?}");
+    assert!(
+        ev.iter().all(|e| e.verdict == Verdict::Audit
+            && e.dir == Dir::Ingress
+            && e.dport == 8005
+            && e.proto == 6),
+        "{ev:#?}"
+    );
+    assert!(ev.iter().any(|e| e.src == other && e.dst == web));
+    assert!(ev.iter().any(|e| e.src.is_ipv6()));
+    // The client's egress is audit-only too.
+    assert!(lab.ping("client", "other"));
+}
+
+#[test]
+fn a_flood_of_denials_stays_within_the_rate_limit() {
+    let mut lab = Lab::new();
+    lab.add_pod("web", 2, &[("app", "web")]);
+    lab.add_pod("other", 5, &[("app", "other")]);
+    let rate = 10;
+    lab.flows = flows_on(FlowEvents::Deny, rate);
+    lab.apply(&policies((8000, 8010)));
+    let mut src = lab.source();
+    // The neighbours resolved, the first event out of the way.
+    lab.udp("other", "web", 7000, 1);
+    let first = drain(&mut src, Duration::from_millis(300));
+    assert_eq!(first.len(), 1, "{first:?}\n{}", lab.nft("list ruleset"));
+    std::thread::sleep(Duration::from_millis(1100));
+
+    let t0 = Instant::now();
+    let n = 2000;
+    lab.udp("other", "web", 7000, n);
+    let secs = t0.elapsed().as_secs_f64();
+    let mut ev = drain(&mut src, Duration::from_millis(1200));
+    // One more after the flood carries what was suppressed since the last.
+    lab.udp("other", "web", 7001, 1);
+    ev.extend(drain(&mut src, Duration::from_millis(500)));
+    let suppressed: u64 = ev.iter().map(|e| e.suppressed).sum();
+    let max = (f64::from(rate) * (secs + 2.8)).ceil() as usize + rate as usize;
+    assert!(
+        ev.len() <= max,
+        "{} events in {secs:.2} s (+1.7 s): more than {max}",
+        ev.len()
+    );
+    assert!(ev.len() >= rate as usize, "{} events", ev.len());
+    assert!(
+        ev.iter()
+            .all(|e| e.verdict == Verdict::Deny && e.dir == Dir::Ingress && e.proto == 17)
+    );
+    // Every datagram is an event or counted (a source port reused in the
+    // flood is one flow: not counted twice).
+    let total = ev.len() as u64 + suppressed;
+    assert!(
+        suppressed > 0 && total <= n as u64 + 1 && total >= (n as u64) * 9 / 10,
+        "{} events, {suppressed} suppressed, of {n} datagrams",
+        ev.len()
+    );
 }

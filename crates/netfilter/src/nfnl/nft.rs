@@ -223,6 +223,8 @@ pub struct SetSpec {
     /// `NFTA_SET_ID`, unique within the transaction.
     pub(crate) id: u32,
     pub(crate) desc: Option<SetDescription>,
+    /// `timeout`: the elements' default lifetime in ms (dynamic sets).
+    pub(crate) timeout_ms: Option<u64>,
     /// nft's userdata (byte orders, the key's expression), which `nft
     /// list` reads to print the set as nft would.
     pub(crate) userdata: Vec<u8>,
@@ -509,6 +511,9 @@ impl NftOp {
                 a.push(SetAttribute::Id(spec.id));
                 if let Some(d) = &spec.desc {
                     a.push(SetAttribute::Description(vec![d.clone()]));
+                }
+                if let Some(t) = spec.timeout_ms {
+                    a.push(SetAttribute::Timeout(t));
                 }
                 if !spec.userdata.is_empty() {
                     a.push(SetAttribute::UserData(spec.userdata.clone()));

@@ -4,7 +4,7 @@
 //! (`nft list`, the raw elements and rule expressions of `nft
 //! --debug=netlink list`, and the sets' attributes).
 
-use super::model::{Applied, Model, Op, plan};
+use super::model::{Applied, Flows, Model, Op, plan};
 use super::{messages, runner, script};
 use crate::compile::{Ids, compile};
 use crate::model::PolicySet;
@@ -207,7 +207,7 @@ fn netlink_writes_what_nft_wrote() {
         compile(&policies(egress), &views, ids).unwrap()
     };
     let d = desired(&pods, &mut ids, true);
-    let m1 = Model::build(&pods, &d);
+    let m1 = Model::build(&pods, &d, &Flows::off());
     let (ops, full) = plan(None, &m1);
     assert!(full);
     both.step("full", &ops);
@@ -229,7 +229,7 @@ fn netlink_writes_what_nft_wrote() {
         pod("web2/eth0", "web", &["10.0.0.4", "fd00::4"]),
         pod("cli2/eth0", "client", &["10.0.0.5"]),
     ]);
-    let m2 = Model::build(&pods, &desired(&pods, &mut ids, true));
+    let m2 = Model::build(&pods, &desired(&pods, &mut ids, true), &Flows::off());
     let (ops, _) = plan(Some(&prev), &m2);
     both.step("pods added", &ops);
 
@@ -238,13 +238,13 @@ fn netlink_writes_what_nft_wrote() {
     pods.remove("cli2/eth0");
     pods.remove("web2/eth0");
     pods.remove("adm/eth0");
-    let m3 = Model::build(&pods, &desired(&pods, &mut ids, true));
+    let m3 = Model::build(&pods, &desired(&pods, &mut ids, true), &Flows::off());
     let (ops, _) = plan(Some(&prev), &m3);
     both.step("pods removed", &ops);
 
     // A rule set goes: its jumps, chain and sets.
     let prev = Applied::of(T.into(), m3, BTreeMap::new());
-    let m4 = Model::build(&pods, &desired(&pods, &mut ids, false));
+    let m4 = Model::build(&pods, &desired(&pods, &mut ids, false), &Flows::off());
     let (ops, _) = plan(Some(&prev), &m4);
     assert!(ops.iter().any(|o| matches!(o, Op::DeleteChain(_))));
     both.step("rule set removed", &ops);
@@ -298,21 +298,26 @@ fn ten_thousand_ranges_in_one_transaction() {
                 src: true,
                 ports: false,
                 set: "in_1_net4".into(),
+                goto: None,
             },
             Rule::Allow {
                 v6: false,
                 src: true,
                 ports: true,
                 set: "in_1_net4p".into(),
+                goto: None,
             },
             Rule::Allow {
                 v6: true,
                 src: true,
                 ports: false,
                 set: "in_1_net6".into(),
+                goto: None,
             },
-            Rule::Drop {
-                comment: "ingress: big".into(),
+            Rule::End {
+                log: None,
+                fin: super::model::Fin::Drop,
+                comment: Some("ingress: big".into()),
             },
         ],
     );

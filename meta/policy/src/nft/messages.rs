@@ -1,9 +1,9 @@
 //! The steps of a [`plan`](super::model::plan) as the nfnetlink messages of
 //! one transaction (encoders in `rcni_netfilter::nftset`).
 
-use super::model::{Op, Rule, VMAPS, set_decl};
+use super::model::{Fin, Op, Rule, VMAPS, set_decl};
 use rcni_netfilter::expr as nftexpr;
-use rcni_netfilter::nftset::{Batch, Elem, Exprs, INET, Key, SetDecl};
+use rcni_netfilter::nftset::{Batch, DynKey, Elem, Exprs, INET, Key, SetDecl, Stateful};
 use std::net::IpAddr;
 
 /// `NF_INET_FORWARD`, priority `filter`.
@@ -57,6 +57,8 @@ fn elem(d: SetDecl, s: &str) -> Option<Elem> {
                 ports,
             })
         }
+        // Filled by the rules alone.
+        Key::Flow { .. } => None,
     }
 }
 
@@ -99,15 +101,65 @@ fn rule(b: &mut Batch, chain: &str, r: &Rule) {
             src,
             ports,
             set,
+            goto,
         } => {
-            e.in_set(*v6, *src, *ports, set).ret();
+            e.in_set(*v6, *src, *ports, set);
+            match goto {
+                Some(c) => e.goto(c),
+                None => e.ret(),
+            };
             b.add_rule(chain, e, None);
         }
-        Rule::Drop { comment } => {
-            e.nftexpr(&nftexpr::drop());
-            b.add_rule(chain, e, Some(comment));
+        Rule::Seen { v6, set, fin } => {
+            e.update(
+                DynKey::Flow { v6: *v6 },
+                set,
+                Stateful::LimitOver {
+                    rate: super::model::SEEN_PER_MINUTE,
+                    unit_secs: 60,
+                    burst: 1,
+                },
+            );
+            end(&mut e, *fin);
+            b.add_rule(chain, e, None);
+        }
+        Rule::Over {
+            v6,
+            src,
+            rl,
+            sup,
+            rate,
+            fin,
+        } => {
+            let k = DynKey::Addr { v6: *v6, src: *src };
+            e.update(
+                k,
+                rl,
+                Stateful::LimitOver {
+                    rate: u64::from(*rate),
+                    unit_secs: 1,
+                    burst: *rate,
+                },
+            )
+            .update(k, sup, Stateful::Counter);
+            end(&mut e, *fin);
+            b.add_rule(chain, e, None);
+        }
+        Rule::End { log, fin, comment } => {
+            if let Some((prefix, group)) = log {
+                e.log(prefix, *group);
+            }
+            end(&mut e, *fin);
+            b.add_rule(chain, e, comment.as_deref());
         }
     }
+}
+
+fn end(e: &mut Exprs, fin: Fin) {
+    match fin {
+        Fin::Drop => e.drop(),
+        Fin::Return => e.ret(),
+    };
 }
 
 /// The transaction doing `ops` on `table`.

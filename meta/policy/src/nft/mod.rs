@@ -71,6 +71,7 @@ use crate::compile::{Desired, PodPolicy};
 use crate::model::Dir;
 use crate::state::PodRecord;
 use model::{Applied, Model, VMAPS, chain_name};
+pub use model::{Flows, log_prefix};
 use rcni_cni::{CniError, ErrorCode};
 use rcni_netns::NetNs;
 use serde_json::Value;
@@ -120,6 +121,30 @@ fn short_hash(b: &[u8]) -> String {
         })
 }
 
+/// NFLOG groups of the networks' flow events: the upper half of the
+/// 16-bit range, where other users (ulogd's examples, CNIs' and
+/// firewalls' defaults) are rare.
+const NFLOG_BASE: u16 = 0x8000;
+
+/// The NFLOG group of `network`'s flow events: from a hash of its name,
+/// so the table's writer and the source agree without shared state. Two
+/// networks of one node share a group with probability 1/32768; then the
+/// second collector's bind fails (`EBUSY`: one listener per group) and
+/// `policy flows` says so.
+pub fn nflog_group(network: &str) -> u16 {
+    let h = Sha256::digest(network.as_bytes());
+    NFLOG_BASE | (u16::from_be_bytes([h[0], h[1]]) & 0x7fff)
+}
+
+/// The flow settings of `conf` for the table of `network`.
+pub fn flows(conf: &crate::conf::Conf, network: &str) -> Flows {
+    Flows {
+        events: conf.flow_events,
+        rate: conf.flow_rate,
+        group: nflog_group(network),
+    }
+}
+
 fn netfilter(msg: impl Into<String>) -> CniError {
     CniError::new(ErrorCode::Netfilter, msg)
 }
@@ -130,13 +155,14 @@ fn current_ns() -> Result<NetNs, CniError> {
 }
 
 /// Makes the network's table enforce `desired` for `pods` (by attachment
-/// key), in the current network namespace. `applied` is what the last call
-/// left there (null or unreadable: the table is rewritten in full); it is
-/// updated on success only.
+/// key), in the current network namespace, reporting to NFLOG as `flows`
+/// says. `applied` is what the last call left there (null or unreadable:
+/// the table is rewritten in full); it is updated on success only.
 pub fn apply(
     network: &str,
     pods: &BTreeMap<String, PodRecord>,
     desired: &Desired,
+    flows: &Flows,
     applied: &mut Value,
 ) -> Result<(), CniError> {
     let table = table_name(network);
@@ -165,7 +191,7 @@ pub fn apply(
             br_netfilter::ensure_bridge_netfilter()?;
         }
     }
-    let model = Model::build(pods, desired);
+    let model = Model::build(pods, desired, flows);
     let (ops, full) = model::plan(prev.as_ref(), &model);
     if !ops.is_empty() {
         let mut nl = runner::open_current()?;
@@ -265,6 +291,38 @@ pub fn check(network: &str, pod: &PodRecord, policy: &PodPolicy) -> Result<(), C
             p.join("; ")
         )))
     }
+}
+
+/// The suppressed-event counters of rule set `rs`'s chain for `dir` (its
+/// `sup` sets, see [`Flows`]) in the network's table, in the current
+/// namespace: policed pod -> events over its rate so far. Empty when the
+/// table or sets are gone.
+pub fn suppressed_counts(
+    nl: &mut rcni_netfilter::nfnl::Nfnl,
+    network: &str,
+    rs: u32,
+    dir: Dir,
+) -> Result<BTreeMap<IpAddr, u64>, CniError> {
+    let table = table_name(network);
+    let chain = chain_name(rs, dir);
+    let mut out = BTreeMap::new();
+    for fam in [4, 6] {
+        let set = format!("{chain}_sup{fam}");
+        let (kind, req) = rcni_netfilter::nftset::elements_request(&table, &set);
+        let msgs = nl
+            .nft_dump_raw(kind, rcni_netfilter::nftset::INET, &req)
+            .map_err(|e| netfilter(format!("policy: read set {set} of table inet {table}: {e}")))?;
+        for a in msgs.iter().flatten() {
+            out.extend(rcni_netfilter::nftset::parse_counters(a));
+        }
+    }
+    Ok(out)
+}
+
+/// A netfilter socket in the current namespace (for
+/// [`suppressed_counts`]).
+pub fn open_nfnl() -> Result<rcni_netfilter::nfnl::Nfnl, CniError> {
+    runner::open_current()
 }
 
 /// Whether nf_tables answers here and lets us read the ruleset (STATUS,
@@ -368,7 +426,7 @@ mod tests {
         let d = compiled(&pods, &mut Ids::default());
         let rs = d.pods["web/eth0"].ingress;
         assert_ne!(rs, 0);
-        let m = Model::build(&pods, &d);
+        let m = Model::build(&pods, &d, &Flows::off());
         let (s, full) = plan("T", None, &m);
         assert!(full);
         let c = format!("in_{rs}");
@@ -433,7 +491,7 @@ mod tests {
         let views = pods.iter().map(|(k, p)| (k.clone(), p.view())).collect();
         let d = compile(&set, &views, &mut Ids::default()).unwrap();
         let c = format!("in_{}", d.pods["web/eth0"].ingress);
-        let m = Model::build(&pods, &d);
+        let m = Model::build(&pods, &d, &Flows::off());
         let (s, _) = plan("T", None, &m);
         for want in [
             format!(
@@ -460,7 +518,7 @@ mod tests {
         .into();
         let mut ids = Ids::default();
         let d1 = compiled(&pods, &mut ids);
-        let m1 = Model::build(&pods, &d1);
+        let m1 = Model::build(&pods, &d1, &Flows::off());
         let prev = applied(&m1);
         assert_eq!(
             plan("T", Some(&prev), &m1).0,
@@ -477,7 +535,7 @@ mod tests {
             // Peers are identities, so the rule sets do not change.
             d1.rulesets.clone()
         });
-        let (s, full) = plan("T", Some(&prev), &Model::build(&pods, &d2));
+        let (s, full) = plan("T", Some(&prev), &Model::build(&pods, &d2, &Flows::off()));
         assert!(!full);
         let rs = d2.pods["web/eth0"].ingress;
         let lines: Vec<&str> = s.lines().collect();
@@ -493,12 +551,12 @@ mod tests {
         );
         // A removed client takes its elements; an interval set is rewritten
         // rather than edited, a plain map loses the key.
-        let m2 = Model::build(&pods, &d2);
+        let m2 = Model::build(&pods, &d2, &Flows::off());
         let prev2 = applied(&m2);
         pods.remove("cli2/eth0");
         pods.remove("web2/eth0");
         let d3 = compiled(&pods, &mut ids);
-        let (s, _) = plan("T", Some(&prev2), &Model::build(&pods, &d3));
+        let (s, _) = plan("T", Some(&prev2), &Model::build(&pods, &d3, &Flows::off()));
         assert!(
             s.contains(&format!("flush set inet T in_{rs}_pod4p\n")),
             "{s}"
@@ -512,7 +570,7 @@ mod tests {
         // chain loses the rule for the now empty set.
         pods.remove("adm/eth0");
         let d4 = compiled(&pods, &mut ids);
-        let (s, _) = plan("T", Some(&prev), &Model::build(&pods, &d4));
+        let (s, _) = plan("T", Some(&prev), &Model::build(&pods, &d4, &Flows::off()));
         assert!(s.contains(&format!("flush chain inet T in_{rs}\n")), "{s}");
         assert!(!s.contains(&format!("@in_{rs}_pod4 ")), "{s}");
         assert!(
@@ -528,7 +586,7 @@ mod tests {
         let pods: BTreeMap<_, _> = [app_pod("web/eth0", "web", &["10.0.0.2"], "v")].into();
         let mut ids = Ids::default();
         let d = compiled(&pods, &mut ids);
-        let m = Model::build(&pods, &d);
+        let m = Model::build(&pods, &d, &Flows::off());
         let prev = applied(&m);
         let empty = compile(
             &PolicySet::default(),
@@ -536,7 +594,11 @@ mod tests {
             &mut ids,
         )
         .unwrap();
-        let (s, _) = plan("T", Some(&prev), &Model::build(&pods, &empty));
+        let (s, _) = plan(
+            "T",
+            Some(&prev),
+            &Model::build(&pods, &empty, &Flows::off()),
+        );
         let rs = d.pods["web/eth0"].ingress;
         let pos = |x: &str| s.find(x).unwrap_or_else(|| panic!("{x} in\n{s}"));
         assert!(

@@ -4,6 +4,7 @@
 
 use super::short_hash;
 use crate::compile::{Desired, Ports};
+use crate::conf::FlowEvents;
 use crate::model::Dir;
 use crate::state::PodRecord;
 use rcni_netfilter::nftset::{Key, SetDecl};
@@ -61,9 +62,27 @@ pub(super) fn set_decl(name: &str) -> Option<SetDecl> {
             },
             interval: false,
             verdict_map: true,
+            timeout_ms: 0,
         });
     }
     let (_, suffix) = name.rsplit_once('_')?;
+    for (k, flow, timeout_ms) in FLOW_SETS {
+        if let Some(fam) = suffix.strip_prefix(k)
+            && (fam == "4" || fam == "6")
+        {
+            let v6 = fam == "6";
+            return Some(SetDecl {
+                key: if flow {
+                    Key::Flow { v6 }
+                } else {
+                    Key::Addr { v6 }
+                },
+                interval: false,
+                verdict_map: false,
+                timeout_ms,
+            });
+        }
+    }
     let (kind, v6) = match suffix {
         "pod4" | "pod6" => (SetKind::Pod, &suffix[3..] == "6"),
         "pod4p" | "pod6p" => (SetKind::PodPorts, &suffix[3..4] == "6"),
@@ -80,7 +99,96 @@ pub(super) fn set_decl(name: &str) -> Option<SetDecl> {
         key,
         interval,
         verdict_map: false,
+        timeout_ms: 0,
     })
+}
+
+/// The flow event sets of a rule set (see [`Flows`]): by suffix, the key
+/// (flow or policed pod) and the elements' lifetime.
+const FLOW_SETS: [(&str, bool, u64); 3] = [
+    // A flow reported (or found over the limit) lately.
+    ("seen", true, 60_000),
+    // A policed pod's tokens.
+    ("rl", false, 60_000),
+    // A policed pod's suppressed events: the counter the source reads.
+    // Updated on each suppression; an hour idle and it goes.
+    ("sup", false, 3_600_000),
+];
+
+/// A flow is reported at most once per 10 s (at each chain): a token
+/// every 10 s, a burst of one.
+pub(super) const SEEN_PER_MINUTE: u64 = 6;
+
+/// What the rule set chains report to NFLOG (the nftables side of
+/// `flowEvents`, `flowRate` and audit mode; read by `flows::nft`).
+///
+/// A chain's default-deny tail, with events on, is:
+///
+/// ```text
+/// update @in_3_seen4 { ip saddr . ip daddr . meta l4proto . th sport . th dport limit rate over 6/minute burst 1 packets } drop
+/// update @in_3_seen6 { ... } drop
+/// update @in_3_rl4 { ip daddr limit rate over 10/second burst 10 packets } update @in_3_sup4 { ip daddr counter } drop
+/// update @in_3_rl6 { ... } drop
+/// log prefix "rcni deny ingress 3" group 33000 drop comment "ingress: default/web"
+/// ```
+///
+/// - One event per connection attempt: a flow already reported in the
+///   last 10 s (its `seen` element has no token) is dropped silently, as
+///   retransmitted SYNs are.
+/// - Per policed pod (the chain's pod: the receiver for ingress, the
+///   sender for egress), `flowRate` events a second with a burst of as
+///   many; over that the pod's `sup` element counts the suppressed event
+///   in the kernel and nothing goes to userspace (a flood of denials
+///   costs two set lookups a packet, no copy). The source reads the
+///   counters and reports the increase in the pod's next event.
+/// - Audit rule sets end the same way with `return` (the flow passes;
+///   once answered, the forward chain's conntrack rule takes its later
+///   packets).
+/// - With `"flowEvents": "all"`, allow rules `goto` the chain's `_ok`
+///   chain (`in_3_ok`): the same tail, tag `allow`, ending in `return`.
+///   Only new flows reach the rule set chains.
+///
+/// The tag (`rcni <verdict> <direction> <rule set>`) tells the source the
+/// verdict and whose policy decided; the packet tells the rest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Flows {
+    pub events: FlowEvents,
+    /// Events per second per pod, and the burst.
+    pub rate: u32,
+    /// The network's NFLOG group ([`super::nflog_group`]).
+    pub group: u16,
+}
+
+impl Flows {
+    /// No events: the chains drop (or, audit, return) silently.
+    pub fn off() -> Flows {
+        Flows {
+            events: FlowEvents::None,
+            rate: 0,
+            group: 0,
+        }
+    }
+}
+
+/// `drop` or `return` at the end of a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fin {
+    Drop,
+    Return,
+}
+
+impl std::fmt::Display for Fin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Fin::Drop => "drop",
+            Fin::Return => "return",
+        })
+    }
+}
+
+/// The NFLOG tag of a rule set's reports.
+pub fn log_prefix(verdict: &str, dir: Dir, rs: u32) -> String {
+    format!("rcni {verdict} {} {rs}", dir.as_str())
 }
 
 /// `in_3` + `podp` + 4 -> `in_3_pod4p`.
@@ -98,15 +206,40 @@ pub(super) fn chain_name(rs: u32, dir: Dir) -> String {
 /// A rule of a rule set chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) enum Rule {
-    /// `ip|ip6 saddr|daddr [. meta l4proto . th dport] @set return`.
+    /// `ip|ip6 saddr|daddr [. meta l4proto . th dport] @set return` (or
+    /// `goto <chain>`: the allow events' chain).
     Allow {
         v6: bool,
         src: bool,
         ports: bool,
         set: String,
+        goto: Option<String>,
     },
-    /// `drop comment "..."`.
-    Drop { comment: String },
+    /// `update @set { <flow> limit rate over 6/minute burst 1 packets }
+    /// <fin>`: a flow reported lately ends here, unreported.
+    Seen { v6: bool, set: String, fin: Fin },
+    /// `update @rl { <pod> limit rate over N/second burst N packets }
+    /// update @sup { <pod> counter } <fin>`: the pod's events over the
+    /// rate are counted and end here.
+    Over {
+        v6: bool,
+        /// The policed pod is the source (egress).
+        src: bool,
+        rl: String,
+        sup: String,
+        rate: u32,
+        fin: Fin,
+    },
+    /// `[log prefix "<prefix>" group <group>] drop|return [comment "..."]`.
+    End {
+        log: Option<(String, u16)>,
+        fin: Fin,
+        comment: Option<String>,
+    },
+}
+
+fn ip_of(v6: bool) -> &'static str {
+    if v6 { "ip6" } else { "ip" }
 }
 
 impl std::fmt::Display for Rule {
@@ -119,17 +252,52 @@ impl std::fmt::Display for Rule {
                 src,
                 ports,
                 set,
+                goto,
             } => {
-                let ip = if *v6 { "ip6" } else { "ip" };
+                let ip = ip_of(*v6);
                 let field = if *src { "saddr" } else { "daddr" };
                 let ports = if *ports {
                     " . meta l4proto . th dport"
                 } else {
                     ""
                 };
-                write!(f, "{ip} {field}{ports} @{set} return")
+                match goto {
+                    Some(c) => write!(f, "{ip} {field}{ports} @{set} goto {c}"),
+                    None => write!(f, "{ip} {field}{ports} @{set} return"),
+                }
             }
-            Rule::Drop { comment } => write!(f, "drop comment \"{comment}\""),
+            Rule::Seen { v6, set, fin } => {
+                let ip = ip_of(*v6);
+                write!(
+                    f,
+                    "update @{set} {{ {ip} saddr . {ip} daddr . meta l4proto . th sport . th dport limit rate over {SEEN_PER_MINUTE}/minute burst 1 packets }} {fin}"
+                )
+            }
+            Rule::Over {
+                v6,
+                src,
+                rl,
+                sup,
+                rate,
+                fin,
+            } => {
+                let ip = ip_of(*v6);
+                let field = if *src { "saddr" } else { "daddr" };
+                write!(
+                    f,
+                    "update @{rl} {{ {ip} {field} limit rate over {rate}/second burst {rate} packets }} update @{sup} {{ {ip} {field} counter }} {fin}"
+                )
+            }
+            Rule::End { log, fin, comment } => {
+                if let Some((prefix, group)) = log {
+                    write!(f, "log prefix \"{prefix}\" group {group} ")?;
+                }
+                write!(f, "{fin}")?;
+                match comment {
+                    Some(c) => write!(f, " comment \"{c}\""),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
@@ -178,8 +346,61 @@ fn comment(s: &str) -> String {
     c
 }
 
+/// The rules that report what reaches them (see [`Flows`]) and end with
+/// `fin`, the flow sets of `chain` first declared in `m`.
+fn report(
+    m: &mut Model,
+    sets_of: &str,
+    flows: &Flows,
+    tag: String,
+    pod_src: bool,
+    fin: Fin,
+    comment: Option<String>,
+) -> Vec<Rule> {
+    for (k, _, _) in FLOW_SETS {
+        for fam in [4, 6] {
+            m.sets.entry(format!("{sets_of}_{k}{fam}")).or_default();
+        }
+    }
+    let mut rules = Vec::new();
+    for v6 in [false, true] {
+        let fam = if v6 { 6 } else { 4 };
+        rules.push(Rule::Seen {
+            v6,
+            set: format!("{sets_of}_seen{fam}"),
+            fin,
+        });
+    }
+    for v6 in [false, true] {
+        let fam = if v6 { 6 } else { 4 };
+        rules.push(Rule::Over {
+            v6,
+            src: pod_src,
+            rl: format!("{sets_of}_rl{fam}"),
+            sup: format!("{sets_of}_sup{fam}"),
+            rate: flows.rate.max(1),
+            fin,
+        });
+    }
+    rules.push(Rule::End {
+        log: Some((tag, flows.group)),
+        fin,
+        comment,
+    });
+    rules
+}
+
+/// The chain of a rule set's allow events.
+pub(super) fn allow_chain(chain: &str) -> String {
+    format!("{chain}_ok")
+}
+
 impl Model {
-    pub(super) fn build(pods: &BTreeMap<String, PodRecord>, desired: &Desired) -> Model {
+    pub(super) fn build(
+        pods: &BTreeMap<String, PodRecord>,
+        desired: &Desired,
+        flows: &Flows,
+    ) -> Model {
         let mut m = Model::default();
         for v in VMAPS {
             m.sets.insert(v.to_string(), BTreeSet::new());
@@ -280,6 +501,8 @@ impl Model {
                 }
             }
             let src = rs.dir == Dir::Ingress;
+            let allow_events = flows.events == FlowEvents::All;
+            let goto = allow_events.then(|| allow_chain(&chain));
             let mut rules = Vec::new();
             for v6 in [false, true] {
                 let fam = if v6 { 6u8 } else { 4u8 };
@@ -292,12 +515,33 @@ impl Model {
                         src,
                         ports: matches!(kind, SetKind::PodPorts | SetKind::NetPorts),
                         set: set_name(&chain, k, fam),
+                        goto: goto.clone(),
                     });
                 }
             }
-            rules.push(Rule::Drop {
-                comment: comment(&format!("{}: {}", rs.dir.as_str(), rs.policies.join(", "))),
-            });
+            let note = comment(&format!("{}: {}", rs.dir.as_str(), rs.policies.join(", ")));
+            // The policed pod: the receiver's policy decides ingress.
+            let pod_src = rs.dir == Dir::Egress;
+            let (verdict, fin) = if rs.audit {
+                ("audit", Fin::Return)
+            } else {
+                ("deny", Fin::Drop)
+            };
+            if flows.events == FlowEvents::None {
+                rules.push(Rule::End {
+                    log: None,
+                    fin,
+                    comment: Some(note),
+                });
+            } else {
+                let tag = log_prefix(verdict, rs.dir, *n);
+                rules.extend(report(&mut m, &chain, flows, tag, pod_src, fin, Some(note)));
+            }
+            if let Some(ok) = goto {
+                let tag = log_prefix("allow", rs.dir, *n);
+                let r = report(&mut m, &chain, flows, tag, pod_src, Fin::Return, None);
+                m.chains.insert(ok, r);
+            }
             for ((v6, k), elems) in sets {
                 let fam = if v6 { 6u8 } else { 4u8 };
                 m.sets.insert(set_name(&chain, k, fam), elems);

@@ -16,6 +16,13 @@ fn decl(name: &str) -> String {
     let (v6, concat) = match d.key {
         Key::Addr { v6 } => (v6, false),
         Key::AddrProtoPort { v6 } => (v6, true),
+        Key::Flow { v6 } => {
+            let a = if v6 { "ipv6_addr" } else { "ipv4_addr" };
+            return format!(
+                "set inet {{}} {name} {{ type {a} . {a} . inet_proto . inet_service . inet_service; size 65535; flags dynamic,timeout; timeout {}s; }}",
+                d.timeout_ms / 1000
+            );
+        }
     };
     let addr = if v6 { "ipv6_addr" } else { "ipv4_addr" };
     if d.verdict_map {
@@ -26,6 +33,12 @@ fn decl(name: &str) -> String {
     } else {
         addr.to_string()
     };
+    if d.timeout_ms > 0 {
+        return format!(
+            "set inet {{}} {name} {{ type {addr}; size 65535; flags dynamic,timeout; timeout {}s; }}",
+            d.timeout_ms / 1000
+        );
+    }
     let flags = if d.interval { " flags interval;" } else { "" };
     format!("set inet {{}} {name} {{ type {ty};{flags} }}")
 }
