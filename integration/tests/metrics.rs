@@ -524,3 +524,147 @@ fn bgp_sessions_follow_birds() {
     promtool_check(&body);
     drop(a1);
 }
+
+/// Cloud mode (`--cloud azure`, against the fake of Azure's API that
+/// cloud_azure.rs uses: no emulator of Azure exists): the pool's gauges
+/// and the cloud loop's passes in /metrics, a pod's address as used, the
+/// vpc-ipam plugin's commands counted, the pod on the status screen.
+#[test]
+fn cloud_pool_use_shows_in_metrics_and_status() {
+    const MAC: &str = "00:0D:3A:F8:06:EC";
+    const MD: &str = "169.254.169.254";
+    let ns = TestNs::new();
+    let tmp = tempfile::tempdir().unwrap();
+    for a in [
+        "link set lo up".to_string(),
+        format!("addr add {MD}/32 dev lo"),
+        "link add eth0 type veth peer name vnet0".into(),
+        format!("link set eth0 address {}", MAC.to_lowercase()),
+        "link set eth0 up".into(),
+        "link set vnet0 up".into(),
+    ] {
+        rcni_testkit::ip(&ns.ns, &a);
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("cloud/azure_fake.py");
+    let mut fake = rcni_testkit::tied_command_in(&ns.ns, "python3")
+        .arg(script)
+        .args([
+            "--listen",
+            &format!("{MD}:80"),
+            "--vm",
+            "node-1",
+            "--mac",
+            MAC,
+        ])
+        .args(["--subnet", "10.1.0.0/24", "--vnet", "10.1.0.0/16"])
+        .args(["--retry-after", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3 azure_fake.py");
+    let mut line = String::new();
+    BufReader::new(fake.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready");
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _fake = Kill(fake);
+    let url = format!("http://{MD}");
+    let stats = tmp.path().join("stats");
+    let status_file = tmp.path().join("status.json");
+    let mut child = rcni_testkit::tied_command_in(&ns.ns, bin("rcni-node"))
+        .args(["run", "--cloud", "azure", "--node", "node-1"])
+        .arg("--cni-conf-dir")
+        .arg(tmp.path().join("net.d"))
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .arg("--cloud-socket")
+        .arg(tmp.path().join("cloud.sock"))
+        .args(["--metrics-addr", &format!("127.0.0.1:{PORT}")])
+        .arg("--cni-stats-dir")
+        .arg(&stats)
+        .arg("--status-file")
+        .arg(&status_file)
+        // The status file is rewritten at each pass: one a second.
+        .args(["--resync-s", "1"])
+        .env("RCNI_AZURE_IMDS_ENDPOINT", &url)
+        .env("RCNI_AZURE_ARM_ENDPOINT", &url)
+        .env("RCNI_AZURE_MAX_IP_CONFIGS", "8")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = Arc::new(Mutex::new(String::new()));
+    let (err, sink) = (child.stderr.take().unwrap(), log.clone());
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            sink.lock().unwrap().push_str(&(l + "\n"));
+        }
+    });
+    let agent = Agent { child, log };
+    agent.wait_for("cloud: serving vpc-ipam");
+
+    let free = "rcni_cloud_pool_addresses{state=\"free\"}";
+    let used = "rcni_cloud_pool_addresses{state=\"used\"}";
+    let body = scrape_until(&ns.ns, "a warm pool", |b| value(b, free) >= 1.0);
+    promtool_check(&body);
+    assert_eq!(value(&body, used), 0.0);
+    assert!(value(&body, "rcni_reconcile_total{loop=\"cloud\",result=\"ok\"}") >= 1.0);
+    assert!(value(&body, "rcni_cloud_api_calls_total") >= 1.0);
+
+    let list: Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("net.d/10-rcni.conflist")).unwrap())
+            .unwrap();
+    let mut conf = list["plugins"][0].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    conf["name"] = list["name"].clone();
+    let pod = TestNs::new();
+    let r = Call::new(bin("ptp"), "ADD")
+        .env("CNI_CONTAINERID", "cloudpod")
+        .env("RCNI_CNI_STATS_DIR", stats.to_str().unwrap())
+        .netns(&pod.path())
+        .stdin(&conf)
+        .run_in(&ns.ns)
+        .ok();
+    let ip = addr_of(&r, true);
+    let body = scrape_until(&ns.ns, "the pod's address used", |b| value(b, used) == 1.0);
+    promtool_check(&body);
+    assert_eq!(
+        value(
+            &body,
+            "rcni_cni_commands_total{plugin=\"vpc-ipam\",command=\"ADD\",code=\"0\"}"
+        ),
+        1.0,
+        "{body}"
+    );
+    let t0 = Instant::now();
+    loop {
+        let (code, out, err) = status_of(&status_file, false);
+        assert_eq!(code, 0, "{err}");
+        if out.contains("pods (1)") {
+            assert!(out.contains(&ip) && out.contains("cloudpod"), "{out}");
+            assert!(out.contains("backend cloud (azure)"), "{out}");
+            assert!(out.contains("cloud pool: 1 used"), "{out}");
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(30), "{out}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let mut c = conf.clone();
+    c["prevResult"] = r;
+    Call::new(bin("ptp"), "DEL")
+        .env("CNI_CONTAINERID", "cloudpod")
+        .netns(&pod.path())
+        .stdin(&c)
+        .run_in(&ns.ns)
+        .ok();
+    scrape_until(&ns.ns, "the address back in the pool", |b| {
+        value(b, used) == 0.0
+    });
+}

@@ -119,8 +119,11 @@ pub fn cloud_status(node: &str, provider: &str, cni_conf_dir: &Path, resync_s: u
     let mut doc = base(node, resync_s, last, last_ok);
     doc["source"] = json!(format!("cloud {provider}"));
     doc["backend"] = json!(format!("cloud ({provider})"));
-    doc["cloudPool"] = json!(Metrics::get().cloud_pool());
-    let (pool, pods) = ipam::usage(cni_conf_dir);
+    let cloud = Metrics::get().cloud_pool();
+    doc["cloudPool"] = json!(cloud);
+    // host-local's, should another network on the node use it.
+    let (pool, mut pods) = ipam::usage(cni_conf_dir);
+    pods.extend(cloud.map(|c| c.pods).unwrap_or_default());
     doc["pool"] = json!(pool);
     doc["pods"] = json!(pods);
     doc

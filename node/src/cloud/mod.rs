@@ -268,6 +268,11 @@ pub async fn go<P: Provider + 'static>(
         checkpoint.display()
     ));
     let vpc = snap.instance.vpc_cidrs.clone();
+    // Pods come and go between the loop's passes: metrics and status read
+    // the pool when they are asked.
+    let source = pool.clone();
+    crate::metrics::Metrics::get()
+        .set_cloud_source(Arc::new(move || pool_view(&source.snapshot())));
     let ctx = Arc::new(server::Ctx {
         pool: pool.clone(),
         nl: nl.clone(),
@@ -409,14 +414,7 @@ async fn layout<P: Provider + 'static>(ctx: &server::Ctx<P>) -> Vec<String> {
     if let Ok(true) = snat {
         kinds.insert("masquerade", 1);
     }
-    crate::metrics::Metrics::get().set_cloud_pool(crate::metrics::CloudPool {
-        used: s.allocations.len() as u64,
-        free: s.free.into(),
-        cooling: s.cooling.into(),
-        total: s.total.into(),
-        max_pods: s.max_pods.into(),
-        api_calls: s.provider_calls,
-    });
+    crate::metrics::Metrics::get().set_cloud_pool(pool_view(&s));
     crate::metrics::Metrics::get().reconciled(
         "cloud",
         if errors.is_empty() {
@@ -440,6 +438,28 @@ async fn layout<P: Provider + 'static>(ctx: &server::Ctx<P>) -> Vec<String> {
         Err(e) => log(format!("cloud: SNAT: {e}")),
     }
     missing
+}
+
+/// The metrics' and status screen's view of a pool snapshot.
+fn pool_view(s: &rcni_cloud::manager::Snapshot) -> crate::metrics::CloudPool {
+    crate::metrics::CloudPool {
+        used: s.allocations.len() as u64,
+        free: s.free.into(),
+        cooling: s.cooling.into(),
+        total: s.total.into(),
+        max_pods: s.max_pods.into(),
+        api_calls: s.provider_calls,
+        pods: s
+            .allocations
+            .iter()
+            .map(|(at, a)| crate::metrics::ipam::Reservation {
+                network: conflist::NETWORK_NAME.into(),
+                ip: a.ip.into(),
+                container_id: at.container_id.clone(),
+                ifname: at.if_name.clone(),
+            })
+            .collect(),
+    }
 }
 
 fn write_status(opts: &Options, provider: ProviderKind) {

@@ -53,7 +53,13 @@ pub struct CloudPool {
     pub max_pods: u64,
     #[serde(rename = "apiCalls")]
     pub api_calls: u64,
+    /// Who holds the pool's addresses (the status file's pods).
+    #[serde(skip)]
+    pub pods: Vec<ipam::Reservation>,
 }
+
+/// How the registry reads cloud mode's pool at scrape time.
+pub type CloudSource = std::sync::Arc<dyn Fn() -> CloudPool + Send + Sync>;
 
 #[derive(Default)]
 struct State {
@@ -68,6 +74,8 @@ struct State {
     suppressed: BTreeMap<String, u64>,
     peer_names: BTreeMap<wg::Key, String>,
     cloud: Option<CloudPool>,
+    /// Reads the cloud pool now (its pods change between the loop's passes).
+    cloud_source: Option<CloudSource>,
     cni: Option<cnistats::CniStats>,
     /// BIRD's sessions: (what the peer is, its state or last error).
     bgp: Option<Vec<(String, String)>>,
@@ -220,8 +228,18 @@ impl Metrics {
         self.state().cloud = Some(pool);
     }
 
+    /// Where the pool is read when metrics or status want it.
+    pub fn set_cloud_source(&self, source: CloudSource) {
+        self.state().cloud_source = Some(source);
+    }
+
+    /// The pool now (from its source), or as the loop's last pass saw it.
     pub fn cloud_pool(&self) -> Option<CloudPool> {
-        self.state().cloud.clone()
+        let (source, last) = {
+            let s = self.state();
+            (s.cloud_source.clone(), s.cloud.clone())
+        };
+        source.map(|f| f()).or(last)
     }
 
     /// The text exposition: the recorded families, then what is read from
@@ -253,6 +271,7 @@ impl Metrics {
     }
 
     fn recorded(&self) -> Vec<Family> {
+        let cloud = self.cloud_pool();
         let s = self.state();
         let mut v = Vec::new();
         let mut f = Family::gauge(
@@ -362,7 +381,7 @@ impl Metrics {
             v.push(f);
         }
 
-        if let Some(c) = &s.cloud {
+        if let Some(c) = &cloud {
             let mut f = Family::gauge(
                 "rcni_cloud_pool_addresses",
                 "The cloud pool's pod addresses by state (used, free, cooling).",
