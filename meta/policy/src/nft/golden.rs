@@ -7,6 +7,7 @@
 use super::model::{Applied, Flows, Model, Op, plan};
 use super::{messages, runner, script};
 use crate::compile::{Ids, compile};
+use crate::conf::FlowEvents;
 use crate::model::PolicySet;
 use crate::state::PodRecord;
 use rcni_netfilter::nftset::{self, INET};
@@ -222,6 +223,59 @@ fn netlink_writes_what_nft_wrote() {
     ] {
         assert!(listing.contains(want), "{want} in\n{listing}");
     }
+
+    // Flow events (see `Flows`): the deny tails, the allow chains and
+    // their dynamic sets added to the table as it is...
+    let flows = Flows {
+        events: FlowEvents::All,
+        rate: 10,
+        group: 33000,
+    };
+    let prev = Applied::of(T.into(), m1.clone(), BTreeMap::new());
+    let mf = Model::build(&pods, &d, &flows);
+    let (ops, full) = plan(Some(&prev), &mf);
+    assert!(!full);
+    both.step("flow events on", &ops);
+    let listing = nft(&both.netlink, &["list", "table", "inet", T]);
+    for want in [
+        "flags dynamic,timeout",
+        "type ipv6_addr . ipv6_addr . inet_proto . inet_service . inet_service",
+        "update @in_",
+        "limit rate over 10/second burst 10 packets } update @",
+        "group 33000 drop comment",
+        "_ok\n",
+    ] {
+        assert!(listing.contains(want), "{want} in\n{listing}");
+    }
+    // ... audit rule sets, which report and return ...
+    let mut audit = policies(true);
+    for p in &mut audit.policies {
+        p.audit = true;
+    }
+    let views = pods.iter().map(|(k, p)| (k.clone(), p.view())).collect();
+    let da = compile(&audit, &views, &mut ids).unwrap();
+    let deny = Flows {
+        events: FlowEvents::Deny,
+        ..flows
+    };
+    both.step(
+        "audit",
+        &super::model::full(&Model::build(&pods, &da, &deny)),
+    );
+    let listing = nft(&both.netlink, &["list", "table", "inet", T]);
+    assert!(
+        listing.contains("log prefix \"rcni audit ingress "),
+        "{listing}"
+    );
+    assert!(!listing.contains(" drop"), "{listing}");
+    // ... and taken away again.
+    let prev = Applied::of(T.into(), mf, BTreeMap::new());
+    both.step(
+        "flow events again",
+        &super::model::full(&Model::build(&pods, &d, &flows)),
+    );
+    let (ops, _) = plan(Some(&prev), &m1);
+    both.step("flow events off", &ops);
 
     // Elements only: new pods of known identities.
     let prev = Applied::of(T.into(), m1.clone(), BTreeMap::new());
