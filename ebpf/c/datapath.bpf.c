@@ -187,11 +187,31 @@ struct remote {
 	// The next hop: the peer's node address (host-gw) or its VTEP's
 	// address on the VXLAN device (which has a permanent neighbour entry).
 	struct bpf_redir_neigh nh;
+	// The peer's counters in rcni_remote_stats (allocated by userspace).
+	__u32 slot;
 };
+
+// What this node's pods sent to each peer subnet through the datapath, by
+// the entry's slot: per-CPU, no atomic operation on the way out. A peer's
+// traffic from this node is its senders' count: the receiving side is not
+// counted (it would cost another LPM lookup per packet).
+struct remote_stats {
+	__u64 tx_packets;
+	__u64 tx_bytes;
+};
+
+#define MAX_REMOTES 8192
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MAX_REMOTES);
+	__type(key, __u32);
+	__type(value, struct remote_stats);
+} rcni_remote_stats SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, 8192);
+	__uint(max_entries, MAX_REMOTES);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct remote_key);
 	__type(value, struct remote);
@@ -412,11 +432,17 @@ static __always_inline int to_remote(struct __sk_buff *skb, struct endpoint *fro
 		return pass(V_SHORT);
 	struct bpf_redir_neigh nh = r->nh;
 	__u32 ifindex = r->ifindex;
+	__u32 peer_slot = r->slot;
 	__u64 len = skb->len;
 	struct ep_stats *s = bpf_map_lookup_elem(&rcni_ep_stats, &from->slot);
 	if (s) {
 		s->tx_packets += 1;
 		s->tx_bytes += len;
+	}
+	struct remote_stats *ps = bpf_map_lookup_elem(&rcni_remote_stats, &peer_slot);
+	if (ps) {
+		ps->tx_packets += 1;
+		ps->tx_bytes += len;
 	}
 	count(V_TO_REMOTE);
 	// The neighbour subsystem fills in both MACs (the out device's, the

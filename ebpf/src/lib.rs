@@ -39,9 +39,9 @@ pub use remote::{detach_net, net_links};
 pub use types::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NORMAL_PATH, EP_POLICY, EV_ALLOW,
     EV_AUDIT, EV_DENY, EVENTS_ALLOW, EVENTS_DENY, Endpoint, EndpointKey, EndpointStats, FlowEvent,
-    MAX_ENDPOINTS, MAX_PORT_RANGES, POL_AUDIT_IN, POL_AUDIT_OUT, PORTSET_ALL, PORTSET_NONE,
-    PeerKey, PolicyConfig, PortRange, RemoteHop, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
-    Verdict, fmt_mac,
+    MAX_ENDPOINTS, MAX_PORT_RANGES, MAX_REMOTES, POL_AUDIT_IN, POL_AUDIT_OUT, PORTSET_ALL,
+    PORTSET_NONE, PeerKey, PolicyConfig, PortRange, RemoteHop, RemoteStats, TC_ACT_REDIRECT,
+    TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
 };
 
 /// The fast path program's name in the object (and in the kernel: under 16
@@ -98,7 +98,8 @@ impl Program {
 /// of a key, a value or their meaning (3: `EP_NORMAL_PATH`, which a version
 /// 2 program would ignore; 4: `rcni_remote`, `rcni_nat_socks` and
 /// `rcni_from_net`, cross-node forwarding; 5: the endpoint's `pol_flags`
-/// (audit), policy flow events and their maps).
+/// (audit), policy flow events and their maps, the remote entry's counter
+/// slot and `rcni_remote_stats`).
 pub const DATAPATH_VERSION: u32 = 5;
 
 /// The fast path program's pin, pinned last.

@@ -25,12 +25,13 @@ const MAP_NODE_ADDRS: &str = "rcni_node_addrs";
 const MAP_REMOTE: &str = "rcni_remote";
 const MAP_NAT_SOCKS: &str = "rcni_nat_socks";
 const MAP_POL_EVENTS: &str = "rcni_pol_events";
+const MAP_REMOTE_STATS: &str = "rcni_remote_stats";
 const MAP_POL_CFG: &str = "rcni_pol_cfg";
 const MAP_POL_RL: &str = "rcni_pol_rl";
 const MAP_POL_SEEN: &str = "rcni_pol_seen";
 
 /// What each map must look like: (name, type, key size, value size).
-fn map_specs() -> [(&'static str, MapType, usize, usize); 16] {
+fn map_specs() -> [(&'static str, MapType, usize, usize); 17] {
     use std::mem::size_of;
     [
         (
@@ -65,6 +66,12 @@ fn map_specs() -> [(&'static str, MapType, usize, usize); 16] {
         (MAP_POL_CFG, MapType::Array, 4, size_of::<PolicyConfig>()),
         (MAP_POL_RL, MapType::LruHash, size_of::<EndpointKey>(), 16),
         (MAP_POL_SEEN, MapType::LruHash, size_of::<CtKey>(), 8),
+        (
+            MAP_REMOTE_STATS,
+            MapType::PerCpuArray,
+            4,
+            size_of::<types::RemoteStats>(),
+        ),
     ]
 }
 
@@ -89,6 +96,7 @@ pub struct Datapath {
     pub(crate) ct: HashMap<MapData, CtKey, u64>,
     pub(crate) node_addrs: HashMap<MapData, EndpointKey, u32>,
     pub(crate) remote: LpmTrie<MapData, RemoteData, RemoteHop>,
+    pub(crate) remote_stats: PerCpuArray<MapData, types::RemoteStats>,
     pub(crate) pol_cfg: Array<MapData, PolicyConfig>,
     /// The flow events' ring, until [`Datapath::take_flow_events`].
     pub(crate) pol_events: Option<Map>,
@@ -223,6 +231,7 @@ impl Datapath {
             ct: typed(map(MAP_CT)?, MAP_CT)?,
             node_addrs: typed(map(MAP_NODE_ADDRS)?, MAP_NODE_ADDRS)?,
             remote: typed(map(MAP_REMOTE)?, MAP_REMOTE)?,
+            remote_stats: typed(map(MAP_REMOTE_STATS)?, MAP_REMOTE_STATS)?,
             pol_cfg: typed(map(MAP_POL_CFG)?, MAP_POL_CFG)?,
             pol_events: Some(map(MAP_POL_EVENTS)?),
             // Only the programs use these; opening checks their layout.

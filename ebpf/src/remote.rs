@@ -6,7 +6,8 @@
 use crate::attach::{Hook, detach_pinned_link, tcx_programs};
 use crate::load::{collect, not_found_ok};
 use crate::types::{remote_key, remote_of};
-use crate::{Datapath, Error, Program, RemoteHop, Result};
+use crate::{Datapath, Error, MAX_REMOTES, Program, RemoteHop, RemoteStats, Result};
+use aya::maps::PerCpuValues;
 use aya::programs::TcAttachType;
 use ipnetwork::IpNetwork;
 use std::path::Path;
@@ -43,12 +44,57 @@ impl Datapath {
             .collect())
     }
 
+    /// Writes `net`'s entry. Its counter slot stays what it was; a new
+    /// entry gets the lowest slot no other entry has, zeroed (a slot a
+    /// removed peer had would carry its counts over).
     pub fn set_remote_route(&mut self, net: IpNetwork, hop: RemoteHop) -> Result<()> {
         let k = remote_key(net.network(), net.prefix())
             .ok_or_else(|| Error::msg(format!("bad prefix {net}")))?;
+        let all = self.remote_routes()?;
+        let slot = match all.iter().find(|(n, _)| *n == net) {
+            Some((_, old)) => old.slot,
+            None => {
+                let used: std::collections::BTreeSet<u32> =
+                    all.iter().map(|(_, h)| h.slot).collect();
+                let slot = (0..MAX_REMOTES)
+                    .find(|s| !used.contains(s))
+                    .ok_or_else(|| Error::msg("rcni_remote is full"))?;
+                let zero = PerCpuValues::try_from(vec![
+                    RemoteStats::default();
+                    aya::util::nr_cpus().map_err(|(_, e)| {
+                        Error::io("count the CPUs", e)
+                    })?
+                ])
+                .map_err(|e| Error::aya("zero a peer's counters", e))?;
+                self.remote_stats
+                    .set(slot, zero, 0)
+                    .map_err(|e| Error::aya("zero a peer's counters", e))?;
+                slot
+            }
+        };
         self.remote
-            .insert(&k, hop, 0)
+            .insert(&k, RemoteHop { slot, ..hop }, 0)
             .map_err(|e| Error::aya(format!("write rcni_remote {net}"), e))
+    }
+
+    /// What this node's pods sent through the datapath to each peer
+    /// subnet, summed over CPUs.
+    pub fn remote_stats(&self) -> Result<Vec<(IpNetwork, RemoteHop, RemoteStats)>> {
+        self.remote_routes()?
+            .into_iter()
+            .map(|(n, h)| {
+                let per_cpu = self
+                    .remote_stats
+                    .get(&h.slot, 0)
+                    .map_err(|e| Error::aya("read rcni_remote_stats", e))?;
+                let mut sum = RemoteStats::default();
+                for s in per_cpu.iter() {
+                    sum.tx_packets += s.tx_packets;
+                    sum.tx_bytes += s.tx_bytes;
+                }
+                Ok((n, h, sum))
+            })
+            .collect()
     }
 
     /// Gone already is fine.

@@ -36,6 +36,7 @@ pod!(
     CtKey,
     RemoteData,
     RemoteHop,
+    RemoteStats,
     PolicyConfig,
 );
 
@@ -555,9 +556,23 @@ pub struct RemoteHop {
     pub nh_family: u32,
     /// The next hop; IPv4 in the first four bytes.
     pub nh: [u8; 16],
+    /// Its counters (`rcni_remote_stats` index); chosen by the
+    /// [`crate::Datapath`], whatever the caller sets.
+    pub slot: u32,
 }
 
-const _: () = assert!(size_of::<RemoteHop>() == 28);
+const _: () = assert!(size_of::<RemoteHop>() == 32);
+
+/// `struct remote_stats`, per CPU: what went to one peer subnet.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct RemoteStats {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+}
+
+/// `MAX_REMOTES`: peer subnets (both families) a datapath holds.
+pub const MAX_REMOTES: u32 = 8192;
 
 impl RemoteHop {
     pub fn new(ifindex: u32, mtu: u32, next_hop: IpAddr) -> RemoteHop {
@@ -571,7 +586,13 @@ impl RemoteHop {
                 AF_INET6
             },
             nh: addr,
+            slot: 0,
         }
+    }
+
+    /// The same device, MTU and next hop, whatever the slots.
+    pub fn same_hop(&self, o: &RemoteHop) -> bool {
+        RemoteHop { slot: 0, ..*self } == RemoteHop { slot: 0, ..*o }
     }
 
     /// The next hop; `None` for an unknown family.

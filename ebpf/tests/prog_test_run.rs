@@ -1320,6 +1320,30 @@ fn to_another_nodes_pod_leaves_by_redirect_neigh_ttl_decremented() {
     let fits = ipv4(GW_A, "10.0.0.2", "10.1.0.7", 64, &[0u8; 80]);
     assert_eq!(run(&mut dp, &fits).0, TC_ACT_REDIRECT);
 
+    // Per peer subnet: what was redirected to it (rewriting an entry keeps
+    // its counters).
+    let per_peer: Vec<(String, u64, u64)> = dp
+        .remote_stats()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _, s)| (n.to_string(), s.tx_packets, s.tx_bytes))
+        .collect();
+    assert_eq!(
+        per_peer,
+        [
+            ("10.1.0.0/24".into(), 2, (pkt.len() + fits.len()) as u64),
+            ("fd01::/64".into(), 1, pkt6.len() as u64)
+        ]
+    );
+    let slots: Vec<u32> = dp
+        .remote_routes()
+        .unwrap()
+        .iter()
+        .map(|(_, h)| h.slot)
+        .collect();
+    assert_eq!(slots.len(), 2);
+    assert_ne!(slots[0], slots[1], "a slot each");
+
     // Gone from the map: the normal path.
     dp.remove_remote_route("10.1.0.0/24".parse().unwrap())
         .unwrap();
@@ -1327,6 +1351,19 @@ fn to_another_nodes_pod_leaves_by_redirect_neigh_ttl_decremented() {
         .unwrap();
     assert_eq!(run(&mut dp, &pkt).0, TC_ACT_UNSPEC);
     assert_eq!(dp.remote_routes().unwrap().len(), 1);
+    // A new peer may get the freed slot: it starts from zero.
+    dp.set_remote_route(
+        "10.3.0.0/24".parse().unwrap(),
+        RemoteHop::new(UPLINK, 1500, ip("192.168.50.3")),
+    )
+    .unwrap();
+    let fresh = dp
+        .remote_stats()
+        .unwrap()
+        .into_iter()
+        .find(|(n, _, _)| n.to_string() == "10.3.0.0/24")
+        .unwrap();
+    assert_eq!(fresh.2, rcni_ebpf::RemoteStats::default());
 }
 
 /// The fast path on `pkt` as a GSO packet of `segs` segments of `size`
@@ -1512,18 +1549,34 @@ fn denials_audits_and_asked_for_allows_become_flow_events() {
     let mut dp = a_selected(0, 41);
     let mut ring = dp.take_flow_events().unwrap();
     // Nothing is reported before the plugin writes the config.
-    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40000 > 10.0.0.3:80")), DROP);
+    assert_eq!(
+        out(&mut dp, &flow("tcp 10.0.0.2:40000 > 10.0.0.3:80")),
+        DROP
+    );
     assert!(events(&mut ring).is_empty());
     dp.set_flow_config(rcni_ebpf::EVENTS_DENY, 10).unwrap();
     // A's egress denies everything: one event per flow, not per packet.
     for _ in 0..3 {
-        assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40001 > 10.0.0.3:80")), DROP);
+        assert_eq!(
+            out(&mut dp, &flow("tcp 10.0.0.2:40001 > 10.0.0.3:80")),
+            DROP
+        );
     }
-    assert_eq!(out(&mut dp, &flow("udp [fd00::2]:5000 > [fd00::3]:53")), DROP);
+    assert_eq!(
+        out(&mut dp, &flow("udp [fd00::2]:5000 > [fd00::3]:53")),
+        DROP
+    );
     let ev = events(&mut ring);
     assert_eq!(ev.len(), 2, "{ev:?}");
     assert_eq!(
-        (ev[0].verdict, ev[0].point, ev[0].proto, ev[0].sport, ev[0].dport, ev[0].rs),
+        (
+            ev[0].verdict,
+            ev[0].point,
+            ev[0].proto,
+            ev[0].sport,
+            ev[0].dport,
+            ev[0].rs
+        ),
         (rcni_ebpf::EV_DENY, CT_EGRESS, TCP, 40001, 80, 41)
     );
     assert_eq!((ev[0].src(), ev[0].dst()), (ip("10.0.0.2"), ip("10.0.0.3")));
@@ -1531,13 +1584,22 @@ fn denials_audits_and_asked_for_allows_become_flow_events() {
     // Allowed flows only when asked.
     dp.put_portset(2, &[PortRange::new(TCP, 443, 443)]).unwrap();
     dp.put_peer(41, B_ID, 2).unwrap();
-    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40002 > 10.0.0.3:443")), PASS);
+    assert_eq!(
+        out(&mut dp, &flow("tcp 10.0.0.2:40002 > 10.0.0.3:443")),
+        PASS
+    );
     assert!(events(&mut ring).is_empty());
     dp.set_flow_config(rcni_ebpf::EVENTS_DENY | rcni_ebpf::EVENTS_ALLOW, 10)
         .unwrap();
-    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40003 > 10.0.0.3:443")), PASS);
+    assert_eq!(
+        out(&mut dp, &flow("tcp 10.0.0.2:40003 > 10.0.0.3:443")),
+        PASS
+    );
     // The flow's later packets are connection tracking hits: no event.
-    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40003 > 10.0.0.3:443")), PASS);
+    assert_eq!(
+        out(&mut dp, &flow("tcp 10.0.0.2:40003 > 10.0.0.3:443")),
+        PASS
+    );
     let ev = events(&mut ring);
     assert_eq!(ev.len(), 1);
     assert_eq!((ev[0].verdict, ev[0].dport), (rcni_ebpf::EV_ALLOW, 443));
@@ -1552,8 +1614,14 @@ fn denials_audits_and_asked_for_allows_become_flow_events() {
         rcni_ebpf::POL_AUDIT_OUT,
     )
     .unwrap();
-    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40004 > 10.0.0.3:22")), PASS);
-    assert_eq!(out(&mut dp, &flow("tcp 10.0.0.2:40004 > 10.0.0.3:22")), PASS);
+    assert_eq!(
+        out(&mut dp, &flow("tcp 10.0.0.2:40004 > 10.0.0.3:22")),
+        PASS
+    );
+    assert_eq!(
+        out(&mut dp, &flow("tcp 10.0.0.2:40004 > 10.0.0.3:22")),
+        PASS
+    );
     let ev = events(&mut ring);
     assert_eq!(ev.len(), 1);
     assert_eq!((ev[0].verdict, ev[0].dport), (rcni_ebpf::EV_AUDIT, 22));

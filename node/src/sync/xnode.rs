@@ -75,9 +75,10 @@ pub fn diff(
         .iter()
         .map(|h| (h.dst, RemoteHop::new(h.oif, h.mtu, h.next_hop)))
         .collect();
+    // The datapath picks the counter slot: equal hops differ in it.
     let set = want
         .iter()
-        .filter(|(k, v)| have.get(k) != Some(v))
+        .filter(|(k, v)| !have.get(k).is_some_and(|h| h.same_hop(v)))
         .map(|(k, v)| (*k, *v))
         .collect();
     let remove = have
