@@ -473,6 +473,65 @@ mod tests {
     }
 
     #[test]
+    fn flow_events_report_before_the_drop_and_in_allow_chains() {
+        let pods: BTreeMap<_, _> = [
+            app_pod("web/eth0", "web", &["10.0.0.2"], "vweb"),
+            app_pod("cli/eth0", "client", &["10.0.0.3"], "vcli"),
+        ]
+        .into();
+        let d = compiled(&pods, &mut Ids::default());
+        let rs = d.pods["web/eth0"].ingress;
+        let c = format!("in_{rs}");
+        let mut flows = Flows {
+            events: crate::conf::FlowEvents::Deny,
+            rate: 7,
+            group: nflog_group("net"),
+        };
+        let (s, _) = plan("T", None, &Model::build(&pods, &d, &flows));
+        let g = flows.group;
+        for want in [
+            format!(
+                "add set inet T {c}_seen4 {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service . inet_service; size 65535; flags dynamic,timeout; timeout 60s; }}"
+            ),
+            format!(
+                "add set inet T {c}_sup6 {{ type ipv6_addr; size 65535; flags dynamic,timeout; timeout 3600s; }}"
+            ),
+            format!(
+                "add rule inet T {c} update @{c}_seen4 {{ ip saddr . ip daddr . meta l4proto . th sport . th dport limit rate over 6/minute burst 1 packets }} drop"
+            ),
+            // The receiver is the policed pod of an ingress rule set.
+            format!(
+                "add rule inet T {c} update @{c}_rl4 {{ ip daddr limit rate over 7/second burst 7 packets }} update @{c}_sup4 {{ ip daddr counter }} drop"
+            ),
+            format!(
+                "add rule inet T {c} log prefix \"rcni deny ingress {rs}\" group {g} drop comment \"ingress: default/web\""
+            ),
+        ] {
+            assert!(s.contains(&want), "missing {want:?} in\n{s}");
+        }
+        assert!(!s.contains("_ok"), "{s}");
+        // Allow events: allow rules go to the chain that reports them.
+        flows.events = crate::conf::FlowEvents::All;
+        let (s, _) = plan("T", None, &Model::build(&pods, &d, &flows));
+        for want in [
+            format!("add chain inet T {c}_ok\n"),
+            format!(
+                "add rule inet T {c} ip saddr . meta l4proto . th dport @{c}_pod4p goto {c}_ok"
+            ),
+            format!(
+                "add rule inet T {c}_ok update @{c}_seen4 {{ ip saddr . ip daddr . meta l4proto . th sport . th dport limit rate over 6/minute burst 1 packets }} return"
+            ),
+            format!(
+                "add rule inet T {c}_ok log prefix \"rcni allow ingress {rs}\" group {g} return\n"
+            ),
+        ] {
+            assert!(s.contains(&want), "missing {want:?} in\n{s}");
+        }
+        assert_ne!(nflog_group("net"), nflog_group("net2"));
+        assert!(nflog_group("net") >= 0x8000);
+    }
+
+    #[test]
     fn other_nodes_pods_are_elements_of_the_address_sets() {
         let pods: BTreeMap<_, _> = [app_pod("web/eth0", "web", &["10.0.0.2"], "vweb")].into();
         let mut set = policies();
