@@ -34,7 +34,7 @@ pub use attach::{
 };
 pub use error::{AyaError, Error, Result};
 pub use load::{Datapath, entry_keys_under, remove_network};
-pub use policy::FlowEvents;
+pub use policy::{FlowEvents, flow_events_id};
 pub use remote::{detach_net, net_links};
 pub use types::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NORMAL_PATH, EP_POLICY, EV_ALLOW,

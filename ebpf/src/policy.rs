@@ -15,6 +15,7 @@ use aya::maps::lpm_trie::Key as LpmKey;
 use aya::maps::{MapData, RingBuf};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
 use zerocopy::FromBytes;
 
 impl Datapath {
@@ -255,4 +256,12 @@ impl Datapath {
         let ring = RingBuf::try_from(m).map_err(|e| Error::aya("map rcni_pol_events", e))?;
         Ok(FlowEvents { ring })
     }
+}
+
+/// The kernel's id of the flow event ring pinned in `dir` (`None`: none
+/// pinned): a collector holding an older ring (the network's datapath was
+/// removed and loaded again) reads nothing any more.
+pub fn flow_events_id(dir: &Path) -> Option<u32> {
+    let m = MapData::from_pin(dir.join("rcni_pol_events")).ok()?;
+    m.info().ok().map(|i| i.id())
 }

@@ -944,6 +944,10 @@ fn pins_of_another_layout_are_refused_with_advice() {
     let dp = Datapath::open(&dir).unwrap().expect("pinned");
     assert_eq!(dp.endpoints().unwrap().len(), 1);
     drop(dp);
+    // The flow event ring is pinned with the rest; a datapath loaded
+    // again has another one (a collector of the old must start over).
+    let ring = rcni_ebpf::flow_events_id(&dir).expect("ring pinned");
+    assert_eq!(rcni_ebpf::flow_events_id(&dir), Some(ring));
 
     // Another layout version.
     let mut version: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(
@@ -973,6 +977,11 @@ fn pins_of_another_layout_are_refused_with_advice() {
     assert!(e.to_string().contains("map rcni_endpoints"), "{e}");
     rcni_ebpf::remove_network(&dir).unwrap();
     assert!(!dir.exists());
+    assert_eq!(rcni_ebpf::flow_events_id(&dir), None);
+    Datapath::open_or_load(&dir).unwrap();
+    let again = rcni_ebpf::flow_events_id(&dir).expect("ring pinned");
+    assert_ne!(again, ring);
+    rcni_ebpf::remove_network(&dir).unwrap();
 }
 
 /// Runs `f` on a thread of its own in a fresh network namespace, with

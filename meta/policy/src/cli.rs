@@ -315,7 +315,7 @@ fn flows(
                 // No collector runs: this run is the network's collector.
                 let mut source = flows::source(data_dir, network)?;
                 let mut idle = 0;
-                flows::collect(&lock, network, &node, source.as_mut(), tick, |e| match e {
+                let r = flows::collect(&lock, network, &node, source.as_mut(), tick, |e| match e {
                     Some(e) => {
                         !filter.wants(e.verdict)
                             || print(&serde_json::to_string(e).expect("serializable"))
@@ -326,7 +326,15 @@ fn flows(
                         idle += 1;
                         follow || idle < 2
                     }
-                })?;
+                });
+                match r {
+                    // The datapath was loaded again: collect from the new.
+                    Err(e) if follow && e.code == rcni_cni::ErrorCode::TryAgainLater as u32 => {
+                        drop(source);
+                        continue;
+                    }
+                    r => r?,
+                }
                 return Ok(String::new());
             }
             None if !follow => return Ok(String::new()),

@@ -8,11 +8,14 @@ use nix::time::{ClockId, clock_gettime};
 use rcni_cni::{CniError, ErrorCode};
 use rcni_ebpf::{CT_EGRESS, Datapath, EV_ALLOW, EV_AUDIT, FlowEvent, FlowEvents};
 use std::os::fd::AsFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 pub struct RingSource {
     ring: FlowEvents,
+    /// The pin directory and the ring's id when opened (tests' unpinned
+    /// rings have none).
+    pinned: Option<(PathBuf, Option<u32>)>,
 }
 
 fn err(e: rcni_ebpf::Error) -> CniError {
@@ -31,8 +34,10 @@ impl RingSource {
                 ),
             )
         })?;
+        let id = rcni_ebpf::flow_events_id(pin_dir);
         Ok(RingSource {
             ring: dp.take_flow_events().map_err(err)?,
+            pinned: Some((pin_dir.to_path_buf(), id)),
         })
     }
 
@@ -40,6 +45,7 @@ impl RingSource {
     pub fn of(dp: &mut Datapath) -> Result<RingSource, CniError> {
         Ok(RingSource {
             ring: dp.take_flow_events().map_err(err)?,
+            pinned: None,
         })
     }
 }
@@ -78,6 +84,12 @@ pub fn raw_event(e: &FlowEvent) -> RawEvent {
 }
 
 impl Source for RingSource {
+    fn stale(&self) -> bool {
+        self.pinned
+            .as_ref()
+            .is_some_and(|(dir, id)| rcni_ebpf::flow_events_id(dir) != *id)
+    }
+
     fn poll(&mut self, timeout: Duration) -> Result<Vec<RawEvent>, CniError> {
         let mut got = self.ring.read(1024);
         if got.is_empty() {

@@ -109,7 +109,15 @@ pub struct RawEvent {
 pub trait Source {
     /// Waits up to `timeout` for events; what arrived (maybe nothing).
     fn poll(&mut self, timeout: Duration) -> Result<Vec<RawEvent>, CniError>;
+    /// Whether the kernel side was replaced (the network's datapath
+    /// removed and loaded again): the collector must open a new source.
+    fn stale(&self) -> bool {
+        false
+    }
 }
+
+/// How often the collector checks its source is still the network's.
+const STALE_CHECK: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Peer {
@@ -492,7 +500,19 @@ pub fn collect(
         network,
     );
     let mut log = LogWriter::new(&lock.dir);
+    let mut checked = std::time::Instant::now();
     loop {
+        if checked.elapsed() >= STALE_CHECK {
+            checked = std::time::Instant::now();
+            if source.stale() {
+                return Err(CniError::new(
+                    ErrorCode::TryAgainLater,
+                    format!(
+                        "policy: network {network}: its datapath was loaded again; run the collector again"
+                    ),
+                ));
+            }
+        }
         let raw = source.poll(tick)?;
         if !raw.is_empty() && mtime() != seen {
             seen = mtime();
