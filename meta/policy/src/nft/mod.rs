@@ -32,6 +32,12 @@
 //! }
 //! ```
 //!
+//! With flow events on (`flowEvents`, default `deny`), each rule set chain
+//! reports before its `drop` (audit rule sets: `return`) to the network's
+//! NFLOG group, once per flow and within the policed pod's `flowRate`, and
+//! `flowEvents: all` sends allowed new flows through an `_ok` chain that
+//! reports them: see [`Flows`]; `crate::flows::nft` reads them.
+//!
 //! Pods are found by address, not by interface name: with the bridge
 //! plugin, pod-to-pod traffic reaches the inet forward hook through
 //! br_netfilter, which presents the bridge (`cni0`) as both `iifname` and

@@ -134,7 +134,13 @@ pub(super) const SEEN_PER_MINUTE: u64 = 6;
 ///
 /// - One event per connection attempt: a flow already reported in the
 ///   last 10 s (its `seen` element has no token) is dropped silently, as
-///   retransmitted SYNs are.
+///   retransmitted SYNs are. The flow is the packet's addresses, protocol
+///   and first four transport bytes: for ICMP those are type, code and
+///   checksum, so each echo request of a denied ping is its own flow
+///   (within the pod's rate), where the eBPF datapath keys echo by its
+///   identifier. (`ct original proto-src` would give the identifier, but
+///   only in a set declared by `typeof`, whose userdata this writer does
+///   not encode.)
 /// - Per policed pod (the chain's pod: the receiver for ingress, the
 ///   sender for egress), `flowRate` events a second with a burst of as
 ///   many; over that the pod's `sup` element counts the suppressed event
