@@ -8,9 +8,9 @@
 //! A separate process because the collector is the plugin's code (the
 //! agent does not link the plugin): a ring buffer or NFLOG group has one
 //! reader, and the plugin's `flows.lock` makes that reader whoever holds
-//! it. A collector left behind by a killed agent keeps the lock only until
-//! its next event meets the closed pipe; the new agent's collector follows
-//! the log meanwhile and takes over when the lock is free.
+//! it. The collector dies with the agent (`PR_SET_PDEATHSIG`, as BIRD);
+//! were one left behind anyway, the new agent's collector follows the log
+//! and takes over when the lock comes free.
 
 use crate::k8s_policy::SyncCommand;
 use crate::metrics::Metrics;
@@ -43,8 +43,8 @@ pub async fn run(cmd: SyncCommand, node: String) {
     let mut backoff = Duration::from_secs(1);
     let mut last_err = String::new();
     loop {
-        let mut c = tokio::process::Command::new(&cmd.bin);
-        c.args([
+        let mut std_cmd = std::process::Command::new(&cmd.bin);
+        std_cmd.args([
             "flows",
             "--follow",
             "--network",
@@ -53,8 +53,10 @@ pub async fn run(cmd: SyncCommand, node: String) {
             &node,
         ]);
         if let Some(d) = &cmd.data_dir {
-            c.arg("--data-dir").arg(d);
+            std_cmd.arg("--data-dir").arg(d);
         }
+        crate::bgp::die_with_parent(&mut std_cmd);
+        let mut c = tokio::process::Command::from(std_cmd);
         c.stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .stdin(Stdio::null())

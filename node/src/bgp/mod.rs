@@ -337,8 +337,9 @@ impl Drop for Speaker {
 }
 
 /// BIRD gets SIGKILL when the agent's thread that started it ends, however
-/// the agent ends: it never outlives the agent (nor a test's agent).
-fn die_with_parent(c: &mut Command) {
+/// the agent ends: it never outlives the agent (nor a test's agent). The
+/// policy flow collector too (crate::flows).
+pub(crate) fn die_with_parent(c: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: between fork and exec only prctl(2), which is
     // async-signal-safe, runs; nothing is allocated or locked.
