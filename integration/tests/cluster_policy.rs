@@ -260,6 +260,20 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     let late_addr = nodes[1].add(&late, "c-late", "late");
     assert!(late_addr.is_ok(), "{late_addr:?}");
     drop(agents);
+    // The agents' flow collectors die with them.
+    let state = c.nodes[1].dir.path().join("policy-state");
+    let collectors = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .filter(|c| {
+                let c = String::from_utf8_lossy(c);
+                c.contains("flows") && c.contains(&*state.to_string_lossy())
+            })
+            .count()
+    };
+    wait_for(SETTLE, "no flow collector left", || collectors() == 0);
 }
 
 /// The Canal-style agent of `n`, reading `k`'s API, with the policy
