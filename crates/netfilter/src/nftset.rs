@@ -71,6 +71,7 @@ const NFTA_DYNSET_SET_NAME: u16 = 1;
 const NFTA_DYNSET_OP: u16 = 3;
 const NFTA_DYNSET_SREG_KEY: u16 = 4;
 const NFTA_DYNSET_EXPR: u16 = 7;
+const NFT_DYNSET_OP_ADD: u32 = 0;
 const NFT_DYNSET_OP_UPDATE: u32 = 1;
 const NFTA_LIMIT_RATE: u16 = 1;
 const NFTA_LIMIT_UNIT: u16 = 2;
@@ -868,8 +869,9 @@ impl Exprs {
     }
 
     /// `update @set { <key> <stateful> }`: the element of the packet's
-    /// key (added when missing, with the set's timeout) runs its own copy
-    /// of `stateful`; the rule goes on only when that matches.
+    /// key (added when missing, with the set's timeout, which each update
+    /// renews) runs its own copy of `stateful`; the rule goes on only when
+    /// that matches.
     pub fn update(&mut self, key: DynKey, set: &str, stateful: Stateful) -> &mut Exprs {
         self.load(key);
         let (name, data) = stateful.attrs();
@@ -880,16 +882,41 @@ impl Exprs {
                 attributes: data,
             }),
         ]);
+        self.dynset(NFT_DYNSET_OP_UPDATE, set, Some(inner));
+        self
+    }
+
+    /// `add @set { <key> }`: the packet's key into the set (with the set's
+    /// timeout, not renewed if it is there).
+    pub fn add(&mut self, key: DynKey, set: &str) -> &mut Exprs {
+        self.load(key);
+        self.dynset(NFT_DYNSET_OP_ADD, set, None);
+        self
+    }
+
+    /// `<key> @set`: the packet's key is in the set.
+    pub fn lookup(&mut self, key: DynKey, set: &str) -> &mut Exprs {
+        self.load(key);
+        self.push(Expressions::Lookup(vec![
+            Lookup::Set(set.to_string()),
+            Lookup::SourceRegister(Register::Reg1),
+        ]));
+        self
+    }
+
+    fn dynset(&mut self, op: u32, set: &str, expr: Option<Vec<u8>>) {
+        let mut a = vec![
+            DefaultNla::new(NFTA_DYNSET_SREG_KEY, be32(Register::Reg1.into())),
+            DefaultNla::new(NFTA_DYNSET_OP, be32(op)),
+            DefaultNla::new(NFTA_DYNSET_SET_NAME, c_str(set)),
+        ];
+        if let Some(e) = expr {
+            a.push(DefaultNla::new(NFTA_DYNSET_EXPR | NLA_F_NESTED, e));
+        }
         self.push(Expressions::Other {
             expression_type: "dynset".into(),
-            attributes: vec![
-                DefaultNla::new(NFTA_DYNSET_SREG_KEY, be32(Register::Reg1.into())),
-                DefaultNla::new(NFTA_DYNSET_OP, be32(NFT_DYNSET_OP_UPDATE)),
-                DefaultNla::new(NFTA_DYNSET_SET_NAME, c_str(set)),
-                DefaultNla::new(NFTA_DYNSET_EXPR | NLA_F_NESTED, inner),
-            ],
+            attributes: a,
         });
-        self
     }
 
     /// `log prefix "<prefix>" group <group>`: the packet to NFLOG group

@@ -111,15 +111,18 @@ fn rule(b: &mut Batch, chain: &str, r: &Rule) {
             b.add_rule(chain, e, None);
         }
         Rule::Seen { v6, set, fin } => {
-            e.update(
-                DynKey::Flow { v6: *v6 },
-                set,
-                Stateful::LimitOver {
-                    rate: super::model::SEEN_PER_MINUTE,
-                    unit_secs: 60,
-                    burst: 1,
-                },
-            );
+            e.lookup(DynKey::Flow { v6: *v6 }, set);
+            end(&mut e, *fin);
+            b.add_rule(chain, e, None);
+        }
+        Rule::Report {
+            v6,
+            seen,
+            prefix,
+            group,
+            fin,
+        } => {
+            e.add(DynKey::Flow { v6: *v6 }, seen).log(prefix, *group);
             end(&mut e, *fin);
             b.add_rule(chain, e, None);
         }

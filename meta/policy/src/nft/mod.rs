@@ -497,13 +497,16 @@ mod tests {
         let g = flows.group;
         for want in [
             format!(
-                "add set inet T {c}_seen4 {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service . inet_service; size 65535; flags dynamic,timeout; timeout 60s; }}"
+                "add set inet T {c}_seen4 {{ type ipv4_addr . ipv4_addr . inet_proto . inet_service . inet_service; size 65535; flags dynamic,timeout; timeout 10s; }}"
             ),
             format!(
                 "add set inet T {c}_sup6 {{ type ipv6_addr; size 65535; flags dynamic,timeout; timeout 3600s; }}"
             ),
             format!(
-                "add rule inet T {c} update @{c}_seen4 {{ ip saddr . ip daddr . meta l4proto . th sport . th dport limit rate over 6/minute burst 1 packets }} drop"
+                "add rule inet T {c} ip saddr . ip daddr . meta l4proto . th sport . th dport @{c}_seen4 drop"
+            ),
+            format!(
+                "add rule inet T {c} add @{c}_seen6 {{ ip6 saddr . ip6 daddr . meta l4proto . th sport . th dport }} log prefix \"rcni deny ingress {rs}\" group {g} drop"
             ),
             // The receiver is the policed pod of an ingress rule set.
             format!(
@@ -525,7 +528,7 @@ mod tests {
                 "add rule inet T {c} ip saddr . meta l4proto . th dport @{c}_pod4p goto {c}_ok"
             ),
             format!(
-                "add rule inet T {c}_ok update @{c}_seen4 {{ ip saddr . ip daddr . meta l4proto . th sport . th dport limit rate over 6/minute burst 1 packets }} return"
+                "add rule inet T {c}_ok ip saddr . ip daddr . meta l4proto . th sport . th dport @{c}_seen4 return"
             ),
             format!(
                 "add rule inet T {c}_ok log prefix \"rcni allow ingress {rs}\" group {g} return\n"

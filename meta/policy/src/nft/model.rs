@@ -106,8 +106,9 @@ pub(super) fn set_decl(name: &str) -> Option<SetDecl> {
 /// The flow event sets of a rule set (see [`Flows`]): by suffix, the key
 /// (flow or policed pod) and the elements' lifetime.
 const FLOW_SETS: [(&str, bool, u64); 3] = [
-    // A flow reported (or found over the limit) lately.
-    ("seen", true, 60_000),
+    // A flow reported in the last 10 s: one event per connection attempt,
+    // not one per retransmitted SYN.
+    ("seen", true, 10_000),
     // A policed pod's tokens.
     ("rl", false, 60_000),
     // A policed pod's suppressed events: the counter the source reads.
@@ -115,26 +116,27 @@ const FLOW_SETS: [(&str, bool, u64); 3] = [
     ("sup", false, 3_600_000),
 ];
 
-/// A flow is reported at most once per 10 s (at each chain): a token
-/// every 10 s, a burst of one.
-pub(super) const SEEN_PER_MINUTE: u64 = 6;
-
 /// What the rule set chains report to NFLOG (the nftables side of
 /// `flowEvents`, `flowRate` and audit mode; read by `flows::nft`).
 ///
 /// A chain's default-deny tail, with events on, is:
 ///
 /// ```text
-/// update @in_3_seen4 { ip saddr . ip daddr . meta l4proto . th sport . th dport limit rate over 6/minute burst 1 packets } drop
-/// update @in_3_seen6 { ... } drop
+/// ip saddr . ip daddr . meta l4proto . th sport . th dport @in_3_seen4 drop
+/// ip6 saddr . ip6 daddr . meta l4proto . th sport . th dport @in_3_seen6 drop
 /// update @in_3_rl4 { ip daddr limit rate over 10/second burst 10 packets } update @in_3_sup4 { ip daddr counter } drop
 /// update @in_3_rl6 { ... } drop
+/// add @in_3_seen4 { ip saddr . ip daddr . meta l4proto . th sport . th dport } log prefix "rcni deny ingress 3" group 33000 drop
+/// add @in_3_seen6 { ... } log prefix "rcni deny ingress 3" group 33000 drop
 /// log prefix "rcni deny ingress 3" group 33000 drop comment "ingress: default/web"
 /// ```
 ///
-/// - One event per connection attempt: a flow already reported in the
-///   last 10 s (its `seen` element has no token) is dropped silently, as
-///   retransmitted SYNs are. The flow is the packet's addresses, protocol
+/// (the last rule for what the others cannot key: a later fragment, a
+/// full `seen` set).
+///
+/// - One event per connection attempt: a flow reported in the last 10 s
+///   (an element of `seen`, which expires 10 s after it was added) is
+///   dropped silently, as retransmitted SYNs are. The flow is the packet's addresses, protocol
 ///   and first four transport bytes: for ICMP those are type, code and
 ///   checksum, so each echo request of a denied ping is its own flow
 ///   (within the pod's rate), where the eBPF datapath keys echo by its
@@ -144,9 +146,11 @@ pub(super) const SEEN_PER_MINUTE: u64 = 6;
 /// - Per policed pod (the chain's pod: the receiver for ingress, the
 ///   sender for egress), `flowRate` events a second with a burst of as
 ///   many; over that the pod's `sup` element counts the suppressed event
-///   in the kernel and nothing goes to userspace (a flood of denials
-///   costs two set lookups a packet, no copy). The source reads the
-///   counters and reports the increase in the pod's next event.
+///   in the kernel and nothing goes to userspace: a flood of denials
+///   costs three set lookups a packet, no insertion (a suppressed flow is
+///   not marked seen, as in the eBPF datapath) and no copy. The source
+///   reads the counters and reports the increase in the pod's next
+///   event.
 /// - Audit rule sets end the same way with `return` (the flow passes;
 ///   once answered, the forward chain's conntrack rule takes its later
 ///   packets).
@@ -221,9 +225,17 @@ pub(super) enum Rule {
         set: String,
         goto: Option<String>,
     },
-    /// `update @set { <flow> limit rate over 6/minute burst 1 packets }
-    /// <fin>`: a flow reported lately ends here, unreported.
+    /// `<flow> @set <fin>`: a flow reported lately ends here, unreported.
     Seen { v6: bool, set: String, fin: Fin },
+    /// `add @seen { <flow> } log prefix "<prefix>" group <group> <fin>`:
+    /// reported, and marked so for 10 s.
+    Report {
+        v6: bool,
+        seen: String,
+        prefix: String,
+        group: u16,
+        fin: Fin,
+    },
     /// `update @rl { <pod> limit rate over N/second burst N packets }
     /// update @sup { <pod> counter } <fin>`: the pod's events over the
     /// rate are counted and end here.
@@ -246,6 +258,12 @@ pub(super) enum Rule {
 
 fn ip_of(v6: bool) -> &'static str {
     if v6 { "ip6" } else { "ip" }
+}
+
+/// The flow key of the `seen` sets, as nft writes it.
+fn flow_key(v6: bool) -> String {
+    let ip = ip_of(v6);
+    format!("{ip} saddr . {ip} daddr . meta l4proto . th sport . th dport")
 }
 
 impl std::fmt::Display for Rule {
@@ -272,13 +290,18 @@ impl std::fmt::Display for Rule {
                     None => write!(f, "{ip} {field}{ports} @{set} return"),
                 }
             }
-            Rule::Seen { v6, set, fin } => {
-                let ip = ip_of(*v6);
-                write!(
-                    f,
-                    "update @{set} {{ {ip} saddr . {ip} daddr . meta l4proto . th sport . th dport limit rate over {SEEN_PER_MINUTE}/minute burst 1 packets }} {fin}"
-                )
-            }
+            Rule::Seen { v6, set, fin } => write!(f, "{} @{set} {fin}", flow_key(*v6)),
+            Rule::Report {
+                v6,
+                seen,
+                prefix,
+                group,
+                fin,
+            } => write!(
+                f,
+                "add @{seen} {{ {} }} log prefix \"{prefix}\" group {group} {fin}",
+                flow_key(*v6)
+            ),
             Rule::Over {
                 v6,
                 src,
@@ -385,6 +408,16 @@ fn report(
             rl: format!("{sets_of}_rl{fam}"),
             sup: format!("{sets_of}_sup{fam}"),
             rate: flows.rate.max(1),
+            fin,
+        });
+    }
+    for v6 in [false, true] {
+        let fam = if v6 { 6 } else { 4 };
+        rules.push(Rule::Report {
+            v6,
+            seen: format!("{sets_of}_seen{fam}"),
+            prefix: tag.clone(),
+            group: flows.group,
             fin,
         });
     }
