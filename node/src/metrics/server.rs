@@ -81,7 +81,15 @@ async fn answer(mut conn: TcpStream, metrics: &'static Metrics) -> std::io::Resu
     let body = tokio::task::spawn_blocking(move || metrics.render())
         .await
         .unwrap_or_default();
-    let body = if method == "HEAD" { "" } else { body.as_str() };
+    if method == "HEAD" {
+        // The length GET would send, and no body.
+        let head = format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\nContent-Type: {CONTENT_TYPE}\r\n\r\n",
+            body.len()
+        );
+        conn.write_all(head.as_bytes()).await?;
+        return conn.shutdown().await;
+    }
     respond(&mut conn, "200 OK", CONTENT_TYPE, body.as_bytes()).await
 }
 
@@ -149,6 +157,24 @@ mod tests {
             );
             let nf = get("/").await;
             assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"HEAD /metrics HTTP/1.1\r\n\r\n")
+                .await
+                .unwrap();
+            let mut head = String::new();
+            c.read_to_string(&mut head).await.unwrap();
+            assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+            assert!(
+                head.ends_with("\r\n\r\n") && !head.contains("Content-Length: 0\r"),
+                "{head}"
+            );
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"POST /metrics HTTP/1.1\r\n\r\n")
+                .await
+                .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).await.unwrap();
+            assert!(out.starts_with("HTTP/1.1 405"), "{out}");
             task.abort();
         });
     }
