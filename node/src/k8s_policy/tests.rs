@@ -204,10 +204,22 @@ fn fake_policy(dir: &Path) -> (PathBuf, PathBuf) {
     (bin, calls)
 }
 
+/// The `policy sync` runs (the flow collector's are [`collector_runs`]).
 fn calls(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
+        .filter(|l| !l.starts_with("flows "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The runs of the flow collector (`policy flows --follow`).
+fn collector_runs(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("flows "))
         .map(str::to_string)
         .collect()
 }
@@ -256,6 +268,15 @@ fn changes_run_policy_sync_debounced_and_new_pods_do_not() {
         assert_eq!(n, c.len());
         api.put(&pod("prod", "web-1", "n1", &[("app", "db")]));
         until("a sync for the label", || calls(&log).len() > n).await;
+        // The flow collector runs beside, for the same network and data
+        // dir; this fake exits at once, so it is started again with
+        // backoff (1 s, 2 s, ...), not in a loop.
+        let runs = collector_runs(&log);
+        assert!((1..=4).contains(&runs.len()), "{runs:?}");
+        assert_eq!(
+            runs[0],
+            "flows --follow --network rcni --node n1 --data-dir /d"
+        );
     });
 }
 
