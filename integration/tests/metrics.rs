@@ -132,6 +132,18 @@ fn promtool_check(body: &str) {
 
 /// The value of the series `series` (name and labels exactly as written),
 /// 0 when absent.
+/// Whether IPv4 `net` ("a.b.c.d/len") holds `ip`.
+fn v4_contains(net: &str, ip: std::net::IpAddr) -> bool {
+    let (Some((a, len)), std::net::IpAddr::V4(ip)) = (net.split_once('/'), ip) else {
+        return false;
+    };
+    let (Ok(a), Ok(len)) = (a.parse::<std::net::Ipv4Addr>(), len.parse::<u32>()) else {
+        return false;
+    };
+    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
+    u32::from(a) & mask == u32::from(ip) & mask
+}
+
 fn value(body: &str, series: &str) -> f64 {
     body.lines()
         .find_map(|l| {
@@ -338,12 +350,38 @@ fn metrics_move_with_reconciles_traffic_and_plugins_and_promtool_accepts_them() 
         "rcni_datapath_packets_total{{network=\"rcni\",verdict=\"{TO_REMOTE}\",action=\"redirected\"}}"
     );
     let before = value(&body, &series);
+    // And per peer: what went to the subnet a2 is in.
+    let to_peer = |body: &str| -> (f64, f64) {
+        let dst: std::net::IpAddr = a2.parse().unwrap();
+        let sum = |name: &str| {
+            body.lines()
+                .filter_map(|l| l.strip_prefix(name))
+                .filter(|l| {
+                    l.split("subnet=\"")
+                        .nth(1)
+                        .and_then(|r| r.split('"').next())
+                        .is_some_and(|n| v4_contains(n, dst))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        (
+            sum("rcni_datapath_peer_sent_packets_total{"),
+            sum("rcni_datapath_peer_sent_bytes_total{"),
+        )
+    };
+    let peer_before = to_peer(&body);
     assert!(ping(&p1.ns, &a2), "ping {a2}");
     assert!(ping(&p1b.ns, &a2), "ping {a2}");
     let body = scrape(&n1.ns.ns);
     let after = value(&body, &series);
     assert!(after >= before + 2.0, "{before} -> {after}\n{body}");
     assert!(after <= n1.verdict(TO_REMOTE) as f64);
+    let peer_after = to_peer(&body);
+    assert!(
+        peer_after.0 >= peer_before.0 + 2.0 && peer_after.1 >= peer_before.1 + 2.0 * 98.0,
+        "per peer: {peer_before:?} -> {peer_after:?}\n{body}"
+    );
     promtool_check(&body);
 
     // The status screen: what the agent wrote after its last pass.

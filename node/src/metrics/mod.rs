@@ -257,7 +257,7 @@ impl Metrics {
         };
         let mut fams = self.recorded();
         if let Some(root) = pin_root {
-            fams.push(datapath(&root));
+            fams.extend(datapath(&root));
         }
         fams.extend(wireguard(&names));
         if let Some(dir) = conf_dir {
@@ -425,14 +425,23 @@ pub fn verdict_action(name: &str) -> &'static str {
 
 /// The eBPF programs' verdict counters of every network pinned under
 /// `root` (a directory per network holding its `prog`), as `fastpath
-/// stats` names them.
-fn datapath(root: &Path) -> Family {
+/// stats` names them; and what this node's pods sent through the datapath
+/// to each other node's pod subnet.
+fn datapath(root: &Path) -> Vec<Family> {
+    let mut peer_packets = Family::counter(
+        "rcni_datapath_peer_sent_packets_total",
+        "Packets this node's pods sent to another node's pod subnet through the eBPF datapath (bpf_redirect_neigh), by network, subnet and next hop (the peer node's address or VTEP); what a node receives is its peers' count.",
+    );
+    let mut peer_bytes = Family::counter(
+        "rcni_datapath_peer_sent_bytes_total",
+        "Bytes (L2 frames as the datapath saw them) this node's pods sent to another node's pod subnet through the eBPF datapath, by network, subnet and next hop.",
+    );
     let mut f = Family::counter(
         "rcni_datapath_packets_total",
         "Packets the eBPF datapath decided on, by network and verdict (as `fastpath stats` names them); action is the verdict's outcome: redirected, passed (to the normal path), dropped, or other.",
     );
     let Ok(rd) = std::fs::read_dir(root) else {
-        return f;
+        return vec![f, peer_packets, peer_bytes];
     };
     let mut dirs: Vec<(String, PathBuf)> = rd
         .flatten()
@@ -444,6 +453,15 @@ fn datapath(root: &Path) -> Family {
         let Ok(Some(dp)) = rcni_ebpf::Datapath::open(&dir) else {
             continue;
         };
+        if let Ok(peers) = dp.remote_stats() {
+            for (subnet, hop, st) in peers {
+                let subnet = subnet.to_string();
+                let nh = hop.next_hop().map(|a| a.to_string()).unwrap_or_default();
+                let labels = l(&[("network", &net), ("subnet", &subnet), ("next_hop", &nh)]);
+                peer_packets.sample(&labels, st.tx_packets as f64);
+                peer_bytes.sample(&labels, st.tx_bytes as f64);
+            }
+        }
         let Ok(verdicts) = dp.verdicts() else {
             continue;
         };
@@ -459,7 +477,7 @@ fn datapath(root: &Path) -> Family {
             );
         }
     }
-    f
+    vec![f, peer_packets, peer_bytes]
 }
 
 /// The WireGuard device's peers: their count, traffic and handshake age.
