@@ -166,7 +166,10 @@ pub fn start(
         tokio::spawn(serve(listener, pods)),
     ];
     if let Some(cmd) = sync {
-        tasks.push(tokio::spawn(crate::flows::run(cmd.clone(), node.to_string())));
+        tasks.push(tokio::spawn(crate::flows::run(
+            cmd.clone(),
+            node.to_string(),
+        )));
         tasks.push(tokio::spawn(syncer(cmd, changed)));
     }
     Ok(PolicyInputs { tasks })
