@@ -460,8 +460,7 @@ fn denials_allows_and_audit_findings_are_reported_once() {
     // read within a second.
     let t0 = Instant::now();
     let (ev, first) = std::thread::scope(|s| {
-        let conn =
-            s.spawn(|| lab.tcp_for("other", "web", 8005, Duration::from_millis(2500)));
+        let conn = s.spawn(|| lab.tcp_for("other", "web", 8005, Duration::from_millis(2500)));
         let mut ev = Vec::new();
         let mut first = None;
         while t0.elapsed() < Duration::from_millis(2800) {
@@ -562,6 +561,14 @@ fn a_flood_of_denials_stays_within_the_rate_limit() {
     lab.flows = flows_on(FlowEvents::Deny, rate);
     lab.apply(&policies((8000, 8010)));
     let mut src = lab.source();
+    // A group has one reader: a second source is an error, not a thief.
+    let e = lab
+        .node
+        .ns
+        .run(|| NflogSource::open(NET).err())
+        .unwrap()
+        .expect("a second reader of the group");
+    assert!(e.msg.contains("NFLOG group"), "{}", e.msg);
     // The neighbours resolved, the first event out of the way.
     lab.udp("other", "web", 7000, 1);
     let first = drain(&mut src, Duration::from_millis(300));
