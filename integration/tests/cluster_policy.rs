@@ -328,8 +328,20 @@ fn kernel_names(node: &PolicyNode, backend: &str, addr: &str) -> bool {
                 .args(["list", "table", "inet", "rcni_policy_rcni"])
                 .output()
                 .unwrap();
+            // The rule sets' peer sets only: the flow event sets (flows
+            // recently reported, per-pod rates and counters) hold the
+            // addresses of denied traffic too.
+            let mut peers = true;
             String::from_utf8_lossy(&out.stdout)
-                .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+                .lines()
+                .filter(|l| {
+                    let l = l.trim_start();
+                    if l.starts_with("set ") || l.starts_with("map ") || l.starts_with("chain ") {
+                        peers = !["_seen", "_rl", "_sup"].iter().any(|s| l.contains(s));
+                    }
+                    peers
+                })
+                .flat_map(|l| l.split(|c: char| !(c.is_ascii_digit() || c == '.')))
                 .any(|w| w == addr)
         }
     }
