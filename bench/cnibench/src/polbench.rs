@@ -937,6 +937,7 @@ fn flows(args: &Args, backends: &[Backend]) {
             let tput = ratio(|f| &f.tput);
             let rr50 = ratio(|f| &f.rr50);
             let crr = ratio(|f| &f.crr50);
+            let spread = |v: &[f64]| format!("{:.3}-{:.3}", pct(v, 0.0), pct(v, 1.0));
             let tput_loss = 1.0 - med(&tput);
             let rr_added = med(&rr50) - 1.0;
             let met = tput_loss <= 0.05 && rr_added <= 0.05;
