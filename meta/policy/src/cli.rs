@@ -42,10 +42,11 @@ enum Cmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
-    /// Policy flow events as JSON lines (schema: see the README): the
-    /// connections the network's policies denied, audited or (with
-    /// "flowEvents": "all") allowed.
+    /// Policy flow events as JSON lines (schema version 1, in
+    /// docs/components/policy.md): the connections the network's policies
+    /// denied, audited or (with "flowEvents": "all") allowed.
     Flows {
+        /// The CNI network (the conflist's name).
         #[arg(long)]
         network: String,
         #[arg(long, default_value = DEFAULT_DATA_DIR)]
