@@ -146,6 +146,12 @@ impl Cluster {
                 &router.ns,
                 &format!("addr add {}.254/24 dev ul{s}", subnet(*s)),
             );
+            // See the nodes' eth0 below.
+            let _ = rcni_netlink::sysctl::set(
+                &router.ns,
+                &format!("net.ipv6.conf.ul{s}.accept_dad"),
+                "0",
+            );
             ip(&router.ns, &format!("link set ul{s} up"));
         }
         rcni_netlink::sysctl::set(&router.ns, "net.ipv4.ip_forward", "1").unwrap();
@@ -160,6 +166,12 @@ impl Cluster {
             });
             ip(&router.ns, &format!("link set {port} master ul{s} up"));
             ip(&ns.ns, "link set lo up");
+            // A real node's uplink finished DAD long before its pods came;
+            // in a fresh namespace it would keep the node's link-local
+            // address tentative for a second or two, and the kernel sends
+            // no neighbour solicitation for a forwarded packet from a
+            // tentative link-local.
+            let _ = rcni_netlink::sysctl::set(&ns.ns, "net.ipv6.conf.eth0.accept_dad", "0");
             ip(&ns.ns, "link set eth0 up");
             ip(
                 &ns.ns,
