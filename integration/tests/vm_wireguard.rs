@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use rcni_integration::lab::cluster::{Cluster, ClusterNode};
-use rcni_integration::lab::traffic::ping6;
+use rcni_integration::lab::traffic::ping6_retried as ping6;
 use rcni_integration::{addr_of, ip};
 use rcni_netns::NetNs;
 use rcni_testkit::{TestNs, command_in, ping, stdout_of};

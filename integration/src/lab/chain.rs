@@ -95,11 +95,19 @@ impl Lan {
     pub fn with_path(cni_path: String) -> Lan {
         let node = TestNs::new();
         let client = TestNs::new();
-        nl(&node.ns, async |n| {
-            let up = n
-                .create_veth("up0", "eth0", Some(&client.ns), None)
+        let up = nl(&node.ns, async |n| {
+            n.create_veth("up0", "eth0", Some(&client.ns), None)
                 .await
-                .unwrap();
+                .unwrap()
+        });
+        // A real uplink finished DAD long before its pods came; in fresh
+        // namespaces it would keep both ends' link-local addresses
+        // tentative for a second or two, and the kernel solicits no
+        // neighbour for a forwarded packet from a tentative link-local.
+        for (ns, dev) in [(&node.ns, "up0"), (&client.ns, "eth0")] {
+            let _ = rcni_netlink::sysctl::set(ns, &format!("net.ipv6.conf.{dev}.accept_dad"), "0");
+        }
+        nl(&node.ns, async |n| {
             up_with(n, up.index, NODE_UPLINK_V4, NODE_UPLINK_V6).await;
         });
         nl(&client.ns, async |n| {
