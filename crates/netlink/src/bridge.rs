@@ -37,16 +37,20 @@ impl Netlink {
     /// is reused as is (its MTU is not changed: other ports depend on it);
     /// an existing link of another kind is an error.
     pub async fn ensure_bridge(&self, name: &str, mtu: Option<u32>) -> Result<Link> {
-        self.ensure_bridge_with(name, mtu, false).await
+        self.ensure_bridge_with(name, mtu, false, |_| {}).await
     }
 
     /// [`Netlink::ensure_bridge`], creating the bridge with VLAN filtering
     /// when asked (an existing bridge keeps its setting, as the reference).
+    /// `before_up` runs on a bridge that is not up yet (made here, or found
+    /// down), before it is set up: what must hold before its first carrier
+    /// (its IPv6 sysctls: the link-local address is made then).
     pub async fn ensure_bridge_with(
         &self,
         name: &str,
         mtu: Option<u32>,
         vlan_filtering: bool,
+        before_up: impl FnOnce(&Link),
     ) -> Result<Link> {
         let op = || format!("ensure bridge {name}");
         let link = match self.find_link(name).await? {
@@ -68,6 +72,7 @@ impl Netlink {
             ));
         }
         if !link.admin_up {
+            before_up(&link);
             self.set_up(link.index).await?;
         }
         self.link_by_index(link.index).await

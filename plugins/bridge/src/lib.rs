@@ -259,37 +259,25 @@ impl Attachment for Bridge {
         // between (sysctls, nft, IPAM's wait) block it as they blocked the
         // caller before, and nothing else runs on it meanwhile.
         let result = ns.rt.block_on(async {
-            // A bridge made here gets its IPv6 sysctls while still down. Its
-            // link-local address comes with its first carrier; were DAD
+            // A bridge not up yet gets its IPv6 sysctls before it comes up.
+            // Its link-local address comes with its first carrier; were DAD
             // already running on it, it would stay tentative for a second or
             // two, and meanwhile the node sends no neighbour solicitation on
             // the bridge for forwarded IPv6 packets (the kernel wants a
             // link-local source that is not tentative): the first packets
             // from other nodes to the node's first pods wait or are lost.
-            if ns.host.find_link(&conf.bridge).await?.is_none() {
-                match ns
-                    .host
-                    .create_bridge_with(&conf.bridge, conf.mtu, conf.vlan_filtering)
-                    .await
-                {
-                    Ok(_) => {
-                        let br_conf = format!("net/ipv6/conf/{}", conf.bridge);
-                        sysctl_best_effort(
-                            &ns.host_ns,
-                            &[
-                                (format!("{br_conf}/accept_ra"), "0"),
-                                (format!("{br_conf}/accept_dad"), "0"),
-                            ],
-                        );
-                    }
-                    // Another ADD made it in between.
-                    Err(e) if e.is_exists() => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
             let br = ns
                 .host
-                .ensure_bridge_with(&conf.bridge, conf.mtu, conf.vlan_filtering)
+                .ensure_bridge_with(&conf.bridge, conf.mtu, conf.vlan_filtering, |br| {
+                    let br_conf = format!("net/ipv6/conf/{}", br.name);
+                    sysctl_best_effort(
+                        &ns.host_ns,
+                        &[
+                            (format!("{br_conf}/accept_ra"), "0"),
+                            (format!("{br_conf}/accept_dad"), "0"),
+                        ],
+                    );
+                })
                 .await?;
             if conf.promisc && !br.promisc {
                 ns.host.set_promisc(br.index, true).await?;
