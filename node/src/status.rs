@@ -255,26 +255,10 @@ fn ago(t: f64, now: f64) -> String {
     }
 }
 
-/// Seconds since the epoch as UTC, `2026-11-27T07:10:33Z` (days to a
-/// civil date as in Howard Hinnant's `civil_from_days`).
+/// Seconds since the epoch as UTC, `2026-11-27T07:10:33Z`.
 pub fn utc(t: f64) -> String {
-    let secs = t.max(0.0) as i64;
-    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let ts = jiff::Timestamp::from_second(t.max(0.0) as i64).unwrap_or_default();
+    format!("{ts:.0}")
 }
 
 fn str_of(v: &Value) -> String {

@@ -2,6 +2,7 @@ use super::*;
 use crate::compile::RuleSet;
 use crate::state::PodRecord;
 use serde_json::json;
+use std::time::UNIX_EPOCH;
 
 #[test]
 fn times_are_rfc3339_utc() {
