@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use rcni_integration::addr_of;
 use rcni_integration::lab::cluster::{Cluster, ClusterNode, SETTLE};
+use rcni_integration::lab::metrics::promtool_check;
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, TestNs, bin, ping};
 use serde_json::{Value, json};
@@ -107,50 +108,16 @@ fn scrape(ns: &NetNs) -> String {
     body
 }
 
-/// `promtool check metrics` on `body`: exit 0 and nothing to say (it
-/// prints each lint problem, and exits 0 for some of them).
-fn promtool_check(body: &str) {
-    let mut p = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian's prometheus package)");
-    p.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
-    let out = p.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool: {said}\n{body}"
-    );
+/// Whether `net` ("a.b.c.d/len" or an IPv6 prefix) holds `ip`.
+fn net_contains(net: &str, ip: std::net::IpAddr) -> bool {
+    net.parse::<ipnetwork::IpNetwork>()
+        .is_ok_and(|n| n.contains(ip))
 }
 
 /// The value of the series `series` (name and labels exactly as written),
 /// 0 when absent.
-/// Whether IPv4 `net` ("a.b.c.d/len") holds `ip`.
-fn v4_contains(net: &str, ip: std::net::IpAddr) -> bool {
-    let (Some((a, len)), std::net::IpAddr::V4(ip)) = (net.split_once('/'), ip) else {
-        return false;
-    };
-    let (Ok(a), Ok(len)) = (a.parse::<std::net::Ipv4Addr>(), len.parse::<u32>()) else {
-        return false;
-    };
-    let mask = u32::MAX.checked_shl(32 - len).unwrap_or(0);
-    u32::from(a) & mask == u32::from(ip) & mask
-}
-
 fn value(body: &str, series: &str) -> f64 {
-    body.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
-        .map_or(0.0, |v| v.parse().unwrap())
+    rcni_integration::lab::metrics::value(body, series).unwrap_or(0.0)
 }
 
 /// Polls /metrics until `ok` holds for it.
@@ -360,7 +327,7 @@ fn metrics_move_with_reconciles_traffic_and_plugins_and_promtool_accepts_them() 
                     l.split("subnet=\"")
                         .nth(1)
                         .and_then(|r| r.split('"').next())
-                        .is_some_and(|n| v4_contains(n, dst))
+                        .is_some_and(|n| net_contains(n, dst))
                 })
                 .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum::<f64>()

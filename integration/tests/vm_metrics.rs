@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rcni_integration::lab::cluster::{Cluster, SETTLE};
+use rcni_integration::lab::metrics::{promtool_check, value};
 use rcni_netns::NetNs;
 use rcni_testkit::{bin, ping};
 use serde_json::{Value, json};
@@ -51,35 +52,6 @@ fn get_metrics(ns: &NetNs) -> String {
         body.to_string()
     })
     .unwrap()
-}
-
-fn value(body: &str, series: &str) -> Option<f64> {
-    body.lines().find_map(|l| {
-        l.strip_prefix(series)
-            .and_then(|rest| rest.strip_prefix(' '))
-            .map(|v| v.parse().unwrap())
-    })
-}
-
-fn promtool_check(body: &str) {
-    let mut p = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool (Debian's prometheus package)");
-    p.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
-    let out = p.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && said.trim().is_empty(),
-        "promtool: {said}\n{body}"
-    );
 }
 
 struct Agent(Child, Arc<Mutex<String>>);

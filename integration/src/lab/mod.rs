@@ -4,14 +4,16 @@
 //! behind a router ([`cluster`]) and the stand-in Kubernetes API its
 //! agents can read ([`kube`]), racks of nodes behind top-of-rack routers
 //! running BIRD for the BGP backend ([`fabric`]), dnsmasq and the DHCP
-//! daemon ([`dhcp`]), a node with two networks ([`multinet`]); and the
-//! traffic the tests send between their pods ([`traffic`]).
+//! daemon ([`dhcp`]), a node with two networks ([`multinet`]); the
+//! traffic the tests send between their pods ([`traffic`]); and reading
+//! the agent's metrics ([`metrics`]).
 
 pub mod chain;
 pub mod cluster;
 pub mod dhcp;
 pub mod fabric;
 pub mod kube;
+pub mod metrics;
 pub mod multinet;
 mod node;
 pub mod traffic;
