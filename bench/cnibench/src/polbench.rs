@@ -366,6 +366,30 @@ impl Pair {
         Some(wall)
     }
 
+    /// One round's figures for the client talking to the server: request/
+    /// response latency, connection latency, throughput (as `args` asks).
+    fn measure(&self, args: &Args, f: &mut Figures) {
+        let client = &self.node.pods[self.client].ns;
+        let v = rr(client, self.rr, args.rr_count, args.cpu);
+        f.rr50.push(pct(&v, 0.5));
+        f.rr99.push(pct(&v, 0.99));
+        if args.crr_count > 0 {
+            let v = crr(client, self.rr, args.crr_count, args.cpu);
+            f.crr50.push(pct(&v, 0.5));
+        }
+        if args.tput_secs > 0 {
+            let dst = self.node.pods[self.server].ip;
+            let pin = ["-A", args.iperf_cpus.as_str()];
+            let extra: &[&str] = if args.iperf_cpus.is_empty() {
+                &[]
+            } else {
+                &pin
+            };
+            f.tput
+                .push(iperf_with(client, dst, 1, args.tput_secs, extra));
+        }
+    }
+
     /// That the policy is in force: the client gets in, the other pod not.
     fn assert_enforced(&self) {
         let Some(other) = self.other else { return };
@@ -472,25 +496,7 @@ fn datapath(args: &Args, backends: &[Backend]) {
                 p.assert_enforced();
                 f.prefixes = p.node.prefixes();
             }
-            let client = &p.node.pods[p.client].ns;
-            let v = rr(client, p.rr, args.rr_count, args.cpu);
-            f.rr50.push(pct(&v, 0.5));
-            f.rr99.push(pct(&v, 0.99));
-            if args.crr_count > 0 {
-                let v = crr(client, p.rr, args.crr_count, args.cpu);
-                f.crr50.push(pct(&v, 0.5));
-            }
-            if args.tput_secs > 0 {
-                let dst = p.node.pods[p.server].ip;
-                let pin = ["-A", args.iperf_cpus.as_str()];
-                let extra: &[&str] = if args.iperf_cpus.is_empty() {
-                    &[]
-                } else {
-                    &pin
-                };
-                f.tput
-                    .push(iperf_with(client, dst, 1, args.tput_secs, extra));
-            }
+            p.measure(args, f);
         }
         eprint!(".");
     }
@@ -849,18 +855,7 @@ fn flows(args: &Args, backends: &[Backend]) {
                             .unwrap()
                     })
                 });
-                let client = &p.node.pods[p.client].ns;
-                let v = rr(client, p.rr, args.rr_count, args.cpu);
-                f.rr50.push(pct(&v, 0.5));
-                f.rr99.push(pct(&v, 0.99));
-                if args.crr_count > 0 {
-                    let v = crr(client, p.rr, args.crr_count, args.cpu);
-                    f.crr50.push(pct(&v, 0.5));
-                }
-                if args.tput_secs > 0 {
-                    let dst = p.node.pods[p.server].ip;
-                    f.tput.push(iperf_with(client, dst, 1, args.tput_secs, &[]));
-                }
+                p.measure(args, f);
                 stop.store(true, Ordering::Relaxed);
                 if let Some(h) = flooder {
                     sent[k] += h.join().unwrap();
