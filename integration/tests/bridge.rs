@@ -651,3 +651,92 @@ fn ipam_ipv6_addresses_survive_a_link_down_up_as_v191() {
         node.call(&bridge, "DEL", &pod.path(), "keep", &with).ok();
     }
 }
+
+/// ipMasq on the default backend costs one iptables process per ADD: the
+/// probe's answer is kept for the boot, and a new container's chain, which
+/// nfnetlink shows absent, is written without an `iptables-save` first.
+/// Where the chain is there already (a second interface of the container),
+/// the table is read and the rules merged as before. Each tool is a
+/// wrapper that logs its call and runs the real one.
+#[test]
+fn default_ip_masq_adds_with_one_iptables_process() {
+    let tools = tempfile::tempdir().unwrap();
+    let log = tools.path().join("calls");
+    for tool in ["iptables", "iptables-save", "iptables-restore"] {
+        let real = rcni_netfilter::exec::find_tool(tool).expect("iptables is installed");
+        let w = tools.path().join(tool);
+        std::fs::write(
+            &w,
+            format!(
+                "#!/bin/sh\necho \"{tool} $*\" >> {}\nexec {} \"$@\"\n",
+                log.display(),
+                real.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&w, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let probe = tempfile::tempdir().unwrap();
+    let path = format!(
+        "{}:{}",
+        tools.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let node = Node::new();
+    let conf = node.conf(
+        "1.1.0",
+        json!({"ipMasq": true, "ipam": {"type": "host-local", "dataDir": node.data.path(),
+            "ranges": [[{"subnet": "10.88.0.0/24"}]]}}),
+    );
+    let call = |cmd: &str, pod: &TestNs, cid: &str, ifname: &str, c: &serde_json::Value| {
+        Call::new(bin("bridge"), cmd)
+            .env("CNI_PATH", &node.cni_path)
+            .env("CNI_CONTAINERID", cid)
+            .env("CNI_IFNAME", ifname)
+            .env("PATH", &path)
+            .env("RCNI_PROBE_DIR", probe.path().to_str().unwrap())
+            .netns(&pod.path())
+            .stdin(c)
+            .run_in(&node.ns.ns)
+    };
+    let calls = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let _ = std::fs::remove_file(&log);
+        text.lines()
+            .map(|l| l.split(' ').next().unwrap().to_string())
+            .collect::<Vec<_>>()
+    };
+    let (a, b) = (TestNs::new(), TestNs::new());
+    // The first ADD of the boot probes, then writes.
+    let ra = call("ADD", &a, "ctr-a", "eth0", &conf).ok();
+    assert_eq!(calls(), ["iptables", "iptables-restore"]);
+    // Later ADDs write only.
+    let rb = call("ADD", &b, "ctr-b", "eth0", &conf).ok();
+    assert_eq!(calls(), ["iptables-restore"]);
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        call("CHECK", pod, cid, "eth0", &Node::with_prev(&conf, r)).ok();
+    }
+    let _ = calls();
+    let rules = rcni_integration::masq_rules(&node.ns.ns);
+    for ip in ["10.88.0.2/32", "10.88.0.3/32"] {
+        assert!(
+            rules.contains(&format!("-A POSTROUTING -s {ip}")),
+            "{ip}: {rules}"
+        );
+    }
+    // ctr-a's chain exists: its second interface reads the table first.
+    let ra1 = call("ADD", &a, "ctr-a", "eth1", &conf).ok();
+    assert_eq!(calls(), ["iptables-save", "iptables-restore"]);
+    call("CHECK", &a, "ctr-a", "eth1", &Node::with_prev(&conf, &ra1)).ok();
+    call("CHECK", &a, "ctr-a", "eth0", &Node::with_prev(&conf, &ra)).ok();
+    for (pod, cid, ifname, r) in [
+        (&a, "ctr-a", "eth1", &ra1),
+        (&a, "ctr-a", "eth0", &ra),
+        (&b, "ctr-b", "eth0", &rb),
+    ] {
+        call("DEL", pod, cid, ifname, &Node::with_prev(&conf, r)).ok();
+    }
+    assert_eq!(rcni_integration::masq_rules(&node.ns.ns), "");
+    node.assert_nothing_left();
+}

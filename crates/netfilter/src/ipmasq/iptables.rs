@@ -191,7 +191,18 @@ pub(crate) fn setup(
 ) -> Result<(), Error> {
     let chain = names::chain_name(network, container_id);
     let comment = names::iptables_comment(network, container_id);
-    let t = read(ns, fam)?;
+    // A new container's chain is in no table yet, and no rule can jump to
+    // a chain that does not exist: where nfnetlink shows that (the chain
+    // is not in iptables-nft's `nat` table, and legacy iptables has no
+    // `nat` table in this namespace), the rules are written without an
+    // `iptables-save` process first.
+    let absent = crate::nfnl::Nfnl::open(ns)
+        .is_ok_and(|mut nl| !nl.iptables_may_hold(ns, fam == Family::V6, "nat", &[&chain]));
+    let t = if absent {
+        SaveTable::default()
+    } else {
+        read(ns, fam)?
+    };
     match setup_script(&t, fam, &chain, &comment, ips) {
         Some(script) => apply(ns, fam, &script),
         None => Ok(()),

@@ -6,6 +6,8 @@
 //! text `iptables-save` prints, so what we write and what we read compare
 //! as strings where that is simplest.
 
+pub mod probe_cache;
+
 use crate::Error;
 use crate::exec;
 use crate::nfnl::{Nfnl, NftFamily};
@@ -296,7 +298,32 @@ pub fn apply(ns: &NetNs, fam: Family, script: &str) -> Result<(), Error> {
 /// Whether iptables of this family works in `ns` at all, with the
 /// reference's probe (`SupportsIPTables`: can the filter INPUT chain be
 /// listed). Teardown and GC ignore errors of a backend that cannot work.
+///
+/// The answer is kept for the boot in [`probe_cache`] (the probe is a
+/// process that lists a table, a millisecond or more of every ADD that
+/// takes the default backend): it depends on the tool and the kernel, not
+/// on the namespace, and the key names the tool's resolved file, so
+/// installing, removing or switching iptables (alternatives) asks again.
+/// Only a working iptables is kept.
 pub fn supported(ns: &NetNs, fam: Family) -> bool {
+    let Some(tool) = exec::find_tool(fam.iptables_tool()) else {
+        return false;
+    };
+    let cache = probe_cache::Cache::new(fam.iptables_tool(), &tool);
+    if let Some(known) = cache.as_ref().and_then(probe_cache::Cache::get) {
+        return known;
+    }
+    let works = probe(ns, fam);
+    // Only a working iptables is kept: a failure may be passing (a module
+    // still loading), and one kept would move the default backend to
+    // nftables for the whole boot.
+    if works && let Some(c) = cache {
+        c.put(true);
+    }
+    works
+}
+
+fn probe(ns: &NetNs, fam: Family) -> bool {
     match exec::run(
         ns,
         fam.iptables_tool(),
