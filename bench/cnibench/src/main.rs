@@ -36,6 +36,17 @@ struct Args {
     /// that flood, not the plugin, sets the latency of both suites.
     #[arg(long, default_value_t = 20)]
     settle: u64,
+    /// Skip the ADD-latency-at-scale part.
+    #[arg(long)]
+    skip_scale: bool,
+    /// Rounds of the concurrent ADDs (each timed per ADD: p50, p99).
+    #[arg(long, default_value_t = 1)]
+    concurrent_rounds: usize,
+    /// `"ipMasq": true` with no `ipMasqBackend`: the reference's default
+    /// backend (iptables where it works), as podman's and containerd's
+    /// bridge configs have it.
+    #[arg(long)]
+    ip_masq: bool,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -53,9 +64,12 @@ struct Impl {
     data: tempfile::TempDir,
 }
 
+static IP_MASQ: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 fn conf(data: &Path) -> Value {
+    let masq = IP_MASQ.load(std::sync::atomic::Ordering::Relaxed);
     json!({"cniVersion": "0.4.0", "name": "benchnet", "type": "bridge", "bridge": "cni0",
-        "isGateway": true, "ipMasq": false,
+        "isGateway": true, "ipMasq": masq,
         "ipam": {"type": "host-local", "dataDir": data, "ranges": [[{"subnet": "10.66.0.0/16"}]]}})
 }
 
@@ -185,6 +199,7 @@ fn veths_left(im: &Impl) -> usize {
 
 fn main() {
     let a = Args::parse();
+    IP_MASQ.store(a.ip_masq, std::sync::atomic::Ordering::Relaxed);
     let mk = |name, dir: &Path| Impl {
         name,
         bridge: dir.join("bridge"),
@@ -237,7 +252,12 @@ fn main() {
         }
     }
     println!(
-        "bridge + host-local, {} rounds each (microseconds; CPU = plugin + its IPAM child)",
+        "bridge + host-local{}, {} rounds each (microseconds; CPU = plugin + its IPAM child)",
+        if a.ip_masq {
+            " + ipMasq (default backend)"
+        } else {
+            ""
+        },
         a.rounds
     );
     println!(
@@ -268,11 +288,19 @@ fn main() {
 
     // 2. ADD latency as the bridge fills up: 15 ADDs right after the pods
     // before them were added ("fresh"), then 15 more after `settle` seconds.
+    if !a.skip_scale {
+        scale(&a, &impls);
+    }
+    concurrent(&a, &impls);
+}
+
+/// ADD latency as the bridge fills up.
+fn scale(a: &Args, impls: &[Impl]) {
     println!(
         "\nADD latency with N pods on the bridge (median of 15 ADDs, microseconds; \
          mcast = packets/s the bridge floods to its ports meanwhile)"
     );
-    for im in &impls {
+    for im in impls {
         let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
         let mut pods: Vec<Pod> = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -349,64 +377,81 @@ fn main() {
             veths_left(im)
         );
     }
+}
 
-    // 3. Concurrent ADDs: no address handed out twice.
-    println!("\n{} concurrent ADDs", a.concurrent);
-    for im in &impls {
+/// Concurrent ADDs, `concurrent_rounds` times: each ADD's latency (p50,
+/// p99 over all rounds) and no address handed out twice.
+fn concurrent(a: &Args, impls: &[Impl]) {
+    println!(
+        "\n{} concurrent ADDs, {} round(s) (milliseconds per ADD)",
+        a.concurrent, a.concurrent_rounds
+    );
+    let mut p99s = Vec::new();
+    for im in impls {
         let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
-        let pods: Vec<(NetNs, String)> = (0..a.concurrent)
-            .map(|_| {
-                let p = pod();
-                let path = p.proc_path().display().to_string();
-                (p, path)
-            })
-            .collect();
-        let t0 = Instant::now();
-        let outs: Vec<(Vec<u8>, bool)> = std::thread::scope(|s| {
-            let hs: Vec<_> = pods
-                .iter()
-                .enumerate()
-                .map(|(n, (_, path))| {
-                    let stdin = &stdin;
-                    s.spawn(move || {
-                        let (o, ok, _) = run(im, "ADD", &format!("conc{n}"), path, stdin);
-                        (o, ok)
-                    })
+        let mut times = Vec::new();
+        for round in 0..a.concurrent_rounds {
+            let pods: Vec<(NetNs, String)> = (0..a.concurrent)
+                .map(|_| {
+                    let p = pod();
+                    let path = p.proc_path().display().to_string();
+                    (p, path)
                 })
                 .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let took = t0.elapsed().as_secs_f64() * 1e3;
-        let failed = outs.iter().filter(|o| !o.1).count();
-        let all: Vec<String> = outs.iter().flat_map(|o| ips_of(&o.0)).collect();
-        let uniq: std::collections::HashSet<&String> = all.iter().collect();
-        println!(
-            "{:<10} {} ok, {} failed, {} addresses, {} duplicates, {:.0} ms in all",
-            im.name,
-            outs.len() - failed,
-            failed,
-            all.len(),
-            all.len() - uniq.len(),
-            took
-        );
-        for (n, ((_, path), (out, _))) in pods.iter().zip(&outs).enumerate() {
-            let mut c = conf(im.data.path());
-            if let Ok(v) = serde_json::from_slice::<Value>(out) {
-                c["prevResult"] = v;
-            }
-            run(
-                im,
-                "DEL",
-                &format!("conc{n}"),
-                path,
-                &serde_json::to_vec(&c).unwrap(),
+            let t0 = Instant::now();
+            let outs: Vec<(Vec<u8>, bool, Sample)> = std::thread::scope(|s| {
+                let hs: Vec<_> = pods
+                    .iter()
+                    .enumerate()
+                    .map(|(n, (_, path))| {
+                        let stdin = &stdin;
+                        s.spawn(move || run(im, "ADD", &format!("conc{round}-{n}"), path, stdin))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let took = t0.elapsed().as_secs_f64() * 1e3;
+            times.extend(outs.iter().map(|o| o.2.wall_us / 1e3));
+            let failed = outs.iter().filter(|o| !o.1).count();
+            let all: Vec<String> = outs.iter().flat_map(|o| ips_of(&o.0)).collect();
+            let uniq: std::collections::HashSet<&String> = all.iter().collect();
+            println!(
+                "{:<10} round {round}: {} ok, {} failed, {} addresses, {} duplicates, {:.0} ms in all",
+                im.name,
+                outs.len() - failed,
+                failed,
+                all.len(),
+                all.len() - uniq.len(),
+                took
             );
+            for (n, ((_, path), (out, _, _))) in pods.iter().zip(&outs).enumerate() {
+                let mut c = conf(im.data.path());
+                if let Ok(v) = serde_json::from_slice::<Value>(out) {
+                    c["prevResult"] = v;
+                }
+                run(
+                    im,
+                    "DEL",
+                    &format!("conc{round}-{n}"),
+                    path,
+                    &serde_json::to_vec(&c).unwrap(),
+                );
+            }
         }
+        let (p50, p99) = (pct(&mut times, 0.5), pct(&mut times, 0.99));
         println!(
-            "{:<10} after DEL: {} reservations, {} veths left",
+            "{:<10} ADD p50 {p50:.1} ms  p99 {p99:.1} ms; after DEL: {} reservations, {} veths left",
             im.name,
             reservations(im),
             veths_left(im)
+        );
+        p99s.push((p50, p99));
+    }
+    if let [o, r] = p99s[..] {
+        println!(
+            "ratio rcni/reference concurrent ADD: p50 {:.2}  p99 {:.2}",
+            o.0 / r.0,
+            o.1 / r.1
         );
     }
 }
