@@ -9,7 +9,6 @@ use crate::{
 use aya::programs::links::FdLink;
 use aya::programs::tc::{NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
-use aya::util::KernelVersion;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -28,12 +27,40 @@ pub enum Hook {
 }
 
 impl Hook {
-    /// tcx where the kernel has it, else clsact.
+    /// The hook of `attachMode` auto: clsact, on every kernel. A tcx
+    /// attach or detach swaps the device's program array and waits for a
+    /// full RCU grace period under rtnl (the kernel's `tcx_entry_sync`),
+    /// 10-12 ms each here: three per pod with fastpath and policy, most of
+    /// their ADD and DEL, and every other netlink change on the node waits
+    /// behind it. A cls_bpf filter on clsact waits at most for an expedited
+    /// grace period (`mini_qdisc_pair_swap`), and per packet it costs the
+    /// same within noise (bench/fastpath.sh --compare-attach). tcx stays
+    /// one `attachMode` away.
     pub fn preferred() -> Hook {
-        match KernelVersion::current() {
-            Ok(v) if v >= KernelVersion::new(6, 6, 0) => Hook::Tcx,
-            _ => Hook::Tc,
-        }
+        Hook::Tc
+    }
+
+    /// The hook of `attachMode` auto on `ifname` (a name in the calling
+    /// thread's network namespace): [`Hook::preferred`], except where the
+    /// link has a plain `ingress` qdisc (the reference bandwidth plugin's,
+    /// earlier in the chain), which takes clsact's place and has no egress
+    /// hook: tcx there, which needs no qdisc.
+    pub fn auto_for(ifname: &str) -> Result<Hook> {
+        let nl_err = |e| Error::netlink(Some(format!("list qdiscs of {ifname}")), e);
+        let rt = rcni_netlink::runtime().map_err(nl_err)?;
+        let ingress = rt
+            .block_on(async {
+                let nl = rcni_netlink::Netlink::connect_current().await?;
+                let link = nl.link_by_name(ifname).await?;
+                let qs = nl.qdiscs(link.index).await?;
+                Ok::<_, rcni_netlink::Error>(qs.iter().any(|q| q.kind == "ingress"))
+            })
+            .map_err(nl_err)?;
+        Ok(if ingress {
+            Hook::Tcx
+        } else {
+            Hook::preferred()
+        })
     }
 
     /// A config's `attachMode`: `None` for auto (absent, empty or "auto");

@@ -432,7 +432,9 @@ fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
     let fs = Bpffs::empty();
     let (a, b, _bc, ra, rb) = bridge_pods(&node);
     let pod_a = (&a, "ctr-a", &ra);
-    fp_add_each(&node, &fs, [pod_a, (&b, "ctr-b", &rb)], &json!({}));
+    // Pinned tcx links are what GC finds without a veth to look at.
+    let tcx = json!({"attachMode": "tcx"});
+    fp_add_each(&node, &fs, [pod_a, (&b, "ctr-b", &rb)], &tcx);
     let dir = fs.path().join("podnet");
     assert_eq!(rcni_ebpf::pinned_links(&dir).unwrap().len(), 2);
 
@@ -453,7 +455,7 @@ fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
         rcni_ebpf::pinned_links(&dir).unwrap(),
         vec![rcni_ebpf::AttachmentId::new("ctr-a", "eth0")]
     );
-    fp_on(&node, &fs, "CHECK", pod_a, json!({})).ok();
+    fp_on(&node, &fs, "CHECK", pod_a, tcx.clone()).ok();
     // Again: nothing more to do.
     gc(json!([{"containerID": "ctr-a", "ifname": "eth0"}])).ok();
     // Nothing valid: the network's program and maps go too.
@@ -465,7 +467,7 @@ fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
     assert_eq!(fp(&node, "GC", "", "", &c).err().0, 7);
     // DEL after GC is fine, and ADD loads the network afresh.
     fp_on(&node, &fs, "DEL", pod_a, json!({})).ok();
-    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
+    fp_add(&node, &fs, &a, "ctr-a", &ra, tcx);
     assert!(dir.join("prog").exists());
 }
 
@@ -499,18 +501,99 @@ fn check_finds_a_lost_attachment() {
     let node = Node::new();
     let fs = Bpffs::empty();
     let (a, _b, _bc, ra, _rb) = bridge_pods(&node);
+    let veth = host_veth(&ra, 1);
+    // auto (a cls_bpf filter on clsact), then tcx (a pinned link).
+    for mode in [json!({}), json!({"attachMode": "tcx"})] {
+        fp_add(&node, &fs, &a, "ctr-a", &ra, mode.clone());
+        let c = fp_conf(&fs, &ra, mode.clone());
+        fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
+        // The filter removed, or the link unpinned, behind the plugin's
+        // back: detached.
+        if mode == json!({}) {
+            let v = veth.clone();
+            node.ns
+                .ns
+                .run(move || rcni_ebpf::detach_tc(&v))
+                .unwrap()
+                .unwrap();
+        } else {
+            let id = rcni_ebpf::AttachmentId::new("ctr-a", "eth0");
+            rcni_ebpf::detach_tcx(&fs.path().join("podnet"), id).unwrap();
+        }
+        let (code, msg) = fp(&node, "CHECK", &a.path(), "ctr-a", &c).err();
+        assert_eq!(code, 106, "{mode}");
+        assert!(msg.contains("not attached"), "{msg}");
+        // ADD repairs it.
+        fp_add(&node, &fs, &a, "ctr-a", &ra, mode.clone());
+        fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
+        fp(&node, "DEL", &a.path(), "ctr-a", &c).ok();
+    }
+}
+
+/// attachMode auto: a cls_bpf filter on clsact (a tcx attach waits for an
+/// RCU grace period under rtnl); tcx where the veth has a plain `ingress`
+/// qdisc (the reference bandwidth plugin's, earlier in the chain), which
+/// leaves clsact no place; and a pod attached on tcx before (an older
+/// default, or attachMode tcx) stays attached for CHECK and ADD, and DEL
+/// takes its link off.
+#[test]
+fn auto_attaches_on_clsact_and_keeps_tcx_attachments() {
+    let node = Node::new();
+    let fs = Bpffs::empty();
+    let (a, b, _bc, ra, rb) = bridge_pods(&node);
+    let filters = |veth: &str| {
+        nl(&node.ns.ns, async |n| {
+            let l = n.link_by_name(veth).await.unwrap();
+            n.ingress_bpf_filters(l.index).await.unwrap()
+        })
+    };
+    let tcx_progs = |veth: String| {
+        node.ns
+            .ns
+            .run(move || rcni_ebpf::tcx_programs(&veth))
+            .unwrap()
+            .unwrap()
+    };
+    let dir = fs.path().join("podnet");
+    let (va, vb) = (host_veth(&ra, 1), host_veth(&rb, 1));
+
+    // A: auto on a bare veth is clsact.
     fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    let c = fp_conf(&fs, &ra, json!({}));
-    fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
-    // The link unpinned behind the plugin's back: detached.
-    let id = rcni_ebpf::AttachmentId::new("ctr-a", "eth0");
-    rcni_ebpf::detach_tcx(&fs.path().join("podnet"), id).unwrap();
-    let (code, msg) = fp(&node, "CHECK", &a.path(), "ctr-a", &c).err();
-    assert_eq!(code, 106);
-    assert!(msg.contains("not attached"), "{msg}");
-    // ADD repairs it.
+    assert_eq!(filters(&va).len(), 1);
+    assert!(tcx_progs(va.clone()).is_empty());
+    assert!(rcni_ebpf::pinned_links(&dir).unwrap().is_empty());
+
+    // B: an `ingress` qdisc already there: tcx.
+    nl(&node.ns.ns, async |n| {
+        let l = n.link_by_name(&vb).await.unwrap();
+        n.add_ingress_qdisc(l.index).await.unwrap();
+    });
+    fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
+    assert_eq!(tcx_progs(vb.clone()).len(), 1);
+    assert_eq!(
+        rcni_ebpf::pinned_links(&dir).unwrap(),
+        vec![rcni_ebpf::AttachmentId::new("ctr-b", "eth0")]
+    );
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        fp_on(&node, &fs, "CHECK", (pod, cid, r), json!({})).ok();
+    }
+    pings(&a.ns, &addr_of(&rb, true), 3);
+
+    // A again, attached on tcx (as the old default did): auto's CHECK and
+    // ADD accept it, without a second hook.
+    fp_on(&node, &fs, "DEL", (&a, "ctr-a", &ra), json!({})).ok();
+    assert!(filters(&va).is_empty());
+    fp_add(&node, &fs, &a, "ctr-a", &ra, json!({"attachMode": "tcx"}));
+    fp_on(&node, &fs, "CHECK", (&a, "ctr-a", &ra), json!({})).ok();
     fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
-    fp(&node, "CHECK", &a.path(), "ctr-a", &c).ok();
+    assert!(filters(&va).is_empty());
+    assert_eq!(tcx_progs(va.clone()).len(), 1);
+    // auto's DEL takes tcx links off.
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        fp_on(&node, &fs, "DEL", (pod, cid, r), json!({})).ok();
+    }
+    assert!(tcx_progs(va).is_empty() && tcx_progs(vb).is_empty());
+    assert!(rcni_ebpf::pinned_links(&dir).unwrap().is_empty());
 }
 
 #[test]
@@ -618,7 +701,7 @@ fn del_succeeds_when_the_veth_and_netns_are_gone() {
         &node,
         &fs,
         [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)],
-        &json!({}),
+        &json!({"attachMode": "tcx"}),
     );
     node.call(&bin("bridge"), "DEL", &a.path(), "ctr-a", &bc)
         .ok();
@@ -1012,7 +1095,23 @@ fn bandwidth_after_fastpath_out_of_reach_fails_and_rolls_back() {
         let l = n.link_by_name(&veth).await.unwrap();
         n.qdiscs(l.index).await.unwrap()
     });
-    assert!(qdiscs.iter().all(|q| q.kind == "noqueue"), "{qdiscs:?}");
+    // fastpath's clsact stays (attachMode auto), with only its filter.
+    assert!(
+        qdiscs
+            .iter()
+            .all(|q| q.kind == "noqueue" || q.kind == "clsact"),
+        "{qdiscs:?}"
+    );
+    let filters = nl(&node.ns.ns, async |n| {
+        let l = n.link_by_name(&veth).await.unwrap();
+        n.ingress_bpf_filters(l.index).await.unwrap()
+    });
+    assert!(
+        filters
+            .iter()
+            .all(|f| f.name.as_deref() == Some(rcni_ebpf::PROGRAM)),
+        "{filters:?}"
+    );
     assert!(
         !rcni_integration::link_names(&node.ns.ns)
             .iter()

@@ -179,11 +179,17 @@ fn attached(
     veth: &Link,
     clear: bool,
 ) -> Result<bool, CniError> {
+    // With attachMode auto, a pod attached on tcx (the default before
+    // clsact) is attached as well: CHECK passes and ADD keeps it.
+    let tcx = |dp: &mut Datapath| -> Result<bool, CniError> {
+        let pinned = conf.dir.join(id.link_pin()).exists();
+        Ok(pinned && dp.tcx_attached(&veth.name).map_err(ebpf_err)?)
+    };
+    if conf.attach_mode.is_none() && tcx(dp)? {
+        return Ok(true);
+    }
     match conf.hook() {
-        Hook::Tcx => {
-            let pinned = conf.dir.join(id.link_pin()).exists();
-            Ok(pinned && dp.tcx_attached(&veth.name).map_err(ebpf_err)?)
-        }
+        Hook::Tcx => tcx(dp),
         Hook::Tc => {
             let prog = dp.program_id().map_err(ebpf_err)?;
             let filters = rt()?.block_on(async {
@@ -281,7 +287,11 @@ impl Fastpath {
         let r = (|| -> Result<(), CniError> {
             dp.insert_endpoints(&eps).map_err(ebpf_err)?;
             if !attached(&mut dp, conf, id, &target.host_veth, true)? {
-                dp.attach(&target.host_veth.name, id, conf.hook())
+                let hook = match conf.attach_mode {
+                    Some(h) => h,
+                    None => Hook::auto_for(&target.host_veth.name).map_err(ebpf_err)?,
+                };
+                dp.attach(&target.host_veth.name, id, hook)
                     .map_err(ebpf_err)?;
             }
             Ok(())

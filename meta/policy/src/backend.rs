@@ -8,7 +8,7 @@ use crate::conf::{Backend, Conf};
 use crate::state::{Locked, PodRecord, State};
 use crate::{ebpf, nft};
 use rcni_cni::{CniError, ErrorCode};
-use rcni_ebpf::{AttachmentId, Datapath, EndpointKey, bpffs};
+use rcni_ebpf::{AttachmentId, Datapath, EndpointKey, Hook, bpffs};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -146,15 +146,7 @@ impl PolicyBackend for Ebpf<'_> {
             .ok_or_else(|| {
                 CniError::check_failed("policy: the network's datapath is not loaded")
             })?;
-        if !dp
-            .policy_attached(
-                &conf.pin_dir,
-                &rec.host_ifname,
-                attachment(rec),
-                conf.hook(),
-            )
-            .map_err(ebpf::err)?
-        {
+        if !programs_attached(&mut dp, conf, &rec.host_ifname, attachment(rec))? {
             return Err(CniError::check_failed(format!(
                 "policy: the programs are not attached to {}",
                 rec.host_ifname
@@ -325,13 +317,34 @@ pub(crate) fn attachment(p: &PodRecord) -> AttachmentId {
     AttachmentId::new(&p.container_id, &p.ifname)
 }
 
+/// Whether both policy programs sit on `ifname` for `id`. With attachMode
+/// auto, a pod attached on tcx (the default before clsact) counts too:
+/// CHECK passes and ADD keeps it.
+fn programs_attached(
+    dp: &mut Datapath,
+    conf: &Conf,
+    ifname: &str,
+    id: AttachmentId,
+) -> Result<bool, CniError> {
+    if conf.attach_mode.is_none()
+        && dp
+            .policy_attached(&conf.pin_dir, ifname, id, Hook::Tcx)
+            .map_err(ebpf::err)?
+    {
+        return Ok(true);
+    }
+    dp.policy_attached(&conf.pin_dir, ifname, id, conf.hook())
+        .map_err(ebpf::err)
+}
+
 fn attach_programs(dp: &mut Datapath, conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
     let id = attachment(p);
-    if !dp
-        .policy_attached(&conf.pin_dir, &p.host_ifname, id, conf.hook())
-        .map_err(ebpf::err)?
-    {
-        dp.attach_policy(&p.host_ifname, id, conf.hook())
+    if !programs_attached(dp, conf, &p.host_ifname, id)? {
+        let hook = match conf.attach_mode {
+            Some(h) => h,
+            None => Hook::auto_for(&p.host_ifname).map_err(ebpf::err)?,
+        };
+        dp.attach_policy(&p.host_ifname, id, hook)
             .map_err(ebpf::err)?;
     }
     Ok(())
