@@ -35,6 +35,11 @@ struct Args {
     /// Chain ADD+DEL rounds per suite.
     #[arg(long, default_value_t = 100)]
     rounds: usize,
+    /// The reference runs only the conflist's plugins of these types (e.g.
+    /// `bridge`: ours with fastpath and policy against the reference's
+    /// bridge alone, which has neither).
+    #[arg(long, value_delimiter = ',')]
+    reference_only: Vec<String>,
 }
 
 /// One suite: its plugins, node namespace and state directory.
@@ -43,6 +48,8 @@ struct Suite {
     dir: PathBuf,
     node: NetNs,
     state: tempfile::TempDir,
+    /// The eBPF plugins' pin root (a bpffs of the bench's own).
+    pins: Option<rcni_testkit::Bpffs>,
 }
 
 /// The CPU time (user + system, µs) of every reaped descendant so far.
@@ -73,6 +80,17 @@ impl Suite {
             }
             if p["type"] == "tuning" {
                 p["dataDir"] = json!(self.state.path().join("tuning"));
+            }
+            if p["type"] == "fastpath" || p["type"] == "policy" {
+                let pins = self.pins.as_ref().expect("a bpffs for the eBPF plugins");
+                p["pinRoot"] = json!(pins.root());
+            }
+            if p["type"] == "policy" {
+                p["dataDir"] = json!(self.state.path().join("policy"));
+                p["policyDir"] = json!(self.state.path().join("policy.d"));
+                // The pod as a runtime's Kubernetes args describe it: in
+                // the namespace the conflist's policies select.
+                p["args"] = json!({"cni": {"labels": {"app": "bench"}, "namespace": "prod"}});
             }
             out.push(p);
         }
@@ -209,14 +227,31 @@ fn main() {
     let caps = json!({"portMappings": [
         {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
         {"hostPort": 8443, "containerPort": 443, "protocol": "tcp"}]});
+    let ebpf = list["plugins"]
+        .as_array()
+        .expect("plugins")
+        .iter()
+        .any(|p| p["type"] == "fastpath" || p["type"] == "policy");
+    if ebpf {
+        // Its bpffs mount must not outlive a run killed by a signal.
+        rcni_testkit::private_mounts();
+    }
     let suite = |name, dir: &Path| Suite {
         name,
         dir: dir.to_path_buf(),
         node: NetNs::new_anonymous().expect("node namespace"),
         state: tempfile::tempdir().unwrap(),
+        pins: ebpf.then(rcni_testkit::Bpffs::mount),
     };
     let suites = [suite("rcni", &a.ours), suite("reference", &a.reference)];
-    let plugins: Vec<Vec<Value>> = suites.iter().map(|s| s.plugins(&list)).collect();
+    let mut plugins: Vec<Vec<Value>> = suites.iter().map(|s| s.plugins(&list)).collect();
+    if !a.reference_only.is_empty() {
+        plugins[1].retain(|p| {
+            a.reference_only
+                .iter()
+                .any(|t| p["type"].as_str() == Some(t.as_str()))
+        });
+    }
     for (s, ps) in suites.iter().zip(&plugins) {
         for p in ps {
             let b = s.dir.join(p["type"].as_str().unwrap());
@@ -240,16 +275,24 @@ fn main() {
             round(&suites[i], &plugins[i], &list, &caps, target);
         }
     }
-    let types: Vec<&str> = plugins[0]
-        .iter()
-        .map(|p| p["type"].as_str().unwrap())
-        .collect();
+    let types_of = |ps: &[Value]| -> Vec<String> {
+        ps.iter()
+            .map(|p| p["type"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let types = types_of(&plugins[0]);
     println!(
         "{} ({}), {} rounds per suite, microseconds; CPU = every process the chain started",
         a.conf.display(),
         types.join(" + "),
         a.rounds
     );
+    if !a.reference_only.is_empty() {
+        println!(
+            "the reference runs only {}",
+            types_of(&plugins[1]).join(" + ")
+        );
+    }
     println!(
         "{:<10} {:<4} {:>9} {:>9} {:>9}",
         "", "op", "median", "p99", "cpu"
@@ -278,11 +321,15 @@ fn main() {
         );
     }
     println!("\nper plugin, median microseconds (ADD / DEL)");
-    for (j, t) in types.iter().enumerate() {
+    for t in &types {
         let mut line = format!("{t:<10}");
         for (i, s) in suites.iter().enumerate() {
-            let (a, _) = median_p99(figs[i].per_plugin[j].0.clone());
-            let (d, _) = median_p99(figs[i].per_plugin[j].1.clone());
+            // The reference may run fewer plugins (--reference-only).
+            let Some(k) = types_of(&plugins[i]).iter().position(|x| x == t) else {
+                continue;
+            };
+            let (a, _) = median_p99(figs[i].per_plugin[k].0.clone());
+            let (d, _) = median_p99(figs[i].per_plugin[k].1.clone());
             line += &format!("  {}: {a:>7.0} / {d:>7.0}", s.name);
         }
         println!("{line}");

@@ -58,6 +58,14 @@ struct Args {
     /// scheduler picked) out of the numbers, leaving the datapath's cost.
     #[arg(long, default_value_t = 1, allow_negative_numbers = true)]
     cpu: i32,
+    /// The fast path's attachMode in the bridge+fastpath and ptp+fastpath
+    /// setups (auto: the plugin's default).
+    #[arg(long, default_value = "auto")]
+    attach_mode: String,
+    /// Adds a bridge+fastpath setup with the fast path on the other hook
+    /// (tcx against tc, or tc against tcx), paired with the first.
+    #[arg(long)]
+    compare_attach: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -110,6 +118,17 @@ fn direct() -> Setup {
 }
 
 fn plugin_setup(args: &Args, kind: Kind, fast: bool) -> Setup {
+    plugin_setup_on(args, kind, fast, &args.attach_mode, None)
+}
+
+/// [`plugin_setup`] with the fast path on `mode`, under `label` if given.
+fn plugin_setup_on(
+    args: &Args,
+    kind: Kind,
+    fast: bool,
+    mode: &str,
+    label: Option<&'static str>,
+) -> Setup {
     let node = NetNs::new_anonymous().unwrap();
     let (a, b) = (
         NetNs::new_anonymous().unwrap(),
@@ -149,7 +168,7 @@ fn plugin_setup(args: &Args, kind: Kind, fast: bool) -> Setup {
         let fs = Bpffs::mount();
         for (path, cid, prev) in &results {
             let c = json!({"cniVersion": "1.1.0", "name": net, "type": "fastpath",
-                           "pinRoot": fs.root(), "prevResult": prev});
+                           "pinRoot": fs.root(), "attachMode": mode, "prevResult": prev});
             let (_, ok, _) = call(
                 &node,
                 &args.ours.join("fastpath"),
@@ -166,12 +185,12 @@ fn plugin_setup(args: &Args, kind: Kind, fast: bool) -> Setup {
     }
     keep.push(Box::new(node));
     Setup {
-        name: match (kind, fast) {
+        name: label.unwrap_or(match (kind, fast) {
             (Kind::Bridge, false) => "bridge",
             (Kind::Bridge, true) => "bridge+fastpath",
             (_, false) => "ptp",
             (_, true) => "ptp+fastpath",
-        },
+        }),
         a,
         b,
         b4,
@@ -326,13 +345,34 @@ fn main() {
          client and server on CPU {}), {} throughput rounds of {} s",
         args.rounds, args.rr, args.pings, args.cpu, args.tput_rounds, args.tput_secs
     );
-    let setups = vec![
+    let mut setups = vec![
         direct(),
         plugin_setup(&args, Kind::Bridge, false),
         plugin_setup(&args, Kind::Bridge, true),
         plugin_setup(&args, Kind::Ptp, false),
         plugin_setup(&args, Kind::Ptp, true),
     ];
+    // The other hook: tc where the setups above use tcx (auto on 6.6+
+    // kernels, or asked for), else tcx.
+    let other = if args.attach_mode == "tc" {
+        "tcx"
+    } else {
+        "tc"
+    };
+    if args.compare_attach {
+        let label = if other == "tc" {
+            "bridge+fp on tc"
+        } else {
+            "bridge+fp on tcx"
+        };
+        setups.push(plugin_setup_on(
+            &args,
+            Kind::Bridge,
+            true,
+            other,
+            Some(label),
+        ));
+    }
     let n = setups.len();
     let servers: Vec<SocketAddr> = setups
         .iter()
@@ -419,6 +459,9 @@ fn main() {
     paired("ptp+fastpath / bridge", 4, br);
     paired("ptp+fastpath / ptp", 4, 3);
     paired("bridge / direct", br, d);
+    if args.compare_attach {
+        paired(&format!("fastpath on {other} / as above"), 5, 2);
+    }
     println!(
         "fast path taken: bridge+fastpath redirected {} packets, ptp+fastpath {} during the latency rounds",
         taken[2], taken[4]
@@ -488,16 +531,16 @@ fn main() {
 
 /// Per-pod ADD wall time: the reference bridge alone, ours alone, and our
 /// bridge + fastpath chain (the two calls a runtime makes in sequence), with
-/// fastpath on tcx (the default on this kernel: every tcx attach waits for
-/// an RCU grace period in the kernel) and on clsact.
+/// fastpath on clsact (attachMode auto) and on tcx (every tcx attach waits
+/// for an RCU grace period in the kernel).
 fn add_latency(args: &Args) {
     let fs = Bpffs::mount();
     let mut rows = vec![];
     for (name, dir, fast) in [
         ("reference bridge", args.reference.clone(), None),
         ("rcni bridge", args.ours.clone(), None),
-        ("rcni bridge+fastpath", args.ours.clone(), Some("tcx")),
-        ("  ... attachMode tc", args.ours.clone(), Some("tc")),
+        ("rcni bridge+fastpath", args.ours.clone(), Some("auto")),
+        ("  ... attachMode tcx", args.ours.clone(), Some("tcx")),
     ] {
         let node = NetNs::new_anonymous().unwrap();
         let data = tempfile::tempdir().unwrap();
