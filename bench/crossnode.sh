@@ -17,7 +17,15 @@
 # (targets: p50 ratio <= 1.1, throughput ratio >= 0.9). Everything lives in namespaces and
 # a temporary directory made here, removed on exit; traffic only between
 # them.
-# Usage: bench/crossnode.sh [--seconds N] [--rr N] [--bin-dir DIR]
+# --profile DIR: where the time goes, for underlay, rcni-host-gw and
+# rcni-hgw-ebpf: the request/response run again under a system-wide perf
+# profile (DIR/<variant>.txt: symbols by share of the CPU time, idle left
+# out) with the kernel's BPF run-time statistics on (DIR/bpf-<variant>.txt:
+# each rcni program's runs and mean ns per run).
+# --rounds N: the whole run N times (fresh namespaces each), then each
+# ratio's median, min and max over the rounds: one run's ratios move by
+# 0.1 from run to run on this machine.
+# Usage: bench/crossnode.sh [--seconds N] [--rr N] [--bin-dir DIR] [--profile DIR] [--rounds N]
 #        (default: 5 s of iperf3, 5000 round trips, the static release build
 #        installed into target/bench-bin; rcni-node comes from the same build)
 set -euo pipefail
@@ -32,14 +40,59 @@ cd "$(dirname "$0")/.."
 secs=5
 rr=5000
 bin=
+profile=
+rounds=1
+args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) secs=$2; shift 2 ;;
     --rr) rr=$2; shift 2 ;;
     --bin-dir) bin=$2; shift 2 ;;
-    *) echo "usage: $0 [--seconds N] [--rr N] [--bin-dir DIR]" >&2; exit 2 ;;
+    --profile) profile=$(mkdir -p "$2" && cd "$2" && pwd); shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    *) echo "usage: $0 [--seconds N] [--rr N] [--bin-dir DIR] [--profile DIR] [--rounds N]" >&2; exit 2 ;;
   esac
 done
+if [ "$rounds" -gt 1 ] && [ -z "${RCNI_XN_ALL:-}" ]; then
+  export RCNI_XN_ALL
+  RCNI_XN_ALL=$(mktemp /tmp/rcni-xnbench-all.XXXXXX)
+  trap 'rm -f "$RCNI_XN_ALL"' EXIT
+  for r in $(seq "$rounds"); do
+    echo "== round $r of $rounds"
+    RCNI_XN_ROUND=$r "$0" "${args[@]}"
+  done
+  echo "== over $rounds rounds: median (min-max) of each round's ratio"
+  python3 - "$RCNI_XN_ALL" <<'PY'
+import sys
+from collections import defaultdict
+runs = defaultdict(dict)
+for line in open(sys.argv[1]):
+    r, name, p50, gbit = line.split()
+    runs[r][name] = (float(p50), float(gbit))
+def stat(v):
+    v = sorted(v)
+    return f"{v[len(v) // 2]:.2f} ({v[0]:.2f}-{v[-1]:.2f})"
+print(f"  {'variant':13s} {'p50/underlay':>22s} {'tput/underlay':>22s}")
+for name in ["flannel-hand", "rcni-vxlan", "rcni-host-gw", "rcni-hgw-ebpf", "rcni-vx-ebpf"]:
+    p = [x[name][0] / x["underlay"][0] for x in runs.values()]
+    g = [x[name][1] / x["underlay"][1] for x in runs.values()]
+    print(f"  {name:13s} {stat(p):>22s} {stat(g):>22s}")
+p = [x["rcni-hgw-ebpf"][0] / x["underlay"][0] for x in runs.values()]
+g = [x["rcni-hgw-ebpf"][1] / x["underlay"][1] for x in runs.values()]
+print(f"  rcni-hgw-ebpf vs underlay, median over rounds: p50 {stat(p)} (target <= 1.1), "
+      f"throughput {stat(g)} (target >= 0.9)")
+p = [x["rcni-vxlan"][0] / x["flannel-hand"][0] for x in runs.values()]
+g = [x["rcni-vxlan"][1] / x["flannel-hand"][1] for x in runs.values()]
+print(f"  rcni-vxlan vs flannel-hand, median over rounds: p50 {stat(p)} (target <= 1.0), "
+      f"throughput {stat(g)} (target >= 1.0)")
+PY
+  exit 0
+fi
+if [ -n "$profile" ]; then
+  for t in perf bpftool; do
+    command -v "$t" >/dev/null || { echo "$0: --profile needs $t (apt-get install linux-perf bpftool)" >&2; exit 1; }
+  done
+fi
 for t in iperf3 python3 ip bridge nft; do
   command -v "$t" >/dev/null || { echo "$0: needs $t" >&2; exit 1; }
 done
@@ -99,6 +152,31 @@ else:
     print(f"{t[len(t) // 2] / 1000:.1f}")
 PY
 
+# bpfstats.py OUT CMD...: runs CMD with the kernel's BPF run-time
+# statistics on, and writes each rcni program's runs and mean ns per run.
+cat > "$work/bpfstats.py" <<'PY'
+import ctypes, json, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+attr = ctypes.create_string_buffer(16)  # enable_stats.type = BPF_STATS_RUN_TIME (0)
+fd = libc.syscall(321, 32, attr, 16)  # bpf(BPF_ENABLE_STATS)
+def progs():
+    out = subprocess.run(["bpftool", "prog", "show", "-j"], capture_output=True, text=True).stdout
+    return {p["id"]: p for p in json.loads(out or "[]") if p.get("name", "").startswith("rcni_")}
+before = progs() if fd >= 0 else {}
+rc = subprocess.run(sys.argv[2:]).returncode
+after = progs() if fd >= 0 else {}
+with open(sys.argv[1], "w") as f:
+    if fd < 0:
+        print(f"BPF_ENABLE_STATS failed: errno {ctypes.get_errno()}", file=f)
+    for i, p in sorted(after.items()):
+        b = before.get(i, {})
+        n = p.get("run_cnt", 0) - b.get("run_cnt", 0)
+        t = p.get("run_time_ns", 0) - b.get("run_time_ns", 0)
+        if n:
+            print(f"{p['name']:16s} id {i:6d}: {n:8d} runs, {t / n:7.0f} ns per run", file=f)
+sys.exit(rc)
+PY
+
 # The underlay: a bridge in its own namespace.
 ip netns add "$ul"
 nsx "$ul" ip link set lo up
@@ -146,9 +224,53 @@ measure() {
   wait "$srv" || true
   rm -f "$work/rr.ready"
   echo "$name $p50 $gbit" >>"$work/results"
+  [ -n "${RCNI_XN_ALL:-}" ] && echo "${RCNI_XN_ROUND:-1} $name $p50 $gbit" >>"$RCNI_XN_ALL"
   printf '  %-13s p50 %8s us   %7s Gbit/s\n' "$name" "$p50" "$gbit"
+  case "$name" in
+    underlay|rcni-host-gw|rcni-hgw-ebpf) [ -n "$profile" ] && profile_rr "$@" ;;
+  esac
+  return 0
 }
 
+# profile_rr NAME SRC_NS DST_NS DST_IP: the request/response run again
+# (ten times the round trips, so that python's start is a small part),
+# under perf (the node has no PMU here: cpu-clock, one sample per 5 us of
+# CPU, so samples x 5 us / round trips is a symbol's time per round trip),
+# with the kernel's BPF run-time statistics on (BPF_ENABLE_STATS: on while
+# the fd is open, off when the helper exits) for the eBPF variant.
+profile_rr() {
+  local name=$1 src=$2 dst=$3 ip=$4
+  nsx "$dst" python3 "$work/rr.py" server >"$work/rr.ready" &
+  local srv=$!
+  for _ in $(seq 50); do [ -s "$work/rr.ready" ] && break; sleep 0.1; done
+  perf record -q -a -e cpu-clock -c 5000 -o "$work/$name.perf" -- \
+    python3 "$work/bpfstats.py" "$profile/bpf-$name.txt" \
+    ip netns exec "$src" python3 "$work/rr.py" client "$ip" "$((rr * 10))" >"$work/$name.rr" 2>/dev/null
+  wait "$srv" || true
+  rm -f "$work/rr.ready"
+  perf report -i "$work/$name.perf" -n --no-children --sort sym --stdio 2>/dev/null |
+    grep -v '^#' | grep -v '^$' >"$work/$name.syms"
+  python3 - "$work/$name.syms" "$((rr * 10))" "$name" "$(cat "$work/$name.rr")" \
+    "$(grep -c . "$work/$name.syms")" >"$profile/$name.txt" <<'PY'
+import sys
+path, rr, name, p50 = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+rows = []
+for line in open(path):
+    parts = line.split()
+    if len(parts) < 4 or not parts[0].endswith("%") or not parts[1].isdigit():
+        continue
+    rows.append((int(parts[1]), parts[-1]))
+idle = ("pv_native_safe_halt", "default_idle", "acpi_idle_do_entry", "cpuidle_enter_state")
+busy = [(n, s) for n, s in rows if s not in idle]
+per_rr = lambda n: n * 5.0 / rr
+total = sum(n for n, _ in busy)
+print(f"== {name}: p50 {p50} us under perf; CPU time per round trip (both CPUs, idle left out): "
+      f"{per_rr(total):.2f} us")
+for n, sym in busy[:40]:
+    print(f"  {sym:48s} {per_rr(n):7.3f} us")
+PY
+  rm -f "$work/$name.perf"
+}
 echo "== crossnode: $secs s iperf3, $rr round trips per variant; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # (a) the underlay.
