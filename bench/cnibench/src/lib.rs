@@ -38,7 +38,7 @@ pub fn plugin_command(
     pod: &str,
 ) -> std::process::Command {
     let mut c = node.command(plugin);
-    c.env_clear()
+    rcni_testkit::keep_probe_dir(c.env_clear())
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("CNI_COMMAND", cmd)
         .env("CNI_CONTAINERID", cid)

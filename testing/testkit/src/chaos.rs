@@ -823,7 +823,7 @@ impl Harness {
     fn cnitool(&self, args: &[&str]) -> Command {
         // setpriv execs cnitool: the PID, and so the process group, stay.
         let mut c = crate::tied_command_in(&self.node, self.bins.join("cnitool"));
-        c.env_clear()
+        crate::keep_probe_dir(c.env_clear())
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("NETCONFPATH", self.state.path().join("conf"))
             .env("CNI_PATH", &self.bins)
@@ -840,7 +840,7 @@ impl Harness {
     /// `libcni-client CMD` for the attachment, as [`Harness::cnitool`].
     fn libcni_cmd(&self, client: &Path, cmd: &str, pod: &str, cid: &str) -> Command {
         let mut c = self.node.command(client);
-        c.env_clear()
+        crate::keep_probe_dir(c.env_clear())
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("CNI_PATH", &self.bins)
             .arg(cmd)

@@ -92,6 +92,17 @@ pub fn reference_bin(name: &str) -> PathBuf {
     p
 }
 
+/// Puts `RCNI_PROBE_DIR` (where the plugins keep the iptables probe's
+/// answer; scripts/test points it under target/) back on a command whose
+/// environment was cleared, so that its plugins leave nothing in the
+/// host's /run.
+pub fn keep_probe_dir(c: &mut Command) -> &mut Command {
+    if let Some(d) = std::env::var_os("RCNI_PROBE_DIR") {
+        c.env("RCNI_PROBE_DIR", d);
+    }
+    c
+}
+
 /// Where upstream's current release (v1.9.1) is looked for: `RCNI_REFERENCE_V191`
 /// names a directory of its binaries or its release tarball; without it, the
 /// tarball the project's own CI keeps beside the checkout. A user's clone has

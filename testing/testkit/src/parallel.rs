@@ -234,10 +234,9 @@ impl Node {
             {"hostPort": 8080, "containerPort": 80, "protocol": "tcp"},
             {"hostPort": 8053, "containerPort": 53, "protocol": "udp"}]});
         let t = Instant::now();
-        let out = self
-            .node
-            .command(&self.cnitool)
-            .env_clear()
+        let mut cmd = self.node.command(&self.cnitool);
+        crate::keep_probe_dir(cmd.env_clear());
+        let out = cmd
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
             .env("NETCONFPATH", self.state.path().join("conf"))
             .env("CNI_PATH", &self.plugins)
