@@ -33,34 +33,54 @@ impl Hook {
     /// 10-12 ms each here: three per pod with fastpath and policy, most of
     /// their ADD and DEL, and every other netlink change on the node waits
     /// behind it. A cls_bpf filter on clsact waits at most for an expedited
-    /// grace period (`mini_qdisc_pair_swap`), and per packet it costs the
-    /// same within noise (bench/fastpath.sh --compare-attach). tcx stays
-    /// one `attachMode` away.
+    /// grace period (`mini_qdisc_pair_swap`); per packet it costs about 2 %
+    /// more on a 4 µs pod-to-pod round trip (bench/fastpath.sh
+    /// --compare-attach). tcx stays one `attachMode` away.
     pub fn preferred() -> Hook {
         Hook::Tc
     }
 
-    /// The hook of `attachMode` auto on `ifname` (a name in the calling
-    /// thread's network namespace): [`Hook::preferred`], except where the
-    /// link has a plain `ingress` qdisc (the reference bandwidth plugin's,
-    /// earlier in the chain), which takes clsact's place and has no egress
-    /// hook: tcx there, which needs no qdisc.
-    pub fn auto_for(ifname: &str) -> Result<Hook> {
+    /// The hook to attach with, for `attachMode` `mode` (`None`: auto) on a
+    /// link whose qdiscs are `qdiscs`: auto is [`Hook::preferred`], except
+    /// where the link has a plain `ingress` qdisc (the reference bandwidth
+    /// plugin's, earlier in the chain), which takes clsact's place and has
+    /// no egress hook: tcx there, which needs no qdisc.
+    pub fn for_attach(mode: Option<Hook>, qdiscs: &[rcni_netlink::tc::Qdisc]) -> Hook {
+        match mode {
+            Some(h) => h,
+            None if qdiscs.iter().any(|q| q.kind == "ingress") => Hook::Tcx,
+            None => Hook::preferred(),
+        }
+    }
+
+    /// [`Hook::for_attach`] on `ifname` (a name in the calling thread's
+    /// network namespace), its qdiscs read only for auto.
+    pub fn for_attach_on(mode: Option<Hook>, ifname: &str) -> Result<Hook> {
+        if mode.is_some() {
+            return Ok(Hook::for_attach(mode, &[]));
+        }
         let nl_err = |e| Error::netlink(Some(format!("list qdiscs of {ifname}")), e);
         let rt = rcni_netlink::runtime().map_err(nl_err)?;
-        let ingress = rt
+        let qdiscs = rt
             .block_on(async {
                 let nl = rcni_netlink::Netlink::connect_current().await?;
                 let link = nl.link_by_name(ifname).await?;
-                let qs = nl.qdiscs(link.index).await?;
-                Ok::<_, rcni_netlink::Error>(qs.iter().any(|q| q.kind == "ingress"))
+                nl.qdiscs(link.index).await
             })
             .map_err(nl_err)?;
-        Ok(if ingress {
-            Hook::Tcx
-        } else {
-            Hook::preferred()
-        })
+        Ok(Hook::for_attach(mode, &qdiscs))
+    }
+
+    /// The hooks on which an attachment made earlier counts as attached
+    /// for `attachMode` `mode`: auto accepts tcx too (its default before
+    /// clsact, and its choice next to an `ingress` qdisc), so that CHECK
+    /// passes and ADD keeps such a pod.
+    pub fn accepted(mode: Option<Hook>) -> &'static [Hook] {
+        match mode {
+            None => &[Hook::Tcx, Hook::Tc],
+            Some(Hook::Tcx) => &[Hook::Tcx],
+            Some(Hook::Tc) => &[Hook::Tc],
+        }
     }
 
     /// A config's `attachMode`: `None` for auto (absent, empty or "auto");

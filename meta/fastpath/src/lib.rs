@@ -29,6 +29,7 @@ use rcni_attach::podveth;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode};
 use rcni_ebpf::{AttachmentId, Datapath, EP_FASTPATH, Endpoint, EndpointKey, Hook, bpffs};
+use rcni_netlink::tc::Qdisc;
 use rcni_netlink::{Link, Netlink};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -88,45 +89,62 @@ fn find_target(args: &CmdArgs, prev: &CniResult) -> Result<Target, CniError> {
 /// enforces (an isolated bridge port: portIsolation; firewall's `isolated`
 /// rules in its `bridge` table). Seen in the kernel, so what the reference's
 /// bandwidth plugin made counts too.
-fn normal_path_reason(args: &CmdArgs, veth: &Link) -> Result<Option<String>, CniError> {
-    let reason = rt()?.block_on(async {
+///
+/// Also returns the veth's qdiscs, which ADD's choice of hook needs too
+/// ([`Hook::for_attach`]).
+fn normal_path_reason(
+    args: &CmdArgs,
+    veth: &Link,
+) -> Result<(Option<String>, Vec<Qdisc>), CniError> {
+    let (reason, qdiscs) = rt()?.block_on(async {
         let host = Netlink::connect_current().await?;
-        for q in host.qdiscs(veth.index).await? {
-            if q.parent == 0xffff_ffff && q.kind != "noqueue" {
-                return Ok(Some(format!(
-                    "{} has a {} root qdisc (shaped)",
-                    veth.name, q.kind
-                )));
-            }
-            if q.kind == "ingress" {
-                return Ok(Some(format!(
-                    "{} has an ingress qdisc (shaped through an IFB)",
-                    veth.name
-                )));
-            }
-        }
-        // On kernels without tcx the fast path's clsact holds bandwidth's
-        // redirect to the IFB instead of an ingress qdisc.
-        if let Some(k) = host
-            .ingress_filter_kinds(veth.index)
-            .await?
-            .into_iter()
-            .find(|k| k != "bpf")
-        {
+        let qdiscs = host.qdiscs(veth.index).await?;
+        let reason = shaped_or_isolated(&host, veth, &qdiscs).await?;
+        Ok::<_, CniError>((reason, qdiscs))
+    })?;
+    if reason.is_some() || veth.master.is_none() {
+        return Ok((reason, qdiscs));
+    }
+    Ok((firewall_isolated(args, veth)?, qdiscs))
+}
+
+/// The kernel-side part of [`normal_path_reason`].
+async fn shaped_or_isolated(
+    host: &Netlink,
+    veth: &Link,
+    qdiscs: &[Qdisc],
+) -> Result<Option<String>, CniError> {
+    for q in qdiscs {
+        if q.parent == 0xffff_ffff && q.kind != "noqueue" {
             return Ok(Some(format!(
-                "{} has a {k} filter on its ingress hook (shaped through an IFB)",
+                "{} has a {} root qdisc (shaped)",
+                veth.name, q.kind
+            )));
+        }
+        if q.kind == "ingress" {
+            return Ok(Some(format!(
+                "{} has an ingress qdisc (shaped through an IFB)",
                 veth.name
             )));
         }
-        if veth.master.is_some() && host.bridge_port_isolated(veth.index).await? {
-            return Ok(Some(format!("{} is an isolated bridge port", veth.name)));
-        }
-        Ok::<_, CniError>(None)
-    })?;
-    if reason.is_some() || veth.master.is_none() {
-        return Ok(reason);
     }
-    firewall_isolated(args, veth)
+    // With the fast path on clsact (attachMode auto, tc) that clsact holds
+    // bandwidth's redirect to the IFB instead of an ingress qdisc.
+    if let Some(k) = host
+        .ingress_filter_kinds(veth.index)
+        .await?
+        .into_iter()
+        .find(|k| k != "bpf")
+    {
+        return Ok(Some(format!(
+            "{} has a {k} filter on its ingress hook (shaped through an IFB)",
+            veth.name
+        )));
+    }
+    if veth.master.is_some() && host.bridge_port_isolated(veth.index).await? {
+        return Ok(Some(format!("{} is an isolated bridge port", veth.name)));
+    }
+    Ok(None)
 }
 
 /// Whether firewall (ingressPolicy `isolated`, nftables) drops the bridge's
@@ -179,17 +197,28 @@ fn attached(
     veth: &Link,
     clear: bool,
 ) -> Result<bool, CniError> {
-    // With attachMode auto, a pod attached on tcx (the default before
-    // clsact) is attached as well: CHECK passes and ADD keeps it.
-    let tcx = |dp: &mut Datapath| -> Result<bool, CniError> {
-        let pinned = conf.dir.join(id.link_pin()).exists();
-        Ok(pinned && dp.tcx_attached(&veth.name).map_err(ebpf_err)?)
-    };
-    if conf.attach_mode.is_none() && tcx(dp)? {
-        return Ok(true);
+    for &hook in Hook::accepted(conf.attach_mode) {
+        if attached_on(dp, conf, id, veth, clear, hook)? {
+            return Ok(true);
+        }
     }
-    match conf.hook() {
-        Hook::Tcx => tcx(dp),
+    Ok(false)
+}
+
+/// [`attached`] on one hook.
+fn attached_on(
+    dp: &mut Datapath,
+    conf: &Conf,
+    id: AttachmentId,
+    veth: &Link,
+    clear: bool,
+    hook: Hook,
+) -> Result<bool, CniError> {
+    match hook {
+        Hook::Tcx => {
+            let pinned = conf.dir.join(id.link_pin()).exists();
+            Ok(pinned && dp.tcx_attached(&veth.name).map_err(ebpf_err)?)
+        }
         Hook::Tc => {
             let prog = dp.program_id().map_err(ebpf_err)?;
             let filters = rt()?.block_on(async {
@@ -275,7 +304,7 @@ impl Fastpath {
         let mut dp = Datapath::open_or_load(&conf.dir).map_err(ebpf_err)?;
         let id = AttachmentId::new(&args.container_id, &args.ifname);
         let keys: Vec<EndpointKey> = target.addrs.iter().map(|a| EndpointKey::new(*a)).collect();
-        let normal = normal_path_reason(args, &target.host_veth)?;
+        let (normal, qdiscs) = normal_path_reason(args, &target.host_veth)?;
         let ep = Endpoint::new(
             target.host_veth.index,
             target.pod_mac,
@@ -287,10 +316,7 @@ impl Fastpath {
         let r = (|| -> Result<(), CniError> {
             dp.insert_endpoints(&eps).map_err(ebpf_err)?;
             if !attached(&mut dp, conf, id, &target.host_veth, true)? {
-                let hook = match conf.attach_mode {
-                    Some(h) => h,
-                    None => Hook::auto_for(&target.host_veth.name).map_err(ebpf_err)?,
-                };
+                let hook = Hook::for_attach(conf.attach_mode, &qdiscs);
                 dp.attach(&target.host_veth.name, id, hook)
                     .map_err(ebpf_err)?;
             }
@@ -325,7 +351,7 @@ impl Fastpath {
                 ))
             })?;
         let id = AttachmentId::new(&args.container_id, &args.ifname);
-        let normal = normal_path_reason(args, &target.host_veth)?;
+        let (normal, _) = normal_path_reason(args, &target.host_veth)?;
         for a in &target.addrs {
             let Some(ep) = dp.endpoint(&EndpointKey::new(*a)).map_err(ebpf_err)? else {
                 return Err(CniError::check_failed(format!(

@@ -317,33 +317,29 @@ pub(crate) fn attachment(p: &PodRecord) -> AttachmentId {
     AttachmentId::new(&p.container_id, &p.ifname)
 }
 
-/// Whether both policy programs sit on `ifname` for `id`. With attachMode
-/// auto, a pod attached on tcx (the default before clsact) counts too:
-/// CHECK passes and ADD keeps it.
+/// Whether both policy programs sit on `ifname` for `id`, on a hook
+/// [`Hook::accepted`] for the config's attachMode.
 fn programs_attached(
     dp: &mut Datapath,
     conf: &Conf,
     ifname: &str,
     id: AttachmentId,
 ) -> Result<bool, CniError> {
-    if conf.attach_mode.is_none()
-        && dp
-            .policy_attached(&conf.pin_dir, ifname, id, Hook::Tcx)
+    for &hook in Hook::accepted(conf.attach_mode) {
+        if dp
+            .policy_attached(&conf.pin_dir, ifname, id, hook)
             .map_err(ebpf::err)?
-    {
-        return Ok(true);
+        {
+            return Ok(true);
+        }
     }
-    dp.policy_attached(&conf.pin_dir, ifname, id, conf.hook())
-        .map_err(ebpf::err)
+    Ok(false)
 }
 
 fn attach_programs(dp: &mut Datapath, conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
     let id = attachment(p);
     if !programs_attached(dp, conf, &p.host_ifname, id)? {
-        let hook = match conf.attach_mode {
-            Some(h) => h,
-            None => Hook::auto_for(&p.host_ifname).map_err(ebpf::err)?,
-        };
+        let hook = Hook::for_attach_on(conf.attach_mode, &p.host_ifname).map_err(ebpf::err)?;
         dp.attach_policy(&p.host_ifname, id, hook)
             .map_err(ebpf::err)?;
     }
