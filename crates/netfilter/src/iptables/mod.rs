@@ -6,7 +6,7 @@
 //! text `iptables-save` prints, so what we write and what we read compare
 //! as strings where that is simplest.
 
-pub mod probe_cache;
+mod probe_cache;
 
 use crate::Error;
 use crate::exec;
@@ -310,15 +310,15 @@ pub fn supported(ns: &NetNs, fam: Family) -> bool {
         return false;
     };
     let cache = probe_cache::Cache::new(fam.iptables_tool(), &tool);
-    if let Some(known) = cache.as_ref().and_then(probe_cache::Cache::get) {
-        return known;
+    if cache.as_ref().is_some_and(probe_cache::Cache::works) {
+        return true;
     }
     let works = probe(ns, fam);
     // Only a working iptables is kept: a failure may be passing (a module
     // still loading), and one kept would move the default backend to
     // nftables for the whole boot.
     if works && let Some(c) = cache {
-        c.put(true);
+        c.put_works();
     }
     works
 }

@@ -1,15 +1,15 @@
 //! The per-boot answer of the iptables probe ([`super::supported`]).
 //!
 //! One file per tool in [`DEFAULT_DIR`] (on tmpfs: gone at reboot), or in
-//! `RCNI_PROBE_DIR` (empty: no cache). It holds a key and the answer; the
-//! key is the tool's resolved file (symlinks followed, so switching
+//! `RCNI_PROBE_DIR` (empty: no cache). Only a working iptables is kept, so
+//! the file holds just a key, which says "works" while it matches; the key
+//! is the tool's resolved file (symlinks followed, so switching
 //! `update-alternatives` between iptables-nft and -legacy changes it) with
 //! its inode, size and modification time, and the caller's user namespace
 //! (a rootless runtime's probe is its own). A key that differs, or a file
 //! that cannot be read or written, means the probe runs as before: the
 //! cache never changes an answer, only saves asking again.
 
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -23,14 +23,14 @@ pub struct Cache {
 
 /// What identifies the answer: the tool's resolved file and the user
 /// namespace asking.
-pub fn key(tool: &Path) -> Option<String> {
+fn key(tool: &Path) -> Option<String> {
     let real = std::fs::canonicalize(tool).ok()?;
     let m = std::fs::metadata(&real).ok()?;
     let userns = std::fs::metadata("/proc/self/ns/user")
         .map(|u| u.ino())
         .unwrap_or(0);
     Some(format!(
-        "{} dev={} ino={} size={} mtime={}.{} userns={userns}",
+        "{} dev={} ino={} size={} mtime={}.{} userns={userns}\n",
         real.display(),
         m.dev(),
         m.ino(),
@@ -58,74 +58,26 @@ impl Cache {
         })
     }
 
-    /// The answer kept for this key.
-    pub fn get(&self) -> Option<bool> {
-        let text = std::fs::read_to_string(&self.file).ok()?;
-        parse(&text, &self.key)
+    /// Whether this tool was found working earlier in the boot.
+    pub fn works(&self) -> bool {
+        std::fs::read_to_string(&self.file).is_ok_and(|k| k == self.key)
     }
 
-    /// Keeps `works` for this key; failures are ignored (the next call
-    /// probes again). Written to a temporary file and renamed, so a reader
-    /// racing a writer sees a whole file or none.
-    pub fn put(&self, works: bool) {
-        let Some(dir) = self.file.parent() else {
-            return;
-        };
-        if std::fs::create_dir_all(dir).is_err() {
-            return;
+    /// Keeps "works" for this key; failures are ignored (the next call
+    /// probes again). Replaced whole (rcni_statefile), so a reader racing
+    /// a writer sees one key or the other.
+    pub fn put_works(&self) {
+        if let Some(dir) = self.file.parent()
+            && std::fs::create_dir_all(dir).is_ok()
+        {
+            let _ = rcni_statefile::write_replace(&self.file, self.key.as_bytes(), 0o644);
         }
-        let Ok(mut tmp) = tempfile_in(dir) else {
-            return;
-        };
-        let ok = tmp.1.write_all(render(&self.key, works).as_bytes()).is_ok();
-        if !ok || std::fs::rename(&tmp.0, &self.file).is_err() {
-            let _ = std::fs::remove_file(&tmp.0);
-        }
-    }
-}
-
-/// A new file in `dir` only this process writes (O_EXCL, named by pid and
-/// a counter).
-fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
-    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let p = dir.join(format!(".tmp.{}.{n}", std::process::id()));
-    let f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&p)?;
-    Ok((p, f))
-}
-
-fn render(key: &str, works: bool) -> String {
-    format!("{key}\n{}\n", if works { "works" } else { "fails" })
-}
-
-fn parse(text: &str, key: &str) -> Option<bool> {
-    let mut lines = text.lines();
-    if lines.next()? != key {
-        return None;
-    }
-    match lines.next()? {
-        "works" => Some(true),
-        "fails" => Some(false),
-        _ => None,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn answer_only_for_its_key() {
-        let k = "/usr/sbin/xtables-nft-multi dev=1 ino=2 size=3 mtime=4.5 userns=6";
-        assert_eq!(parse(&render(k, true), k), Some(true));
-        assert_eq!(parse(&render(k, false), k), Some(false));
-        assert_eq!(parse(&render(k, true), "other"), None);
-        assert_eq!(parse("", k), None);
-        assert_eq!(parse(&format!("{k}\nmaybe\n"), k), None);
-    }
 
     #[test]
     fn kept_and_rekeyed_when_the_tool_changes() {
@@ -136,9 +88,9 @@ mod tests {
             file: dir.path().join("cache/iptables"),
             key: key(&tool).unwrap(),
         };
-        assert_eq!(c.get(), None);
-        c.put(true);
-        assert_eq!(c.get(), Some(true));
+        assert!(!c.works());
+        c.put_works();
+        assert!(c.works());
         // Another tool (a reinstall, an alternatives switch) is another key.
         std::fs::write(&tool, "#!/bin/sh\nexit 1\n").unwrap();
         let again = Cache {
@@ -146,7 +98,7 @@ mod tests {
             key: key(&tool).unwrap(),
         };
         assert_ne!(again.key, c.key);
-        assert_eq!(again.get(), None);
+        assert!(!again.works());
         // Nothing but the cache file is left behind.
         let left: Vec<_> = std::fs::read_dir(dir.path().join("cache"))
             .unwrap()
