@@ -137,6 +137,24 @@ fn redirected(node: &Node, fs: &Bpffs) -> u64 {
         .sum()
 }
 
+/// The cls_bpf filters on the node's link `veth`'s ingress hook.
+fn ingress_filters(node: &Node, veth: &str) -> Vec<rcni_netlink::tc::BpfFilter> {
+    nl(&node.ns.ns, async |n| {
+        let l = n.link_by_name(veth).await.unwrap();
+        n.ingress_bpf_filters(l.index).await.unwrap()
+    })
+}
+
+/// The programs on the node's link `veth`'s tcx ingress hook.
+fn tcx_progs(node: &Node, veth: &str) -> Vec<u32> {
+    let veth = veth.to_string();
+    node.ns
+        .ns
+        .run(move || rcni_ebpf::tcx_programs(&veth))
+        .unwrap()
+        .unwrap()
+}
+
 /// TX packets of a node-side link (`ip -s`): what the node sent into the pod.
 fn tx_packets(ns: &NetNs, dev: &str) -> u64 {
     let out = output_in(ns, "ip", &["-j", "-s", "link", "show", "dev", dev]);
@@ -282,13 +300,7 @@ fn bridge_pods_talk_over_the_fast_path_dual_stack() {
         assert_eq!(fp_on(&node, &fs, "CHECK", p, json!({})).err().0, 106);
     }
     assert!(list(&node, &fs).is_empty());
-    let veth = host_veth(&ra, 1);
-    let progs = node
-        .ns
-        .ns
-        .run(move || rcni_ebpf::tcx_programs(&veth))
-        .unwrap()
-        .unwrap();
+    let progs = tcx_progs(&node, &host_veth(&ra, 1));
     assert!(progs.is_empty(), "still attached: {progs:?}");
     // The normal path again.
     let redirected_before = redirected(&node, &fs);
@@ -397,12 +409,7 @@ fn clsact_fallback_attaches_checks_and_detaches() {
     // ADD again (a retried runtime call) keeps one filter.
     fp_add(&node, &fs, &a, "ctr-a", &ra, tc.clone());
     let veth_a = host_veth(&ra, 1);
-    let filters = |veth: &str| {
-        nl(&node.ns.ns, async |n| {
-            let l = n.link_by_name(veth).await.unwrap();
-            n.ingress_bpf_filters(l.index).await.unwrap()
-        })
-    };
+    let filters = |veth: &str| ingress_filters(&node, veth);
     let f = filters(&veth_a);
     assert_eq!(f.len(), 1, "{f:?}");
     assert_eq!(f[0].name.as_deref(), Some(rcni_ebpf::PROGRAM));
@@ -540,27 +547,16 @@ fn check_finds_a_lost_attachment() {
 fn auto_attaches_on_clsact_and_keeps_tcx_attachments() {
     let node = Node::new();
     let fs = Bpffs::empty();
-    let (a, b, _bc, ra, rb) = bridge_pods(&node);
-    let filters = |veth: &str| {
-        nl(&node.ns.ns, async |n| {
-            let l = n.link_by_name(veth).await.unwrap();
-            n.ingress_bpf_filters(l.index).await.unwrap()
-        })
-    };
-    let tcx_progs = |veth: String| {
-        node.ns
-            .ns
-            .run(move || rcni_ebpf::tcx_programs(&veth))
-            .unwrap()
-            .unwrap()
-    };
+    let (a, b, bc, ra, rb) = bridge_pods(&node);
+    let filters = |veth: &str| ingress_filters(&node, veth);
+    let tcx_progs = |veth: &str| tcx_progs(&node, veth);
     let dir = fs.path().join("podnet");
     let (va, vb) = (host_veth(&ra, 1), host_veth(&rb, 1));
 
     // A: auto on a bare veth is clsact.
     fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
     assert_eq!(filters(&va).len(), 1);
-    assert!(tcx_progs(va.clone()).is_empty());
+    assert!(tcx_progs(&va).is_empty());
     assert!(rcni_ebpf::pinned_links(&dir).unwrap().is_empty());
 
     // B: an `ingress` qdisc already there: tcx.
@@ -569,7 +565,7 @@ fn auto_attaches_on_clsact_and_keeps_tcx_attachments() {
         n.add_ingress_qdisc(l.index).await.unwrap();
     });
     fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
-    assert_eq!(tcx_progs(vb.clone()).len(), 1);
+    assert_eq!(tcx_progs(&vb).len(), 1);
     assert_eq!(
         rcni_ebpf::pinned_links(&dir).unwrap(),
         vec![rcni_ebpf::AttachmentId::new("ctr-b", "eth0")]
@@ -578,6 +574,17 @@ fn auto_attaches_on_clsact_and_keeps_tcx_attachments() {
         fp_on(&node, &fs, "CHECK", (pod, cid, r), json!({})).ok();
     }
     pings(&a.ns, &addr_of(&rb, true), 3);
+    // A's clsact hook carries real traffic: to a third pod on the fast
+    // path (B, shaped, keeps the normal path), A's packets are redirected.
+    let c = TestNs::new();
+    let rc = node.add(&c, "ctr-c", &bc);
+    fp_add(&node, &fs, &c, "ctr-c", &rc, json!({}));
+    let before = redirected(&node, &fs);
+    pings(&a.ns, &addr_of(&rc, true), 5);
+    assert!(redirected(&node, &fs) >= before + 5);
+    fp_on(&node, &fs, "DEL", (&c, "ctr-c", &rc), json!({})).ok();
+    node.call(&bin("bridge"), "DEL", &c.path(), "ctr-c", &bc)
+        .ok();
 
     // A again, attached on tcx (as the old default did): auto's CHECK and
     // ADD accept it, without a second hook.
@@ -587,12 +594,12 @@ fn auto_attaches_on_clsact_and_keeps_tcx_attachments() {
     fp_on(&node, &fs, "CHECK", (&a, "ctr-a", &ra), json!({})).ok();
     fp_add(&node, &fs, &a, "ctr-a", &ra, json!({}));
     assert!(filters(&va).is_empty());
-    assert_eq!(tcx_progs(va.clone()).len(), 1);
+    assert_eq!(tcx_progs(&va).len(), 1);
     // auto's DEL takes tcx links off.
     for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
         fp_on(&node, &fs, "DEL", (pod, cid, r), json!({})).ok();
     }
-    assert!(tcx_progs(va).is_empty() && tcx_progs(vb).is_empty());
+    assert!(tcx_progs(&va).is_empty() && tcx_progs(&vb).is_empty());
     assert!(rcni_ebpf::pinned_links(&dir).unwrap().is_empty());
 }
 
@@ -1102,10 +1109,7 @@ fn bandwidth_after_fastpath_out_of_reach_fails_and_rolls_back() {
             .all(|q| q.kind == "noqueue" || q.kind == "clsact"),
         "{qdiscs:?}"
     );
-    let filters = nl(&node.ns.ns, async |n| {
-        let l = n.link_by_name(&veth).await.unwrap();
-        n.ingress_bpf_filters(l.index).await.unwrap()
-    });
+    let filters = ingress_filters(&node, &veth);
     assert!(
         filters
             .iter()
