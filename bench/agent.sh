@@ -11,9 +11,8 @@
 #        scripts/install --bin-dir target/bench-bin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The plugins keep the iptables probe's answer for the boot in
-# /run/rcni/probe; benchmarked plugins keep theirs under target/, off the host.
-export RCNI_PROBE_DIR=${RCNI_PROBE_DIR:-$PWD/target/tmp/probe}
+# RCNI_PROBE_DIR under target/ (and the helpers the bench scripts share).
+. bench/lib.sh
 nodes=1000
 bin=
 while [ $# -gt 0 ]; do

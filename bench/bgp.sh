@@ -45,9 +45,8 @@
 #        directory (BIRD configurations and logs, the agents' stderr).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The plugins keep the iptables probe's answer for the boot in
-# /run/rcni/probe; benchmarked plugins keep theirs under target/, off the host.
-export RCNI_PROBE_DIR=${RCNI_PROBE_DIR:-$PWD/target/tmp/probe}
+# RCNI_PROBE_DIR under target/ (and the helpers the bench scripts share).
+. bench/lib.sh
 nodes_list="3 100"
 reps=5
 secs=10

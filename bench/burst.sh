@@ -24,15 +24,8 @@ done
 . bench/lib.sh
 bench_bin
 host=$(rustc -vV | sed -n 's/^host: //p')
-refs=(/usr/lib/cni)
-v191=${RCNI_REFERENCE_V191:-../shared/reference/cni-plugins-v1.9.1.tgz}
-if [ -d "$v191" ]; then
-  refs=("$v191" "${refs[@]}")
-elif [ -f "$v191" ]; then
-  mkdir -p target/reference-v1.9.1
-  [ -x target/reference-v1.9.1/bridge ] || tar -C target/reference-v1.9.1 -xzf "$v191"
-  refs=(target/reference-v1.9.1 "${refs[@]}")
-fi
+reference_v191
+refs=(${ref:+"$ref"} /usr/lib/cni)
 for ref in "${refs[@]}"; do
   for masq in --ip-masq ""; do
     echo "== reference $ref ${masq:-(no ipMasq)}"

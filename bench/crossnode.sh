@@ -37,9 +37,8 @@ if [ -z "${RCNI_XNBENCH_PRIVATE:-}" ]; then
   exec unshare -m --propagation private "$0" "$@"
 fi
 cd "$(dirname "$0")/.."
-# The plugins keep the iptables probe's answer for the boot in
-# /run/rcni/probe; benchmarked plugins keep theirs under target/, off the host.
-export RCNI_PROBE_DIR=${RCNI_PROBE_DIR:-$PWD/target/tmp/probe}
+# RCNI_PROBE_DIR under target/ (and the helpers the bench scripts share).
+. bench/lib.sh
 secs=5
 rr=5000
 bin=

@@ -22,15 +22,9 @@ done
 . bench/lib.sh
 bench_bin
 host=$(rustc -vV | sed -n 's/^host: //p')
-ref=/usr/lib/cni version=1.0.0
-v191=${RCNI_REFERENCE_V191:-../shared/reference/cni-plugins-v1.9.1.tgz}
-if [ -d "$v191" ]; then
-  ref=$v191 version=1.1.0
-elif [ -f "$v191" ]; then
-  mkdir -p target/reference-v1.9.1
-  [ -x target/reference-v1.9.1/bridge ] || tar -C target/reference-v1.9.1 -xzf "$v191"
-  ref=target/reference-v1.9.1 version=1.1.0
-fi
+reference_v191
+version=1.1.0
+[ -n "$ref" ] || { ref=/usr/lib/cni version=1.0.0; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for mode in auto tcx; do

@@ -8,9 +8,8 @@
 # Usage: bench/fuzz.sh [-n ITERS_PER_PLUGIN_AND_COMMAND] [--seed S] [--plugin NAME]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The plugins keep the iptables probe's answer for the boot in
-# /run/rcni/probe; benchmarked plugins keep theirs under target/, off the host.
-export RCNI_PROBE_DIR=${RCNI_PROBE_DIR:-$PWD/target/tmp/probe}
+# RCNI_PROBE_DIR under target/ (and the helpers the bench scripts share).
+. bench/lib.sh
 iters=500
 seed=$(date +%s)
 while [ $# -gt 0 ]; do

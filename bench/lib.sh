@@ -18,3 +18,19 @@ bench_bin() {
     [ -x "target/$host/release/cnitool" ] || scripts/install --bin-dir target/bench-bin >/dev/null
   fi
 }
+
+# Sets $ref to upstream's v1.9.1 plugins where RCNI_REFERENCE_V191 (a
+# directory, or the release tarball) or the tarball the project's CI keeps
+# beside the checkout gives them (unpacked once into
+# target/reference-v1.9.1), else empty: a user's clone has neither.
+reference_v191() {
+  local src=${RCNI_REFERENCE_V191:-../shared/reference/cni-plugins-v1.9.1.tgz}
+  ref=
+  if [ -d "$src" ]; then
+    ref=$src
+  elif [ -f "$src" ]; then
+    mkdir -p target/reference-v1.9.1
+    [ -x target/reference-v1.9.1/bridge ] || tar -C target/reference-v1.9.1 -xzf "$src"
+    ref=target/reference-v1.9.1
+  fi
+}

@@ -4,9 +4,8 @@
 # Usage: bench/loopback.sh [ROUNDS] (needs root and a built target/release/loopback)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The plugins keep the iptables probe's answer for the boot in
-# /run/rcni/probe; benchmarked plugins keep theirs under target/, off the host.
-export RCNI_PROBE_DIR=${RCNI_PROBE_DIR:-$PWD/target/tmp/probe}
+# RCNI_PROBE_DIR under target/ (and the helpers the bench scripts share).
+. bench/lib.sh
 rounds=${1:-300}
 ours=${OURS:-target/release/loopback}
 ref=/usr/lib/cni/loopback

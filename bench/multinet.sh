@@ -9,9 +9,8 @@
 #        the static release build installed into target/bench-bin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The plugins keep the iptables probe's answer for the boot in
-# /run/rcni/probe; benchmarked plugins keep theirs under target/, off the host.
-export RCNI_PROBE_DIR=${RCNI_PROBE_DIR:-$PWD/target/tmp/probe}
+# RCNI_PROBE_DIR under target/ (and the helpers the bench scripts share).
+. bench/lib.sh
 rounds=40
 bin=
 while [ $# -gt 0 ]; do

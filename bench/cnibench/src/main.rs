@@ -62,12 +62,17 @@ struct Impl {
     path: PathBuf,
     node: NetNs,
     data: tempfile::TempDir,
+    /// `--ip-masq`.
+    masq: bool,
 }
 
-static IP_MASQ: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+impl Impl {
+    fn conf(&self) -> Value {
+        conf(self.data.path(), self.masq)
+    }
+}
 
-fn conf(data: &Path) -> Value {
-    let masq = IP_MASQ.load(std::sync::atomic::Ordering::Relaxed);
+fn conf(data: &Path, masq: bool) -> Value {
     json!({"cniVersion": "0.4.0", "name": "benchnet", "type": "bridge", "bridge": "cni0",
         "isGateway": true, "ipMasq": masq,
         "ipam": {"type": "host-local", "dataDir": data, "ranges": [[{"subnet": "10.66.0.0/16"}]]}})
@@ -175,7 +180,7 @@ fn reservations(im: &Impl) -> usize {
 
 /// DEL of a scale pod, with its ADD's result as prevResult.
 fn del_pod(im: &Impl, (_, path, cid, out, _): &Pod) {
-    let mut c = conf(im.data.path());
+    let mut c = im.conf();
     c["prevResult"] = serde_json::from_slice(out).unwrap();
     let (_, ok, _) = run(im, "DEL", cid, path, &serde_json::to_vec(&c).unwrap());
     assert!(ok, "{} DEL failed", im.name);
@@ -199,13 +204,13 @@ fn veths_left(im: &Impl) -> usize {
 
 fn main() {
     let a = Args::parse();
-    IP_MASQ.store(a.ip_masq, std::sync::atomic::Ordering::Relaxed);
     let mk = |name, dir: &Path| Impl {
         name,
         bridge: dir.join("bridge"),
         path: dir.to_path_buf(),
         node: pod(),
         data: tempfile::tempdir().unwrap(),
+        masq: a.ip_masq,
     };
     let impls = [mk("rcni", &a.ours), mk("reference", &a.reference)];
     for im in &impls {
@@ -221,7 +226,7 @@ fn main() {
         for (i, im) in impls.iter().enumerate() {
             let p = pod();
             let path = p.proc_path().display().to_string();
-            let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
+            let stdin = serde_json::to_vec(&im.conf()).unwrap();
             let c0 = children_cpu_us();
             let (out, ok, s) = run(im, "ADD", "lat", &path, &stdin);
             let c1 = children_cpu_us();
@@ -231,7 +236,7 @@ fn main() {
                 im.name,
                 String::from_utf8_lossy(&out)
             );
-            let mut c = conf(im.data.path());
+            let mut c = im.conf();
             c["prevResult"] = serde_json::from_slice(&out).unwrap();
             let (_, ok, d) = run(im, "DEL", "lat", &path, &serde_json::to_vec(&c).unwrap());
             let c2 = children_cpu_us();
@@ -301,7 +306,7 @@ fn scale(a: &Args, impls: &[Impl]) {
          mcast = packets/s the bridge floods to its ports meanwhile)"
     );
     for im in impls {
-        let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
+        let stdin = serde_json::to_vec(&im.conf()).unwrap();
         let mut pods: Vec<Pod> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut add_pod = |pods: &mut Vec<Pod>| {
@@ -388,7 +393,7 @@ fn concurrent(a: &Args, impls: &[Impl]) {
     );
     let mut p99s = Vec::new();
     for im in impls {
-        let stdin = serde_json::to_vec(&conf(im.data.path())).unwrap();
+        let stdin = serde_json::to_vec(&im.conf()).unwrap();
         let mut times = Vec::new();
         for round in 0..a.concurrent_rounds {
             let pods: Vec<(NetNs, String)> = (0..a.concurrent)
@@ -425,7 +430,7 @@ fn concurrent(a: &Args, impls: &[Impl]) {
                 took
             );
             for (n, ((_, path), (out, _, _))) in pods.iter().zip(&outs).enumerate() {
-                let mut c = conf(im.data.path());
+                let mut c = im.conf();
                 if let Ok(v) = serde_json::from_slice::<Value>(out) {
                     c["prevResult"] = v;
                 }
