@@ -42,10 +42,14 @@ pub async fn validate_link(
     Ok(link)
 }
 
-/// `link` is of `kind` (when given) and has the MAC recorded in `iface`.
+/// `link` is of `kind` (when given; "veth" takes netkit too) and has the
+/// MAC recorded in `iface`.
 pub fn link_matches(link: &Link, iface: &Interface, kind: Option<&str>) -> Result<(), CniError> {
+    // "veth" stands for the pairs ADD makes: netkit with linkType netkit.
+    let pair = kind == Some("veth") && crate::is_pair_kind(link.kind.as_deref());
     if let Some(kind) = kind
         && link.kind.as_deref() != Some(kind)
+        && !pair
     {
         return Err(CniError::check_failed(format!(
             "Error: Container interface {} not of type {kind}",

@@ -163,6 +163,22 @@ impl Namespaces {
         })
     }
 
+    /// ADD's pair of `kind` ([`create_pod_pair`]), its removal registered
+    /// on `undo`. Returns (host end, container end).
+    pub async fn setup_pair<'a>(
+        &'a self,
+        undo: &mut Rollback<'a>,
+        ifname: &str,
+        mtu: Option<u32>,
+        kind: LinkType,
+        plugin: &str,
+    ) -> Result<(Link, Link), CniError> {
+        let (host, ct) = create_pod_pair(self, ifname, mtu, kind, plugin).await?;
+        let what = format!("{} {ifname}", ct.kind.as_deref().unwrap_or("link"));
+        undo_link(undo, what, &self.rt, &self.ct, ct.index);
+        Ok((host, ct))
+    }
+
     /// ADD's veth pair (see [`create_veth`]), its removal registered on
     /// `undo`. Returns (host end, container end).
     pub async fn setup_veth<'a>(
@@ -349,6 +365,94 @@ pub async fn create_veth(
     Err(last
         .map(CniError::from)
         .unwrap_or_else(|| CniError::internal("could not create a veth pair")))
+}
+
+/// The kind of pair a pod's interface is born with: the `linkType` key of
+/// bridge and ptp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LinkType {
+    /// The reference's veth pair.
+    #[default]
+    Veth,
+    /// A netkit pair (Linux 6.7+), L2 mode, primary on the node: the
+    /// datapath's programs run in its own hooks, the pod's egress ones at
+    /// the pod's transmit, before the packet is queued to the node's
+    /// backlog as a veth would. Where the kernel has no netkit, a veth pair
+    /// with a message on stderr.
+    Netkit,
+}
+
+impl LinkType {
+    /// `linkType`: absent or "" is veth (the reference's only kind).
+    pub fn from_config(v: Option<&str>) -> Result<LinkType, CniError> {
+        match v {
+            None | Some("") | Some("veth") => Ok(LinkType::Veth),
+            Some("netkit") => Ok(LinkType::Netkit),
+            Some(other) => Err(CniError::unsupported(
+                "linkType",
+                format!("{other:?} (\"veth\", the default, or \"netkit\")"),
+            )),
+        }
+    }
+}
+
+/// Whether `kind` is a pair a pod's interface may be born with (veth, or
+/// netkit with `linkType` netkit): both show the peer's index as the
+/// link's IFLA_LINK.
+pub fn is_pair_kind(kind: Option<&str>) -> bool {
+    matches!(kind, Some("veth") | Some("netkit"))
+}
+
+/// The pod's pair of `kind`. veth: [`create_veth`]. netkit: created from
+/// the node's namespace (its primary, where the programs attach, must be
+/// the node's end; the end created by the request is the primary), the
+/// peer born in the pod as `ifname`; a kernel without netkit gets a veth
+/// pair and a message on stderr, so one conflist serves every node.
+pub async fn create_pod_pair(
+    ns: &Namespaces,
+    ifname: &str,
+    mtu: Option<u32>,
+    kind: LinkType,
+    plugin: &str,
+) -> Result<(Link, Link), CniError> {
+    if kind == LinkType::Veth {
+        return create_veth(&ns.host, &ns.ct, &ns.host_ns, ifname, mtu).await;
+    }
+    if ns.ct.find_link(ifname).await?.is_some() {
+        return Err(CniError::new(
+            ErrorCode::InvalidEnvironmentVariables,
+            format!("container interface name provided ({ifname}) already exists"),
+        ));
+    }
+    let mut last = None;
+    for _ in 0..10 {
+        let name = random_netkit_name();
+        match ns.host.create_netkit(&name, ifname, &ns.ct_ns, mtu).await {
+            Ok(h) => {
+                let c = ns.ct.link_by_name(ifname).await?;
+                return Ok((h, c));
+            }
+            Err(e) if e.is_not_supported() => {
+                eprintln!(
+                    "{plugin}: linkType netkit: this kernel has no netkit driver (Linux 6.7+ \
+                     with CONFIG_NETKIT): the pod gets a veth pair instead"
+                );
+                return create_veth(&ns.host, &ns.ct, &ns.host_ns, ifname, mtu).await;
+            }
+            // The random node-side name was taken: try another.
+            Err(e) if e.is_exists() && ns.ct.find_link(ifname).await?.is_none() => last = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last
+        .map(CniError::from)
+        .unwrap_or_else(|| CniError::internal("could not create a netkit pair")))
+}
+
+/// A netkit primary's name on the node: `nk` and 8 random hex digits.
+pub fn random_netkit_name() -> String {
+    let m = MacAddr::random_local().0;
+    format!("nk{:02x}{:02x}{:02x}{:02x}", m[2], m[3], m[4], m[5])
 }
 
 /// Registers on `undo` the deletion of link `index` of `nl`'s namespace (for
@@ -567,7 +671,7 @@ pub async fn delete_veth(
     let host = Netlink::connect_current().await?;
     for i in prev.interfaces.iter().filter(|i| i.sandbox.is_empty()) {
         if let Some(l) = host.find_link(&i.name).await?
-            && l.kind.as_deref() == Some("veth")
+            && is_pair_kind(l.kind.as_deref())
             && ours(&host, &l, prev).await?
         {
             unlist_link(&host, l.index).await?;

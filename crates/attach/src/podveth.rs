@@ -71,7 +71,7 @@ pub fn find(args: &CmdArgs, prev: &CniResult, plugin: &str) -> Result<PodVeth, C
                 "{plugin}: {what} is not a veth: chain {plugin} after bridge or ptp"
             ))
         };
-        if ct_link.kind.as_deref() != Some("veth") {
+        if !crate::is_pair_kind(ct_link.kind.as_deref()) {
             return Err(not_veth(&format!("pod interface {}", args.ifname)));
         }
         let peer = ct_link
@@ -83,7 +83,8 @@ pub fn find(args: &CmdArgs, prev: &CniResult, plugin: &str) -> Result<PodVeth, C
                 args.ifname
             ))
         })?;
-        if host_veth.kind.as_deref() != Some("veth") || host_veth.link != Some(ct_link.index) {
+        if !crate::is_pair_kind(host_veth.kind.as_deref()) || host_veth.link != Some(ct_link.index)
+        {
             return Err(CniError::config(format!(
                 "{plugin}: link {} of the node is not the peer of pod interface {}",
                 host_veth.name, args.ifname

@@ -135,6 +135,11 @@ impl Error {
         self.kind() == ErrorKind::NotFound
     }
 
+    /// EOPNOTSUPP: e.g. a link kind the kernel has no driver for.
+    pub fn is_not_supported(&self) -> bool {
+        self.errno() == Some(libc::EOPNOTSUPP)
+    }
+
     /// The positive errno the kernel (or the OS) answered with, if any.
     pub fn errno(&self) -> Option<i32> {
         match self {

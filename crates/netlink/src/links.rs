@@ -8,8 +8,8 @@ use futures::TryStreamExt;
 use rcni_netns::NetNs;
 use rtnetlink::packet_core::DefaultNla;
 use rtnetlink::packet_route::link::{
-    AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoVeth,
-    LinkAttribute, LinkFlags, LinkInfo, LinkMessage, State,
+    AfSpecInet, AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoKind, InfoNetkit,
+    InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage, NetkitMode, NetkitPolicy, State,
 };
 use rtnetlink::{LinkMessageBuilder, LinkUnspec};
 
@@ -239,6 +239,49 @@ impl Netlink {
             .append_extra_attribute(LinkAttribute::LinkInfo(vec![
                 LinkInfo::Kind(InfoKind::Veth),
                 LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg.build()))),
+            ]));
+        if let Some(mtu) = mtu {
+            builder = builder.mtu(mtu);
+        }
+        self.add_link(&op, builder.build()).await?;
+        self.link_by_name(name).await
+    }
+
+    /// Create a netkit pair (Linux 6.7+) in L2 mode, this namespace's end
+    /// `name` the primary: the end whose BPF hooks (primary and peer
+    /// attach types) run the programs of both directions, so it must stay
+    /// on the node, out of the pod's reach. The peer goes to `peer_ns` as
+    /// `peer`. L2, not L3: the pod's end is an Ethernet device with a MAC
+    /// and ARP, as a veth's, so routes, neighbours, the bridge and the
+    /// datapath's programs (which parse Ethernet headers) see what they see
+    /// on a veth. Both default policies pass: with no program attached the
+    /// pair forwards as a veth pair does. A kernel without netkit answers
+    /// EOPNOTSUPP ([`Error::is_not_supported`]).
+    pub async fn create_netkit(
+        &self,
+        name: &str,
+        peer: &str,
+        peer_ns: &NetNs,
+        mtu: Option<u32>,
+    ) -> Result<Link> {
+        let op = format!(
+            "create netkit {name} with peer {peer} in {}",
+            describe_ns(peer_ns)
+        );
+        let mut peer_msg = LinkUnspec::new_with_name(peer).setns_by_fd(peer_ns.as_fd().as_raw_fd());
+        if let Some(mtu) = mtu {
+            peer_msg = peer_msg.mtu(mtu);
+        }
+        let mut builder = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(name)
+            .append_extra_attribute(LinkAttribute::LinkInfo(vec![
+                LinkInfo::Kind(InfoKind::Netkit),
+                LinkInfo::Data(InfoData::Netkit(vec![
+                    InfoNetkit::Mode(NetkitMode::L2),
+                    InfoNetkit::Policy(NetkitPolicy::Pass),
+                    InfoNetkit::PeerPolicy(NetkitPolicy::Pass),
+                    InfoNetkit::Peer(peer_msg.build()),
+                ])),
             ]));
         if let Some(mtu) = mtu {
             builder = builder.mtu(mtu);

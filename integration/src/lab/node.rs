@@ -172,11 +172,12 @@ impl Node {
         c
     }
 
-    /// veth links in the node namespace (pods' host ends), sorted.
+    /// veth (and netkit) links in the node namespace (pods' host ends),
+    /// sorted.
     pub fn host_veths(&self) -> Vec<String> {
         let mut v: Vec<String> = nl(&self.ns.ns, async |n| n.links().await.unwrap())
             .into_iter()
-            .filter(|l| l.kind.as_deref() == Some("veth"))
+            .filter(|l| matches!(l.kind.as_deref(), Some("veth" | "netkit")))
             .map(|l| l.name)
             .collect();
         v.sort();

@@ -129,7 +129,8 @@ async fn host_veth(
 async fn veth_peer(host: &Netlink, container: &Netlink, ifname: &str) -> Result<Link, CniError> {
     let ct = container.link_by_name(ifname).await?;
     let peer = match (ct.kind.as_deref(), ct.link) {
-        (Some("veth"), Some(p)) => p,
+        // netkit: a pod born with linkType netkit (bridge, ptp).
+        (Some("veth" | "netkit"), Some(p)) => p,
         _ => {
             return Err(CniError::config(format!(
                 "container interface {ifname} has no veth peer"

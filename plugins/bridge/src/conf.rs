@@ -46,6 +46,8 @@ struct Raw {
     disable_container_interface: bool,
     #[serde(default)]
     port_isolation: bool,
+    #[serde(default)]
+    link_type: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -68,6 +70,8 @@ pub struct Conf {
     pub ip_masq: bool,
     pub ip_masq_backend: Option<String>,
     pub mtu: Option<u32>,
+    /// `linkType`: veth (the reference's, the default) or netkit.
+    pub link_type: rcni_attach::LinkType,
     pub hairpin: bool,
     pub promisc: bool,
     /// Access VLAN (0: none).
@@ -194,6 +198,7 @@ impl AttachConf for Conf {
             ip_masq: args.conf.ip_masq,
             ip_masq_backend,
             mtu,
+            link_type: rcni_attach::LinkType::from_config(raw.link_type.as_deref())?,
             hairpin: raw.hairpin_mode,
             promisc: raw.promisc_mode,
             vlan: raw.vlan as u16,

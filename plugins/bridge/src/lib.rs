@@ -297,7 +297,9 @@ impl Attachment for Bridge {
             .collect();
             sysctl_best_effort(&ns.host_ns, &br_sysctls);
 
-            let (host_veth, ct_veth) = ns.setup_veth(&mut undo, &args.ifname, conf.mtu).await?;
+            let (host_veth, ct_veth) = ns
+                .setup_pair(&mut undo, &args.ifname, conf.mtu, conf.link_type, "bridge")
+                .await?;
             if let Some(mac) = conf.mac {
                 ns.ct.set_mac(ct_veth.index, mac).await?;
             }

@@ -1,7 +1,7 @@
 //! The ptp config: the reference's keys, validated before the kernel is
 //! touched.
 
-use rcni_attach::AttachConf;
+use rcni_attach::{AttachConf, LinkType};
 use rcni_cni::CniError;
 use rcni_cni::skel::CmdArgs;
 use serde::Deserialize;
@@ -13,6 +13,8 @@ struct Raw {
     ip_masq_backend: Option<String>,
     #[serde(default)]
     mtu: i64,
+    #[serde(default)]
+    link_type: Option<String>,
 }
 
 /// The validated settings of one call.
@@ -22,6 +24,8 @@ pub struct Conf {
     pub ip_masq_backend: Option<String>,
     /// Both veth ends; `None` leaves the kernel's default.
     pub mtu: Option<u32>,
+    /// `linkType`: veth (the reference's, the default) or netkit.
+    pub link_type: LinkType,
     /// IPAM plugin type. ADD requires one (ptp routes the container's
     /// addresses); DEL, GC and STATUS go on without.
     pub ipam: Option<String>,
@@ -35,6 +39,7 @@ impl AttachConf for Conf {
             ip_masq: args.conf.ip_masq,
             ip_masq_backend: rcni_attach::masq::backend_key(raw.ip_masq_backend)?,
             mtu,
+            link_type: LinkType::from_config(raw.link_type.as_deref())?,
             ipam: rcni_attach::ipam_type(args),
         })
     }
@@ -74,12 +79,19 @@ mod tests {
         let c =
             Conf::from_json(&json!({"cniVersion": "1.0.0", "name": "n", "type": "ptp"})).unwrap();
         assert!(!c.ip_masq && c.mtu.is_none() && c.ipam.is_none());
+        assert_eq!(c.link_type, LinkType::Veth);
+        let c = Conf::from_json(
+            &json!({"cniVersion": "1.0.0", "name": "n", "type": "ptp", "linkType": "netkit"}),
+        )
+        .unwrap();
+        assert_eq!(c.link_type, LinkType::Netkit);
         assert_eq!(c.required_ipam().unwrap_err().code, 7);
 
         for (bad, code) in [
             (json!({"mtu": -1}), 2),
             (json!({"ipMasqBackend": "ebpf"}), 2),
             (json!({"mtu": "x"}), 7),
+            (json!({"linkType": "macvlan"}), 2),
         ] {
             let mut v = json!({"cniVersion": "1.0.0", "name": "n", "type": "ptp"});
             v.as_object_mut()

@@ -146,9 +146,13 @@ impl Attachment for Ptp {
         let mut ipam = PendingAdd::start(ipam, &args.stdin, &args.path, args.version());
         let mut undo = Rollback::new();
 
-        let (host_veth, ct_veth) =
-            ns.rt
-                .block_on(ns.setup_veth(&mut undo, &args.ifname, conf.mtu))?;
+        let (host_veth, ct_veth) = ns.rt.block_on(ns.setup_pair(
+            &mut undo,
+            &args.ifname,
+            conf.mtu,
+            conf.link_type,
+            "ptp",
+        ))?;
 
         let mut result = ipam_config(args.version(), ipam.wait_into(&mut undo)?, IDX_CONTAINER)?;
         let ips = addresses_with_gateways(&result)?;
