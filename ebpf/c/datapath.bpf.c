@@ -90,6 +90,12 @@ struct endpoint {
 // TBF root qdisc, or its ingress redirect to an IFB, which runs after tcx),
 // or bridge port isolation the bridge alone enforces.
 #define EP_NORMAL_PATH 4
+// With EP_FASTPATH: the pod's fast path runs on its netkit primary's peer
+// hook (the pod's transmit), where bpf_redirect_peer is refused (it needs an
+// ingress hook): its packets for local pods go out of the destination's
+// node-side device with bpf_redirect, which delivers to the pod's end as the
+// veth or netkit driver does.
+#define EP_NETKIT 8
 
 // Per address: rx = redirected to it, tx = redirected from it.
 struct ep_stats {
@@ -654,6 +660,8 @@ int rcni_fastpath(struct __sk_buff *skb)
 		s->tx_bytes += len;
 	}
 	count(V_REDIRECT);
+	if (from->flags & EP_NETKIT)
+		return bpf_redirect(ifindex, 0);
 	// Into the peer of the destination's host veth, i.e. the pod's own
 	// interface, at its ingress: no second pass through the host veth (its
 	// TX counters stay still) nor through the node's stack.

@@ -9,7 +9,7 @@ use crate::{
 use aya::programs::links::FdLink;
 use aya::programs::tc::{NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 /// tc mode: filter priorities on the ingress hook (lower runs first), so
@@ -24,6 +24,10 @@ pub enum Hook {
     Tcx,
     /// A cls_bpf filter in direct-action mode on a clsact qdisc.
     Tc,
+    /// A netkit primary's own hooks (Linux 6.7+), a link pinned per
+    /// attachment: ingress is the peer hook (BPF_NETKIT_PEER, run at the
+    /// pod's transmit), egress the primary hook. Only on a netkit primary.
+    Netkit,
 }
 
 impl Hook {
@@ -45,11 +49,31 @@ impl Hook {
     /// where the link has a plain `ingress` qdisc (the reference bandwidth
     /// plugin's, earlier in the chain), which takes clsact's place and has
     /// no egress hook: tcx there, which needs no qdisc.
+    ///
+    /// On a netkit primary (`kind` "netkit") auto is the fast path's
+    /// netkit hook ([`Hook::for_fastpath`]); this one, for the policy
+    /// programs too, stays on clsact there: the primary's ingress and egress
+    /// hooks see what a veth's do.
     pub fn for_attach(mode: Option<Hook>, qdiscs: &[rcni_netlink::tc::Qdisc]) -> Hook {
         match mode {
             Some(h) => h,
             None if qdiscs.iter().any(|q| q.kind == "ingress") => Hook::Tcx,
             None => Hook::preferred(),
+        }
+    }
+
+    /// The fast path's hook: [`Hook::for_attach`], except that auto on a
+    /// netkit primary is its peer hook. There the program runs as the pod
+    /// transmits, and a packet it redirects to another node or pod never
+    /// waits in the node's backlog queue as one from a veth does.
+    pub fn for_fastpath(
+        mode: Option<Hook>,
+        qdiscs: &[rcni_netlink::tc::Qdisc],
+        kind: Option<&str>,
+    ) -> Hook {
+        match mode {
+            None if kind == Some("netkit") => Hook::Netkit,
+            _ => Hook::for_attach(mode, qdiscs),
         }
     }
 
@@ -77,9 +101,10 @@ impl Hook {
     /// passes and ADD keeps such a pod.
     pub fn accepted(mode: Option<Hook>) -> &'static [Hook] {
         match mode {
-            None => &[Hook::Tcx, Hook::Tc],
+            None => &[Hook::Tcx, Hook::Tc, Hook::Netkit],
             Some(Hook::Tcx) => &[Hook::Tcx],
             Some(Hook::Tc) => &[Hook::Tc],
+            Some(Hook::Netkit) => &[Hook::Netkit],
         }
     }
 
@@ -90,7 +115,8 @@ impl Hook {
             None | Some("auto") | Some("") => Ok(None),
             Some("tcx") => Ok(Some(Hook::Tcx)),
             Some("tc") => Ok(Some(Hook::Tc)),
-            Some(other) => Err(format!("{other:?} (auto, tcx or tc)")),
+            Some("netkit") => Ok(Some(Hook::Netkit)),
+            Some(other) => Err(format!("{other:?} (auto, tcx, tc or netkit)")),
         }
     }
 
@@ -98,7 +124,24 @@ impl Hook {
         match self {
             Hook::Tcx => "tcx",
             Hook::Tc => "tc",
+            Hook::Netkit => "netkit",
         }
+    }
+}
+
+/// Where a program goes among those on its hook.
+enum Order {
+    First,
+    Last,
+}
+
+fn order_of(p: Program) -> Order {
+    match p {
+        // Policy first: it must decide before the fast path redirects.
+        Program::PolicyIn | Program::PolicyOut => Order::First,
+        // Appended last: a program that must run before the redirect
+        // (the policy plugin's) attaches in front.
+        Program::Fastpath | Program::FromNet => Order::Last,
     }
 }
 
@@ -114,12 +157,9 @@ impl Datapath {
         pin: Option<PathBuf>,
         hook: Hook,
     ) -> Result<()> {
-        let (order, priority) = match p {
-            // Policy first: it must decide before the fast path redirects.
-            Program::PolicyIn | Program::PolicyOut => (LinkOrder::first(), POLICY_TC_PRIORITY),
-            // Appended last: a program that must run before the redirect
-            // (the policy plugin's) attaches in front.
-            Program::Fastpath | Program::FromNet => (LinkOrder::default(), FASTPATH_TC_PRIORITY),
+        let (order, priority) = match order_of(p) {
+            Order::First => (LinkOrder::first(), POLICY_TC_PRIORITY),
+            Order::Last => (LinkOrder::default(), FASTPATH_TC_PRIORITY),
         };
         let prog = self.program_of(p);
         match hook {
@@ -141,6 +181,31 @@ impl Datapath {
                         .map_err(|e| Error::aya(format!("pin {}", pin.display()), e))?;
                 }
                 Ok(())
+            }
+            Hook::Netkit => {
+                if let Some(pin) = &pin {
+                    remove_pin(pin)?;
+                }
+                let at = match attach_type {
+                    TcAttachType::Ingress => crate::netkit::BPF_NETKIT_PEER,
+                    _ => crate::netkit::BPF_NETKIT_PRIMARY,
+                };
+                let what = format!("attach {} (netkit) to {ifname}", p.name());
+                let ifindex = nix::net::if_::if_nametoindex(ifname)
+                    .map_err(|e| Error::io(format!("{what}: {ifname}"), e.into()))?;
+                let fd = prog.fd().map_err(|e| Error::aya(what.clone(), e))?;
+                let first = matches!(order_of(p), Order::First);
+                let link = crate::netkit::link_create(fd.as_fd(), ifindex, at, first)
+                    .map_err(|e| Error::io(what, e))?;
+                match pin {
+                    Some(pin) => crate::netkit::pin(link.as_fd(), &pin)
+                        .map_err(|e| Error::io(format!("pin {}", pin.display()), e)),
+                    // Unpinned (tests): attached as long as this value.
+                    None => {
+                        self.held.push(link);
+                        Ok(())
+                    }
+                }
             }
             Hook::Tc => {
                 match aya::programs::tc::qdisc_add_clsact(ifname) {
@@ -210,10 +275,10 @@ impl Datapath {
         );
         if r.is_err() {
             let undo = match (hook, &self.dir) {
-                (Hook::Tcx, Some(d)) => detach_policy_tcx(d, id).map(|_| ()),
+                (Hook::Tcx | Hook::Netkit, Some(d)) => detach_policy_tcx(d, id).map(|_| ()),
                 (Hook::Tc, _) => detach_policy_tc(ifname).map(|_| ()),
                 // Unpinned: the link lives in this value.
-                (Hook::Tcx, None) => Ok(()),
+                (Hook::Tcx | Hook::Netkit, None) => Ok(()),
             };
             if let Err(u) = undo {
                 eprintln!("rcni: undo policy attachment: {u}");
@@ -226,6 +291,12 @@ impl Datapath {
     pub fn tcx_attached(&mut self, ifname: &str) -> Result<bool> {
         let id = self.program_id()?;
         tcx_programs(ifname).map(|ids| ids.contains(&id))
+    }
+
+    /// Whether the fast path sits on netkit primary `ifname`'s peer hook.
+    pub fn netkit_attached(&mut self, ifname: &str) -> Result<bool> {
+        let id = self.program_id()?;
+        netkit_peer_programs(ifname).map(|ids| ids.contains(&id))
     }
 
     /// Whether both policy programs are attached to `ifname` (a name in
@@ -243,6 +314,17 @@ impl Datapath {
             Hook::Tcx => {
                 let pinned = id.policy_link_pins().iter().all(|p| dir.join(p).exists());
                 Ok(pinned && self.policy_tcx_attached(ifname)?)
+            }
+            Hook::Netkit => {
+                let pinned = id.policy_link_pins().iter().all(|p| dir.join(p).exists());
+                let out = self.program_id_of(Program::PolicyOut)?;
+                let pin = self.program_id_of(Program::PolicyIn)?;
+                let primary = netkit_programs(ifname, crate::netkit::BPF_NETKIT_PRIMARY)?;
+                Ok(
+                    pinned
+                        && netkit_peer_programs(ifname)?.contains(&out)
+                        && primary.contains(&pin),
+                )
             }
             Hook::Tc => {
                 let pin = self.program_id_of(Program::PolicyIn)?;
@@ -273,6 +355,7 @@ impl Datapath {
 /// nowhere to be found (or of another version).
 pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
     let mut ids = tcx_programs(ifname)?;
+    ids.extend(netkit_peer_programs(ifname)?);
     if let Some((ingress, _)) = tc_filter_programs(ifname)? {
         ids.extend(ingress);
     }
@@ -306,6 +389,22 @@ pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
 /// The ids of the programs on `ifname`'s tcx ingress hook.
 pub fn tcx_programs(ifname: &str) -> Result<Vec<u32>> {
     tcx_query(ifname, TcAttachType::Ingress)
+}
+
+/// The ids of the programs on netkit primary `ifname`'s peer hook (none
+/// where it is no netkit primary).
+pub fn netkit_peer_programs(ifname: &str) -> Result<Vec<u32>> {
+    netkit_programs(ifname, crate::netkit::BPF_NETKIT_PEER)
+}
+
+fn netkit_programs(ifname: &str, attach_type: u32) -> Result<Vec<u32>> {
+    let ifindex = match nix::net::if_::if_nametoindex(ifname) {
+        Ok(i) => i,
+        Err(nix::errno::Errno::ENODEV) => return Ok(vec![]),
+        Err(e) => return Err(Error::io(format!("index of {ifname}"), e.into())),
+    };
+    crate::netkit::programs(ifindex, attach_type)
+        .map_err(|e| Error::io(format!("query netkit programs of {ifname}"), e))
 }
 
 /// The ids of the programs on `ifname`'s tcx egress hook.

@@ -23,25 +23,26 @@ pub mod bpffs;
 mod endpoints;
 mod error;
 mod load;
+pub mod netkit;
 mod policy;
 mod remote;
 mod types;
 
 pub use attach::{
     Hook, detach_policy, detach_policy_links_except, detach_policy_tc, detach_policy_tcx,
-    detach_tc, detach_tcx, open_attached, pinned_links, pinned_policy_links, tcx_egress_programs,
-    tcx_programs,
+    detach_tc, detach_tcx, netkit_peer_programs, open_attached, pinned_links, pinned_policy_links,
+    tcx_egress_programs, tcx_programs,
 };
 pub use error::{AyaError, Error, Result};
 pub use load::{Datapath, entry_keys_under, remove_network};
 pub use policy::{FlowEvents, flow_events_id};
 pub use remote::{detach_net, net_links};
 pub use types::{
-    AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NORMAL_PATH, EP_POLICY, EV_ALLOW,
-    EV_AUDIT, EV_DENY, EVENTS_ALLOW, EVENTS_DENY, Endpoint, EndpointKey, EndpointStats, FlowEvent,
-    MAX_ENDPOINTS, MAX_PORT_RANGES, MAX_REMOTES, POL_AUDIT_IN, POL_AUDIT_OUT, PORTSET_ALL,
-    PORTSET_NONE, PeerKey, PolicyConfig, PortRange, RemoteHop, RemoteStats, TC_ACT_REDIRECT,
-    TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
+    AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NETKIT, EP_NORMAL_PATH, EP_POLICY,
+    EV_ALLOW, EV_AUDIT, EV_DENY, EVENTS_ALLOW, EVENTS_DENY, Endpoint, EndpointKey, EndpointStats,
+    FlowEvent, MAX_ENDPOINTS, MAX_PORT_RANGES, MAX_REMOTES, POL_AUDIT_IN, POL_AUDIT_OUT,
+    PORTSET_ALL, PORTSET_NONE, PeerKey, PolicyConfig, PortRange, RemoteHop, RemoteStats,
+    TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
 };
 
 /// The fast path program's name in the object (and in the kernel: under 16
@@ -99,8 +100,10 @@ impl Program {
 /// 2 program would ignore; 4: `rcni_remote`, `rcni_nat_socks` and
 /// `rcni_from_net`, cross-node forwarding; 5: the endpoint's `pol_flags`
 /// (audit), policy flow events and their maps, the remote entry's counter
-/// slot and `rcni_remote_stats`).
-pub const DATAPATH_VERSION: u32 = 5;
+/// slot and `rcni_remote_stats`; 6: `EP_NETKIT`, without which a program
+/// on a netkit hook would hand packets to bpf_redirect_peer, which drops
+/// them there).
+pub const DATAPATH_VERSION: u32 = 6;
 
 /// The fast path program's pin, pinned last.
 const PROG_PIN: &str = "prog";

@@ -103,6 +103,8 @@ pub struct Datapath {
     _nat_socks: Map,
     _pol_rl: Map,
     _pol_seen: Map,
+    /// Unpinned netkit links (tests): attached while this value lives.
+    pub(crate) held: Vec<std::os::fd::OwnedFd>,
 }
 
 /// Opens the map pinned as `name` in `dir`, checked against what this
@@ -238,6 +240,7 @@ impl Datapath {
             _nat_socks: map(MAP_NAT_SOCKS)?,
             _pol_rl: map(MAP_POL_RL)?,
             _pol_seen: map(MAP_POL_SEEN)?,
+            held: Vec::new(),
         })
     }
 

@@ -107,7 +107,7 @@ pub struct Endpoint {
     /// The pod's gateway MAC: the bridge's, or for ptp its host veth's.
     pub node_mac: [u8; 6],
     /// Which plugins wrote the entry: [`EP_FASTPATH`], [`EP_POLICY`]; and
-    /// [`EP_NORMAL_PATH`].
+    /// [`EP_NORMAL_PATH`], [`EP_NETKIT`].
     pub flags: u32,
     /// The attachment that owns the entry ([`AttachmentId::owner`]).
     pub owner: u64,
@@ -147,6 +147,15 @@ pub const EP_POLICY: u32 = 2;
 /// from it (its host veth is shaped, or an isolated bridge port). Part of
 /// the fast path's fields.
 pub const EP_NORMAL_PATH: u32 = 4;
+
+/// With [`EP_FASTPATH`]: the pod's fast path runs on its netkit primary's
+/// peer hook, i.e. at the pod's transmit and not at an ingress hook, where
+/// bpf_redirect_peer is refused: packets for local pods are handed to the
+/// destination's node-side device with bpf_redirect instead.
+pub const EP_NETKIT: u32 = 8;
+
+/// The fast path's own flags: what it writes and takes out again.
+const FASTPATH_FLAGS: u32 = EP_FASTPATH | EP_NORMAL_PATH | EP_NETKIT;
 
 impl Endpoint {
     /// The fast path's endpoint.
@@ -197,6 +206,17 @@ impl Endpoint {
         Endpoint { flags, ..self }
     }
 
+    /// This fast path endpoint, its program on a netkit hook or not (see
+    /// [`EP_NETKIT`]).
+    pub fn netkit(self, on: bool) -> Endpoint {
+        let flags = if on {
+            self.flags | EP_NETKIT
+        } else {
+            self.flags & !EP_NETKIT
+        };
+        Endpoint { flags, ..self }
+    }
+
     /// Whether the fast path knows the entry but leaves its traffic to the
     /// normal path.
     pub fn keeps_normal_path(&self) -> bool {
@@ -206,7 +226,7 @@ impl Endpoint {
     /// The same fast path fields (delivery, owner, the flags), whatever the
     /// policy plugin wrote and the counter slot.
     pub fn same_as(&self, o: &Endpoint) -> bool {
-        const FP: u32 = EP_FASTPATH | EP_NORMAL_PATH;
+        const FP: u32 = FASTPATH_FLAGS;
         self.ifindex == o.ifindex
             && self.pod_mac == o.pod_mac
             && self.node_mac == o.node_mac
@@ -249,7 +269,7 @@ impl Endpoint {
             ifindex: fp.ifindex,
             pod_mac: fp.pod_mac,
             node_mac: fp.node_mac,
-            flags: (base.flags & !EP_NORMAL_PATH) | EP_FASTPATH | (fp.flags & EP_NORMAL_PATH),
+            flags: (base.flags & !FASTPATH_FLAGS) | (fp.flags & FASTPATH_FLAGS) | EP_FASTPATH,
             ..base
         }
     }
@@ -271,7 +291,7 @@ impl Endpoint {
 
     /// Without the fast path's fields; `None` when nothing is left.
     pub(crate) fn without_fastpath(self) -> Option<Endpoint> {
-        let flags = self.flags & !(EP_FASTPATH | EP_NORMAL_PATH);
+        let flags = self.flags & !FASTPATH_FLAGS;
         (flags != 0).then_some(Endpoint {
             pod_mac: [0; 6],
             node_mac: [0; 6],
@@ -908,6 +928,19 @@ mod tests {
                 .normal_path(true)
                 .keeps_normal_path()
         );
+    }
+
+    #[test]
+    fn the_netkit_mark_is_the_fast_paths() {
+        let fp = Endpoint::new(3, [1; 6], [2; 6], 9);
+        let nk = fp.netkit(true);
+        assert!(!nk.same_as(&fp));
+        let pol = Endpoint::policy(3, 9, 100, 5, 6);
+        let both = Endpoint::merge_policy(Some(Endpoint::merge_fastpath(None, &nk)), &pol);
+        assert!(both.flags & EP_NETKIT != 0 && both.same_as(&nk));
+        let back = Endpoint::merge_fastpath(Some(both), &fp);
+        assert_eq!(back.flags & EP_NETKIT, 0);
+        assert_eq!(both.without_fastpath().unwrap().flags, EP_POLICY);
     }
 
     #[test]

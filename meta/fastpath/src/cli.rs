@@ -127,13 +127,18 @@ fn ifname(index: u32) -> String {
 /// One line about an endpoint, for CHECK's messages.
 pub fn describe(ep: &Endpoint) -> String {
     format!(
-        "veth #{} pod {} gateway {} owner {:016x}{}",
+        "veth #{} pod {} gateway {} owner {:016x}{}{}",
         ep.ifindex,
         fmt_mac(&ep.pod_mac),
         fmt_mac(&ep.node_mac),
         ep.owner,
         if ep.keeps_normal_path() {
             " (normal path)"
+        } else {
+            ""
+        },
+        if ep.flags & rcni_ebpf::EP_NETKIT != 0 {
+            " (netkit hook)"
         } else {
             ""
         }
@@ -159,6 +164,9 @@ fn list(o: &Opts) -> Result<String, String> {
                 "gatewayMac": fmt_mac(&ep.node_mac),
                 "attachment": format!("{:016x}", ep.owner),
                 "path": if ep.keeps_normal_path() { "normal" } else { "fast" },
+                // Where the pod's packets meet the program: netkit's peer
+                // hook (the pod's transmit), or an ingress hook (tc, tcx).
+                "hook": if ep.flags & rcni_ebpf::EP_NETKIT != 0 { "netkit" } else { "ingress" },
                 "slot": ep.slot,
                 "rxPackets": s.rx_packets, "rxBytes": s.rx_bytes,
                 "txPackets": s.tx_packets, "txBytes": s.tx_bytes,

@@ -30,7 +30,8 @@ pub struct Conf {
     pub pin_root: PathBuf,
     /// `<pin_root>/<network name>`: this network's program, maps, links.
     pub dir: PathBuf,
-    /// tcx or tc; `None` picks tcx where the kernel has it.
+    /// tcx, tc or netkit; `None` (auto) picks netkit's peer hook on a
+    /// netkit pod, else clsact ([`Hook::for_fastpath`]).
     pub attach_mode: Option<Hook>,
     /// When the kernel cannot load or attach the program, ADD passes
     /// prevResult through (the pod runs on the normal path) instead of
@@ -97,6 +98,10 @@ mod tests {
         let c = load(json!({"cniVersion":"1.1.0","name":"n","type":"fastpath","AttachMode":"tcx"}))
             .unwrap();
         assert_eq!(c.hook(), Hook::Tcx);
+        let c =
+            load(json!({"cniVersion":"1.1.0","name":"n","type":"fastpath","attachMode":"netkit"}))
+                .unwrap();
+        assert_eq!(c.hook(), Hook::Netkit);
         let e = load(json!({"cniVersion":"1.1.0","name":"n","type":"fastpath","attachMode":"xdp"}))
             .unwrap_err();
         assert_eq!(e.code, 2);

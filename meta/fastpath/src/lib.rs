@@ -219,6 +219,10 @@ fn attached_on(
             let pinned = conf.dir.join(id.link_pin()).exists();
             Ok(pinned && dp.tcx_attached(&veth.name).map_err(ebpf_err)?)
         }
+        Hook::Netkit => {
+            let pinned = conf.dir.join(id.link_pin()).exists();
+            Ok(pinned && dp.netkit_attached(&veth.name).map_err(ebpf_err)?)
+        }
         Hook::Tc => {
             let prog = dp.program_id().map_err(ebpf_err)?;
             let filters = rt()?.block_on(async {
@@ -305,18 +309,28 @@ impl Fastpath {
         let id = AttachmentId::new(&args.container_id, &args.ifname);
         let keys: Vec<EndpointKey> = target.addrs.iter().map(|a| EndpointKey::new(*a)).collect();
         let (normal, qdiscs) = normal_path_reason(args, &target.host_veth)?;
+        let kind = target.host_veth.kind.as_deref();
+        let hook = Hook::for_fastpath(conf.attach_mode, &qdiscs, kind);
+        if hook == Hook::Netkit && kind != Some("netkit") {
+            return Err(CniError::config(format!(
+                "fastpath: attachMode netkit needs a netkit pod interface ({} is a {}): \
+                 linkType netkit in bridge or ptp, on Linux 6.7+",
+                target.host_veth.name,
+                kind.unwrap_or("link")
+            )));
+        }
         let ep = Endpoint::new(
             target.host_veth.index,
             target.pod_mac,
             target.node_mac,
             id.owner(),
         )
-        .normal_path(normal.is_some());
+        .normal_path(normal.is_some())
+        .netkit(hook == Hook::Netkit);
         let eps: Vec<(EndpointKey, Endpoint)> = keys.iter().map(|k| (*k, ep)).collect();
         let r = (|| -> Result<(), CniError> {
             dp.insert_endpoints(&eps).map_err(ebpf_err)?;
             if !attached(&mut dp, conf, id, &target.host_veth, true)? {
-                let hook = Hook::for_attach(conf.attach_mode, &qdiscs);
                 dp.attach(&target.host_veth.name, id, hook)
                     .map_err(ebpf_err)?;
             }
@@ -351,7 +365,9 @@ impl Fastpath {
                 ))
             })?;
         let id = AttachmentId::new(&args.container_id, &args.ifname);
-        let (normal, _) = normal_path_reason(args, &target.host_veth)?;
+        let (normal, qdiscs) = normal_path_reason(args, &target.host_veth)?;
+        let kind = target.host_veth.kind.as_deref();
+        let netkit = Hook::for_fastpath(conf.attach_mode, &qdiscs, kind) == Hook::Netkit;
         for a in &target.addrs {
             let Some(ep) = dp.endpoint(&EndpointKey::new(*a)).map_err(ebpf_err)? else {
                 return Err(CniError::check_failed(format!(
@@ -364,7 +380,8 @@ impl Fastpath {
                 target.node_mac,
                 id.owner(),
             )
-            .normal_path(normal.is_some());
+            .normal_path(normal.is_some())
+            .netkit(netkit);
             if let Some(why) = &normal
                 && ep.same_as(&want.normal_path(false))
             {

@@ -150,6 +150,15 @@ impl Conf {
         };
         let attach_mode = Hook::from_config(raw.attach_mode.as_deref())
             .map_err(|e| CniError::unsupported("attachMode", e))?;
+        // netkit's primary hook runs with the packet already on the pod's
+        // end (skb->dev), where rcni_pol_in cannot tell the pod's traffic;
+        // on a netkit primary, clsact and tcx see what they see on a veth.
+        if attach_mode == Some(Hook::Netkit) {
+            return Err(CniError::unsupported(
+                "attachMode",
+                "\"netkit\" (the fast path's hook only; policy: auto, tcx or tc)",
+            ));
+        }
         let inline = raw.policies.unwrap_or(Value::Array(vec![]));
         if !inline.is_array() {
             return Err(CniError::config("policies: must be an array of policies"));
@@ -363,6 +372,8 @@ mod tests {
             json!({"cniVersion":"1.1.0","name":"n","type":"policy","backend":"iptables"}),
             json!({"cniVersion":"1.1.0","name":"n","type":"policy","dataDir":"rel"}),
             json!({"cniVersion":"1.1.0","name":"n","type":"policy","attachMode":"xdp"}),
+            // netkit's hooks are the fast path's only.
+            json!({"cniVersion":"1.1.0","name":"n","type":"policy","attachMode":"netkit"}),
         ];
         for b in bad {
             assert_eq!(Conf::load(&args(b.clone(), "")).unwrap_err().code, 2, "{b}");
