@@ -1,7 +1,8 @@
 //! The node's CNI network: bridge + host-local on the node's pod subnet,
 //! then portmap, as flannel's CNI plugin delegates it (the agent masquerades,
 //! so the bridge doesn't). With `"ebpf": true` the fastpath plugin follows the
-//! bridge (its pin root the agent's, whose other-node map it shares). With the policy inputs from the API (the
+//! bridge (its pin root the agent's, whose other-node map it shares), and
+//! the bridge's pods get netkit pairs where the kernel has netkit. With the policy inputs from the API (the
 //! Canal-style preset), the policy plugin follows the bridge, reading the
 //! agent's mirror of NetworkPolicies and asking it for pods' labels.
 
@@ -64,7 +65,7 @@ pub fn render(
     if let Some(d) = ipam_data_dir {
         ipam["dataDir"] = json!(d);
     }
-    let mut plugins = vec![json!({
+    let mut bridge = json!({
         "type": "bridge",
         "bridge": BRIDGE,
         "isGateway": true,
@@ -72,7 +73,14 @@ pub fn render(
         "hairpinMode": true,
         "mtu": mtu,
         "ipam": ipam,
-    })];
+    });
+    // With the eBPF datapath, pods get netkit pairs where the kernel has
+    // netkit (6.7+): the fast path then runs at the pod's transmit. The
+    // bridge plugin gives a veth pair (and says so) where it has none.
+    if fastpath_pin_root.is_some() {
+        bridge["linkType"] = json!("netkit");
+    }
+    let mut plugins = vec![bridge];
     // Right after the bridge: they need the pod's veth from prevResult.
     // Their order does not matter: policy's programs attach in front.
     if let Some(root) = fastpath_pin_root {
@@ -226,5 +234,16 @@ mod tests {
         assert_eq!(c["plugins"][2]["policyDir"], "/run/rcni/policy.d");
         assert_eq!(c["plugins"][2]["agentSocket"], "/run/rcni/agent.sock");
         assert!(c["plugins"][2].get("dataDir").is_none());
+        // eBPF: netkit pairs where the kernel has them.
+        assert_eq!(c["plugins"][0]["linkType"], "netkit");
+        let plain = render(
+            Some("10.244.1.0/24".parse().unwrap()),
+            None,
+            1450,
+            None,
+            None,
+            None,
+        );
+        assert!(plain["plugins"][0].get("linkType").is_none());
     }
 }
