@@ -10,6 +10,15 @@
 #                 bpf_redirect_neigh / bpf_redirect_peer; pin root: a bpffs
 #                 mounted on a directory of the run's own, never /sys/fs/bpf)
 #   rcni-vx-ebpf  rcni-node, vxlan with "ebpf": true
+# The agent's "ebpf": true conflist gives pods netkit pairs where the kernel
+# has netkit (Linux 6.7+; the bridge plugin falls back to veth pairs where
+# not). On such a kernel two more variants compare them within the run:
+#   rcni-hgw-veth rcni-hgw-ebpf with veth pairs (the conflist's linkType
+#                 removed)
+#   rcni-vx-veth  rcni-vx-ebpf with veth pairs
+# scripts/vm-run runs this on Debian's 6.12 kernel (netkit) where the host
+# has none; there, software-emulated, the figures are indicative only:
+#   scripts/vm-run -- bench/crossnode.sh --bin-dir target/bench-bin
 # Two node namespaces on an underlay bridge (an underlay namespace), one pod
 # on each; every variant gets fresh node namespaces. Prints a table, ratios
 # against the underlay, and rcni-vxlan against flannel-hand (targets: p50
@@ -75,7 +84,8 @@ def stat(v):
     v = sorted(v)
     return f"{v[len(v) // 2]:.2f} ({v[0]:.2f}-{v[-1]:.2f})"
 print(f"  {'variant':13s} {'p50/underlay':>22s} {'tput/underlay':>22s}")
-for name in ["flannel-hand", "rcni-vxlan", "rcni-host-gw", "rcni-hgw-ebpf", "rcni-vx-ebpf"]:
+extra = [n for n in ["rcni-hgw-veth", "rcni-vx-veth"] if all(n in x for x in runs.values())]
+for name in ["flannel-hand", "rcni-vxlan", "rcni-host-gw", "rcni-hgw-ebpf", "rcni-vx-ebpf"] + extra:
     p = [x[name][0] / x["underlay"][0] for x in runs.values()]
     g = [x[name][1] / x["underlay"][1] for x in runs.values()]
     print(f"  {name:13s} {stat(p):>22s} {stat(g):>22s}")
@@ -94,6 +104,13 @@ if [ -n "$profile" ]; then
   for t in perf bpftool; do
     command -v "$t" >/dev/null || { echo "$0: --profile needs $t (apt-get install linux-perf bpftool)" >&2; exit 1; }
   done
+fi
+netkit=
+if unshare --net sh -c 'ip link add nkprobe type netkit' 2>/dev/null; then
+  netkit=1
+  echo "# kernel $(uname -r) has netkit: the ebpf variants' pods get netkit pairs; rcni-hgw-veth and rcni-vx-veth beside them"
+else
+  echo "# kernel $(uname -r) has no netkit: the ebpf variants' pods get veth pairs"
 fi
 for t in iperf3 python3 ip bridge nft; do
   command -v "$t" >/dev/null || { echo "$0: needs $t" >&2; exit 1; }
@@ -331,7 +348,7 @@ dropnodes fl
 # (c), (d): rcni-node --once in each node, then a pod per node attached
 # with cnitool from the conflist the agent wrote.
 rcni() {
-  local v=$1 backend=$2 ebpf=${3:-false} i
+  local v=$1 backend=$2 ebpf=${3:-false} link=${4:-} i
   mknodes "$v"
   cat >"$work/$v.json" <<JSON
 {"network": "10.244.0.0/16", "backend": "$backend", "ebpf": $ebpf, "nodes": [
@@ -348,6 +365,15 @@ JSON
     nsx "$n" "$node_bin" run --once --cluster "$work/$v.json" --node "n$i" \
       --cni-conf-dir "$d/net.d" --state-dir "$d/state" --ipam-data-dir "$d/ipam" \
       --bpf-pin-root "$fs" 2>"$d.agent.log" || { cat "$d.agent.log" >&2; exit 1; }
+    if [ "$link" = veth ]; then
+      python3 - "$d/net.d/10-rcni.conflist" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for p in c["plugins"]:
+    p.pop("linkType", None)
+json.dump(c, open(sys.argv[1], "w"))
+PY
+    fi
     ip netns add "$p"
     nsx "$p" ip link set lo up
     addr[i]=$(CNI_PATH=$bin NETCONFPATH=$d/net.d CNI_CACHE_DIR=$d/cache \
@@ -355,12 +381,29 @@ JSON
       python3 -c 'import json,sys; print(json.load(sys.stdin)["ips"][0]["address"].split("/")[0])')
   done
   measure "$v" "$tag-$v-p1" "$tag-$v-p2" "${addr[2]}"
+  if [ "$ebpf" = true ]; then
+    # That the datapath carried it: node 1's decisions over the run.
+    nsx "$tag-$v-n1" "$bin/fastpath" stats --json --pin-root "$work/bpf-$v-n1" |
+      python3 -c '
+import json, sys
+v = {}
+for n in json.load(sys.stdin):
+    for k, c in n["verdicts"].items():
+        v[k] = v.get(k, 0) + c
+print("  %-13s node 1: %d redirected to another node, %d from another node, %d passed to the normal path"
+      % (sys.argv[1], v.get("redirected to another node", 0), v.get("redirected from another node", 0),
+         sum(c for k, c in v.items() if k.startswith("passed"))))' "$v"
+  fi
   dropnodes "$v"
 }
 rcni rcni-vxlan vxlan
 rcni rcni-host-gw host-gw
 rcni rcni-hgw-ebpf host-gw true
 rcni rcni-vx-ebpf vxlan true
+if [ -n "$netkit" ]; then
+  rcni rcni-hgw-veth host-gw true veth
+  rcni rcni-vx-veth vxlan true veth
+fi
 
 echo "== ratios (p50: lower is better; throughput: higher is better)"
 python3 - "$work/results" <<'PY'
@@ -371,7 +414,9 @@ for line in open(sys.argv[1]):
     r[name] = (float(p50), float(gbit))
 u = r["underlay"]
 print(f"  {'variant':13s} {'p50 us':>9s} {'Gbit/s':>8s} {'p50/underlay':>13s} {'tput/underlay':>14s}")
-for name in ["underlay", "flannel-hand", "rcni-vxlan", "rcni-host-gw", "rcni-hgw-ebpf", "rcni-vx-ebpf"]:
+veth_of = {"rcni-hgw-ebpf": "rcni-hgw-veth", "rcni-vx-ebpf": "rcni-vx-veth"}
+extra = [n for n in veth_of.values() if n in r]
+for name in ["underlay", "flannel-hand", "rcni-vxlan", "rcni-host-gw", "rcni-hgw-ebpf", "rcni-vx-ebpf"] + extra:
     p, g = r[name]
     print(f"  {name:13s} {p:9.1f} {g:8.2f} {p / u[0]:13.2f} {g / u[1]:14.2f}")
 f, v = r["flannel-hand"], r["rcni-vxlan"]
@@ -384,4 +429,9 @@ print(f"  rcni-hgw-ebpf vs underlay: p50 ratio {ep:.2f} (target <= 1.1, {'met' i
       f"throughput ratio {et:.2f} (target >= 0.9, {'met' if et >= 0.9 else 'NOT met'})")
 x = r["rcni-vx-ebpf"]
 print(f"  rcni-vx-ebpf vs rcni-vxlan: p50 ratio {x[0] / v[0]:.2f}, throughput ratio {x[1] / v[1]:.2f}")
+for e, n in veth_of.items():
+    if n in r:
+        k, w = r[e], r[n]
+        print(f"  {e} (netkit pairs) vs {n} (veth pairs): p50 ratio {k[0] / w[0]:.2f}, "
+              f"throughput ratio {k[1] / w[1]:.2f}")
 PY

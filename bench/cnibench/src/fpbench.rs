@@ -66,6 +66,11 @@ struct Args {
     /// (tcx against tc, or tc against tcx), paired with the first.
     #[arg(long)]
     compare_attach: bool,
+    /// Adds ptp with `linkType: netkit` (pods on netkit pairs, Linux 6.7+),
+    /// without and with the fast path (on netkit's peer hook), with ratios
+    /// to the direct veth pair and to ptp(+fastpath) on veth pairs.
+    #[arg(long)]
+    netkit: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -118,7 +123,7 @@ fn direct() -> Setup {
 }
 
 fn plugin_setup(args: &Args, kind: Kind, fast: bool) -> Setup {
-    plugin_setup_on(args, kind, fast, &args.attach_mode, None)
+    plugin_setup_on(args, kind, fast, &args.attach_mode, None, None)
 }
 
 /// [`plugin_setup`] with the fast path on `mode`, under `label` if given.
@@ -128,6 +133,7 @@ fn plugin_setup_on(
     fast: bool,
     mode: &str,
     label: Option<&'static str>,
+    link_type: Option<&str>,
 ) -> Setup {
     let node = NetNs::new_anonymous().unwrap();
     let (a, b) = (
@@ -150,6 +156,10 @@ fn plugin_setup_on(
             "ipam": {"type": "host-local", "dataDir": data.path(),
                      "ranges": [[{"subnet": "10.97.0.0/24"}]]}}),
     };
+    let mut conf = conf;
+    if let Some(t) = link_type {
+        conf["linkType"] = json!(t);
+    }
     let plugin = args.ours.join(match kind {
         Kind::Bridge => "bridge",
         _ => "ptp",
@@ -371,8 +381,18 @@ fn main() {
             true,
             other,
             Some(label),
+            None,
         ));
     }
+    let netkit = args.netkit.then(|| {
+        let at = setups.len();
+        for (fast, label) in [(false, "ptp netkit"), (true, "ptp+fp netkit")] {
+            let mode = args.attach_mode.clone();
+            let s = plugin_setup_on(&args, Kind::Ptp, fast, &mode, Some(label), Some("netkit"));
+            setups.push(s);
+        }
+        (at, at + 1)
+    });
     let n = setups.len();
     let servers: Vec<SocketAddr> = setups
         .iter()
@@ -462,6 +482,16 @@ fn main() {
     if args.compare_attach {
         paired(&format!("fastpath on {other} / as above"), 5, 2);
     }
+    if let Some((nk, nkf)) = netkit {
+        paired("ptp netkit / direct", nk, d);
+        paired("ptp+fp netkit / direct", nkf, d);
+        paired("ptp netkit / ptp", nk, 3);
+        paired("ptp+fp netkit / ptp+fastpath", nkf, 4);
+        println!(
+            "fast path taken: ptp+fp netkit redirected {} packets during the latency rounds",
+            taken[nkf]
+        );
+    }
     println!(
         "fast path taken: bridge+fastpath redirected {} packets, ptp+fastpath {} during the latency rounds",
         taken[2], taken[4]
@@ -507,12 +537,20 @@ fn main() {
                 med(&t4[i]) / med(&t4[br]),
             );
         }
-        for (name, x) in [
-            ("bridge+fastpath / bridge", 2),
-            ("ptp+fastpath / bridge", 4),
-        ] {
+        let mut pairs = vec![
+            ("bridge+fastpath / bridge", 2, br),
+            ("ptp+fastpath / bridge", 4, br),
+        ];
+        if let Some((nk, nkf)) = netkit {
+            pairs.extend([
+                ("ptp netkit / direct", nk, d),
+                ("ptp+fp netkit / direct", nkf, d),
+                ("ptp+fp netkit / ptp+fastpath", nkf, 4),
+            ]);
+        }
+        for (name, x, y) in pairs {
             for (metric, m) in [("1 stream", &t1), ("4 streams", &t4)] {
-                let ratios: Vec<f64> = (0..args.tput_rounds).map(|r| m[x][r] / m[br][r]).collect();
+                let ratios: Vec<f64> = (0..args.tput_rounds).map(|r| m[x][r] / m[y][r]).collect();
                 println!(
                     "paired {name:<26} {metric:<9} ratio median {:.3} (min {:.3}, max {:.3})",
                     pct(&ratios, 0.5),
