@@ -313,6 +313,26 @@ esac
     (dir, log)
 }
 
+/// Whether this kernel creates netkit links (tried in a throwaway
+/// namespace): `linkType: netkit` gives netkit pairs, or veth pairs where
+/// not.
+pub fn kernel_has_netkit() -> bool {
+    let ns = TestNs::new();
+    nl(&ns.ns, async |n| {
+        n.create_netkit("nk0", "nk1", &ns.ns, None).await.is_ok()
+    })
+}
+
+/// The kind of pod link `eth0` a `linkType: netkit` pod gets on this
+/// kernel.
+pub fn netkit_or_veth() -> &'static str {
+    if kernel_has_netkit() {
+        "netkit"
+    } else {
+        "veth"
+    }
+}
+
 /// `fastpath SUB --json --pin-root PIN_ROOT` run in `ns`: its rows.
 pub fn fastpath_json(ns: &NetNs, pin_root: &std::path::Path, sub: &str) -> Vec<Value> {
     let out = rcni_testkit::command_in(ns, rcni_testkit::bin("fastpath"))

@@ -114,6 +114,14 @@ fn ebpf_forwarding(backend: &str, devs: &[&str], hops: &[&str]) {
 
     let (p1, a1, b1) = n1.pod_dual("p1");
     let (p2, a2, b2) = n2.pod_dual("p2");
+    // The conflist asks for netkit pairs: netkit where the kernel has it
+    // (scripts/test also runs this in the VM, whose kernel does), veth
+    // here. On netkit the fast path runs on the pair's peer hook.
+    let want_kind = rcni_integration::netkit_or_veth();
+    for p in [&p1, &p2] {
+        let l = rcni_integration::nl(&p.ns, async |n| n.link_by_name("eth0").await.unwrap());
+        assert_eq!(l.kind.as_deref(), Some(want_kind));
+    }
     count_forwarded(&n1.ns.ns);
     count_forwarded(&n2.ns.ns);
     for (from, to) in [(&p1, &a2), (&p2, &a1)] {

@@ -422,17 +422,9 @@ fn a_host_address_behind_a_link_local_gateway() {
     }
 }
 
-/// Whether this kernel creates netkit links (in a throwaway namespace).
-fn kernel_has_netkit() -> bool {
-    let ns = TestNs::new();
-    nl(&ns.ns, async |n| {
-        n.create_netkit("nk0", "nk1", &ns.ns, None).await.is_ok()
-    })
-}
-
 #[test]
 fn link_type_netkit_falls_back_to_veth_where_the_kernel_has_none() {
-    if kernel_has_netkit() {
+    if rcni_integration::kernel_has_netkit() {
         eprintln!("this kernel has netkit: vm_netkit.rs covers it, no fallback to test");
         return;
     }
