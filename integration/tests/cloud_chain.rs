@@ -293,3 +293,79 @@ fn vpc_ipam_check_gc_status_and_a_missing_agent() {
     assert!(!has_rule(a));
     drop(pb);
 }
+
+/// The agent's passes read the pool and make the pods' rules from it,
+/// while vpc-ipam's ADD, DEL and GC change both: a pass must never put back
+/// the rules of an address just released, nor take away those of one just
+/// given (the agent holds one lock over each change and over a pass's
+/// read-and-apply). Here the passes run back to back (a 1 ms resync), each
+/// waiting 150 ms between its read and its rules (a test knob), so every
+/// request lands in a pass's window: without the lock, a GC or DEL saw its
+/// rules back within that pass, and a new pod's rules went.
+#[test]
+fn ipam_changes_racing_the_agents_passes_leave_the_pools_rules() {
+    require_root();
+    if python().is_none() {
+        eprintln!("SKIP: no moto[server] (scripts/setup --for test)");
+        return;
+    }
+    let mut vpc = Vpc::new();
+    let k = vpc.add_node("t3.medium");
+    let node = &vpc.nodes[k];
+    node.start_agent(&[
+        ("WARM_IP_TARGET", "6"),
+        ("MINIMUM_IP_TARGET", "6"),
+        ("RCNI_CLOUD_RESYNC_MS", "1"),
+        ("RCNI_CLOUD_PASS_DELAY_MS", "150"),
+    ]);
+    let ns = &node.ns.ns;
+    let list = node.conflist();
+    let mut ipam = list["plugins"][0].clone();
+    ipam["cniVersion"] = json!("1.1.0");
+    ipam["name"] = list["name"].clone();
+    let has_rule = |ip: std::net::Ipv4Addr| {
+        rcni_integration::nl(ns, async |n| {
+            n.rules(rcni_netlink::Family::V4).await.unwrap()
+        })
+        .iter()
+        .any(|r| r.dst.is_some_and(|d| d.ip() == std::net::IpAddr::V4(ip)))
+    };
+    let pod = TestNs::new();
+    let call = |cmd: &str, cid: &str, conf: &Value| {
+        Call::new(bin("vpc-ipam"), cmd)
+            .env("CNI_CONTAINERID", cid)
+            .netns(&pod.path())
+            .stdin(conf)
+            .run_in(ns)
+    };
+    let mut gc = ipam.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    for i in 0..6 {
+        let cid = format!("race-{i}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let r = loop {
+            let out = call("ADD", &cid, &ipam);
+            if out.code == 0 {
+                break out.ok();
+            }
+            // 11: the pool refills (released addresses cool down first).
+            assert!(out.stdout.contains("\"code\": 11"), "{}", out.stdout);
+            assert!(std::time::Instant::now() < deadline, "{}", out.stdout);
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let a = pod_ip(&r);
+        for _ in 0..10 {
+            assert!(has_rule(a), "round {i}: a pass took {a}'s new rules away");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+        if i % 2 == 0 {
+            Call::new(bin("vpc-ipam"), "GC").stdin(&gc).run_in(ns).ok();
+        } else {
+            call("DEL", &cid, &ipam).ok();
+        }
+        for _ in 0..10 {
+            assert!(!has_rule(a), "round {i}: a pass put {a}'s rules back");
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+}

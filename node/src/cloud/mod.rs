@@ -56,6 +56,10 @@ pub struct CloudConf {
     pub snat: Snat,
     /// ipamd's timings unless the test knobs below change them.
     pub tuning: Tuning,
+    /// RCNI_CLOUD_PASS_DELAY_MS, a test knob (0 otherwise): how long a
+    /// pass waits between reading the pool and making the pods' rules of
+    /// it, so that a test's IPAM requests land in that window.
+    pub pass_delay: Duration,
 }
 
 /// ipamd's fixed timings, which only tests change (they cannot wait a
@@ -162,6 +166,12 @@ pub fn conf(
         pool,
         snat,
         tuning: tuning(env)?,
+        pass_delay: match env("RCNI_CLOUD_PASS_DELAY_MS") {
+            None => Duration::ZERO,
+            Some(v) => Duration::from_millis(v.parse().map_err(|_| {
+                format!("RCNI_CLOUD_PASS_DELAY_MS={v:?}: a number of milliseconds")
+            })?),
+        },
     }))
 }
 
@@ -278,6 +288,8 @@ pub async fn go<P: Provider + 'static>(
         nl: nl.clone(),
         vpc: vpc.clone(),
         snat: conf.snat.clone(),
+        rules: tokio::sync::Mutex::new(()),
+        pass_delay: conf.pass_delay,
     });
     let mut missing = layout(&ctx).await;
     write_status(&opts, conf.provider);
@@ -388,15 +400,26 @@ async fn layout<P: Provider + 'static>(ctx: &server::Ctx<P>) -> Vec<String> {
             Vec::new()
         }
     };
-    let pods: Vec<PodAddr> = s
-        .allocations
-        .iter()
-        .map(|(_, a)| PodAddr {
-            ip: a.ip,
-            device_index: a.device_index,
-        })
-        .collect();
-    match datapath::reconcile_pods(&ctx.nl, &pods, &ctx.vpc, &ctx.snat).await {
+    // The allocations read again, and the rules made, under the lock the
+    // IPAM requests hold (see `Ctx::rules`).
+    let rules = {
+        let _rules = ctx.rules.lock().await;
+        let pods: Vec<PodAddr> = ctx
+            .pool
+            .snapshot()
+            .allocations
+            .iter()
+            .map(|(_, a)| PodAddr {
+                ip: a.ip,
+                device_index: a.device_index,
+            })
+            .collect();
+        if !ctx.pass_delay.is_zero() {
+            tokio::time::sleep(ctx.pass_delay).await;
+        }
+        datapath::reconcile_pods(&ctx.nl, &pods, &ctx.vpc, &ctx.snat).await
+    };
+    match rules {
         Ok(0) => {}
         Ok(n) => {
             log(format!("cloud: {n} pod rules changed"));

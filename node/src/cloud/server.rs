@@ -22,6 +22,14 @@ pub struct Ctx<P: Provider> {
     pub nl: Netlink,
     pub vpc: Vec<Ipv4Network>,
     pub snat: Snat,
+    /// Held across a change of the pool's allocations and of the pods'
+    /// rules that follow it (ADD, DEL, GC), and by the loop's pass from its
+    /// read of the allocations to the rules it makes of them: a pass that
+    /// read the pool before a GC would otherwise put back the rules the GC
+    /// had just removed, until its next pass.
+    pub rules: tokio::sync::Mutex<()>,
+    /// See [`super::CloudConf::pass_delay`].
+    pub pass_delay: std::time::Duration,
 }
 
 /// Listens on `path` (root only: 0600; a stale socket replaced) until the
@@ -93,6 +101,12 @@ fn who(a: &Attachment) -> String {
 }
 
 pub async fn handle<P: Provider + 'static>(ctx: &Ctx<P>, req: IpamRequest) -> IpamAnswer {
+    let _rules = match req {
+        IpamRequest::Add { .. } | IpamRequest::Del { .. } | IpamRequest::Gc { .. } => {
+            Some(ctx.rules.lock().await)
+        }
+        IpamRequest::Check { .. } | IpamRequest::Status => None,
+    };
     match req {
         IpamRequest::Add { attachment } => match ctx.pool.allocate(&attachment) {
             Ok(a) => {
