@@ -316,6 +316,16 @@ static __always_inline void nat_sock_record(const struct flow *f)
 	__u64 now = bpf_ktime_get_ns();
 
 	nat_sock_of(&k, f, 1);
+	// Every packet a pod sends past the cluster's pods comes here: a
+	// flow already recorded only has its time written in place (the LRU's
+	// lookup marks it used), as an update would replace the element (a
+	// fresh one from the free list, the old one freed after RCU): 220 ns a
+	// packet against 84 (program_cost, "unknown v4").
+	__u64 *seen = bpf_map_lookup_elem(&rcni_nat_socks, &k);
+	if (seen) {
+		*seen = now;
+		return;
+	}
 	bpf_map_update_elem(&rcni_nat_socks, &k, &now, BPF_ANY);
 }
 
