@@ -343,28 +343,44 @@ pub async fn create_veth(
     ifname: &str,
     mtu: Option<u32>,
 ) -> Result<(Link, Link), CniError> {
+    let made = with_free_node_name(ct, ifname, "veth", random_veth_name, async |peer: &str| {
+        let c = ct.create_veth(ifname, peer, Some(host_ns), mtu).await?;
+        Ok((host.link_by_name(peer).await?, c))
+    })
+    .await?;
+    Ok(made?)
+}
+
+/// The pair creation both kinds share: `ifname` must be free in the
+/// container (`ct`); `create` makes the pair with a node-side name from
+/// `random_name` and returns (node end, container end). A taken node-side
+/// name (EEXIST while `ifname` is still free) gets another, up to ten;
+/// any other failure of `create` comes back as the inner error, for the
+/// caller to judge (EOPNOTSUPP: the kernel has no driver for the kind).
+async fn with_free_node_name(
+    ct: &Netlink,
+    ifname: &str,
+    kind: &str,
+    random_name: fn() -> String,
+    create: impl AsyncFn(&str) -> rcni_netlink::Result<(Link, Link)>,
+) -> Result<rcni_netlink::Result<(Link, Link)>, CniError> {
     if ct.find_link(ifname).await?.is_some() {
         return Err(CniError::new(
             ErrorCode::InvalidEnvironmentVariables,
-            format!("container veth name provided ({ifname}) already exists"),
+            format!("container {kind} name provided ({ifname}) already exists"),
         ));
     }
     let mut last = None;
     for _ in 0..10 {
-        let peer = random_veth_name();
-        match ct.create_veth(ifname, &peer, Some(host_ns), mtu).await {
-            Ok(c) => {
-                let h = host.link_by_name(&peer).await?;
-                return Ok((h, c));
-            }
-            // The random host name was taken: try another.
+        match create(&random_name()).await {
+            // The random node-side name was taken: try another.
             Err(e) if e.is_exists() && ct.find_link(ifname).await?.is_none() => last = Some(e),
-            Err(e) => return Err(e.into()),
+            other => return Ok(other),
         }
     }
     Err(last
         .map(CniError::from)
-        .unwrap_or_else(|| CniError::internal("could not create a veth pair")))
+        .unwrap_or_else(|| CniError::internal(format!("could not create a {kind} pair"))))
 }
 
 /// The kind of pair a pod's interface is born with: the `linkType` key of
@@ -418,35 +434,27 @@ pub async fn create_pod_pair(
     if kind == LinkType::Veth {
         return create_veth(&ns.host, &ns.ct, &ns.host_ns, ifname, mtu).await;
     }
-    if ns.ct.find_link(ifname).await?.is_some() {
-        return Err(CniError::new(
-            ErrorCode::InvalidEnvironmentVariables,
-            format!("container interface name provided ({ifname}) already exists"),
-        ));
-    }
-    let mut last = None;
-    for _ in 0..10 {
-        let name = random_netkit_name();
-        match ns.host.create_netkit(&name, ifname, &ns.ct_ns, mtu).await {
-            Ok(h) => {
-                let c = ns.ct.link_by_name(ifname).await?;
-                return Ok((h, c));
-            }
-            Err(e) if e.is_not_supported() => {
-                eprintln!(
-                    "{plugin}: linkType netkit: this kernel has no netkit driver (Linux 6.7+ \
-                     with CONFIG_NETKIT): the pod gets a veth pair instead"
-                );
-                return create_veth(&ns.host, &ns.ct, &ns.host_ns, ifname, mtu).await;
-            }
-            // The random node-side name was taken: try another.
-            Err(e) if e.is_exists() && ns.ct.find_link(ifname).await?.is_none() => last = Some(e),
-            Err(e) => return Err(e.into()),
+    let made = with_free_node_name(
+        &ns.ct,
+        ifname,
+        "netkit",
+        random_netkit_name,
+        async |name: &str| {
+            let h = ns.host.create_netkit(name, ifname, &ns.ct_ns, mtu).await?;
+            Ok((h, ns.ct.link_by_name(ifname).await?))
+        },
+    )
+    .await?;
+    match made {
+        Err(e) if e.is_not_supported() => {
+            eprintln!(
+                "{plugin}: linkType netkit: this kernel has no netkit driver (Linux 6.7+ \
+                 with CONFIG_NETKIT): the pod gets a veth pair instead"
+            );
+            create_veth(&ns.host, &ns.ct, &ns.host_ns, ifname, mtu).await
         }
+        made => Ok(made?),
     }
-    Err(last
-        .map(CniError::from)
-        .unwrap_or_else(|| CniError::internal("could not create a netkit pair")))
 }
 
 /// A netkit primary's name on the node: `nk` and 8 random hex digits.
