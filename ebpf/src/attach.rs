@@ -98,13 +98,24 @@ impl Hook {
     /// The hooks on which an attachment made earlier counts as attached
     /// for `attachMode` `mode`: auto accepts tcx too (its default before
     /// clsact, and its choice next to an `ingress` qdisc), so that CHECK
-    /// passes and ADD keeps such a pod.
+    /// passes and ADD keeps such a pod. The policy programs' hooks; the
+    /// fast path's are [`Hook::accepted_for_fastpath`].
     pub fn accepted(mode: Option<Hook>) -> &'static [Hook] {
         match mode {
-            None => &[Hook::Tcx, Hook::Tc, Hook::Netkit],
+            None => &[Hook::Tcx, Hook::Tc],
             Some(Hook::Tcx) => &[Hook::Tcx],
             Some(Hook::Tc) => &[Hook::Tc],
             Some(Hook::Netkit) => &[Hook::Netkit],
+        }
+    }
+
+    /// [`Hook::accepted`] for the fast path on a link of `kind`: auto on a
+    /// netkit primary accepts its peer hook too (auto's choice there), and
+    /// only there: no other link has it, so nothing else asks the kernel.
+    pub fn accepted_for_fastpath(mode: Option<Hook>, kind: Option<&str>) -> &'static [Hook] {
+        match mode {
+            None if kind == Some("netkit") => &[Hook::Netkit, Hook::Tcx, Hook::Tc],
+            _ => Hook::accepted(mode),
         }
     }
 
@@ -255,6 +266,13 @@ impl Datapath {
     /// egress. Pinned links and checks as for [`Datapath::attach`]; if the
     /// second fails the first is taken off again.
     pub fn attach_policy(&mut self, ifname: &str, id: AttachmentId, hook: Hook) -> Result<()> {
+        if hook == Hook::Netkit {
+            // netkit's primary hook runs with the packet already on the
+            // pod's end (skb->dev), where rcni_pol_in cannot tell the pod.
+            return Err(Error::msg(format!(
+                "the policy programs do not attach to netkit's hooks ({ifname}): tc or tcx"
+            )));
+        }
         let [pin_in, pin_out] = match &self.dir {
             Some(d) => id.policy_link_pins().map(|n| Some(d.join(n))),
             None => [None, None],
@@ -315,17 +333,8 @@ impl Datapath {
                 let pinned = id.policy_link_pins().iter().all(|p| dir.join(p).exists());
                 Ok(pinned && self.policy_tcx_attached(ifname)?)
             }
-            Hook::Netkit => {
-                let pinned = id.policy_link_pins().iter().all(|p| dir.join(p).exists());
-                let out = self.program_id_of(Program::PolicyOut)?;
-                let pin = self.program_id_of(Program::PolicyIn)?;
-                let primary = netkit_programs(ifname, crate::netkit::BPF_NETKIT_PRIMARY)?;
-                Ok(
-                    pinned
-                        && netkit_peer_programs(ifname)?.contains(&out)
-                        && primary.contains(&pin),
-                )
-            }
+            // Never attached there (see attach_policy).
+            Hook::Netkit => Ok(false),
             Hook::Tc => {
                 let pin = self.program_id_of(Program::PolicyIn)?;
                 let pout = self.program_id_of(Program::PolicyOut)?;
@@ -394,16 +403,12 @@ pub fn tcx_programs(ifname: &str) -> Result<Vec<u32>> {
 /// The ids of the programs on netkit primary `ifname`'s peer hook (none
 /// where it is no netkit primary).
 pub fn netkit_peer_programs(ifname: &str) -> Result<Vec<u32>> {
-    netkit_programs(ifname, crate::netkit::BPF_NETKIT_PEER)
-}
-
-fn netkit_programs(ifname: &str, attach_type: u32) -> Result<Vec<u32>> {
     let ifindex = match nix::net::if_::if_nametoindex(ifname) {
         Ok(i) => i,
         Err(nix::errno::Errno::ENODEV) => return Ok(vec![]),
         Err(e) => return Err(Error::io(format!("index of {ifname}"), e.into())),
     };
-    crate::netkit::programs(ifindex, attach_type)
+    crate::netkit::programs(ifindex, crate::netkit::BPF_NETKIT_PEER)
         .map_err(|e| Error::io(format!("query netkit programs of {ifname}"), e))
 }
 
@@ -632,4 +637,24 @@ pub fn pinned_policy_links(dir: &Path) -> Result<Vec<AttachmentId>> {
     let mut v = pinned_ids(dir, AttachmentId::from_policy_link_pin)?;
     v.dedup();
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netkit_is_the_fast_paths_auto_hook_on_netkit_links_only() {
+        assert_eq!(Hook::for_fastpath(None, &[], Some("netkit")), Hook::Netkit);
+        assert_eq!(Hook::for_fastpath(None, &[], Some("veth")), Hook::Tc);
+        assert_eq!(
+            Hook::for_fastpath(Some(Hook::Tcx), &[], Some("netkit")),
+            Hook::Tcx
+        );
+        assert!(Hook::accepted_for_fastpath(None, Some("netkit")).contains(&Hook::Netkit));
+        // Anywhere else, and for policy, no netkit query at all.
+        assert!(!Hook::accepted_for_fastpath(None, Some("veth")).contains(&Hook::Netkit));
+        assert!(!Hook::accepted(None).contains(&Hook::Netkit));
+        assert_eq!(Hook::from_config(Some("netkit")), Ok(Some(Hook::Netkit)));
+    }
 }

@@ -198,21 +198,20 @@ impl Endpoint {
     /// This fast path endpoint, kept on the normal path or not (see
     /// [`EP_NORMAL_PATH`]).
     pub fn normal_path(self, on: bool) -> Endpoint {
-        let flags = if on {
-            self.flags | EP_NORMAL_PATH
-        } else {
-            self.flags & !EP_NORMAL_PATH
-        };
-        Endpoint { flags, ..self }
+        self.with_flag(EP_NORMAL_PATH, on)
     }
 
     /// This fast path endpoint, its program on a netkit hook or not (see
     /// [`EP_NETKIT`]).
     pub fn netkit(self, on: bool) -> Endpoint {
+        self.with_flag(EP_NETKIT, on)
+    }
+
+    fn with_flag(self, flag: u32, on: bool) -> Endpoint {
         let flags = if on {
-            self.flags | EP_NETKIT
+            self.flags | flag
         } else {
-            self.flags & !EP_NETKIT
+            self.flags & !flag
         };
         Endpoint { flags, ..self }
     }

@@ -197,7 +197,7 @@ fn attached(
     veth: &Link,
     clear: bool,
 ) -> Result<bool, CniError> {
-    for &hook in Hook::accepted(conf.attach_mode) {
+    for &hook in Hook::accepted_for_fastpath(conf.attach_mode, veth.kind.as_deref()) {
         if attached_on(dp, conf, id, veth, clear, hook)? {
             return Ok(true);
         }
