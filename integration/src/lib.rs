@@ -333,6 +333,34 @@ pub fn netkit_or_veth() -> &'static str {
     }
 }
 
+/// `count` pings at a 10 ms interval from `ns`, all answered.
+pub fn pings(ns: &NetNs, dst: &str, count: u32) {
+    let count = count.to_string();
+    let out = rcni_testkit::command_in(ns, "ping")
+        .args(["-c", &count, "-i", "0.01", "-W", "2", "-n", "-q", dst])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ping {dst}: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// The TTL (hop limit) of the reply to one ping from `ns`.
+pub fn reply_ttl(ns: &NetNs, dst: &str) -> u32 {
+    let out = rcni_testkit::command_in(ns, "ping")
+        .args(["-c", "1", "-W", "2", "-n", dst])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("ttl=").or_else(|| w.strip_prefix("hlim=")))
+        .unwrap_or_else(|| panic!("no ttl in {text}"))
+        .parse()
+        .unwrap()
+}
+
 /// `fastpath SUB --json --pin-root PIN_ROOT` run in `ns`: its rows.
 pub fn fastpath_json(ns: &NetNs, pin_root: &std::path::Path, sub: &str) -> Vec<Value> {
     let out = rcni_testkit::command_in(ns, rcni_testkit::bin("fastpath"))

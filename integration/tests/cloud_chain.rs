@@ -11,6 +11,29 @@ use rcni_integration::lab::vpc::{VPC_HOST, Vpc, pod_ip, python};
 use rcni_testkit::{Bpffs, Call, TestNs, bin, require_root};
 use serde_json::{Value, json};
 
+/// The VPC lab with one t3.medium node (its index); `None`, after saying
+/// so, where the EC2 model cannot run.
+fn one_node_vpc() -> Option<(Vpc, usize)> {
+    require_root();
+    if python().is_none() {
+        eprintln!("SKIP: no moto[server] (scripts/setup --for test)");
+        return None;
+    }
+    let mut vpc = Vpc::new();
+    let k = vpc.add_node("t3.medium");
+    Some((vpc, k))
+}
+
+/// Whether `ns` has a routing rule to `ip` (a pod's, as the agent makes
+/// them).
+fn has_rule(ns: &rcni_netns::NetNs, ip: std::net::Ipv4Addr) -> bool {
+    rcni_integration::nl(ns, async |n| {
+        n.rules(rcni_netlink::Family::V4).await.unwrap()
+    })
+    .iter()
+    .any(|r| r.dst.is_some_and(|d| d.ip() == std::net::IpAddr::V4(ip)))
+}
+
 /// The agent's ptp + vpc-ipam, then fastpath, policy and portmap.
 fn chain(agent_list: &Value, pins: &Bpffs, data: &Path, policy_dir: &Path) -> Vec<Value> {
     let mut ptp = agent_list["plugins"][0].clone();
@@ -98,13 +121,9 @@ fn del(node_ns: &rcni_netns::NetNs, plugins: &[Value], p: &Pod, labels: Value, p
 
 #[test]
 fn fastpath_policy_and_portmap_chained_after_vpc_ipam() {
-    require_root();
-    if python().is_none() {
-        eprintln!("SKIP: no moto[server] (scripts/setup --for test)");
+    let Some((vpc, k)) = one_node_vpc() else {
         return;
-    }
-    let mut vpc = Vpc::new();
-    let k = vpc.add_node("t3.medium");
+    };
     let node = &vpc.nodes[k];
     node.start_agent(&[]);
     let pins = Bpffs::empty();
@@ -192,16 +211,8 @@ fn fastpath_policy_and_portmap_chained_after_vpc_ipam() {
     del(ns, &plugins, &client, client_l, none.clone());
     del(ns, &plugins, &web, web_l, none);
     // The addresses went back to the pool: no rules of these pods remain.
-    let rules = rcni_integration::nl(ns, async |n| {
-        n.rules(rcni_netlink::Family::V4).await.unwrap()
-    });
     for a in [w, o] {
-        assert!(
-            !rules
-                .iter()
-                .any(|r| r.dst.is_some_and(|d| d.ip() == std::net::IpAddr::V4(a))),
-            "{a}: {rules:?}"
-        );
+        assert!(!has_rule(ns, a), "{a}'s rules remain");
     }
 }
 
@@ -211,13 +222,9 @@ fn fastpath_policy_and_portmap_chained_after_vpc_ipam() {
 /// and ADD and DEL are 11 (the runtime retries), never a made-up address.
 #[test]
 fn vpc_ipam_check_gc_status_and_a_missing_agent() {
-    require_root();
-    if python().is_none() {
-        eprintln!("SKIP: no moto[server] (scripts/setup --for test)");
+    let Some((vpc, k)) = one_node_vpc() else {
         return;
-    }
-    let mut vpc = Vpc::new();
-    let k = vpc.add_node("t3.medium");
+    };
     let node = &vpc.nodes[k];
     node.start_agent(&[("WARM_IP_TARGET", "4"), ("MINIMUM_IP_TARGET", "4")]);
     let ns = &node.ns.ns;
@@ -239,13 +246,7 @@ fn vpc_ipam_check_gc_status_and_a_missing_agent() {
         .stdin(&c)
         .run_in(ns)
         .ok();
-    let has_rule = |ip: std::net::Ipv4Addr| {
-        rcni_integration::nl(ns, async |n| {
-            n.rules(rcni_netlink::Family::V4).await.unwrap()
-        })
-        .iter()
-        .any(|r| r.dst.is_some_and(|d| d.ip() == std::net::IpAddr::V4(ip)))
-    };
+    let has_rule = |ip| has_rule(ns, ip);
     assert!(has_rule(a) && has_rule(b));
     // GC with only "keep" valid: "lost" (a pod whose DEL never came)
     // goes back to the pool.
@@ -304,13 +305,9 @@ fn vpc_ipam_check_gc_status_and_a_missing_agent() {
 /// rules back within that pass, and a new pod's rules went.
 #[test]
 fn ipam_changes_racing_the_agents_passes_leave_the_pools_rules() {
-    require_root();
-    if python().is_none() {
-        eprintln!("SKIP: no moto[server] (scripts/setup --for test)");
+    let Some((vpc, k)) = one_node_vpc() else {
         return;
-    }
-    let mut vpc = Vpc::new();
-    let k = vpc.add_node("t3.medium");
+    };
     let node = &vpc.nodes[k];
     node.start_agent(&[
         ("WARM_IP_TARGET", "6"),
@@ -323,13 +320,7 @@ fn ipam_changes_racing_the_agents_passes_leave_the_pools_rules() {
     let mut ipam = list["plugins"][0].clone();
     ipam["cniVersion"] = json!("1.1.0");
     ipam["name"] = list["name"].clone();
-    let has_rule = |ip: std::net::Ipv4Addr| {
-        rcni_integration::nl(ns, async |n| {
-            n.rules(rcni_netlink::Family::V4).await.unwrap()
-        })
-        .iter()
-        .any(|r| r.dst.is_some_and(|d| d.ip() == std::net::IpAddr::V4(ip)))
-    };
+    let has_rule = |ip| has_rule(ns, ip);
     let pod = TestNs::new();
     let call = |cmd: &str, cid: &str, conf: &Value| {
         Call::new(bin("vpc-ipam"), cmd)

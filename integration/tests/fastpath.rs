@@ -12,7 +12,7 @@
 //! does where /sys/fs/bpf is missing) on a fresh temporary directory and
 //! unmounted on drop: nothing in /sys/fs/bpf is touched.
 
-use rcni_integration::{Bpffs, Node, addr_of, nl};
+use rcni_integration::{Bpffs, Node, addr_of, nl, pings, reply_ttl};
 use rcni_netns::NetNs;
 use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping};
 use serde_json::{Value, json};
@@ -160,29 +160,6 @@ fn tx_packets(ns: &NetNs, dev: &str) -> u64 {
     let out = output_in(ns, "ip", &["-j", "-s", "link", "show", "dev", dev]);
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     v[0]["stats64"]["tx"]["packets"].as_u64().unwrap()
-}
-
-/// `count` pings at a 10 ms interval, all answered.
-fn pings(ns: &NetNs, dst: &str, count: u32) {
-    let count = count.to_string();
-    let args = ["-c", &count, "-i", "0.01", "-W", "2", "-n", "-q", dst];
-    let out = output_in(ns, "ping", &args);
-    assert!(
-        out.status.success(),
-        "ping {dst}: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
-
-/// The TTL (hop limit) of the reply to one ping.
-fn reply_ttl(ns: &NetNs, dst: &str) -> u32 {
-    let out = output_in(ns, "ping", &["-c", "1", "-W", "2", "-n", dst]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let ttl = text
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("ttl=").or_else(|| w.strip_prefix("hlim=")))
-        .unwrap_or_else(|| panic!("no ttl in {text}"));
-    ttl.parse().unwrap()
 }
 
 /// A TCP echo server in `ns` on `addr`; returns its address.

@@ -7,9 +7,9 @@
 //! two netkit pods, and between a netkit pod and a veth pod, is redirected
 //! both ways; DEL takes the link off the hook.
 
-use rcni_integration::{Bpffs, Node, addr_of, fastpath_json, nl};
+use rcni_integration::{Bpffs, Node, addr_of, fastpath_json, nl, pings, reply_ttl};
 use rcni_netns::NetNs;
-use rcni_testkit::{TestNs, bin, command_in};
+use rcni_testkit::{TestNs, bin};
 use serde_json::{Value, json};
 
 fn ptp_conf(node: &Node, link_type: &str) -> Value {
@@ -28,34 +28,6 @@ fn fp_conf(fs: &Bpffs, prev: &Value) -> Value {
 fn kind(ns: &NetNs, name: &str) -> Option<String> {
     let name = name.to_string();
     nl(ns, async |n| n.find_link(&name).await.unwrap()).and_then(|l| l.kind)
-}
-
-/// `count` pings at a 10 ms interval, all answered.
-fn pings(ns: &NetNs, dst: &str, count: u32) {
-    let count = count.to_string();
-    let out = command_in(ns, "ping")
-        .args(["-c", &count, "-i", "0.01", "-W", "2", "-n", "-q", dst])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ping {dst}: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-}
-
-/// The TTL (hop limit) of the reply to one ping.
-fn reply_ttl(ns: &NetNs, dst: &str) -> u32 {
-    let out = command_in(ns, "ping")
-        .args(["-c", "1", "-W", "2", "-n", dst])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    text.split_whitespace()
-        .find_map(|w| w.strip_prefix("ttl=").or_else(|| w.strip_prefix("hlim=")))
-        .unwrap_or_else(|| panic!("no ttl in {text}"))
-        .parse()
-        .unwrap()
 }
 
 /// Packets the fast path redirected to (`rxPackets`) or from
