@@ -114,7 +114,9 @@ pub fn pin(fd: BorrowedFd<'_>, path: &Path) -> io::Result<()> {
 }
 
 /// The ids of the programs on `ifindex`'s netkit hook `attach_type`; none
-/// where the device is no netkit primary (or the kernel has no netkit).
+/// where the device is no netkit primary (ENXIO from a kernel with netkit,
+/// netkit_dev_fetch's answer for a veth) or the kernel has no netkit
+/// (EINVAL).
 pub fn programs(ifindex: u32, attach_type: u32) -> io::Result<Vec<u32>> {
     // bpf_mprog holds at most 64 programs per hook.
     let mut ids = [0u32; 64];
@@ -132,7 +134,7 @@ pub fn programs(ifindex: u32, attach_type: u32) -> io::Result<Vec<u32>> {
         Err(e)
             if matches!(
                 e.raw_os_error(),
-                Some(libc::EINVAL) | Some(libc::ENODEV) | Some(libc::EACCES)
+                Some(libc::EINVAL) | Some(libc::ENODEV) | Some(libc::EACCES) | Some(libc::ENXIO)
             ) =>
         {
             Ok(vec![])
