@@ -96,6 +96,11 @@ struct endpoint {
 // node-side device with bpf_redirect, which delivers to the pod's end as the
 // veth or netkit driver does.
 #define EP_NETKIT 8
+// With EP_FASTPATH: bandwidth shapes the pod's ingress on its host veth (an
+// fq root qdisc and rcni_edt, shape.bpf.c, on the veth's egress hook):
+// packets for it go out of the host veth with bpf_redirect, through that
+// hook and qdisc, instead of bpf_redirect_peer past both.
+#define EP_SHAPED 16
 
 // Per address: rx = redirected to it, tx = redirected from it.
 struct ep_stats {
@@ -670,7 +675,7 @@ int rcni_fastpath(struct __sk_buff *skb)
 		s->tx_bytes += len;
 	}
 	count(V_REDIRECT);
-	if (from->flags & EP_NETKIT)
+	if ((from->flags & EP_NETKIT) || (to->flags & EP_SHAPED))
 		return bpf_redirect(ifindex, 0);
 	// Into the peer of the destination's host veth, i.e. the pod's own
 	// interface, at its ingress: no second pass through the host veth (its
@@ -736,6 +741,8 @@ int rcni_from_net(struct __sk_buff *skb)
 		s->rx_bytes += len;
 	}
 	count(V_FROM_REMOTE);
+	if (to->flags & EP_SHAPED)
+		return bpf_redirect(ifindex, 0);
 	return bpf_redirect_peer(ifindex, 0);
 }
 

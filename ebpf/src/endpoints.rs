@@ -143,6 +143,27 @@ impl Datapath {
         Ok(n)
     }
 
+    /// Marks the fast path endpoints behind host veth `ifindex` as shaped
+    /// on it ([`EP_SHAPED`](crate::EP_SHAPED)) or not: deliveries to them
+    /// pass the host veth's egress hook and qdisc. Returns how many there
+    /// were.
+    pub fn set_shaped(&mut self, ifindex: u32, on: bool) -> Result<usize> {
+        let _lock = self.lock()?;
+        let mut n = 0;
+        for (key, ep) in self.endpoints()? {
+            if ep.ifindex != ifindex || ep.flags & EP_FASTPATH == 0 {
+                continue;
+            }
+            n += 1;
+            if (ep.flags & crate::EP_SHAPED != 0) != on {
+                self.endpoints
+                    .insert(key, ep.shaped(on), 0)
+                    .map_err(|e| Error::aya("update endpoint", e))?;
+            }
+        }
+        Ok(n)
+    }
+
     /// Takes the fast path's part out of these endpoints; those the policy
     /// plugin has no part in go, with their counter slots.
     pub fn remove_endpoints(&mut self, keys: &[EndpointKey]) -> Result<()> {

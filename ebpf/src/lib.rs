@@ -26,6 +26,7 @@ mod load;
 pub mod netkit;
 mod policy;
 mod remote;
+pub mod shape;
 mod types;
 
 pub use attach::{
@@ -39,10 +40,10 @@ pub use policy::{FlowEvents, flow_events_id};
 pub use remote::{detach_net, net_links};
 pub use types::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NETKIT, EP_NORMAL_PATH, EP_POLICY,
-    EV_ALLOW, EV_AUDIT, EV_DENY, EVENTS_ALLOW, EVENTS_DENY, Endpoint, EndpointKey, EndpointStats,
-    FlowEvent, MAX_ENDPOINTS, MAX_PORT_RANGES, MAX_REMOTES, POL_AUDIT_IN, POL_AUDIT_OUT,
-    PORTSET_ALL, PORTSET_NONE, PeerKey, PolicyConfig, PortRange, RemoteHop, RemoteStats,
-    TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
+    EP_SHAPED, EV_ALLOW, EV_AUDIT, EV_DENY, EVENTS_ALLOW, EVENTS_DENY, Endpoint, EndpointKey,
+    EndpointStats, FlowEvent, MAX_ENDPOINTS, MAX_PORT_RANGES, MAX_REMOTES, POL_AUDIT_IN,
+    POL_AUDIT_OUT, PORTSET_ALL, PORTSET_NONE, PeerKey, PolicyConfig, PortRange, RemoteHop,
+    RemoteStats, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
 };
 
 /// The fast path program's name in the object (and in the kernel: under 16
@@ -102,8 +103,9 @@ impl Program {
 /// (audit), policy flow events and their maps, the remote entry's counter
 /// slot and `rcni_remote_stats`; 6: `EP_NETKIT`, without which a program
 /// on a netkit hook would hand packets to bpf_redirect_peer, which drops
-/// them there).
-pub const DATAPATH_VERSION: u32 = 6;
+/// them there; 7: `EP_SHAPED`, without which a program would deliver past
+/// the pod's ingress shaping).
+pub const DATAPATH_VERSION: u32 = 7;
 
 /// The fast path program's pin, pinned last.
 const PROG_PIN: &str = "prog";

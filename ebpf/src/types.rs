@@ -26,6 +26,7 @@ macro_rules! pod {
 const fn proven_pod<T: FromBytes + IntoBytes + Immutable + Copy + 'static>() {}
 
 pod!(
+    EdtCfg,
     EndpointKey,
     Endpoint,
     EndpointStats,
@@ -154,8 +155,15 @@ pub const EP_NORMAL_PATH: u32 = 4;
 /// destination's node-side device with bpf_redirect instead.
 pub const EP_NETKIT: u32 = 8;
 
-/// The fast path's own flags: what it writes and takes out again.
-const FASTPATH_FLAGS: u32 = EP_FASTPATH | EP_NORMAL_PATH | EP_NETKIT;
+/// With [`EP_FASTPATH`]: set by `bandwidth`, which shapes the pod's ingress
+/// on its host veth (an fq qdisc and `rcni_edt` on its egress hook):
+/// packets for it are handed to the host veth with bpf_redirect, which
+/// passes that hook and qdisc, instead of bpf_redirect_peer past both.
+pub const EP_SHAPED: u32 = 16;
+
+/// The fast path's own flags: what it writes and takes out again
+/// (`EP_SHAPED` goes with the rest of the fast path's part).
+const FASTPATH_FLAGS: u32 = EP_FASTPATH | EP_NORMAL_PATH | EP_NETKIT | EP_SHAPED;
 
 impl Endpoint {
     /// The fast path's endpoint.
@@ -207,6 +215,12 @@ impl Endpoint {
         self.with_flag(EP_NETKIT, on)
     }
 
+    /// This fast path endpoint, its deliveries through its host veth's
+    /// shaping or not (see [`EP_SHAPED`]).
+    pub fn shaped(self, on: bool) -> Endpoint {
+        self.with_flag(EP_SHAPED, on)
+    }
+
     fn with_flag(self, flag: u32, on: bool) -> Endpoint {
         let flags = if on {
             self.flags | flag
@@ -224,8 +238,9 @@ impl Endpoint {
 
     /// The same fast path fields (delivery, owner, the flags), whatever the
     /// policy plugin wrote and the counter slot.
+    /// `EP_SHAPED` is `bandwidth`'s, which checks it itself.
     pub fn same_as(&self, o: &Endpoint) -> bool {
-        const FP: u32 = FASTPATH_FLAGS;
+        const FP: u32 = FASTPATH_FLAGS & !EP_SHAPED;
         self.ifindex == o.ifindex
             && self.pod_mac == o.pod_mac
             && self.node_mac == o.node_mac
@@ -861,6 +876,22 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
         .join(":")
+}
+
+/// The configuration and counters of one `rcni_edt` instance (`struct
+/// edt_cfg` in `c/shape.bpf.c`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct EdtCfg {
+    /// Bytes per second.
+    pub rate: u64,
+    pub burst_ns: u64,
+    pub horizon_ns: u64,
+    pub t_last: u64,
+    /// Packets given a later departure time.
+    pub delayed: u64,
+    /// Packets dropped past the horizon.
+    pub dropped: u64,
 }
 
 #[cfg(test)]

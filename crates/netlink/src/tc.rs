@@ -243,6 +243,23 @@ impl Netlink {
         .await
     }
 
+    /// `tc qdisc add dev <index> root handle <handle> fq`: the qdisc that
+    /// holds packets until their earliest departure time (skb->tstamp).
+    /// A kernel without `sch_fq` answers ENOENT ("unknown qdisc kind").
+    pub async fn add_fq(&self, index: u32, handle: u32) -> Result<()> {
+        let mut msg = TcMessage::default();
+        msg.header.index = index as i32;
+        msg.header.handle = TcHandle::from(handle);
+        msg.header.parent = TcHandle::ROOT;
+        msg.attributes.push(TcAttribute::Kind("fq".into()));
+        self.acked_request(
+            &format!("add fq qdisc to link {index}"),
+            RouteNetlinkMessage::NewQueueDiscipline(msg),
+            NLM_F_CREATE | NLM_F_EXCL,
+        )
+        .await
+    }
+
     /// `tc qdisc add dev <index> ingress`.
     pub async fn add_ingress_qdisc(&self, index: u32) -> Result<()> {
         self.handle
