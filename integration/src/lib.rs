@@ -323,6 +323,17 @@ pub fn kernel_has_netkit() -> bool {
     })
 }
 
+/// Whether this kernel has the fq qdisc (tried on a throwaway namespace's
+/// loopback), which rcni's bandwidth shapes fast path pods with; without
+/// it they are shaped with TBFs, off the fast path.
+pub fn kernel_has_fq() -> bool {
+    let ns = TestNs::new();
+    nl(&ns.ns, async |n| {
+        let lo = n.link_by_name("lo").await.unwrap();
+        n.add_fq(lo.index, 0x0001_0000).await.is_ok()
+    })
+}
+
 /// The kind of pod link `eth0` a `linkType: netkit` pod gets on this
 /// kernel.
 pub fn netkit_or_veth() -> &'static str {
@@ -331,6 +342,39 @@ pub fn netkit_or_veth() -> &'static str {
     } else {
         "veth"
     }
+}
+
+/// Bits per second the receiver saw in a 5 s iperf3 TCP run from `from`
+/// to the server on `to` (`reverse`: the server sends), the first second
+/// (the token bucket's burst, TCP's start) left out.
+pub fn iperf_rate(from: &NetNs, to_ns: &NetNs, to: &str, port: u16, reverse: bool) -> u64 {
+    let _server = rcni_testkit::IperfServer::start(to_ns, Some(to), port);
+    let p = port.to_string();
+    let mut args = vec!["-c", to, "-p", &p, "-t", "5", "-O", "1", "-J"];
+    if reverse {
+        args.push("-R");
+    }
+    let out = rcni_testkit::command_in(from, "iperf3")
+        .args(&args)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("iperf3 ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no result: {v}")) as u64
+}
+
+/// Bytes `ifname` in `ns` has received (`rx`) or sent so far.
+pub fn wire_bytes(ns: &NetNs, ifname: &str, rx: bool) -> u64 {
+    let out = rcni_testkit::command_in(ns, "ip")
+        .args(["-s", "-j", "link", "show", ifname])
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v[0]["stats64"][if rx { "rx" } else { "tx" }]["bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counters: {v}"))
 }
 
 /// `count` pings at a 10 ms interval from `ns`, all answered.

@@ -7,7 +7,9 @@
 //! two netkit pods, and between a netkit pod and a veth pod, is redirected
 //! both ways; DEL takes the link off the hook.
 
-use rcni_integration::{Bpffs, Node, addr_of, fastpath_json, nl, pings, reply_ttl};
+use rcni_integration::{
+    Bpffs, Node, addr_of, fastpath_json, iperf_rate, nl, pings, reply_ttl, wire_bytes,
+};
 use rcni_netns::NetNs;
 use rcni_testkit::{TestNs, bin};
 use serde_json::{Value, json};
@@ -290,6 +292,99 @@ fn policy_holds_for_netkit_pods_on_the_fast_path() {
         node.call(&bin("fastpath"), "DEL", &pod.path(), app, &fp_conf(&fs, r))
             .ok();
         node.call(&bin("ptp"), "DEL", &pod.path(), app, &nk).ok();
+    }
+    node.assert_nothing_left();
+}
+
+/// bandwidth after fastpath on a netkit pod (10 Mbit/s each way): shaped
+/// by departure time on the pod's netkit device and the node's primary,
+/// the pod keeps the fast path (its packets redirected, deliveries to it
+/// through the primary's fq), and the limits hold within 5 %: the bytes
+/// on the wire at most the limit and the burst, the goodput at least 95 %
+/// of what full frames carry at the limit. CHECK passes; DEL takes it all
+/// off.
+#[test]
+fn bandwidth_shapes_netkit_pods_on_the_fast_path() {
+    const MBIT: u64 = 1_000_000;
+    let node = Node::new();
+    let fs = Bpffs::empty();
+    let (a, b) = (TestNs::new(), TestNs::new());
+    let nk = ptp_conf(&node, "netkit");
+    let (ptp, fastpath, bandwidth) = (bin("ptp"), bin("fastpath"), bin("bandwidth"));
+    let ra = node.call(&ptp, "ADD", &a.path(), "ctr-a", &nk).ok();
+    let rb = node.call(&ptp, "ADD", &b.path(), "ctr-b", &nk).ok();
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        node.call(&fastpath, "ADD", &pod.path(), cid, &fp_conf(&fs, r))
+            .ok();
+    }
+    let mut bw = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "bandwidth",
+        "ingressRate": 10 * MBIT, "ingressBurst": 256_000,
+        "egressRate": 10 * MBIT, "egressBurst": 256_000});
+    bw["prevResult"] = ra.clone();
+    let r = node.call(&bandwidth, "ADD", &a.path(), "ctr-a", &bw).ok();
+    assert_eq!(r["interfaces"], ra["interfaces"], "no IFB: {r}");
+    node.call(&bandwidth, "CHECK", &a.path(), "ctr-a", &bw).ok();
+    let ha = host_dev(&ra, 0);
+    for (ns, dev) in [(&node.ns.ns, ha.as_str()), (&a.ns, "eth0")] {
+        let dev = dev.to_string();
+        let cfg = ns
+            .run(move || rcni_ebpf::shape::shaping(&dev))
+            .unwrap()
+            .unwrap();
+        assert!(cfg.is_some(), "not shaped");
+    }
+    let (a_ip, b_ip) = (addr_of(&ra, true), addr_of(&rb, true));
+    let tx0 = wire_bytes(&a.ns, "eth0", false);
+    let t = std::time::Instant::now();
+    let egress = iperf_rate(&a.ns, &b.ns, &b_ip, 5401, false);
+    let tx_secs = t.elapsed().as_secs_f64();
+    let (tx1, rx1) = (
+        wire_bytes(&a.ns, "eth0", false),
+        wire_bytes(&a.ns, "eth0", true),
+    );
+    let t = std::time::Instant::now();
+    let ingress = iperf_rate(&a.ns, &b.ns, &b_ip, 5402, true);
+    let rx_secs = t.elapsed().as_secs_f64();
+    let rx2 = wire_bytes(&a.ns, "eth0", true);
+    eprintln!("netkit pod shaped: egress {egress} bit/s, ingress {ingress} bit/s");
+    for (what, bytes, secs, rate) in [
+        ("egress", tx1 - tx0, tx_secs, egress),
+        ("ingress", rx2 - rx1, rx_secs, ingress),
+    ] {
+        let bits = bytes as f64 * 8.0;
+        let limit = 10.0 * MBIT as f64 * secs + 256_000.0;
+        assert!(bits <= limit * 1.05, "{what}: {bits} bits in {secs:.1} s");
+        assert!(
+            rate as f64 >= 10.0 * MBIT as f64 * 0.95 * 1448.0 / 1514.0,
+            "{what}: {rate} bit/s of goodput for a 10 Mbit/s limit"
+        );
+    }
+    let rows = fastpath_json(&node.ns.ns, fs.path(), "list");
+    let row = rows.iter().find(|r| r["address"] == a_ip).unwrap();
+    assert_eq!(
+        (&row["path"], &row["shaped"]),
+        (&json!("fast"), &json!(true))
+    );
+    assert!(counter(&node, &fs, &a_ip, "rxPackets") > 1000);
+    assert!(counter(&node, &fs, &a_ip, "txPackets") > 1000);
+
+    node.call(&bandwidth, "DEL", &a.path(), "ctr-a", &bw).ok();
+    node.call(&bandwidth, "DEL", &a.path(), "ctr-a", &bw).ok();
+    for (ns, dev) in [(&node.ns.ns, ha.as_str()), (&a.ns, "eth0")] {
+        let dev = dev.to_string();
+        let cfg = ns
+            .run(move || rcni_ebpf::shape::shaping(&dev))
+            .unwrap()
+            .unwrap();
+        assert!(cfg.is_none(), "still shaped");
+    }
+    let rows = fastpath_json(&node.ns.ns, fs.path(), "list");
+    let row = rows.iter().find(|r| r["address"] == a_ip).unwrap();
+    assert_eq!(row["shaped"], false);
+    for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
+        node.call(&fastpath, "DEL", &pod.path(), cid, &fp_conf(&fs, r))
+            .ok();
+        node.call(&ptp, "DEL", &pod.path(), cid, &nk).ok();
     }
     node.assert_nothing_left();
 }

@@ -14,11 +14,21 @@
 //! CHECK fails with a code of its own.
 //!
 //! With rcni's `fastpath` earlier in the chain, its eBPF program would skip
-//! both limits (it redirects the pod's packets on the host veth's tcx hook,
-//! ahead of the ingress qdisc, and delivers into pods past their host
-//! veth's root qdisc): ADD takes the pod off the fast path in the network's
-//! pinned endpoint map (found from the program on the host veth). A
-//! fastpath later in the chain sees the qdiscs and does the same itself.
+//! both TBFs (it redirects the pod's packets on the host veth's ingress
+//! hook, ahead of the ingress qdisc, and delivers into pods past their host
+//! veth's root qdisc). So there ADD shapes by earliest departure time
+//! instead, as Cilium's bandwidth manager does, and the pod keeps the fast
+//! path ([`rcni_ebpf::shape`]): egress by an fq root qdisc on the pod's own
+//! interface and `rcni_edt` on its egress hook, which stamps each packet
+//! with the time it may leave; ingress the same on the host veth, with the
+//! pod's endpoints marked `EP_SHAPED`, so that the fast path delivers to
+//! them through that hook and qdisc. No IFB then (the result lists none; a
+//! conflist with fastpath does not run on the reference anyway); on netkit
+//! pairs the same, on the pod's netkit device and the node's primary. Where
+//! the kernel has no `sch_fq`, ADD shapes with the
+//! TBFs and takes the pod off the fast path in the network's pinned
+//! endpoint map (found from the program on the host veth). A fastpath later
+//! in the chain sees the TBFs and keeps the pod off the fast path itself.
 
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
@@ -152,22 +162,87 @@ fn open_container(args: &CmdArgs) -> Result<NetNs, CniError> {
 }
 
 /// Keeps the pod behind `veth` off rcni's fast path, if the fast path's
-/// program sits on the veth: its redirects would skip the limits. Nothing
-/// to undo on DEL: the endpoints go with fastpath's DEL.
-fn off_the_fast_path(veth: &Link, network: &str) -> Result<(), CniError> {
-    let err = |e: rcni_ebpf::Error| {
-        CniError::new(
-            ErrorCode::Ebpf,
-            format!(
-                "bandwidth: cannot take {} off the fast path, which would skip the limits: {e}",
+/// program sits on the veth: its redirects would skip the TBFs. Nothing to
+/// undo on DEL: the endpoints go with fastpath's DEL.
+fn off_the_fast_path(veth: &Link, fast: Option<rcni_ebpf::Datapath>) -> Result<(), CniError> {
+    if let Some(mut dp) = fast {
+        dp.keep_on_normal_path(veth.index)
+            .map_err(ebpf_err(format!(
+                "cannot take {} off the fast path, which would skip the limits",
                 veth.name
-            ),
-        )
-    };
-    if let Some(mut dp) = rcni_ebpf::open_attached(&veth.name, network).map_err(err)? {
-        dp.keep_on_normal_path(veth.index).map_err(err)?;
+            )))?;
     }
     Ok(())
+}
+
+fn ebpf_err(what: String) -> impl Fn(rcni_ebpf::Error) -> CniError {
+    move |e| CniError::new(ErrorCode::Ebpf, format!("bandwidth: {what}: {e}"))
+}
+
+/// The network's datapath, if its fast path program sits on `veth`.
+fn fast_path_of(veth: &Link, network: &str) -> Result<Option<rcni_ebpf::Datapath>, CniError> {
+    rcni_ebpf::open_attached(&veth.name, network).map_err(ebpf_err(format!(
+        "cannot find the fast path on {}, whose redirects would skip the limits \
+         (the pod can be neither shaped on it nor taken off it)",
+        veth.name
+    )))
+}
+
+/// Shapes a fast path pod by departure time (see the module's doc): its
+/// egress on `ifname` in the pod, its ingress on `veth`. False, with
+/// nothing left, where the kernel has no fq qdisc; a failure undoes what
+/// was done.
+fn shape_edt(
+    bw: &BandwidthEntry,
+    ct_ns: &NetNs,
+    ifname: &str,
+    veth: &Link,
+    dp: &mut rcni_ebpf::Datapath,
+) -> Result<bool, CniError> {
+    use rcni_ebpf::shape::{EdtCfg, shape, unshape};
+    let mut undo = Rollback::new();
+    if bw.egress_rate > 0 {
+        let cfg = EdtCfg::from_bits(bw.egress_rate, bw.egress_burst);
+        let err = ebpf_err(format!("shape {ifname} in the container"));
+        if !ct_ns.run(|| shape(ifname, cfg))?.map_err(&err)? {
+            return Ok(false);
+        }
+        undo.push(format!("shaping of {ifname}"), move || {
+            ct_ns.run(|| unshape(ifname))?.map_err(&err)
+        });
+    }
+    if bw.ingress_rate > 0 {
+        let cfg = EdtCfg::from_bits(bw.ingress_rate, bw.ingress_burst);
+        let err = ebpf_err(format!("shape {}", veth.name));
+        if !shape(&veth.name, cfg).map_err(&err)? {
+            return Ok(false);
+        }
+        undo.push(format!("shaping of {}", veth.name), move || {
+            unshape(&veth.name).map_err(&err)
+        });
+        dp.set_shaped(veth.index, true)
+            .map_err(ebpf_err(format!("mark {}'s endpoints shaped", veth.name)))?;
+    }
+    undo.commit();
+    Ok(true)
+}
+
+/// Takes the departure-time shaping off the pod's host veth and its mark
+/// off the pod's endpoints (fastpath's DEL may have taken them already);
+/// failures are logged, DEL goes on.
+fn unshape_host(veth: &Link, network: &str) {
+    if let Err(e) = rcni_ebpf::shape::unshape(&veth.name) {
+        eprintln!("bandwidth: unshape {}: {e}", veth.name);
+    }
+    match fast_path_of(veth, network) {
+        Ok(Some(mut dp)) => {
+            if let Err(e) = dp.set_shaped(veth.index, false) {
+                eprintln!("bandwidth: unmark {}'s endpoints: {e}", veth.name);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => eprintln!("{}", e.msg),
+    }
 }
 
 async fn has_clsact(host: &Netlink, index: u32) -> Result<bool, CniError> {
@@ -209,6 +284,17 @@ impl Plugin for Bandwidth {
             ))
         })?;
         let veth = rt.block_on(host_veth(&host, &ct, &prev, &args.ifname))?;
+        let mut fast = fast_path_of(&veth, &args.conf.name)?;
+        if let Some(dp) = &mut fast {
+            if shape_edt(&bw, &ct_ns, &args.ifname, &veth, dp)? {
+                return Ok(prev);
+            }
+            eprintln!(
+                "bandwidth: this kernel has no fq qdisc (sch_fq) for shaping by departure \
+                 time: {} is shaped with TBFs, off the fast path",
+                veth.name
+            );
+        }
         let mut undo = Rollback::new();
         if bw.ingress_rate > 0 {
             let tbf = Tbf::from_bits(bw.ingress_rate, bw.ingress_burst);
@@ -259,7 +345,7 @@ impl Plugin for Bandwidth {
                 ..Interface::default()
             });
         }
-        off_the_fast_path(&veth, &args.conf.name)?;
+        off_the_fast_path(&veth, fast)?;
         undo.commit();
         Ok(prev)
     }
@@ -284,12 +370,23 @@ impl Plugin for Bandwidth {
             || bw.is_some_and(|b| b.ingress_rate > 0 || b.egress_rate > 0)
             || matches!(rt.block_on(host.find_link(&name)), Ok(Some(_)));
         if ours && let Ok(ct_ns) = open_container(args) {
-            let _ = rt.block_on(async {
+            // Shaped by departure time: the pod's side goes with its
+            // namespace, but a DEL may come while that lives on.
+            if let Err(e) = ct_ns.run(|| rcni_ebpf::shape::unshape(&args.ifname)) {
+                eprintln!("bandwidth: unshape {} in the container: {e}", args.ifname);
+            }
+            let veth = rt.block_on(async {
                 let ct = Netlink::connect(&ct_ns).await?;
-                let veth = match &prev {
-                    Some(prev) => host_veth(&host, &ct, prev, &args.ifname).await?,
-                    None => veth_peer(&host, &ct, &args.ifname).await?,
-                };
+                match &prev {
+                    Some(prev) => host_veth(&host, &ct, prev, &args.ifname).await,
+                    None => veth_peer(&host, &ct, &args.ifname).await,
+                }
+            });
+            if let Ok(veth) = &veth {
+                unshape_host(veth, &args.conf.name);
+            }
+            let _ = rt.block_on(async {
+                let veth = veth?;
                 host.del_qdisc(veth.index, 0xffff_ffff, TBF_HANDLE).await?;
                 // A clsact qdisc holds other plugins' filters: only ours goes.
                 if has_clsact(&host, veth.index).await? {
@@ -317,10 +414,60 @@ impl Plugin for Bandwidth {
         let ct_ns = open_container(args)?;
         let host_ns = NetNs::current()?;
         let rt = rcni_netlink::runtime()?;
-        rt.block_on(async {
+        let (host, veth) = rt.block_on(async {
             let host = Netlink::connect(&host_ns).await?;
             let ct = Netlink::connect(&ct_ns).await?;
             let veth = host_veth(&host, &ct, &prev, &args.ifname).await?;
+            Ok::<_, CniError>((host, veth))
+        })?;
+        // Shaped by departure time (a fast path pod): the same limits
+        // on the pod's interface and its host veth.
+        let edt_in = rcni_ebpf::shape::shaping(&veth.name)
+            .map_err(ebpf_err(format!("read the shaping of {}", veth.name)))?;
+        let edt_out = ct_ns
+            .run(|| rcni_ebpf::shape::shaping(&args.ifname))?
+            .map_err(ebpf_err(format!("read the shaping of {}", args.ifname)))?;
+        if edt_in.is_some() || edt_out.is_some() {
+            use rcni_ebpf::shape::EdtCfg;
+            for (what, rate, burst, have) in [
+                ("ingress", bw.ingress_rate, bw.ingress_burst, edt_in),
+                ("egress", bw.egress_rate, bw.egress_burst, edt_out),
+            ] {
+                let want = (rate > 0).then(|| EdtCfg::from_bits(rate, burst));
+                let same = match (&want, &have) {
+                    (Some(w), Some(h)) => w.same_limits(h),
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !same {
+                    return Err(CniError::check_failed(format!(
+                        "{what} shaping of {} is {have:?}, want {want:?}",
+                        args.ifname
+                    )));
+                }
+            }
+            if edt_in.is_some() {
+                let shaped = fast_path_of(&veth, &args.conf.name)?
+                    .map(|dp| {
+                        dp.endpoints().map(|eps| {
+                            eps.iter().any(|(_, e)| {
+                                e.ifindex == veth.index && e.flags & rcni_ebpf::EP_SHAPED != 0
+                            })
+                        })
+                    })
+                    .transpose()
+                    .map_err(ebpf_err("read the endpoints".into()))?;
+                if shaped != Some(true) {
+                    return Err(CniError::check_failed(format!(
+                        "{}'s endpoints are not marked shaped: the fast path delivers \
+                         past the ingress shaping",
+                        veth.name
+                    )));
+                }
+            }
+            return Ok(());
+        }
+        rt.block_on(async {
             let qdiscs = host.qdiscs(veth.index).await?;
             if bw.ingress_rate > 0 {
                 let want = Tbf::from_bits(bw.ingress_rate, bw.ingress_burst);

@@ -127,7 +127,7 @@ fn ifname(index: u32) -> String {
 /// One line about an endpoint, for CHECK's messages.
 pub fn describe(ep: &Endpoint) -> String {
     format!(
-        "veth #{} pod {} gateway {} owner {:016x}{}{}",
+        "veth #{} pod {} gateway {} owner {:016x}{}{}{}",
         ep.ifindex,
         fmt_mac(&ep.pod_mac),
         fmt_mac(&ep.node_mac),
@@ -139,6 +139,11 @@ pub fn describe(ep: &Endpoint) -> String {
         },
         if ep.flags & rcni_ebpf::EP_NETKIT != 0 {
             " (netkit hook)"
+        } else {
+            ""
+        },
+        if ep.flags & rcni_ebpf::EP_SHAPED != 0 {
+            " (shaped)"
         } else {
             ""
         }
@@ -167,6 +172,9 @@ fn list(o: &Opts) -> Result<String, String> {
                 // Where the pod's packets meet the program: netkit's peer
                 // hook (the pod's transmit), or an ingress hook (tc, tcx).
                 "hook": if ep.flags & rcni_ebpf::EP_NETKIT != 0 { "netkit" } else { "ingress" },
+                // bandwidth shapes the pod's ingress on its host veth:
+                // deliveries go through it (bpf_redirect).
+                "shaped": ep.flags & rcni_ebpf::EP_SHAPED != 0,
                 "slot": ep.slot,
                 "rxPackets": s.rx_packets, "rxBytes": s.rx_bytes,
                 "txPackets": s.tx_packets, "txBytes": s.tx_bytes,

@@ -115,7 +115,10 @@ async fn shaped_or_isolated(
     qdiscs: &[Qdisc],
 ) -> Result<Option<String>, CniError> {
     for q in qdiscs {
-        if q.parent == 0xffff_ffff && q.kind != "noqueue" {
+        // rcni bandwidth's shaping by departure time: deliveries pass it
+        // (EP_SHAPED), the fast path stays.
+        let edt = q.kind == "fq" && q.handle == rcni_ebpf::shape::EDT_FQ_HANDLE;
+        if q.parent == 0xffff_ffff && q.kind != "noqueue" && !edt {
             return Ok(Some(format!(
                 "{} has a {} root qdisc (shaped)",
                 veth.name, q.kind
