@@ -87,6 +87,12 @@ pub fn render(
         plugins.push(json!({"type": "fastpath", "pinRoot": root}));
     }
     plugins.extend(policy.map(PolicyPlugin::render));
+    // The pod's bandwidth annotations (the runtime's `bandwidth`
+    // capability): after fastpath, bandwidth shapes by departure time and
+    // the pod keeps the fast path.
+    if fastpath_pin_root.is_some() {
+        plugins.push(json!({"type": "bandwidth", "capabilities": {"bandwidth": true}}));
+    }
     plugins.push(json!({"type": "portmap", "capabilities": {"portMappings": true}}));
     json!({
         "cniVersion": "1.0.0",
@@ -231,7 +237,11 @@ mod tests {
             .iter()
             .map(|p| p["type"].as_str().unwrap())
             .collect();
-        assert_eq!(types, ["bridge", "fastpath", "policy", "portmap"]);
+        assert_eq!(
+            types,
+            ["bridge", "fastpath", "policy", "bandwidth", "portmap"]
+        );
+        assert_eq!(c["plugins"][3]["capabilities"]["bandwidth"], true);
         assert_eq!(c["plugins"][1]["pinRoot"], "/sys/fs/bpf/rcni");
         assert_eq!(c["plugins"][2]["policyDir"], "/run/rcni/policy.d");
         assert_eq!(c["plugins"][2]["agentSocket"], "/run/rcni/agent.sock");
