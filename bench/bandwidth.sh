@@ -20,10 +20,12 @@
 # software-emulated: its figures are INDICATIVE ONLY.
 # Everything lives in namespaces and a temporary directory made here
 # (a mount namespace of its own for the bpffs), removed on exit.
-# Usage: bench/bandwidth.sh [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--vm]
+# --tbf-only: the reference's side alone, here (no fq needed): what a TBF
+# does to the exchanges on this kernel, natively.
+# Usage: bench/bandwidth.sh [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--vm] [--tbf-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rate=100 burst=1000 secs=8 rr=1500 gap=2000 vm=
+rate=100 burst=1000 secs=8 rr=1500 gap=2000 vm= only=
 args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -33,7 +35,8 @@ while [ $# -gt 0 ]; do
     --rr) rr=$2; shift 2 ;;
     --gap-us) gap=$2; shift 2 ;;
     --vm) vm=1; shift ;;
-    *) echo "usage: $0 [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--vm]" >&2; exit 2 ;;
+    --tbf-only) only=tbf; shift ;;
+    *) echo "usage: $0 [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--vm] [--tbf-only]" >&2; exit 2 ;;
   esac
 done
 . bench/lib.sh
@@ -41,8 +44,9 @@ if [ -z "${RCNI_BWBENCH_INNER:-}" ]; then
   bench_bin
   reference_v191
   export RCNI_BWBENCH_INNER=1 RCNI_BWBENCH_BIN=$bin RCNI_BWBENCH_REF=${ref:-/usr/lib/cni}
-  if [ -z "$vm" ] && unshare --net sh -c 'tc qdisc add dev lo root fq' 2>/dev/null; then
-    echo "# native kernel $(uname -r) with sch_fq"
+  export RCNI_BWBENCH_ONLY=$only
+  if [ -n "$only" ] || { [ -z "$vm" ] && unshare --net sh -c 'tc qdisc add dev lo root fq' 2>/dev/null; }; then
+    echo "# native kernel $(uname -r)"
     exec unshare -m --propagation private "$0" "${args[@]}"
   fi
   echo "# kernel $(uname -r) has no sch_fq (or --vm): in scripts/vm-run's VM (software-emulated: INDICATIVE ONLY)"
@@ -149,7 +153,7 @@ def measure(a, b, a_ip, b_ip, direction):
     return res["bps"], p50, p90
 
 rows = []
-for variant in ("tbf", "edt"):
+for variant in [os.environ["RCNI_BWBENCH_ONLY"]] if os.environ.get("RCNI_BWBENCH_ONLY") else ("tbf", "edt"):
     node, a, b = f"{tag}-{variant}-node", f"{tag}-{variant}-a", f"{tag}-{variant}-b"
     for n in (node, a, b):
         sh("ip", "netns", "add", n); sh("ip", "link", "set", "lo", "up", ns=n)
@@ -189,7 +193,7 @@ for v, d, bps, p50, p90 in rows:
     w = f"{bps*1514/1448/limit:10.3f}" if bps else f"{'-':>10}"
     print(f"{v:8} {d:9} {g} {w} {p50:10d} {p90:10d}")
 get = {(v, d): (bps, p50, p90) for v, d, bps, p50, p90 in rows}
-for d in ("egress", "ingress"):
+for d in ("egress", "ingress") if ("edt", "egress") in get else ():
     (tb, tp, t9), (eb, ep, e9) = get[("tbf", d)], get[("edt", d)]
     wire = eb * 1514 / 1448 / limit
     print(f"{d}: edt wire rate {wire:.3f}x the limit (target 0.95-1.05: "
