@@ -156,6 +156,44 @@ fn order_of(p: Program) -> Order {
     }
 }
 
+/// Hooks `prog` (named `name`) as a cls_bpf filter in direct-action mode
+/// at `priority` on `ifname`'s clsact hook `attach_type`, adding the clsact
+/// qdisc where it is missing. With `keep` the filter outlives the program
+/// object (a cls_bpf filter stays on the qdisc by itself; aya's link object
+/// would remove it when dropped); without (tests) it goes with the object.
+pub(crate) fn attach_tc_filter(
+    prog: &mut SchedClassifier,
+    name: &str,
+    ifname: &str,
+    attach_type: TcAttachType,
+    priority: u16,
+    keep: bool,
+) -> Result<()> {
+    match aya::programs::tc::qdisc_add_clsact(ifname) {
+        Ok(()) => {}
+        Err(e) => {
+            let e = Error::aya(format!("add clsact qdisc to {ifname}"), e);
+            if e.raw_errno() != Some(libc::EEXIST) {
+                return Err(e);
+            }
+        }
+    }
+    let opts = NlOptions {
+        priority,
+        ..Default::default()
+    };
+    let link = prog
+        .attach_with_options(ifname, attach_type, TcAttachOptions::Netlink(opts))
+        .map_err(|e| Error::aya(format!("attach {name} (tc filter) to {ifname}"), e))?;
+    if keep {
+        let link = prog
+            .take_link(link)
+            .map_err(|e| Error::aya("take link", e))?;
+        std::mem::forget(link);
+    }
+    Ok(())
+}
+
 impl Datapath {
     /// Hooks `p` to `ifname` (a name in the calling thread's network
     /// namespace). With `pin`, a tcx link is pinned there; without (tests)
@@ -219,33 +257,7 @@ impl Datapath {
                 }
             }
             Hook::Tc => {
-                match aya::programs::tc::qdisc_add_clsact(ifname) {
-                    Ok(()) => {}
-                    Err(e) => {
-                        let e = Error::aya(format!("add clsact qdisc to {ifname}"), e);
-                        if e.raw_errno() != Some(libc::EEXIST) {
-                            return Err(e);
-                        }
-                    }
-                }
-                let opts = NlOptions {
-                    priority,
-                    ..Default::default()
-                };
-                let link = prog
-                    .attach_with_options(ifname, attach_type, TcAttachOptions::Netlink(opts))
-                    .map_err(|e| {
-                        Error::aya(format!("attach {} (tc filter) to {ifname}", p.name()), e)
-                    })?;
-                if pin.is_some() {
-                    // A cls_bpf filter stays on the qdisc by itself; the
-                    // link object would remove it when dropped.
-                    let link = prog
-                        .take_link(link)
-                        .map_err(|e| Error::aya("take link", e))?;
-                    std::mem::forget(link);
-                }
-                Ok(())
+                attach_tc_filter(prog, p.name(), ifname, attach_type, priority, pin.is_some())
             }
         }
     }

@@ -4,8 +4,8 @@
 use crate::load::{collect, not_found_ok};
 use crate::types;
 use crate::{
-    Datapath, EP_FASTPATH, Endpoint, EndpointKey, EndpointStats, Error, MAX_ENDPOINTS, Result,
-    Verdict, bpffs,
+    Datapath, EP_FASTPATH, EP_NORMAL_PATH, EP_SHAPED, Endpoint, EndpointKey, EndpointStats, Error,
+    MAX_ENDPOINTS, Result, Verdict, bpffs,
 };
 use aya::maps::{MapError, PerCpuValues};
 
@@ -124,30 +124,24 @@ impl Datapath {
     }
 
     /// Keeps the fast path endpoints behind host veth `ifindex` on the
-    /// normal path ([`EP_NORMAL_PATH`](crate::EP_NORMAL_PATH)): nothing is redirected to them or
+    /// normal path ([`EP_NORMAL_PATH`]): nothing is redirected to them or
     /// from them any more. Returns how many there were.
     pub fn keep_on_normal_path(&mut self, ifindex: u32) -> Result<usize> {
-        let _lock = self.lock()?;
-        let mut n = 0;
-        for (key, ep) in self.endpoints()? {
-            if ep.ifindex != ifindex || ep.flags & EP_FASTPATH == 0 {
-                continue;
-            }
-            n += 1;
-            if !ep.keeps_normal_path() {
-                self.endpoints
-                    .insert(key, ep.normal_path(true), 0)
-                    .map_err(|e| Error::aya("update endpoint", e))?;
-            }
-        }
-        Ok(n)
+        self.set_fastpath_flag(ifindex, EP_NORMAL_PATH, true)
     }
 
     /// Marks the fast path endpoints behind host veth `ifindex` as shaped
-    /// on it ([`EP_SHAPED`](crate::EP_SHAPED)) or not: deliveries to them
+    /// on it ([`EP_SHAPED`]) or not: deliveries to them
     /// pass the host veth's egress hook and qdisc. Returns how many there
     /// were.
     pub fn set_shaped(&mut self, ifindex: u32, on: bool) -> Result<usize> {
+        self.set_fastpath_flag(ifindex, EP_SHAPED, on)
+    }
+
+    /// Sets or clears `flag` on the fast path endpoints behind host veth
+    /// `ifindex`, writing only those that change. Returns how many there
+    /// were.
+    fn set_fastpath_flag(&mut self, ifindex: u32, flag: u32, on: bool) -> Result<usize> {
         let _lock = self.lock()?;
         let mut n = 0;
         for (key, ep) in self.endpoints()? {
@@ -155,9 +149,9 @@ impl Datapath {
                 continue;
             }
             n += 1;
-            if (ep.flags & crate::EP_SHAPED != 0) != on {
+            if (ep.flags & flag != 0) != on {
                 self.endpoints
-                    .insert(key, ep.shaped(on), 0)
+                    .insert(key, ep.with_flag(flag, on), 0)
                     .map_err(|e| Error::aya("update endpoint", e))?;
             }
         }

@@ -9,7 +9,6 @@
 pub use crate::types::EdtCfg;
 use crate::{Error, Result};
 use aya::maps::{Array, Map, MapData};
-use aya::programs::tc::{NlOptions, TcAttachOptions};
 use aya::programs::{SchedClassifier, TcAttachType};
 use aya::{Ebpf, EbpfLoader};
 
@@ -50,6 +49,11 @@ impl EdtCfg {
     pub fn same_limits(&self, o: &EdtCfg) -> bool {
         (self.rate, self.burst_ns, self.horizon_ns) == (o.rate, o.burst_ns, o.horizon_ns)
     }
+}
+
+/// Whether `q` is the root fq [`shape`] puts on a device.
+pub fn is_edt_fq(q: &rcni_netlink::tc::Qdisc) -> bool {
+    q.kind == "fq" && q.handle == EDT_FQ_HANDLE
 }
 
 fn rt_err(op: String) -> impl FnOnce(rcni_netlink::Error) -> Error {
@@ -130,30 +134,15 @@ impl Shaper {
 
 fn attach(ifname: &str, cfg: EdtCfg) -> Result<()> {
     let mut shaper = Shaper::load(cfg)?;
-    let prog = shaper.program()?;
-    match aya::programs::tc::qdisc_add_clsact(ifname) {
-        Ok(()) => {}
-        Err(e) => {
-            let e = Error::aya(format!("add clsact qdisc to {ifname}"), e);
-            if e.raw_errno() != Some(libc::EEXIST) {
-                return Err(e);
-            }
-        }
-    }
-    let opts = NlOptions {
-        priority: EDT_TC_PRIORITY,
-        ..Default::default()
-    };
-    let link = prog
-        .attach_with_options(ifname, TcAttachType::Egress, TcAttachOptions::Netlink(opts))
-        .map_err(|e| Error::aya(format!("attach {EDT_PROGRAM} to {ifname}"), e))?;
-    // The cls_bpf filter stays on the qdisc by itself (and holds the
-    // program, which holds the map); the link object would remove it.
-    let link = prog
-        .take_link(link)
-        .map_err(|e| Error::aya("take link", e))?;
-    std::mem::forget(link);
-    Ok(())
+    // Kept: the filter holds the program, which holds its maps.
+    crate::attach::attach_tc_filter(
+        shaper.program()?,
+        EDT_PROGRAM,
+        ifname,
+        TcAttachType::Egress,
+        EDT_TC_PRIORITY,
+        true,
+    )
 }
 
 /// Takes the shaping off `ifname` (its `rcni_edt` filters and our fq);
@@ -162,10 +151,8 @@ pub fn unshape(ifname: &str) -> Result<()> {
     let rt = rcni_netlink::runtime().map_err(rt_err(format!("unshape {ifname}")))?;
     rt.block_on(async {
         let nl = rcni_netlink::Netlink::connect_current().await?;
-        let link = match nl.link_by_name(ifname).await {
-            Ok(l) => l,
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(e) => return Err(e),
+        let Some(link) = nl.find_link(ifname).await? else {
+            return Ok(());
         };
         nl.del_bpf_filters(link.index, true, EDT_PROGRAM).await?;
         nl.del_qdisc(link.index, 0xffff_ffff, EDT_FQ_HANDLE).await
@@ -180,16 +167,10 @@ pub fn shaping(ifname: &str) -> Result<Option<EdtCfg>> {
     let prog_id = rt
         .block_on(async {
             let nl = rcni_netlink::Netlink::connect_current().await?;
-            let link = match nl.link_by_name(ifname).await {
-                Ok(l) => l,
-                Err(e) if e.is_not_found() => return Ok(None),
-                Err(e) => return Err(e),
+            let Some(link) = nl.find_link(ifname).await? else {
+                return Ok(None);
             };
-            let fq = nl
-                .qdiscs(link.index)
-                .await?
-                .iter()
-                .any(|q| q.kind == "fq" && q.handle == EDT_FQ_HANDLE);
+            let fq = nl.qdiscs(link.index).await?.iter().any(is_edt_fq);
             if !fq {
                 return Ok(None);
             }
@@ -218,12 +199,12 @@ pub fn shaping(ifname: &str) -> Result<Option<EdtCfg>> {
             .map_err(|e| Error::aya("the program's maps", e))?
             .unwrap_or_default();
         for id in ids {
+            let data = MapData::from_id(id).map_err(|e| Error::aya("open the map", e))?;
             // The program's other map is its flows'.
-            let info = aya::maps::MapInfo::from_id(id).map_err(|e| Error::aya("the map", e))?;
+            let info = data.info().map_err(|e| Error::aya("the map", e))?;
             if info.name_as_str() != Some(EDT_MAP) {
                 continue;
             }
-            let data = MapData::from_id(id).map_err(|e| Error::aya("open the map", e))?;
             let arr: Array<MapData, EdtCfg> = Map::Array(data)
                 .try_into()
                 .map_err(|e| Error::aya(EDT_MAP, e))?;

@@ -215,13 +215,7 @@ impl Endpoint {
         self.with_flag(EP_NETKIT, on)
     }
 
-    /// This fast path endpoint, its deliveries through its host veth's
-    /// shaping or not (see [`EP_SHAPED`]).
-    pub fn shaped(self, on: bool) -> Endpoint {
-        self.with_flag(EP_SHAPED, on)
-    }
-
-    fn with_flag(self, flag: u32, on: bool) -> Endpoint {
+    pub(crate) fn with_flag(self, flag: u32, on: bool) -> Endpoint {
         let flags = if on {
             self.flags | flag
         } else {

@@ -117,7 +117,7 @@ async fn shaped_or_isolated(
     for q in qdiscs {
         // rcni bandwidth's shaping by departure time: deliveries pass it
         // (EP_SHAPED), the fast path stays.
-        let edt = q.kind == "fq" && q.handle == rcni_ebpf::shape::EDT_FQ_HANDLE;
+        let edt = rcni_ebpf::shape::is_edt_fq(q);
         if q.parent == 0xffff_ffff && q.kind != "noqueue" && !edt {
             return Ok(Some(format!(
                 "{} has a {} root qdisc (shaped)",
