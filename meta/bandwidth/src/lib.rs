@@ -245,6 +245,15 @@ fn unshape_host(veth: &Link, network: &str) {
     }
 }
 
+/// Whether link `index` has the root fq of departure-time shaping.
+async fn has_edt_fq(nl: &Netlink, index: u32) -> Result<bool, CniError> {
+    Ok(nl
+        .qdiscs(index)
+        .await?
+        .iter()
+        .any(rcni_ebpf::shape::is_edt_fq))
+}
+
 async fn has_clsact(host: &Netlink, index: u32) -> Result<bool, CniError> {
     Ok(host.qdiscs(index).await?.iter().any(|q| q.kind == "clsact"))
 }
@@ -370,23 +379,32 @@ impl Plugin for Bandwidth {
             || bw.is_some_and(|b| b.ingress_rate > 0 || b.egress_rate > 0)
             || matches!(rt.block_on(host.find_link(&name)), Ok(Some(_)));
         if ours && let Ok(ct_ns) = open_container(args) {
-            // Shaped by departure time: the pod's side goes with its
-            // namespace, but a DEL may come while that lives on.
-            if let Err(e) = ct_ns.run(|| rcni_ebpf::shape::unshape(&args.ifname)) {
-                eprintln!("bandwidth: unshape {} in the container: {e}", args.ifname);
-            }
-            let veth = rt.block_on(async {
+            // Which sides carry our fq, i.e. were shaped by departure time:
+            // only those are unshaped (a thread into the pod's namespace and
+            // the datapath's endpoints otherwise for every pod's DEL).
+            let found = rt.block_on(async {
                 let ct = Netlink::connect(&ct_ns).await?;
-                match &prev {
-                    Some(prev) => host_veth(&host, &ct, prev, &args.ifname).await,
-                    None => veth_peer(&host, &ct, &args.ifname).await,
-                }
+                let veth = match &prev {
+                    Some(prev) => host_veth(&host, &ct, prev, &args.ifname).await?,
+                    None => veth_peer(&host, &ct, &args.ifname).await?,
+                };
+                let pod = ct.link_by_name(&args.ifname).await?;
+                let pod_edt = has_edt_fq(&ct, pod.index).await?;
+                let host_edt = has_edt_fq(&host, veth.index).await?;
+                Ok::<_, CniError>((veth, pod_edt, host_edt))
             });
-            if let Ok(veth) = &veth {
-                unshape_host(veth, &args.conf.name);
+            if let Ok((veth, pod_edt, host_edt)) = &found {
+                // The pod's side goes with its namespace, but a DEL may
+                // come while that lives on.
+                if *pod_edt && let Err(e) = ct_ns.run(|| rcni_ebpf::shape::unshape(&args.ifname)) {
+                    eprintln!("bandwidth: unshape {} in the container: {e}", args.ifname);
+                }
+                if *host_edt {
+                    unshape_host(veth, &args.conf.name);
+                }
             }
             let _ = rt.block_on(async {
-                let veth = veth?;
+                let (veth, ..) = found?;
                 host.del_qdisc(veth.index, 0xffff_ffff, TBF_HANDLE).await?;
                 // A clsact qdisc holds other plugins' filters: only ours goes.
                 if has_clsact(&host, veth.index).await? {
