@@ -182,7 +182,6 @@ for variant in [os.environ["RCNI_BWBENCH_ONLY"]] if os.environ.get("RCNI_BWBENCH
                 print(f"# edt: pod A path {r['path']}, shaped {r.get('shaped')}, "
                       f"redirected rx {r['rxPackets']} tx {r['txPackets']} packets")
     for n in (a, b, node):
-        sh("ip", "netns", "pids", n, check=False)
         subprocess.run(f"ip netns pids {n} | xargs -r kill", shell=True)
         sh("ip", "netns", "del", n, check=False)
 

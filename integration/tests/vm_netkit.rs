@@ -325,14 +325,17 @@ fn bandwidth_shapes_netkit_pods_on_the_fast_path() {
     assert_eq!(r["interfaces"], ra["interfaces"], "no IFB: {r}");
     node.call(&bandwidth, "CHECK", &a.path(), "ctr-a", &bw).ok();
     let ha = host_dev(&ra, 0);
-    for (ns, dev) in [(&node.ns.ns, ha.as_str()), (&a.ns, "eth0")] {
-        let dev = dev.to_string();
-        let cfg = ns
-            .run(move || rcni_ebpf::shape::shaping(&dev))
-            .unwrap()
-            .unwrap();
-        assert!(cfg.is_some(), "not shaped");
-    }
+    // Each side as `bandwidth` CHECK reads it: our fq, and an rcni_edt
+    // instance whose configuration map can be read.
+    let shaped_sides = || {
+        [(&node.ns.ns, ha.clone()), (&a.ns, "eth0".to_string())].map(|(ns, dev)| {
+            ns.run(move || rcni_ebpf::shape::shaping(&dev))
+                .unwrap()
+                .unwrap()
+                .is_some()
+        })
+    };
+    assert_eq!(shaped_sides(), [true, true], "host veth, pod");
     let (a_ip, b_ip) = (addr_of(&ra, true), addr_of(&rb, true));
     let tx0 = wire_bytes(&a.ns, "eth0", false);
     let t = std::time::Instant::now();
@@ -370,14 +373,7 @@ fn bandwidth_shapes_netkit_pods_on_the_fast_path() {
 
     node.call(&bandwidth, "DEL", &a.path(), "ctr-a", &bw).ok();
     node.call(&bandwidth, "DEL", &a.path(), "ctr-a", &bw).ok();
-    for (ns, dev) in [(&node.ns.ns, ha.as_str()), (&a.ns, "eth0")] {
-        let dev = dev.to_string();
-        let cfg = ns
-            .run(move || rcni_ebpf::shape::shaping(&dev))
-            .unwrap()
-            .unwrap();
-        assert!(cfg.is_none(), "still shaped");
-    }
+    assert_eq!(shaped_sides(), [false, false], "host veth, pod");
     let rows = fastpath_json(&node.ns.ns, fs.path(), "list");
     let row = rows.iter().find(|r| r["address"] == a_ip).unwrap();
     assert_eq!(row["shaped"], false);
