@@ -1,8 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// rcni's datapath: one object per network, three tc programs on each pod's
+// rcni's datapath: one object per network, tc programs on each pod's
 // host-side veth sharing every map (the endpoints above all: fast path and
-// policy know the same pods from one table).
+// policy know the same pods from one table). On the default clsact hooks a
+// pod has one program per hook: rcni_pod on ingress (the policy plugin's
+// egress check, then the fast path, as rcni_ports says), rcni_pol_in on
+// egress. On tcx and netkit hooks each plugin attaches its own program:
+// rcni_pol_out, then rcni_fastpath.
 //
 // rcni_fastpath (ingress hook of the host veth): a packet from a pod to
 // another pod of the same network on this node is rewritten as the normal
@@ -248,6 +252,19 @@ struct {
 	__type(value, __u64);
 } rcni_nat_socks SEC(".maps");
 
+// The pods' host-side devices whose ingress hook runs rcni_pod, by
+// ifindex: which plugins share it (PORT_*). Each plugin sets its bit at ADD
+// and clears it at DEL; the last one takes the program off the hook.
+#define PORT_FASTPATH 1
+#define PORT_POLICY 2
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__type(key, __u32);
+	__type(value, __u32);
+} rcni_ports SEC(".maps");
+
 static __always_inline void count(__u32 v)
 {
 	__u64 *c = bpf_map_lookup_elem(&rcni_verdicts, &v);
@@ -472,8 +489,7 @@ static __always_inline int to_remote(struct __sk_buff *skb, struct endpoint *fro
 	return bpf_redirect_neigh(ifindex, &nh, sizeof(nh), 0);
 }
 
-SEC("classifier")
-int rcni_fastpath(struct __sk_buff *skb)
+static __always_inline int fastpath(struct __sk_buff *skb)
 {
 	struct ep_key dst = {}, src = {};
 	__u32 l3_len, l4_off;
@@ -683,6 +699,12 @@ int rcni_fastpath(struct __sk_buff *skb)
 	return bpf_redirect_peer(ifindex, 0);
 }
 
+SEC("classifier")
+int rcni_fastpath(struct __sk_buff *skb)
+{
+	return fastpath(skb);
+}
+
 // From another node: on the ingress hook of the node's uplink (native
 // routing) and of its VXLAN devices (after decapsulation). A packet routed to
 // a local fast path pod is rewritten as the node's forwarding would (TTL or
@@ -749,8 +771,7 @@ int rcni_from_net(struct __sk_buff *skb)
 // The pod's egress: packets the pod sends, on its host veth's ingress hook,
 // in front of rcni_fastpath. TC_ACT_UNSPEC lets the packet on to the next
 // program (the fast path) and the normal path.
-SEC("classifier")
-int rcni_pol_out(struct __sk_buff *skb)
+static __always_inline int pol_out(struct __sk_buff *skb)
 {
 	struct flow f = {};
 
@@ -771,6 +792,12 @@ int rcni_pol_out(struct __sk_buff *skb)
 	if (!egress_point(p, &f, 0, 0, 1))
 		return drop(V_POL_DENY_OUT);
 	return TC_ACT_UNSPEC;
+}
+
+SEC("classifier")
+int rcni_pol_out(struct __sk_buff *skb)
+{
+	return pol_out(skb);
 }
 
 // The pod's ingress: packets to the pod, on its host veth's egress hook
@@ -797,6 +824,31 @@ int rcni_pol_in(struct __sk_buff *skb)
 	flow_l4(skb, &f);
 	if (!ingress_point(p, &f, 0, 0))
 		return drop(V_POL_DENY_IN);
+	return TC_ACT_UNSPEC;
+}
+
+// One program on a pod's host-side ingress hook for both plugins (the
+// default clsact hook): each attach or detach of a filter is an rtnl round
+// and a program to run per packet, and one filter serves both. The port's
+// entry says which parts run: the policy plugin's egress check first (it
+// must decide before anything is redirected), then the fast path. A port
+// without an entry (its plugins' DEL ran) passes everything on.
+SEC("classifier")
+int rcni_pod(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	__u32 *port = bpf_map_lookup_elem(&rcni_ports, &ifindex);
+
+	if (!port)
+		return TC_ACT_UNSPEC;
+	__u32 parts = *port;
+	if (parts & PORT_POLICY) {
+		int r = pol_out(skb);
+		if (r != TC_ACT_UNSPEC)
+			return r;
+	}
+	if (parts & PORT_FASTPATH)
+		return fastpath(skb);
 	return TC_ACT_UNSPEC;
 }
 

@@ -3,12 +3,15 @@
 //! off again.
 
 use crate::bpffs::{self, remove_pin};
+use crate::load::not_found_ok;
 use crate::{
-    AttachmentId, Datapath, Error, POLICY_IN_PROGRAM, POLICY_OUT_PROGRAM, PROGRAM, Program, Result,
+    AttachmentId, Datapath, Error, POD_PROGRAM, POLICY_IN_PROGRAM, POLICY_OUT_PROGRAM,
+    PORT_FASTPATH, PORT_POLICY, PROGRAM, Program, Result,
 };
 use aya::programs::links::FdLink;
 use aya::programs::tc::{NlOptions, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+use std::collections::BTreeSet;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -16,6 +19,9 @@ use std::path::{Path, PathBuf};
 /// that policy decides before the fast path redirects.
 const POLICY_TC_PRIORITY: u16 = 10;
 const FASTPATH_TC_PRIORITY: u16 = 20;
+/// tc mode: `rcni_pod`, both plugins' one program on the ingress hook, in
+/// front of anything else there (policy must decide before a redirect).
+const POD_TC_PRIORITY: u16 = POLICY_TC_PRIORITY;
 
 /// How a program is hooked to a veth's ingress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +159,7 @@ fn order_of(p: Program) -> Order {
         // Appended last: a program that must run before the redirect
         // (the policy plugin's) attaches in front.
         Program::Fastpath | Program::FromNet => Order::Last,
+        Program::Pod => Order::First,
     }
 }
 
@@ -267,7 +274,13 @@ impl Datapath {
     /// pinned as the attachment's; without one (tests) it lives as long as
     /// this value. The caller checks first that it is not attached yet: the
     /// kernel refuses the same program twice on one tcx hook (EEXIST).
+    ///
+    /// On the clsact hook (tc) the fast path runs in `rcni_pod`, which the
+    /// policy plugin shares: see [`Datapath::attach_pod`].
     pub fn attach(&mut self, ifname: &str, id: AttachmentId, hook: Hook) -> Result<()> {
+        if hook == Hook::Tc {
+            return self.attach_pod(ifname, PORT_FASTPATH);
+        }
         let pin = self.dir.as_ref().map(|d| d.join(id.link_pin()));
         self.attach_program(Program::Fastpath, ifname, TcAttachType::Ingress, pin, hook)
     }
@@ -289,13 +302,17 @@ impl Datapath {
             Some(d) => id.policy_link_pins().map(|n| Some(d.join(n))),
             None => [None, None],
         };
-        self.attach_program(
-            Program::PolicyOut,
-            ifname,
-            TcAttachType::Ingress,
-            pin_out,
-            hook,
-        )?;
+        if hook == Hook::Tc {
+            self.attach_pod(ifname, PORT_POLICY)?;
+        } else {
+            self.attach_program(
+                Program::PolicyOut,
+                ifname,
+                TcAttachType::Ingress,
+                pin_out,
+                hook,
+            )?;
+        }
         let r = self.attach_program(
             Program::PolicyIn,
             ifname,
@@ -306,7 +323,12 @@ impl Datapath {
         if r.is_err() {
             let undo = match (hook, &self.dir) {
                 (Hook::Tcx | Hook::Netkit, Some(d)) => detach_policy_tcx(d, id).map(|_| ()),
-                (Hook::Tc, _) => detach_policy_tc(ifname).map(|_| ()),
+                (Hook::Tc, _) => ifindex_of(ifname)
+                    .and_then(|i| match i {
+                        Some(i) => self.release_pod(i, PORT_POLICY),
+                        None => Ok(()),
+                    })
+                    .and_then(|()| detach_policy_tc(ifname).map(|_| ())),
                 // Unpinned: the link lives in this value.
                 (Hook::Tcx | Hook::Netkit, None) => Ok(()),
             };
@@ -349,13 +371,125 @@ impl Datapath {
             Hook::Netkit => Ok(false),
             Hook::Tc => {
                 let pin = self.program_id_of(Program::PolicyIn)?;
-                let pout = self.program_id_of(Program::PolicyOut)?;
-                let Some((ingress, egress)) = tc_filter_programs(ifname)? else {
+                let Some((_, egress)) = tc_filter_programs(ifname)? else {
                     return Ok(false);
                 };
-                Ok(ingress.contains(&pout) && egress.contains(&pin))
+                Ok(egress.contains(&pin) && self.pod_attached(ifname, PORT_POLICY)?)
             }
         }
+    }
+
+    /// Runs `part` ([`PORT_FASTPATH`], [`PORT_POLICY`]) in `rcni_pod` on
+    /// `ifname`'s clsact ingress hook (a name in the calling thread's
+    /// network namespace): its bit set in the port's `rcni_ports` entry,
+    /// then the program attached unless this copy's is there already (the
+    /// other plugin's). One filter for both plugins: one rtnl round and
+    /// one program per packet fewer than one each. Undone if the attach
+    /// fails.
+    pub fn attach_pod(&mut self, ifname: &str, part: u32) -> Result<()> {
+        let ifindex = ifindex_of(ifname)?
+            .ok_or_else(|| Error::msg(format!("attach {POD_PROGRAM}: no device {ifname}")))?;
+        let old = self.port_parts(ifindex)?;
+        self.set_port_parts(ifindex, old | part)?;
+        let r = match self.pod_on(ifname) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                let keep = self.dir.is_some();
+                let prog = self.program_of(Program::Pod);
+                attach_tc_filter(
+                    prog,
+                    POD_PROGRAM,
+                    ifname,
+                    TcAttachType::Ingress,
+                    POD_TC_PRIORITY,
+                    keep,
+                )
+            }
+            Err(e) => Err(e),
+        };
+        if r.is_err()
+            && let Err(u) = self.set_port_parts(ifindex, old)
+        {
+            eprintln!("rcni: undo {POD_PROGRAM} port entry: {u}");
+        }
+        r
+    }
+
+    /// Takes `part` out of `rcni_pod` on the device with index `ifindex`
+    /// (in the calling thread's network namespace); the last part takes the
+    /// program off its hook. A part, an entry or a device gone already is
+    /// fine.
+    pub fn release_pod(&mut self, ifindex: u32, part: u32) -> Result<()> {
+        let left = self.port_parts(ifindex)? & !part;
+        if left != 0 {
+            return self.set_port_parts(ifindex, left);
+        }
+        detach_tc_named_at(ifindex, TcAttachType::Ingress, POD_PROGRAM)?;
+        self.set_port_parts(ifindex, 0)
+    }
+
+    /// Whether `part` runs in this copy's `rcni_pod` on `ifname`'s ingress
+    /// hook.
+    pub fn pod_attached(&mut self, ifname: &str, part: u32) -> Result<bool> {
+        let Some(ifindex) = ifindex_of(ifname)? else {
+            return Ok(false);
+        };
+        Ok(self.port_parts(ifindex)? & part != 0 && self.pod_on(ifname)?)
+    }
+
+    /// The parts `rcni_pod` runs for the device with index `ifindex` (0:
+    /// none, no entry).
+    pub fn port_parts(&self, ifindex: u32) -> Result<u32> {
+        match self.ports.get(&ifindex, 0) {
+            Ok(v) => Ok(v),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(0),
+            Err(e) => Err(Error::aya(format!("read port {ifindex}"), e)),
+        }
+    }
+
+    /// Every `rcni_ports` entry: (ifindex, parts).
+    pub fn ports(&self) -> Result<Vec<(u32, u32)>> {
+        crate::load::collect(self.ports.iter(), "read ports")
+    }
+
+    /// Removes the `rcni_ports` entries of devices that no longer exist in
+    /// the calling thread's network namespace (a pod deleted without its
+    /// DEL); returns how many.
+    pub fn sweep_ports(&mut self) -> Result<usize> {
+        let ports = self.ports()?;
+        if ports.is_empty() {
+            return Ok(0);
+        }
+        // The whole list, not if_indextoname per index: nix's gives an
+        // empty name for a gone index instead of ENXIO.
+        let links: BTreeSet<u32> = nix::net::if_::if_nameindex()
+            .map_err(|e| Error::io("list the network devices", e.into()))?
+            .iter()
+            .map(|l| l.index())
+            .collect();
+        let mut n = 0;
+        for (ifindex, _) in ports {
+            if !links.contains(&ifindex) {
+                self.set_port_parts(ifindex, 0)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    fn set_port_parts(&mut self, ifindex: u32, parts: u32) -> Result<()> {
+        if parts == 0 {
+            return not_found_ok(self.ports.remove(&ifindex), "remove port entry");
+        }
+        self.ports
+            .insert(ifindex, parts, 0)
+            .map_err(|e| Error::aya(format!("write port {ifindex}"), e))
+    }
+
+    /// Whether this copy's `rcni_pod` is in a filter on `ifname`'s ingress.
+    fn pod_on(&mut self, ifname: &str) -> Result<bool> {
+        let id = self.program_id_of(Program::Pod)?;
+        Ok(tc_filter_programs(ifname)?.is_some_and(|(ingress, _)| ingress.contains(&id)))
     }
 
     /// Whether both policy programs sit on `ifname`'s tcx hooks.
@@ -383,9 +517,12 @@ pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
     if ids.is_empty() {
         return Ok(None);
     }
+    // rcni_pod runs the fast path only where its port entry says so.
     let fast: Vec<u32> = aya::programs::loaded_programs()
         .filter_map(|p| p.ok())
-        .filter(|p| ids.contains(&p.id()) && p.name_as_str() == Some(PROGRAM))
+        .filter(|p| {
+            ids.contains(&p.id()) && matches!(p.name_as_str(), Some(PROGRAM) | Some(POD_PROGRAM))
+        })
         .map(|p| p.id())
         .collect();
     if fast.is_empty() {
@@ -393,10 +530,15 @@ pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
     }
     let dirs = bpffs::network_dirs(network)?;
     for dir in &dirs {
-        if let Some(mut dp) = Datapath::open(dir)?
-            && fast.contains(&dp.program_id()?)
-        {
+        let Some(mut dp) = Datapath::open(dir)? else {
+            continue;
+        };
+        if fast.contains(&dp.program_id()?) {
             return Ok(Some(dp));
+        }
+        if fast.contains(&dp.program_id_of(Program::Pod)?) {
+            let ifindex = ifindex_of(ifname)?.unwrap_or(0);
+            return Ok((dp.port_parts(ifindex)? & PORT_FASTPATH != 0).then_some(dp));
         }
     }
     Err(Error::msg(format!(
@@ -525,6 +667,33 @@ pub fn detach_policy_links_except(
     Ok(n)
 }
 
+/// `ifname`'s index in the calling thread's network namespace; `None` when
+/// there is no such device.
+fn ifindex_of(ifname: &str) -> Result<Option<u32>> {
+    match nix::net::if_::if_nametoindex(ifname) {
+        Ok(i) => Ok(Some(i)),
+        Err(nix::errno::Errno::ENODEV) => Ok(None),
+        Err(e) => Err(Error::io(format!("index of {ifname}"), e.into())),
+    }
+}
+
+/// Removes the cls_bpf filters named `name` from the hook of the device
+/// with index `ifindex`; none there, or no such device, is fine.
+fn detach_tc_named_at(ifindex: u32, at: TcAttachType, name: &str) -> Result<bool> {
+    let nl_err = |e| Error::netlink(Some(format!("detach tc filter {name} from {ifindex}")), e);
+    let rt = rcni_netlink::runtime().map_err(nl_err)?;
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect_current().await?;
+        let egress = matches!(at, TcAttachType::Egress);
+        match nl.del_bpf_filters(ifindex, egress, name).await {
+            Ok(n) => Ok(n > 0),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    })
+    .map_err(nl_err)
+}
+
 /// Removes the cls_bpf filters named `name` from `ifname`'s hook; none
 /// there is fine. Over rcni-netlink, not aya: aya's walk of the hook fails
 /// on filters of other kinds (bandwidth's u32 redirect on the same hook).
@@ -544,10 +713,14 @@ fn detach_tc_named(ifname: &str, at: TcAttachType, name: &str) -> Result<bool> {
     .map_err(nl_err)
 }
 
-/// Removes the cls_bpf filters running the fast path from `ifname`'s
-/// ingress; none there is fine.
+/// Removes the cls_bpf filters that run the fast path (`rcni_pod`, which
+/// the policy plugin shares, and `rcni_fastpath`) from `ifname`'s ingress,
+/// whoever's copy they are; none there is fine. The port entries stay:
+/// ADD attaches afresh.
 pub fn detach_tc(ifname: &str) -> Result<bool> {
-    detach_tc_named(ifname, TcAttachType::Ingress, PROGRAM)
+    let pod = detach_tc_named(ifname, TcAttachType::Ingress, POD_PROGRAM)?;
+    let fast = detach_tc_named(ifname, TcAttachType::Ingress, PROGRAM)?;
+    Ok(pod || fast)
 }
 
 /// Removes the policy programs' cls_bpf filters from `ifname` (ingress and

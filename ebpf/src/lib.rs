@@ -55,6 +55,16 @@ pub const POLICY_IN_PROGRAM: &str = "rcni_pol_in";
 pub const POLICY_OUT_PROGRAM: &str = "rcni_pol_out";
 /// From other nodes, on the ingress hook of the uplink and VXLAN devices.
 pub const FROM_NET_PROGRAM: &str = "rcni_from_net";
+/// Both plugins' one program on a pod's clsact ingress hook: the policy
+/// plugin's egress check, then the fast path, each where the port's entry
+/// in `rcni_ports` says its plugin is attached ([`PORT_POLICY`],
+/// [`PORT_FASTPATH`]).
+pub const POD_PROGRAM: &str = "rcni_pod";
+/// A port's part in `rcni_ports`: the fast path runs in `rcni_pod`.
+pub const PORT_FASTPATH: u32 = 1;
+/// A port's part in `rcni_ports`: the policy plugin's egress check runs in
+/// `rcni_pod`.
+pub const PORT_POLICY: u32 = 2;
 
 /// The object's programs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,14 +73,16 @@ pub enum Program {
     PolicyIn = 1,
     PolicyOut = 2,
     FromNet = 3,
+    Pod = 4,
 }
 
 impl Program {
-    pub const ALL: [Program; 4] = [
+    pub const ALL: [Program; 5] = [
         Program::Fastpath,
         Program::PolicyIn,
         Program::PolicyOut,
         Program::FromNet,
+        Program::Pod,
     ];
 
     pub fn name(self) -> &'static str {
@@ -79,6 +91,7 @@ impl Program {
             Program::PolicyIn => POLICY_IN_PROGRAM,
             Program::PolicyOut => POLICY_OUT_PROGRAM,
             Program::FromNet => FROM_NET_PROGRAM,
+            Program::Pod => POD_PROGRAM,
         }
     }
 
@@ -90,6 +103,7 @@ impl Program {
             Program::PolicyIn => "prog-pol-in",
             Program::PolicyOut => "prog-pol-out",
             Program::FromNet => "prog-net",
+            Program::Pod => "prog-pod",
         }
     }
 }
@@ -104,8 +118,9 @@ impl Program {
 /// slot and `rcni_remote_stats`; 6: `EP_NETKIT`, without which a program
 /// on a netkit hook would hand packets to bpf_redirect_peer, which drops
 /// them there; 7: `EP_SHAPED`, without which a program would deliver past
-/// the pod's ingress shaping).
-pub const DATAPATH_VERSION: u32 = 7;
+/// the pod's ingress shaping; 8: `rcni_ports` and `rcni_pod`, one program
+/// on a pod's clsact ingress hook for both plugins).
+pub const DATAPATH_VERSION: u32 = 8;
 
 /// The fast path program's pin, pinned last.
 const PROG_PIN: &str = "prog";

@@ -29,9 +29,10 @@ const MAP_REMOTE_STATS: &str = "rcni_remote_stats";
 const MAP_POL_CFG: &str = "rcni_pol_cfg";
 const MAP_POL_RL: &str = "rcni_pol_rl";
 const MAP_POL_SEEN: &str = "rcni_pol_seen";
+const MAP_POD_PORTS: &str = "rcni_ports";
 
 /// What each map must look like: (name, type, key size, value size).
-fn map_specs() -> [(&'static str, MapType, usize, usize); 17] {
+fn map_specs() -> [(&'static str, MapType, usize, usize); 18] {
     use std::mem::size_of;
     [
         (
@@ -72,6 +73,7 @@ fn map_specs() -> [(&'static str, MapType, usize, usize); 17] {
             4,
             size_of::<types::RemoteStats>(),
         ),
+        (MAP_POD_PORTS, MapType::Hash, 4, 4),
     ]
 }
 
@@ -79,7 +81,7 @@ fn map_specs() -> [(&'static str, MapType, usize, usize); 17] {
 enum Prog {
     Object(Box<Ebpf>),
     /// By [`Program`] index.
-    Pinned(Box<[SchedClassifier; 4]>),
+    Pinned(Box<[SchedClassifier; 5]>),
 }
 
 /// One network's programs and maps.
@@ -98,6 +100,8 @@ pub struct Datapath {
     pub(crate) remote: LpmTrie<MapData, RemoteData, RemoteHop>,
     pub(crate) remote_stats: PerCpuArray<MapData, types::RemoteStats>,
     pub(crate) pol_cfg: Array<MapData, PolicyConfig>,
+    /// `rcni_pod`'s ports: ifindex to PORT_* parts.
+    pub(crate) ports: HashMap<MapData, u32, u32>,
     /// The flow events' ring, until [`Datapath::take_flow_events`].
     pub(crate) pol_events: Option<Map>,
     _nat_socks: Map,
@@ -207,6 +211,7 @@ impl Datapath {
             prog(Program::PolicyIn)?,
             prog(Program::PolicyOut)?,
             prog(Program::FromNet)?,
+            prog(Program::Pod)?,
         ];
         Self::assemble(Some(dir), Prog::Pinned(Box::new(progs)), |name| {
             open_pinned_map(dir, name)
@@ -235,6 +240,7 @@ impl Datapath {
             remote: typed(map(MAP_REMOTE)?, MAP_REMOTE)?,
             remote_stats: typed(map(MAP_REMOTE_STATS)?, MAP_REMOTE_STATS)?,
             pol_cfg: typed(map(MAP_POL_CFG)?, MAP_POL_CFG)?,
+            ports: typed(map(MAP_POD_PORTS)?, MAP_POD_PORTS)?,
             pol_events: Some(map(MAP_POL_EVENTS)?),
             // Only the programs use these; opening checks their layout.
             _nat_socks: map(MAP_NAT_SOCKS)?,
@@ -309,6 +315,7 @@ impl Datapath {
                 Program::PolicyIn,
                 Program::PolicyOut,
                 Program::FromNet,
+                Program::Pod,
                 Program::Fastpath,
             ] {
                 let pin = dir.join(p.pin());

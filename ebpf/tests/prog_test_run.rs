@@ -11,8 +11,8 @@
 use aya::programs::{TestRun, TestRunOptions};
 use rcni_ebpf::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, Datapath, EP_FASTPATH, EP_POLICY, Endpoint,
-    EndpointKey, Hook, PORTSET_ALL, PORTSET_NONE, PortRange, Program, RemoteHop, TC_ACT_REDIRECT,
-    TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict,
+    EndpointKey, Hook, PORT_FASTPATH, PORT_POLICY, PORTSET_ALL, PORTSET_NONE, PortRange, Program,
+    RemoteHop, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict,
 };
 use rcni_testkit::{Bpffs, require_root};
 use std::net::IpAddr;
@@ -839,6 +839,44 @@ fn spoofed_sources_are_dropped_at_the_pods_egress() {
     assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 0);
 }
 
+/// rcni_pod, both plugins' one program on the clsact ingress hook, runs
+/// the parts the port's entry names (BPF_PROG_TEST_RUN runs it on lo, A's
+/// veth here), policy's egress check first.
+#[test]
+fn the_pods_program_runs_the_parts_its_port_has() {
+    in_fresh_netns(|| {
+        let mut dp = policy_datapath();
+        let pod = |dp: &mut Datapath, pkt: &[u8]| run_prog(dp, Program::Pod, pkt, 0).0;
+        let mut to_b = tcp("10.0.0.2", "10.0.0.3", 40000, 80);
+        to_b[0..6].copy_from_slice(&POD_B);
+        let spoofed = udp("10.0.0.50", "192.0.2.1", 1, 2);
+        // No entry: nothing runs.
+        assert_eq!(pod(&mut dp, &to_b), PASS);
+        assert_eq!(pod(&mut dp, &spoofed), PASS);
+        assert_eq!(verdict(&dp, Verdict::Redirect), 0);
+        // The fast path alone: a foreign source takes the normal path.
+        dp.attach_pod("lo", PORT_FASTPATH).unwrap();
+        assert_eq!(pod(&mut dp, &to_b), TC_ACT_REDIRECT);
+        assert_eq!(pod(&mut dp, &spoofed), PASS);
+        assert_eq!(verdict(&dp, Verdict::PolicySpoof), 0);
+        // Both: policy decides first.
+        dp.attach_pod("lo", PORT_POLICY).unwrap();
+        assert_eq!(pod(&mut dp, &spoofed), DROP);
+        assert_eq!(pod(&mut dp, &to_b), TC_ACT_REDIRECT);
+        select_a(&mut dp, 0, 41);
+        assert_eq!(pod(&mut dp, &to_b), DROP);
+        assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 1);
+        // Policy alone: checks, never redirects.
+        dp.release_pod(LO, PORT_FASTPATH).unwrap();
+        select_a(&mut dp, 0, 0);
+        assert_eq!(pod(&mut dp, &to_b), PASS);
+        assert_eq!(pod(&mut dp, &spoofed), DROP);
+        assert_eq!(verdict(&dp, Verdict::Redirect), 2);
+        assert_eq!(verdict(&dp, Verdict::PolicySpoof), 2);
+        assert_eq!(dp.port_parts(LO).unwrap(), PORT_POLICY);
+    });
+}
+
 #[test]
 fn the_fast_path_decides_both_ends_before_redirecting() {
     let mut dp = policy_datapath();
@@ -1050,35 +1088,66 @@ fn policy_programs_attach_in_front_of_the_fast_path() {
         let nowhere = std::path::Path::new("/nonexistent");
         assert!(!dp.policy_attached(nowhere, "v0", id, Hook::Tcx).unwrap());
         assert!(!dp.policy_attached(nowhere, "w0", id, Hook::Tc).unwrap());
-        // tc: priorities put policy first whatever the order.
+        // tc: one program on the ingress hook for both plugins, whatever
+        // the order, each part in the port's entry.
+        let w0 = nix::net::if_::if_nametoindex("w0").unwrap();
         dp.attach("w0", id, Hook::Tc).unwrap();
+        assert_eq!(dp.port_parts(w0).unwrap(), rcni_ebpf::PORT_FASTPATH);
         dp.attach_policy("w0", id, Hook::Tc).unwrap();
         assert_eq!(
             tc_filters("w0", "ingress"),
-            [
-                (10, "rcni_pol_out".to_string()),
-                (20, "rcni_fastpath".to_string())
-            ]
+            [(10, rcni_ebpf::POD_PROGRAM.to_string())]
         );
         assert_eq!(
             tc_filters("w0", "egress"),
             [(10, "rcni_pol_in".to_string())]
         );
+        assert_eq!(
+            dp.port_parts(w0).unwrap(),
+            rcni_ebpf::PORT_FASTPATH | rcni_ebpf::PORT_POLICY
+        );
+        assert!(dp.pod_attached("w0", rcni_ebpf::PORT_FASTPATH).unwrap());
         assert!(dp.policy_attached(nowhere, "w0", id, Hook::Tc).unwrap());
         assert!(!dp.policy_attached(nowhere, "v0", id, Hook::Tc).unwrap());
         assert!(!dp.policy_attached(nowhere, "gone", id, Hook::Tc).unwrap());
+        // The fast path's part out first: the program stays for policy;
+        // back again, no second filter.
+        dp.release_pod(w0, rcni_ebpf::PORT_FASTPATH).unwrap();
+        assert!(dp.policy_attached(nowhere, "w0", id, Hook::Tc).unwrap());
+        assert!(!dp.pod_attached("w0", rcni_ebpf::PORT_FASTPATH).unwrap());
+        dp.attach("w0", id, Hook::Tc).unwrap();
+        assert!(dp.pod_attached("w0", rcni_ebpf::PORT_FASTPATH).unwrap());
+        // The policy part out: the program stays for the fast path.
+        dp.release_pod(w0, rcni_ebpf::PORT_POLICY).unwrap();
         assert!(rcni_ebpf::detach_policy_tc("w0").unwrap());
         assert!(!rcni_ebpf::detach_policy_tc("w0").unwrap());
         assert!(!dp.policy_attached(nowhere, "w0", id, Hook::Tc).unwrap());
+        assert!(dp.pod_attached("w0", rcni_ebpf::PORT_FASTPATH).unwrap());
         // Whatever the mode, on devices with and without filters, or gone.
         rcni_ebpf::detach_policy(nowhere, id, "w0").unwrap();
         rcni_ebpf::detach_policy(nowhere, id, "v0").unwrap();
         rcni_ebpf::detach_policy(nowhere, id, "gone").unwrap();
         assert_eq!(
             tc_filters("w0", "ingress"),
-            [(20, "rcni_fastpath".to_string())]
+            [(10, rcni_ebpf::POD_PROGRAM.to_string())]
         );
         assert!(tc_filters("w0", "egress").is_empty());
+        // The last part takes the program off; again is fine.
+        dp.release_pod(w0, rcni_ebpf::PORT_FASTPATH).unwrap();
+        dp.release_pod(w0, rcni_ebpf::PORT_FASTPATH).unwrap();
+        assert!(tc_filters("w0", "ingress").is_empty());
+        assert!(dp.ports().unwrap().is_empty());
+        // A gone device: its entry goes by index, and GC sweeps one left.
+        dp.release_pod(999_999, rcni_ebpf::PORT_FASTPATH).unwrap();
+        dp.attach("v0", id, Hook::Tc).unwrap();
+        let st = std::process::Command::new("ip")
+            .args(["link", "del", "v0"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        assert_eq!(dp.ports().unwrap().len(), 1);
+        assert_eq!(dp.sweep_ports().unwrap(), 1);
+        assert!(dp.ports().unwrap().is_empty());
     });
 }
 

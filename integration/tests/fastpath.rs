@@ -389,7 +389,7 @@ fn clsact_fallback_attaches_checks_and_detaches() {
     let filters = |veth: &str| ingress_filters(&node, veth);
     let f = filters(&veth_a);
     assert_eq!(f.len(), 1, "{f:?}");
-    assert_eq!(f[0].name.as_deref(), Some(rcni_ebpf::PROGRAM));
+    assert_eq!(f[0].name.as_deref(), Some(rcni_ebpf::POD_PROGRAM));
     // No tcx link pinned in this mode.
     assert!(
         rcni_ebpf::pinned_links(&fs.path().join("podnet"))
@@ -1121,7 +1121,7 @@ fn bandwidth_after_fastpath_out_of_reach_fails_and_rolls_back() {
     assert!(
         filters
             .iter()
-            .all(|f| f.name.as_deref() == Some(rcni_ebpf::PROGRAM)),
+            .all(|f| f.name.as_deref() == Some(rcni_ebpf::POD_PROGRAM)),
         "{filters:?}"
     );
     assert!(

@@ -10,7 +10,7 @@
 //! directory by the plugin, unmounted on drop); nftables tests keep their
 //! table in the node namespace, which goes with it.
 
-use rcni_ebpf::Datapath;
+use rcni_ebpf::{Datapath, PORT_FASTPATH};
 use rcni_integration::{Bpffs, Node, addr_of};
 use rcni_netns::NetNs;
 use rcni_testkit::{Output, TestNs, bin, command_in, normalize_result, ping, stdout_of};
@@ -621,6 +621,49 @@ fn fastpath_redirects_only_what_policy_allows() {
     assert!(
         count(&v2, rcni_ebpf::Verdict::PolicyDenyIn) > count(&v1, rcni_ebpf::Verdict::PolicyDenyIn),
         "denied before the redirect: {v1:?} -> {v2:?}"
+    );
+    // One program on a pod's ingress hook for both plugins: policy's DEL
+    // takes its part out and leaves the program to the fast path.
+    let web_veth = lab.pods[web].bridge["interfaces"][1]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let hook = |lab: &Lab| {
+        let (dir, v) = (lab.pin_dir(), web_veth.clone());
+        lab.node
+            .ns
+            .ns
+            .run(move || {
+                let mut dp = Datapath::open(&dir).unwrap().unwrap();
+                let i = nix::net::if_::if_nametoindex(v.as_str()).unwrap();
+                let rt = rcni_netlink::runtime().unwrap();
+                let filters = rt.block_on(async {
+                    let n = rcni_netlink::Netlink::connect_current().await.unwrap();
+                    n.ingress_bpf_filters(i).await.unwrap()
+                });
+                let names: Vec<String> = filters.into_iter().filter_map(|f| f.name).collect();
+                let parts = dp.port_parts(i).unwrap();
+                (names, parts, dp.pod_attached(&v, PORT_FASTPATH).unwrap())
+            })
+            .unwrap()
+    };
+    let pod = vec![rcni_ebpf::POD_PROGRAM.to_string()];
+    assert_eq!(
+        hook(&lab),
+        (pod.clone(), PORT_FASTPATH | rcni_ebpf::PORT_POLICY, true)
+    );
+    lab.policy("DEL", &lab.pods[web], &lab.pods[web].result)
+        .ok();
+    assert_eq!(hook(&lab), (pod, PORT_FASTPATH, true));
+    let v3 = verdicts(dir.clone());
+    assert!(
+        talks(&lab.pods[other].ns.ns, w, 8080),
+        "web has no policy left"
+    );
+    let v4 = verdicts(dir.clone());
+    assert!(
+        count(&v4, rcni_ebpf::Verdict::Redirect) > count(&v3, rcni_ebpf::Verdict::Redirect),
+        "the fast path still runs on web's veth: {v3:?} -> {v4:?}"
     );
     lab.del_all();
 }

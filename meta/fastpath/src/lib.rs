@@ -28,7 +28,9 @@ use conf::Conf;
 use rcni_attach::podveth;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
 use rcni_cni::{CniError, CniResult, ErrorCode};
-use rcni_ebpf::{AttachmentId, Datapath, EP_FASTPATH, Endpoint, EndpointKey, Hook, bpffs};
+use rcni_ebpf::{
+    AttachmentId, Datapath, EP_FASTPATH, Endpoint, EndpointKey, Hook, PORT_FASTPATH, Program, bpffs,
+};
 use rcni_netlink::tc::Qdisc;
 use rcni_netlink::{Link, Netlink};
 use std::collections::BTreeSet;
@@ -227,54 +229,52 @@ fn attached_on(
             Ok(pinned && dp.netkit_attached(&veth.name).map_err(ebpf_err)?)
         }
         Hook::Tc => {
-            let prog = dp.program_id().map_err(ebpf_err)?;
-            let filters = rt()?.block_on(async {
-                Netlink::connect_current()
-                    .await?
-                    .ingress_bpf_filters(veth.index)
-                    .await
-            })?;
-            let stale = filters
-                .iter()
-                .any(|f| f.name.as_deref() == Some(rcni_ebpf::PROGRAM) && f.prog_id != Some(prog));
-            if clear && stale {
-                // By name: ours too, if it is there; ADD attaches afresh.
-                rcni_ebpf::detach_tc(&veth.name).map_err(ebpf_err)?;
-                return Ok(false);
+            let pod = dp.program_id_of(Program::Pod).map_err(ebpf_err)?;
+            if clear {
+                let filters = rt()?.block_on(async {
+                    Netlink::connect_current()
+                        .await?
+                        .ingress_bpf_filters(veth.index)
+                        .await
+                })?;
+                let stale = filters.iter().any(|f| {
+                    matches!(
+                        f.name.as_deref(),
+                        Some(rcni_ebpf::PROGRAM) | Some(rcni_ebpf::POD_PROGRAM)
+                    ) && f.prog_id != Some(pod)
+                });
+                if stale {
+                    // By name: ours too, if it is there (the policy
+                    // plugin's part stays in the port's entry); ADD
+                    // attaches afresh.
+                    rcni_ebpf::detach_tc(&veth.name).map_err(ebpf_err)?;
+                    return Ok(false);
+                }
             }
-            Ok(filters.iter().any(|f| f.prog_id == Some(prog)))
+            dp.pod_attached(&veth.name, PORT_FASTPATH).map_err(ebpf_err)
         }
     }
 }
 
-fn detach(conf: &Conf, id: AttachmentId, ifnames: &[String]) -> Result<(), CniError> {
-    // Pinned tcx links are removed whatever the mode: cheap when absent.
+/// Takes the fast path off: the tcx or netkit link pinned for `id`
+/// (whatever the mode: cheap when absent) and, on clsact, its part of
+/// `rcni_pod` on the veths with these indexes (the program with it, unless
+/// the policy plugin's part is still there). Gone veths are fine.
+fn detach(
+    conf: &Conf,
+    dp: Option<&mut Datapath>,
+    id: AttachmentId,
+    veths: &BTreeSet<u32>,
+) -> Result<(), CniError> {
     rcni_ebpf::detach_tcx(&conf.dir, id).map_err(ebpf_err)?;
-    if conf.hook() == Hook::Tc {
-        for name in ifnames {
-            rcni_ebpf::detach_tc(name).map_err(ebpf_err)?;
+    if let Some(dp) = dp
+        && conf.hook() == Hook::Tc
+    {
+        for &i in veths {
+            dp.release_pod(i, PORT_FASTPATH).map_err(ebpf_err)?;
         }
     }
     Ok(())
-}
-
-/// Names of the node's links with these indexes (the gone ones skipped).
-fn link_names(indexes: &BTreeSet<u32>) -> Result<Vec<String>, CniError> {
-    if indexes.is_empty() {
-        return Ok(vec![]);
-    }
-    rt()?.block_on(async {
-        let host = Netlink::connect_current().await?;
-        let mut v = Vec::new();
-        for i in indexes {
-            match host.link_by_index(*i).await {
-                Ok(l) => v.push(l.name),
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(v)
-    })
 }
 
 /// Takes the fast path's part out of the endpoints `owned` selects (the
@@ -345,7 +345,8 @@ impl Fastpath {
             if let Err(u) = dp.remove_endpoints(&keys) {
                 eprintln!("rcni: undo endpoints: {u}");
             }
-            if let Err(u) = detach(conf, id, std::slice::from_ref(&target.host_veth.name)) {
+            let veth = BTreeSet::from([target.host_veth.index]);
+            if let Err(u) = detach(conf, Some(&mut dp), id, &veth) {
                 eprintln!("rcni: undo attachment: {u}");
             }
             return Err(e);
@@ -439,26 +440,27 @@ impl Plugin for Fastpath {
         let id = AttachmentId::new(&args.container_id, &args.ifname);
         let mut errors = Vec::new();
         let mut veths = BTreeSet::new();
-        match Datapath::open(&conf.dir) {
-            Ok(Some(mut dp)) => match remove_endpoints(&mut dp, |o| o == id.owner()) {
-                Ok(v) => veths = v,
-                Err(e) => errors.push(e),
-            },
-            Ok(None) => {}
+        let mut dp = match Datapath::open(&conf.dir) {
+            Ok(Some(mut dp)) => {
+                match remove_endpoints(&mut dp, |o| o == id.owner()) {
+                    Ok(v) => veths = v,
+                    Err(e) => errors.push(e),
+                }
+                Some(dp)
+            }
+            Ok(None) => None,
             // Another version's maps: nothing this build can take out of
             // them, and DEL must not fail for ever. The hook still goes.
-            Err(e) if e.is_incompatible() => eprintln!("fastpath: {e}"),
-            Err(e) => errors.push(ebpf_err(e)),
-        }
-        let names = if conf.hook() == Hook::Tc {
-            link_names(&veths).unwrap_or_else(|e| {
-                errors.push(e);
-                vec![]
-            })
-        } else {
-            vec![]
+            Err(e) if e.is_incompatible() => {
+                eprintln!("fastpath: {e}");
+                None
+            }
+            Err(e) => {
+                errors.push(ebpf_err(e));
+                None
+            }
         };
-        if let Err(e) = detach(&conf, id, &names) {
+        if let Err(e) = detach(&conf, dp.as_mut(), id, &veths) {
             errors.push(e);
         }
         match errors.into_iter().next() {
@@ -517,22 +519,21 @@ impl Plugin for Fastpath {
                     Ok(v) => veths = v,
                     Err(e) => errors.push(e),
                 }
-                left = dp.endpoints().map(|v| v.len()).unwrap_or(1);
-            }
-            Ok(None) => {}
-            Err(e) => errors.push(ebpf_err(e)),
-        }
-        if conf.hook() == Hook::Tc {
-            match link_names(&veths) {
-                Ok(names) => {
-                    for n in names {
-                        if let Err(e) = rcni_ebpf::detach_tc(&n) {
+                if conf.hook() == Hook::Tc {
+                    for &i in &veths {
+                        if let Err(e) = dp.release_pod(i, PORT_FASTPATH) {
                             errors.push(ebpf_err(e));
                         }
                     }
                 }
-                Err(e) => errors.push(e),
+                // Veths gone without a DEL: their rcni_pod entries.
+                if let Err(e) = dp.sweep_ports() {
+                    errors.push(ebpf_err(e));
+                }
+                left = dp.endpoints().map(|v| v.len()).unwrap_or(1);
             }
+            Ok(None) => {}
+            Err(e) => errors.push(ebpf_err(e)),
         }
         let links = rcni_ebpf::pinned_links(&conf.dir).unwrap_or_else(|e| {
             errors.push(ebpf_err(e));

@@ -175,6 +175,7 @@ impl PolicyBackend for Ebpf<'_> {
         // Each step runs whatever the one before did.
         rcni_cni::first_error([
             sweep_where(self.conf, |o| !owners.contains(&o)).map(|_| ()),
+            sweep_ports(self.conf),
             self.sweep_rules(locked),
             rcni_ebpf::detach_policy_links_except(&self.conf.pin_dir, |id| {
                 valid.iter().any(|(c, i)| AttachmentId::new(c, i) == id)
@@ -346,9 +347,20 @@ fn attach_programs(dp: &mut Datapath, conf: &Conf, p: &PodRecord) -> Result<(), 
     Ok(())
 }
 
-/// Takes the programs off a pod's veth; a gone veth or link is fine.
+/// Takes the programs off a pod's veth; a gone veth or link is fine. On
+/// clsact the policy part of `rcni_pod` goes (the program with it unless
+/// the fast path still runs there), by the veth's index: its entry goes
+/// even where the veth is gone.
 fn detach_programs(conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
-    rcni_ebpf::detach_policy(&conf.pin_dir, attachment(p), &p.host_ifname).map_err(ebpf::err)
+    let released = match Datapath::open(&conf.pin_dir) {
+        Ok(Some(mut dp)) => dp.release_pod(p.host_ifindex, rcni_ebpf::PORT_POLICY),
+        Ok(None) => Ok(()),
+        // Another version's maps: nothing this build can take out of them.
+        Err(e) if e.is_incompatible() => Ok(()),
+        Err(e) => Err(e),
+    };
+    let detached = rcni_ebpf::detach_policy(&conf.pin_dir, attachment(p), &p.host_ifname);
+    released.and(detached).map_err(ebpf::err)
 }
 
 /// nftables cannot see what fastpath redirects: refuse to pretend.
@@ -376,10 +388,16 @@ fn sweep_where(conf: &Conf, doomed: impl Fn(u64) -> bool) -> Result<usize, CniEr
         return Ok(0);
     };
     let mut by_owner: BTreeMap<u64, Vec<EndpointKey>> = Default::default();
+    let mut ports = BTreeSet::new();
     for (k, ep) in dp.endpoints().map_err(ebpf::err)? {
         if ep.flags & rcni_ebpf::EP_POLICY != 0 && doomed(ep.owner) {
             by_owner.entry(ep.owner).or_default().push(k);
+            ports.insert(ep.ifindex);
         }
+    }
+    for i in ports {
+        dp.release_pod(i, rcni_ebpf::PORT_POLICY)
+            .map_err(ebpf::err)?;
     }
     let mut n = 0;
     for (owner, keys) in by_owner {
@@ -390,6 +408,14 @@ fn sweep_where(conf: &Conf, doomed: impl Fn(u64) -> bool) -> Result<usize, CniEr
             .map_err(ebpf::err)?;
     }
     Ok(n)
+}
+
+/// Removes the `rcni_pod` port entries of veths gone without a DEL.
+fn sweep_ports(conf: &Conf) -> Result<(), CniError> {
+    match Datapath::open(&conf.pin_dir).map_err(ebpf::err)? {
+        Some(mut dp) => dp.sweep_ports().map(|_| ()).map_err(ebpf::err),
+        None => Ok(()),
+    }
 }
 
 /// An attachment the state does not know (its ADD killed before the state
