@@ -4,6 +4,7 @@
 
 use crate::bpffs::{self, remove_pin};
 use crate::load::not_found_ok;
+use crate::types::PORTS_DIRECT;
 use crate::{
     AttachmentId, Datapath, Error, POD_PROGRAM, POLICY_IN_PROGRAM, POLICY_OUT_PROGRAM,
     PORT_FASTPATH, PORT_POLICY, PROGRAM, Program, Result,
@@ -440,16 +441,32 @@ impl Datapath {
     /// The parts `rcni_pod` runs for the device with index `ifindex` (0:
     /// none, no entry).
     pub fn port_parts(&self, ifindex: u32) -> Result<u32> {
+        let what = || format!("read port {ifindex}");
+        if ifindex < PORTS_DIRECT {
+            return self
+                .ports_direct
+                .get(&ifindex, 0)
+                .map_err(|e| Error::aya(what(), e));
+        }
         match self.ports.get(&ifindex, 0) {
             Ok(v) => Ok(v),
             Err(aya::maps::MapError::KeyNotFound) => Ok(0),
-            Err(e) => Err(Error::aya(format!("read port {ifindex}"), e)),
+            Err(e) => Err(Error::aya(what(), e)),
         }
     }
 
-    /// Every `rcni_ports` entry: (ifindex, parts).
+    /// Every port with parts: (ifindex, parts). Reads the whole array, a
+    /// lookup per index: for GC and tests.
     pub fn ports(&self) -> Result<Vec<(u32, u32)>> {
-        crate::load::collect(self.ports.iter(), "read ports")
+        let mut v = Vec::new();
+        for i in 0..PORTS_DIRECT {
+            let parts = self.port_parts(i)?;
+            if parts != 0 {
+                v.push((i, parts));
+            }
+        }
+        v.extend(crate::load::collect(self.ports.iter(), "read ports")?);
+        Ok(v)
     }
 
     /// Removes the `rcni_ports` entries of devices that no longer exist in
@@ -478,6 +495,12 @@ impl Datapath {
     }
 
     fn set_port_parts(&mut self, ifindex: u32, parts: u32) -> Result<()> {
+        if ifindex < PORTS_DIRECT {
+            return self
+                .ports_direct
+                .set(ifindex, parts, 0)
+                .map_err(|e| Error::aya(format!("write port {ifindex}"), e));
+        }
         if parts == 0 {
             return not_found_ok(self.ports.remove(&ifindex), "remove port entry");
         }

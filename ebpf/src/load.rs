@@ -30,9 +30,10 @@ const MAP_POL_CFG: &str = "rcni_pol_cfg";
 const MAP_POL_RL: &str = "rcni_pol_rl";
 const MAP_POL_SEEN: &str = "rcni_pol_seen";
 const MAP_POD_PORTS: &str = "rcni_ports";
+const MAP_POD_PORTS_DIRECT: &str = "rcni_ports_direct";
 
 /// What each map must look like: (name, type, key size, value size).
-fn map_specs() -> [(&'static str, MapType, usize, usize); 18] {
+fn map_specs() -> [(&'static str, MapType, usize, usize); 19] {
     use std::mem::size_of;
     [
         (
@@ -74,6 +75,7 @@ fn map_specs() -> [(&'static str, MapType, usize, usize); 18] {
             size_of::<types::RemoteStats>(),
         ),
         (MAP_POD_PORTS, MapType::Hash, 4, 4),
+        (MAP_POD_PORTS_DIRECT, MapType::Array, 4, 4),
     ]
 }
 
@@ -100,8 +102,10 @@ pub struct Datapath {
     pub(crate) remote: LpmTrie<MapData, RemoteData, RemoteHop>,
     pub(crate) remote_stats: PerCpuArray<MapData, types::RemoteStats>,
     pub(crate) pol_cfg: Array<MapData, PolicyConfig>,
-    /// `rcni_pod`'s ports: ifindex to PORT_* parts.
+    /// `rcni_pod`'s ports: ifindex to PORT_* parts, indexes below
+    /// [`PORTS_DIRECT`](crate::PORTS_DIRECT) in `ports_direct`.
     pub(crate) ports: HashMap<MapData, u32, u32>,
+    pub(crate) ports_direct: Array<MapData, u32>,
     /// The flow events' ring, until [`Datapath::take_flow_events`].
     pub(crate) pol_events: Option<Map>,
     _nat_socks: Map,
@@ -241,6 +245,7 @@ impl Datapath {
             remote_stats: typed(map(MAP_REMOTE_STATS)?, MAP_REMOTE_STATS)?,
             pol_cfg: typed(map(MAP_POL_CFG)?, MAP_POL_CFG)?,
             ports: typed(map(MAP_POD_PORTS)?, MAP_POD_PORTS)?,
+            ports_direct: typed(map(MAP_POD_PORTS_DIRECT)?, MAP_POD_PORTS_DIRECT)?,
             pol_events: Some(map(MAP_POL_EVENTS)?),
             // Only the programs use these; opening checks their layout.
             _nat_socks: map(MAP_NAT_SOCKS)?,

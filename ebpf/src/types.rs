@@ -325,6 +325,10 @@ impl Endpoint {
 /// Endpoints one network can have on one node (`MAX_ENDPOINTS`).
 pub const MAX_ENDPOINTS: usize = 16384;
 
+/// Port indexes below this live in `rcni_ports_direct`, an array (as
+/// `PORTS_DIRECT` in datapath.bpf.c); larger ones in the `rcni_ports` hash.
+pub const PORTS_DIRECT: u32 = 16384;
+
 /// `struct slot_bitmap`: which counter slots are taken.
 pub type SlotBitmap = [u64; MAX_ENDPOINTS / 64];
 

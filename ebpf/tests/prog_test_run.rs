@@ -1137,6 +1137,19 @@ fn policy_programs_attach_in_front_of_the_fast_path() {
         dp.release_pod(w0, rcni_ebpf::PORT_FASTPATH).unwrap();
         assert!(tc_filters("w0", "ingress").is_empty());
         assert!(dp.ports().unwrap().is_empty());
+        // An index past the array: the hash holds its parts.
+        let st = std::process::Command::new("ip")
+            .args(["link", "add", "x0", "index", "20000", "type", "veth"])
+            .args(["peer", "name", "x1"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        dp.attach("x0", id, Hook::Tc).unwrap();
+        assert_eq!(dp.ports().unwrap(), [(20000, rcni_ebpf::PORT_FASTPATH)]);
+        assert!(dp.pod_attached("x0", rcni_ebpf::PORT_FASTPATH).unwrap());
+        dp.release_pod(20000, rcni_ebpf::PORT_FASTPATH).unwrap();
+        assert!(dp.ports().unwrap().is_empty());
+        assert!(tc_filters("x0", "ingress").is_empty());
         // A gone device: its entry goes by index, and GC sweeps one left.
         dp.release_pod(999_999, rcni_ebpf::PORT_FASTPATH).unwrap();
         dp.attach("v0", id, Hook::Tc).unwrap();
@@ -1297,6 +1310,22 @@ fn program_cost() {
         Program::Fastpath,
         &bridged_flow,
     );
+    drop(dp);
+    // rcni_pod, both plugins' one program on clsact: its port lookup on
+    // top of the parts it runs, against rcni_fastpath alone and
+    // rcni_pol_out then rcni_fastpath (two filters before). In a namespace
+    // of its own: the port entry wants a device, here that namespace's lo.
+    in_fresh_netns(move || {
+        let mut dp = policy_datapath();
+        let pkt = ipv4(POD_B, "10.0.0.2", "10.0.0.3", 64, ICMP_ECHO);
+        cost(&mut dp, "fastpath bridged v4", Program::Fastpath, &pkt);
+        cost(&mut dp, "pod, no entry, bridged v4", Program::Pod, &pkt);
+        dp.attach_pod("lo", PORT_FASTPATH).unwrap();
+        cost(&mut dp, "pod, fast path, bridged v4", Program::Pod, &pkt);
+        cost(&mut dp, "pol_out, bridged v4", Program::PolicyOut, &pkt);
+        dp.attach_pod("lo", PORT_POLICY).unwrap();
+        cost(&mut dp, "pod, both parts, bridged v4", Program::Pod, &pkt);
+    });
 }
 
 /// `ip -s link show <dev>`: the TX packets counter.
