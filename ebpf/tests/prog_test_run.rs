@@ -128,11 +128,25 @@ fn run(dp: &mut Datapath, pkt: &[u8]) -> (u32, Vec<u8>) {
 /// Runs `prog` on `pkt`, as if it had come into the node on
 /// `ingress_ifindex` (0: sent by the node itself).
 fn run_prog(dp: &mut Datapath, prog: Program, pkt: &[u8], ingress_ifindex: u32) -> (u32, Vec<u8>) {
+    run_prog_on(dp, prog, pkt, ingress_ifindex, 0)
+}
+
+/// [`run_prog`] on the device with index `ifindex` of the calling thread's
+/// namespace (0 or 1: its lo).
+fn run_prog_on(
+    dp: &mut Datapath,
+    prog: Program,
+    pkt: &[u8],
+    ingress_ifindex: u32,
+    ifindex: u32,
+) -> (u32, Vec<u8>) {
     let mut out = vec![0u8; pkt.len() + 256];
-    // struct __sk_buff up to ifindex: ingress_ifindex at offset 36, the
-    // rest zero (what the kernel requires of a test run's context).
+    // struct __sk_buff up to ifindex: ingress_ifindex at offset 36, ifindex
+    // at 40, the rest zero (what the kernel requires of a test run's
+    // context).
     let mut ctx = [0u8; 44];
     ctx[36..40].copy_from_slice(&ingress_ifindex.to_ne_bytes());
+    ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
     let r = dp
         .program_of(prog)
         .test_run(TestRunOptions {
@@ -874,6 +888,18 @@ fn the_pods_program_runs_the_parts_its_port_has() {
         assert_eq!(verdict(&dp, Verdict::Redirect), 2);
         assert_eq!(verdict(&dp, Verdict::PolicySpoof), 2);
         assert_eq!(dp.port_parts(LO).unwrap(), PORT_POLICY);
+        // A veth whose index is past the array: its parts are in the hash.
+        let st = std::process::Command::new("ip")
+            .args(["link", "add", "x0", "index", "20000", "type", "veth"])
+            .args(["peer", "name", "x1"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let on_x0 = |dp: &mut Datapath, pkt: &[u8]| run_prog_on(dp, Program::Pod, pkt, 0, 20000).0;
+        assert_eq!(on_x0(&mut dp, &spoofed), PASS);
+        dp.attach_pod("x0", PORT_POLICY).unwrap();
+        assert_eq!(on_x0(&mut dp, &spoofed), DROP);
+        assert_eq!(verdict(&dp, Verdict::PolicySpoof), 3);
     });
 }
 
