@@ -372,10 +372,15 @@ impl Datapath {
             Hook::Netkit => Ok(false),
             Hook::Tc => {
                 let pin = self.program_id_of(Program::PolicyIn)?;
-                let Some((_, egress)) = tc_filter_programs(ifname)? else {
+                let pod = self.program_id_of(Program::Pod)?;
+                let (Some((ingress, egress)), Some(ifindex)) =
+                    (tc_filter_programs(ifname)?, ifindex_of(ifname)?)
+                else {
                     return Ok(false);
                 };
-                Ok(egress.contains(&pin) && self.pod_attached(ifname, PORT_POLICY)?)
+                Ok(egress.contains(&pin)
+                    && ingress.contains(&pod)
+                    && self.port_parts(ifindex)? & PORT_POLICY != 0)
             }
         }
     }
@@ -721,19 +726,10 @@ fn detach_tc_named_at(ifindex: u32, at: TcAttachType, name: &str) -> Result<bool
 /// there is fine. Over rcni-netlink, not aya: aya's walk of the hook fails
 /// on filters of other kinds (bandwidth's u32 redirect on the same hook).
 fn detach_tc_named(ifname: &str, at: TcAttachType, name: &str) -> Result<bool> {
-    let nl_err = |e| Error::netlink(Some(format!("detach tc filter {name} from {ifname}")), e);
-    let rt = rcni_netlink::runtime().map_err(nl_err)?;
-    rt.block_on(async {
-        let nl = rcni_netlink::Netlink::connect_current().await?;
-        let link = match nl.link_by_name(ifname).await {
-            Ok(l) => l,
-            Err(e) if e.is_not_found() => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        let egress = matches!(at, TcAttachType::Egress);
-        Ok(nl.del_bpf_filters(link.index, egress, name).await? > 0)
-    })
-    .map_err(nl_err)
+    match ifindex_of(ifname)? {
+        Some(i) => detach_tc_named_at(i, at, name),
+        None => Ok(false),
+    }
 }
 
 /// Removes the cls_bpf filters that run the fast path (`rcni_pod`, which

@@ -889,12 +889,9 @@ fn the_pods_program_runs_the_parts_its_port_has() {
         assert_eq!(verdict(&dp, Verdict::PolicySpoof), 2);
         assert_eq!(dp.port_parts(LO).unwrap(), PORT_POLICY);
         // A veth whose index is past the array: its parts are in the hash.
-        let st = std::process::Command::new("ip")
-            .args(["link", "add", "x0", "index", "20000", "type", "veth"])
-            .args(["peer", "name", "x1"])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        ip_cmd(&[
+            "link", "add", "x0", "index", "20000", "type", "veth", "peer", "name", "x1",
+        ]);
         let on_x0 = |dp: &mut Datapath, pkt: &[u8]| run_prog_on(dp, Program::Pod, pkt, 0, 20000).0;
         assert_eq!(on_x0(&mut dp, &spoofed), PASS);
         dp.attach_pod("x0", PORT_POLICY).unwrap();
@@ -1048,6 +1045,15 @@ fn pins_of_another_layout_are_refused_with_advice() {
     rcni_ebpf::remove_network(&dir).unwrap();
 }
 
+/// Runs `ip args` in the calling thread's namespace; it must succeed.
+fn ip_cmd(args: &[&str]) {
+    let st = std::process::Command::new("ip")
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(st.success(), "ip {args:?}");
+}
+
 /// Runs `f` on a thread of its own in a fresh network namespace, with
 /// veth pairs v0/v1 and w0/w1 (made by `ip`, which inherits the thread's
 /// namespace); the namespace goes with the thread.
@@ -1055,14 +1061,8 @@ fn in_fresh_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     require_root();
     std::thread::spawn(move || {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-        for pair in [["v0", "v1"], ["w0", "w1"]] {
-            let st = std::process::Command::new("ip")
-                .args([
-                    "link", "add", pair[0], "type", "veth", "peer", "name", pair[1],
-                ])
-                .status()
-                .unwrap();
-            assert!(st.success());
+        for [a, b] in [["v0", "v1"], ["w0", "w1"]] {
+            ip_cmd(&["link", "add", a, "type", "veth", "peer", "name", b]);
         }
         f()
     })
@@ -1164,12 +1164,9 @@ fn policy_programs_attach_in_front_of_the_fast_path() {
         assert!(tc_filters("w0", "ingress").is_empty());
         assert!(dp.ports().unwrap().is_empty());
         // An index past the array: the hash holds its parts.
-        let st = std::process::Command::new("ip")
-            .args(["link", "add", "x0", "index", "20000", "type", "veth"])
-            .args(["peer", "name", "x1"])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        ip_cmd(&[
+            "link", "add", "x0", "index", "20000", "type", "veth", "peer", "name", "x1",
+        ]);
         dp.attach("x0", id, Hook::Tc).unwrap();
         assert_eq!(dp.ports().unwrap(), [(20000, rcni_ebpf::PORT_FASTPATH)]);
         assert!(dp.pod_attached("x0", rcni_ebpf::PORT_FASTPATH).unwrap());
@@ -1179,11 +1176,7 @@ fn policy_programs_attach_in_front_of_the_fast_path() {
         // A gone device: its entry goes by index, and GC sweeps one left.
         dp.release_pod(999_999, rcni_ebpf::PORT_FASTPATH).unwrap();
         dp.attach("v0", id, Hook::Tc).unwrap();
-        let st = std::process::Command::new("ip")
-            .args(["link", "del", "v0"])
-            .status()
-            .unwrap();
-        assert!(st.success());
+        ip_cmd(&["link", "del", "v0"]);
         assert_eq!(dp.ports().unwrap().len(), 1);
         assert_eq!(dp.sweep_ports().unwrap(), 1);
         assert!(dp.ports().unwrap().is_empty());
@@ -1375,13 +1368,6 @@ fn tx_packets(dev: &str) -> u64 {
 #[test]
 fn the_nodes_own_packets_reach_a_pod_whatever_its_ingress() {
     in_fresh_netns(|| {
-        let ip_cmd = |args: &[&str]| {
-            let st = std::process::Command::new("ip")
-                .args(args)
-                .status()
-                .unwrap();
-            assert!(st.success(), "ip {args:?}");
-        };
         ip_cmd(&["addr", "add", "10.0.0.1/24", "dev", "v0"]);
         ip_cmd(&["link", "set", "v0", "up"]);
         ip_cmd(&["link", "set", "v1", "up"]);

@@ -230,28 +230,27 @@ fn attached_on(
         }
         Hook::Tc => {
             let pod = dp.program_id_of(Program::Pod).map_err(ebpf_err)?;
-            if clear {
-                let filters = rt()?.block_on(async {
-                    Netlink::connect_current()
-                        .await?
-                        .ingress_bpf_filters(veth.index)
-                        .await
-                })?;
-                let stale = filters.iter().any(|f| {
-                    matches!(
-                        f.name.as_deref(),
-                        Some(rcni_ebpf::PROGRAM) | Some(rcni_ebpf::POD_PROGRAM)
-                    ) && f.prog_id != Some(pod)
-                });
-                if stale {
-                    // By name: ours too, if it is there (the policy
-                    // plugin's part stays in the port's entry); ADD
-                    // attaches afresh.
-                    rcni_ebpf::detach_tc(&veth.name).map_err(ebpf_err)?;
-                    return Ok(false);
-                }
+            let filters = rt()?.block_on(async {
+                Netlink::connect_current()
+                    .await?
+                    .ingress_bpf_filters(veth.index)
+                    .await
+            })?;
+            let stale = filters.iter().any(|f| {
+                matches!(
+                    f.name.as_deref(),
+                    Some(rcni_ebpf::PROGRAM) | Some(rcni_ebpf::POD_PROGRAM)
+                ) && f.prog_id != Some(pod)
+            });
+            if clear && stale {
+                // By name: ours too, if it is there (the policy plugin's
+                // part stays in the port's entry); ADD attaches afresh.
+                rcni_ebpf::detach_tc(&veth.name).map_err(ebpf_err)?;
+                return Ok(false);
             }
-            dp.pod_attached(&veth.name, PORT_FASTPATH).map_err(ebpf_err)
+            let on = filters.iter().any(|f| f.prog_id == Some(pod));
+            let parts = dp.port_parts(veth.index).map_err(ebpf_err)?;
+            Ok(on && parts & PORT_FASTPATH != 0)
         }
     }
 }
