@@ -279,8 +279,8 @@ impl Datapath {
     /// On the clsact hook (tc) the fast path runs in `rcni_pod`, which the
     /// policy plugin shares: see [`Datapath::attach_pod`].
     pub fn attach(&mut self, ifname: &str, id: AttachmentId, hook: Hook) -> Result<()> {
-        if hook == Hook::Tc {
-            return self.attach_pod(ifname, PORT_FASTPATH);
+        if hook != Hook::Netkit {
+            return self.attach_pod(ifname, PORT_FASTPATH, hook);
         }
         let pin = self.dir.as_ref().map(|d| d.join(id.link_pin()));
         self.attach_program(Program::Fastpath, ifname, TcAttachType::Ingress, pin, hook)
@@ -299,21 +299,10 @@ impl Datapath {
                 "the policy programs do not attach to netkit's hooks ({ifname}): tc or tcx"
             )));
         }
-        let [pin_in, pin_out] = match &self.dir {
-            Some(d) => id.policy_link_pins().map(|n| Some(d.join(n))),
-            None => [None, None],
-        };
-        if hook == Hook::Tc {
-            self.attach_pod(ifname, PORT_POLICY)?;
-        } else {
-            self.attach_program(
-                Program::PolicyOut,
-                ifname,
-                TcAttachType::Ingress,
-                pin_out,
-                hook,
-            )?;
-        }
+        // rcni_pol_out runs in rcni_pod, on tcx as on clsact: only
+        // rcni_pol_in has a link of the attachment's.
+        let pin_in = self.dir.as_ref().map(|d| d.join(&id.policy_link_pins()[0]));
+        self.attach_pod(ifname, PORT_POLICY, hook)?;
         let r = self.attach_program(
             Program::PolicyIn,
             ifname,
@@ -322,17 +311,16 @@ impl Datapath {
             hook,
         );
         if r.is_err() {
-            let undo = match (hook, &self.dir) {
-                (Hook::Tcx | Hook::Netkit, Some(d)) => detach_policy_tcx(d, id).map(|_| ()),
-                (Hook::Tc, _) => ifindex_of(ifname)
-                    .and_then(|i| match i {
-                        Some(i) => self.release_pod(i, PORT_POLICY),
-                        None => Ok(()),
-                    })
-                    .and_then(|()| detach_policy_tc(ifname).map(|_| ())),
-                // Unpinned: the link lives in this value.
-                (Hook::Tcx | Hook::Netkit, None) => Ok(()),
-            };
+            let mut undo = ifindex_of(ifname).and_then(|i| match i {
+                Some(i) => self.release_pod(i, PORT_POLICY),
+                None => Ok(()),
+            });
+            if hook == Hook::Tc {
+                undo = undo.and_then(|()| detach_policy_tc(ifname).map(|_| ()));
+            }
+            if let (Hook::Tcx, Some(d)) = (hook, &self.dir) {
+                undo = undo.and_then(|()| detach_policy_tcx(d, id).map(|_| ()));
+            }
             if let Err(u) = undo {
                 eprintln!("rcni: undo policy attachment: {u}");
             }
@@ -365,8 +353,17 @@ impl Datapath {
     ) -> Result<bool> {
         match hook {
             Hook::Tcx => {
-                let pinned = id.policy_link_pins().iter().all(|p| dir.join(p).exists());
-                Ok(pinned && self.policy_tcx_attached(ifname)?)
+                let [pin_in, pin_out] = id.policy_link_pins();
+                if !dir.join(pin_in).exists() {
+                    return Ok(false);
+                }
+                // Before rcni_pod ran on tcx: rcni_pol_out's own link.
+                if dir.join(pin_out).exists() {
+                    return self.policy_tcx_attached(ifname);
+                }
+                let pol_in = self.program_id_of(Program::PolicyIn)?;
+                Ok(tcx_egress_programs(ifname)?.contains(&pol_in)
+                    && self.pod_attached(ifname, PORT_POLICY)?)
             }
             // Never attached there (see attach_policy).
             Hook::Netkit => Ok(false),
@@ -386,32 +383,26 @@ impl Datapath {
     }
 
     /// Runs `part` ([`PORT_FASTPATH`], [`PORT_POLICY`]) in `rcni_pod` on
-    /// `ifname`'s clsact ingress hook (a name in the calling thread's
-    /// network namespace): its bit set in the port's `rcni_ports` entry,
-    /// then the program attached unless this copy's is there already (the
-    /// other plugin's). One filter for both plugins: one rtnl round and
-    /// one program per packet fewer than one each. Undone if the attach
-    /// fails.
-    pub fn attach_pod(&mut self, ifname: &str, part: u32) -> Result<()> {
+    /// `ifname`'s ingress (a name in the calling thread's network
+    /// namespace): its bit set in the port's `rcni_ports` entry, then the
+    /// program hooked on `hook` (tc: a cls_bpf filter; tcx: a link pinned
+    /// as the port's, [`port_link_pin`]) unless this copy's is on either
+    /// hook already (the other plugin's). One program for both plugins:
+    /// one attach fewer (on tcx, one RCU grace period under rtnl) and one
+    /// program per packet fewer than one each. Undone if the attach fails.
+    pub fn attach_pod(&mut self, ifname: &str, part: u32, hook: Hook) -> Result<()> {
         let ifindex = ifindex_of(ifname)?
             .ok_or_else(|| Error::msg(format!("attach {POD_PROGRAM}: no device {ifname}")))?;
-        let old = self.port_parts(ifindex)?;
+        let on = self.pod_on(ifname)?;
+        // Parts without the program on the device are those of a gone
+        // device whose index this one reuses (deleted without a DEL): a
+        // policy part left there would drop this pod's traffic.
+        let old = if on { self.port_parts(ifindex)? } else { 0 };
         self.set_port_parts(ifindex, old | part)?;
-        let r = match self.pod_on(ifname) {
-            Ok(true) => Ok(()),
-            Ok(false) => {
-                let keep = self.dir.is_some();
-                let prog = self.program_of(Program::Pod);
-                attach_tc_filter(
-                    prog,
-                    POD_PROGRAM,
-                    ifname,
-                    TcAttachType::Ingress,
-                    POD_TC_PRIORITY,
-                    keep,
-                )
-            }
-            Err(e) => Err(e),
+        let r = if on {
+            Ok(())
+        } else {
+            self.hook_pod(ifname, ifindex, hook)
         };
         if r.is_err()
             && let Err(u) = self.set_port_parts(ifindex, old)
@@ -421,21 +412,79 @@ impl Datapath {
         r
     }
 
+    /// Attaches `rcni_pod` to `ifname` (index `ifindex`) on `hook`.
+    fn hook_pod(&mut self, ifname: &str, ifindex: u32, hook: Hook) -> Result<()> {
+        let keep = self.dir.is_some();
+        match hook {
+            Hook::Tc => attach_tc_filter(
+                self.program_of(Program::Pod),
+                POD_PROGRAM,
+                ifname,
+                TcAttachType::Ingress,
+                POD_TC_PRIORITY,
+                keep,
+            ),
+            Hook::Tcx => {
+                let pin = self.dir.as_ref().map(|d| d.join(port_link_pin(ifindex)));
+                if let Some(pin) = &pin {
+                    // A gone device's link with this index: defunct.
+                    remove_pin(pin)?;
+                }
+                let prog = self.program_of(Program::Pod);
+                let link = prog
+                    .attach_with_options(
+                        ifname,
+                        TcAttachType::Ingress,
+                        TcAttachOptions::TcxOrder(LinkOrder::first()),
+                    )
+                    .map_err(|e| {
+                        Error::aya(format!("attach {POD_PROGRAM} (tcx) to {ifname}"), e)
+                    })?;
+                let link = prog
+                    .take_link(link)
+                    .map_err(|e| Error::aya("take link", e))?;
+                let fd: FdLink = link.try_into().map_err(|e| Error::aya("tcx link fd", e))?;
+                match pin {
+                    Some(pin) => fd
+                        .pin(&pin)
+                        .map(|_| ())
+                        .map_err(|e| Error::aya(format!("pin {}", pin.display()), e)),
+                    // Unpinned (tests): attached until release_pod or
+                    // this value goes.
+                    None => {
+                        self.held_ports.insert(ifindex, fd);
+                        Ok(())
+                    }
+                }
+            }
+            Hook::Netkit => Err(Error::msg(format!(
+                "{POD_PROGRAM} does not attach to netkit's hooks ({ifname}): tc or tcx"
+            ))),
+        }
+    }
+
     /// Takes `part` out of `rcni_pod` on the device with index `ifindex`
     /// (in the calling thread's network namespace); the last part takes the
-    /// program off its hook. A part, an entry or a device gone already is
-    /// fine.
+    /// program off its hook, tcx (the port's pinned link) or tc. A part, an
+    /// entry or a device gone already is fine.
     pub fn release_pod(&mut self, ifindex: u32, part: u32) -> Result<()> {
         let left = self.port_parts(ifindex)? & !part;
         if left != 0 {
             return self.set_port_parts(ifindex, left);
         }
-        detach_tc_named_at(ifindex, TcAttachType::Ingress, POD_PROGRAM)?;
+        let tcx = match &self.dir {
+            Some(d) => detach_port_link(d, ifindex)?,
+            // Closing the link's only fd releases it, off the hook.
+            None => self.held_ports.remove(&ifindex).is_some(),
+        };
+        if !tcx {
+            detach_tc_named_at(ifindex, TcAttachType::Ingress, POD_PROGRAM)?;
+        }
         self.set_port_parts(ifindex, 0)
     }
 
     /// Whether `part` runs in this copy's `rcni_pod` on `ifname`'s ingress
-    /// hook.
+    /// hook (tc or tcx).
     pub fn pod_attached(&mut self, ifname: &str, part: u32) -> Result<bool> {
         let Some(ifindex) = ifindex_of(ifname)? else {
             return Ok(false);
@@ -479,6 +528,15 @@ impl Datapath {
     /// DEL); returns how many.
     pub fn sweep_ports(&mut self) -> Result<usize> {
         let ports = self.ports()?;
+        // Port links pinned without parts (a crash between the pin and
+        // the entry): nothing runs there.
+        if let Some(d) = self.dir.clone() {
+            for i in pinned_port_links(&d)? {
+                if !ports.iter().any(|&(p, _)| p == i) {
+                    detach_port_link(&d, i)?;
+                }
+            }
+        }
         if ports.is_empty() {
             return Ok(0);
         }
@@ -492,6 +550,9 @@ impl Datapath {
         let mut n = 0;
         for (ifindex, _) in ports {
             if !links.contains(&ifindex) {
+                if let Some(d) = &self.dir {
+                    detach_port_link(d, ifindex)?;
+                }
                 self.set_port_parts(ifindex, 0)?;
                 n += 1;
             }
@@ -514,10 +575,14 @@ impl Datapath {
             .map_err(|e| Error::aya(format!("write port {ifindex}"), e))
     }
 
-    /// Whether this copy's `rcni_pod` is in a filter on `ifname`'s ingress.
+    /// Whether this copy's `rcni_pod` is on `ifname`'s ingress: in a
+    /// filter, or on the tcx hook.
     fn pod_on(&mut self, ifname: &str) -> Result<bool> {
         let id = self.program_id_of(Program::Pod)?;
-        Ok(tc_filter_programs(ifname)?.is_some_and(|(ingress, _)| ingress.contains(&id)))
+        if tc_filter_programs(ifname)?.is_some_and(|(ingress, _)| ingress.contains(&id)) {
+            return Ok(true);
+        }
+        Ok(tcx_programs(ifname)?.contains(&id))
     }
 
     /// Whether both policy programs sit on `ifname`'s tcx hooks.
@@ -654,6 +719,27 @@ pub(crate) fn detach_pinned_link(pin: &Path) -> Result<bool> {
     }
     remove_pin(pin)?;
     Ok(true)
+}
+
+/// The pin name of the tcx link that runs `rcni_pod` on the device with
+/// index `ifindex`: one per port, whichever plugin attached it, released
+/// with the port's last part ([`Datapath::release_pod`]).
+pub fn port_link_pin(ifindex: u32) -> String {
+    format!("{PORT_LINK_PREFIX}{ifindex}")
+}
+
+const PORT_LINK_PREFIX: &str = "port-link-";
+
+/// The device indexes with a port link ([`port_link_pin`]) pinned in `dir`.
+pub fn pinned_port_links(dir: &Path) -> Result<Vec<u32>> {
+    pinned_ids(dir, |n| n.strip_prefix(PORT_LINK_PREFIX)?.parse().ok())
+}
+
+/// Detaches and unpins the port link ([`port_link_pin`]) of the device
+/// with index `ifindex` pinned in `dir`, leaving its parts as they are
+/// (tests: a link lost behind the plugins' backs); gone already is fine.
+pub fn detach_port_link(dir: &Path, ifindex: u32) -> Result<bool> {
+    detach_pinned_link(&dir.join(port_link_pin(ifindex)))
 }
 
 /// Detaches and unpins the fast path's tcx link pinned for `id` in `dir`;

@@ -869,12 +869,12 @@ fn the_pods_program_runs_the_parts_its_port_has() {
         assert_eq!(pod(&mut dp, &spoofed), PASS);
         assert_eq!(verdict(&dp, Verdict::Redirect), 0);
         // The fast path alone: a foreign source takes the normal path.
-        dp.attach_pod("lo", PORT_FASTPATH).unwrap();
+        dp.attach_pod("lo", PORT_FASTPATH, Hook::Tc).unwrap();
         assert_eq!(pod(&mut dp, &to_b), TC_ACT_REDIRECT);
         assert_eq!(pod(&mut dp, &spoofed), PASS);
         assert_eq!(verdict(&dp, Verdict::PolicySpoof), 0);
         // Both: policy decides first.
-        dp.attach_pod("lo", PORT_POLICY).unwrap();
+        dp.attach_pod("lo", PORT_POLICY, Hook::Tc).unwrap();
         assert_eq!(pod(&mut dp, &spoofed), DROP);
         assert_eq!(pod(&mut dp, &to_b), TC_ACT_REDIRECT);
         select_a(&mut dp, 0, 41);
@@ -894,7 +894,7 @@ fn the_pods_program_runs_the_parts_its_port_has() {
         ]);
         let on_x0 = |dp: &mut Datapath, pkt: &[u8]| run_prog_on(dp, Program::Pod, pkt, 0, 20000).0;
         assert_eq!(on_x0(&mut dp, &spoofed), PASS);
-        dp.attach_pod("x0", PORT_POLICY).unwrap();
+        dp.attach_pod("x0", PORT_POLICY, Hook::Tc).unwrap();
         assert_eq!(on_x0(&mut dp, &spoofed), DROP);
         assert_eq!(verdict(&dp, Verdict::PolicySpoof), 3);
     });
@@ -1099,21 +1099,40 @@ fn policy_programs_attach_in_front_of_the_fast_path() {
     in_fresh_netns(|| {
         let mut dp = Datapath::load().unwrap();
         let id = AttachmentId::new("c", "eth0");
-        let fp = dp.program_id().unwrap();
         let pin = dp.program_id_of(Program::PolicyIn).unwrap();
-        let pout = dp.program_id_of(Program::PolicyOut).unwrap();
-        // tcx: the fast path first, policy after, and still in front.
+        let pod = dp.program_id_of(Program::Pod).unwrap();
+        let v0 = nix::net::if_::if_nametoindex("v0").unwrap();
+        let both = rcni_ebpf::PORT_FASTPATH | rcni_ebpf::PORT_POLICY;
+        // tcx: one program on the ingress hook for both plugins, as on
+        // clsact (one attach, one RCU grace period, fewer); policy's
+        // rcni_pol_in alone on egress.
         dp.attach("v0", id, Hook::Tcx).unwrap();
         assert!(!dp.policy_tcx_attached("v0").unwrap());
         dp.attach_policy("v0", id, Hook::Tcx).unwrap();
-        assert_eq!(rcni_ebpf::tcx_programs("v0").unwrap(), [pout, fp]);
+        assert_eq!(rcni_ebpf::tcx_programs("v0").unwrap(), [pod]);
         assert_eq!(rcni_ebpf::tcx_egress_programs("v0").unwrap(), [pin]);
-        assert!(dp.policy_tcx_attached("v0").unwrap());
-        assert!(dp.tcx_attached("v0").unwrap());
+        assert_eq!(dp.port_parts(v0).unwrap(), both);
+        assert!(dp.pod_attached("v0", rcni_ebpf::PORT_POLICY).unwrap());
+        assert!(
+            !dp.tcx_attached("v0").unwrap(),
+            "no rcni_fastpath of its own"
+        );
+        assert!(tc_filters("v0", "ingress").is_empty());
         // Unpinned links (no directory): policy_attached wants the pins.
         let nowhere = std::path::Path::new("/nonexistent");
         assert!(!dp.policy_attached(nowhere, "v0", id, Hook::Tcx).unwrap());
         assert!(!dp.policy_attached(nowhere, "w0", id, Hook::Tc).unwrap());
+        // Either part out first keeps the program for the other; the
+        // last takes it off the hook.
+        dp.release_pod(v0, rcni_ebpf::PORT_FASTPATH).unwrap();
+        assert_eq!(rcni_ebpf::tcx_programs("v0").unwrap(), [pod]);
+        dp.attach("v0", id, Hook::Tcx).unwrap();
+        assert_eq!(rcni_ebpf::tcx_programs("v0").unwrap(), [pod]);
+        dp.release_pod(v0, rcni_ebpf::PORT_POLICY).unwrap();
+        assert!(dp.pod_attached("v0", rcni_ebpf::PORT_FASTPATH).unwrap());
+        dp.release_pod(v0, rcni_ebpf::PORT_FASTPATH).unwrap();
+        assert!(rcni_ebpf::tcx_programs("v0").unwrap().is_empty());
+        assert!(dp.ports().unwrap().is_empty());
         // tc: one program on the ingress hook for both plugins, whatever
         // the order, each part in the port's entry.
         let w0 = nix::net::if_::if_nametoindex("w0").unwrap();
@@ -1191,10 +1210,14 @@ fn pinned_policy_links_detach_without_touching_the_fast_path() {
     in_fresh_netns(move || {
         let mut dp = Datapath::open_or_load(&d).unwrap();
         let id = AttachmentId::new("c", "eth0");
+        let v0 = nix::net::if_::if_nametoindex("v0").unwrap();
         dp.attach("v0", id, Hook::Tcx).unwrap();
         dp.attach_policy("v0", id, Hook::Tcx).unwrap();
-        let fp = dp.program_id().unwrap();
-        assert_eq!(rcni_ebpf::pinned_links(&d).unwrap(), [id]);
+        let pod = dp.program_id_of(Program::Pod).unwrap();
+        // One link for both plugins' rcni_pod, pinned as the port's, and
+        // policy's egress link as the attachment's.
+        assert!(rcni_ebpf::pinned_links(&d).unwrap().is_empty());
+        assert_eq!(rcni_ebpf::pinned_port_links(&d).unwrap(), [v0]);
         assert_eq!(rcni_ebpf::pinned_policy_links(&d).unwrap(), [id]);
         assert!(dp.policy_attached(&d, "v0", id, Hook::Tcx).unwrap());
         let other = AttachmentId::new("c2", "eth0");
@@ -1206,10 +1229,44 @@ fn pinned_policy_links_detach_without_touching_the_fast_path() {
         assert!(!rcni_ebpf::detach_policy_tcx(&d, id).unwrap());
         assert!(!dp.policy_attached(&d, "v0", id, Hook::Tcx).unwrap());
         assert!(rcni_ebpf::pinned_policy_links(&d).unwrap().is_empty());
-        assert_eq!(rcni_ebpf::tcx_programs("v0").unwrap(), [fp]);
         assert!(rcni_ebpf::tcx_egress_programs("v0").unwrap().is_empty());
-        assert!(rcni_ebpf::detach_tcx(&d, id).unwrap());
-        assert!(rcni_ebpf::tcx_programs("v0").unwrap().is_empty());
+        // Policy's part out: the port's link stays for the fast path.
+        dp.release_pod(v0, rcni_ebpf::PORT_POLICY).unwrap();
+        assert_eq!(rcni_ebpf::tcx_programs("v0").unwrap(), [pod]);
+        assert!(dp.pod_attached("v0", rcni_ebpf::PORT_FASTPATH).unwrap());
+        // The device deleted without a DEL, its index taken by a new one:
+        // neither the old link's pin nor the old parts (policy's, which
+        // would drop the new pod's traffic) carry over.
+        dp.attach_policy("v0", id, Hook::Tcx).unwrap();
+        ip_cmd(&["link", "del", "v0"]);
+        let idx = v0.to_string();
+        ip_cmd(&[
+            "link", "add", "n0", "index", &idx, "type", "veth", "peer", "name", "n1",
+        ]);
+        assert_eq!(
+            dp.port_parts(v0).unwrap(),
+            rcni_ebpf::PORT_FASTPATH | rcni_ebpf::PORT_POLICY
+        );
+        dp.attach("n0", id, Hook::Tcx).unwrap();
+        assert_eq!(dp.port_parts(v0).unwrap(), rcni_ebpf::PORT_FASTPATH);
+        assert_eq!(rcni_ebpf::tcx_programs("n0").unwrap(), [pod]);
+        assert_eq!(rcni_ebpf::pinned_port_links(&d).unwrap(), [v0]);
+        // The last part takes the link off and its pin away.
+        dp.release_pod(v0, rcni_ebpf::PORT_FASTPATH).unwrap();
+        assert!(rcni_ebpf::tcx_programs("n0").unwrap().is_empty());
+        assert!(rcni_ebpf::pinned_port_links(&d).unwrap().is_empty());
+        // GC: a gone device's entry and pin, and a pin without parts.
+        dp.attach("n0", id, Hook::Tcx).unwrap();
+        ip_cmd(&["link", "del", "n0"]);
+        // (bpffs renames pins: the gone device's pin, as another port's.)
+        std::fs::rename(
+            d.join(rcni_ebpf::port_link_pin(v0)),
+            d.join(rcni_ebpf::port_link_pin(4242)),
+        )
+        .unwrap();
+        assert_eq!(dp.sweep_ports().unwrap(), 1);
+        assert!(dp.ports().unwrap().is_empty());
+        assert!(rcni_ebpf::pinned_port_links(&d).unwrap().is_empty());
     });
     rcni_ebpf::remove_network(&dir).unwrap();
 }
@@ -1339,10 +1396,10 @@ fn program_cost() {
         let pkt = ipv4(POD_B, "10.0.0.2", "10.0.0.3", 64, ICMP_ECHO);
         cost(&mut dp, "fastpath bridged v4", Program::Fastpath, &pkt);
         cost(&mut dp, "pod, no entry, bridged v4", Program::Pod, &pkt);
-        dp.attach_pod("lo", PORT_FASTPATH).unwrap();
+        dp.attach_pod("lo", PORT_FASTPATH, Hook::Tc).unwrap();
         cost(&mut dp, "pod, fast path, bridged v4", Program::Pod, &pkt);
         cost(&mut dp, "pol_out, bridged v4", Program::PolicyOut, &pkt);
-        dp.attach_pod("lo", PORT_POLICY).unwrap();
+        dp.attach_pod("lo", PORT_POLICY, Hook::Tc).unwrap();
         cost(&mut dp, "pod, both parts, bridged v4", Program::Pod, &pkt);
     });
 }

@@ -391,11 +391,9 @@ fn clsact_fallback_attaches_checks_and_detaches() {
     assert_eq!(f.len(), 1, "{f:?}");
     assert_eq!(f[0].name.as_deref(), Some(rcni_ebpf::POD_PROGRAM));
     // No tcx link pinned in this mode.
-    assert!(
-        rcni_ebpf::pinned_links(&fs.path().join("podnet"))
-            .unwrap()
-            .is_empty()
-    );
+    let dir = fs.path().join("podnet");
+    assert!(rcni_ebpf::pinned_links(&dir).unwrap().is_empty());
+    assert!(rcni_ebpf::pinned_port_links(&dir).unwrap().is_empty());
     fp_each(&node, &fs, "CHECK", pods, &tc);
     let before = redirected(&node, &fs);
     pings(&a.ns, &addr_of(&rb, true), 20);
@@ -416,11 +414,13 @@ fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
     let fs = Bpffs::empty();
     let (a, b, _bc, ra, rb) = bridge_pods(&node);
     let pod_a = (&a, "ctr-a", &ra);
-    // Pinned tcx links are what GC finds without a veth to look at.
+    // tcx: a link pinned per port, which GC takes off with the port's
+    // last part.
     let tcx = json!({"attachMode": "tcx"});
     fp_add_each(&node, &fs, [pod_a, (&b, "ctr-b", &rb)], &tcx);
     let dir = fs.path().join("podnet");
-    assert_eq!(rcni_ebpf::pinned_links(&dir).unwrap().len(), 2);
+    assert_eq!(rcni_ebpf::pinned_port_links(&dir).unwrap().len(), 2);
+    assert!(rcni_ebpf::pinned_links(&dir).unwrap().is_empty());
 
     let gc = |valid: Value| {
         let c = fp_conf(
@@ -435,10 +435,8 @@ fn gc_keeps_valid_attachments_and_unloads_an_empty_network() {
     let addrs = addresses(&rows);
     assert_eq!(addrs.len(), 2);
     assert!(addrs.contains(&addr_of(&ra, true).as_str()));
-    assert_eq!(
-        rcni_ebpf::pinned_links(&dir).unwrap(),
-        vec![rcni_ebpf::AttachmentId::new("ctr-a", "eth0")]
-    );
+    assert_eq!(rcni_ebpf::pinned_port_links(&dir).unwrap().len(), 1);
+    assert!(tcx_progs(&node, &host_veth(&rb, 1)).is_empty());
     fp_on(&node, &fs, "CHECK", pod_a, tcx.clone()).ok();
     // Again: nothing more to do.
     gc(json!([{"containerID": "ctr-a", "ifname": "eth0"}])).ok();
@@ -501,8 +499,10 @@ fn check_finds_a_lost_attachment() {
                 .unwrap()
                 .unwrap();
         } else {
-            let id = rcni_ebpf::AttachmentId::new("ctr-a", "eth0");
-            rcni_ebpf::detach_tcx(&fs.path().join("podnet"), id).unwrap();
+            let dir = fs.path().join("podnet");
+            let ports = rcni_ebpf::pinned_port_links(&dir).unwrap();
+            assert_eq!(ports.len(), 1);
+            assert!(rcni_ebpf::detach_port_link(&dir, ports[0]).unwrap());
         }
         let (code, msg) = fp(&node, "CHECK", &a.path(), "ctr-a", &c).err();
         assert_eq!(code, 106, "{mode}");
@@ -535,6 +535,7 @@ fn auto_attaches_on_clsact_and_keeps_tcx_attachments() {
     assert_eq!(filters(&va).len(), 1);
     assert!(tcx_progs(&va).is_empty());
     assert!(rcni_ebpf::pinned_links(&dir).unwrap().is_empty());
+    assert!(rcni_ebpf::pinned_port_links(&dir).unwrap().is_empty());
 
     // B: an `ingress` qdisc already there: tcx.
     nl(&node.ns.ns, async |n| {
@@ -543,10 +544,7 @@ fn auto_attaches_on_clsact_and_keeps_tcx_attachments() {
     });
     fp_add(&node, &fs, &b, "ctr-b", &rb, json!({}));
     assert_eq!(tcx_progs(&vb).len(), 1);
-    assert_eq!(
-        rcni_ebpf::pinned_links(&dir).unwrap(),
-        vec![rcni_ebpf::AttachmentId::new("ctr-b", "eth0")]
-    );
+    assert_eq!(rcni_ebpf::pinned_port_links(&dir).unwrap().len(), 1);
     for (pod, cid, r) in [(&a, "ctr-a", &ra), (&b, "ctr-b", &rb)] {
         fp_on(&node, &fs, "CHECK", (pod, cid, r), json!({})).ok();
     }
@@ -578,6 +576,7 @@ fn auto_attaches_on_clsact_and_keeps_tcx_attachments() {
     }
     assert!(tcx_progs(&va).is_empty() && tcx_progs(&vb).is_empty());
     assert!(rcni_ebpf::pinned_links(&dir).unwrap().is_empty());
+    assert!(rcni_ebpf::pinned_port_links(&dir).unwrap().is_empty());
 }
 
 #[test]
@@ -696,14 +695,14 @@ fn del_succeeds_when_the_veth_and_netns_are_gone() {
     let rows = list(&node, &fs);
     let addrs = addresses(&rows);
     assert_eq!(addrs.len(), 2, "only B's entries are left: {addrs:?}");
-    assert_eq!(
-        rcni_ebpf::pinned_links(&fs.path().join("podnet")).unwrap(),
-        vec![rcni_ebpf::AttachmentId::new("ctr-b", "eth0")]
-    );
+    // A's port link went with its part, although its veth was gone.
+    let dir = fs.path().join("podnet");
+    assert_eq!(rcni_ebpf::pinned_port_links(&dir).unwrap().len(), 1);
     // The same without prevResult (a runtime that lost its cache).
     let bare = fp_conf(&fs, &Value::Null, json!({}));
     fp(&node, "DEL", &b.path(), "ctr-b", &bare).ok();
     assert!(list(&node, &fs).is_empty());
+    assert!(rcni_ebpf::pinned_port_links(&dir).unwrap().is_empty());
 }
 
 // ---- other chain members: what the fast path must not skip ----

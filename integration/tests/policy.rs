@@ -110,8 +110,13 @@ impl Lab {
     }
 
     fn fp_conf(&self, prev: &Value) -> Value {
-        json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
-               "pinRoot": self.fs.root(), "prevResult": prev})
+        let mut c = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "fastpath",
+               "pinRoot": self.fs.root(), "prevResult": prev});
+        // The same hook as the policy plugin's.
+        if let Some(m) = self.extra.get("attachMode") {
+            c["attachMode"] = m.clone();
+        }
+        c
     }
 
     fn policy(&self, cmd: &str, pod: &Pod, prev: &Value) -> Output {
@@ -585,8 +590,22 @@ fn bad_input_fails_cleanly_and_del_gc_are_idempotent() {
 /// redirect (the policy's deny counter rises).
 #[test]
 fn fastpath_redirects_only_what_policy_allows() {
+    fastpath_redirects_only_what_policy_allows_on(None);
+}
+
+/// The same on tcx links: one link per port for both plugins' rcni_pod.
+#[test]
+fn fastpath_redirects_only_what_policy_allows_on_tcx() {
+    fastpath_redirects_only_what_policy_allows_on(Some("tcx"));
+}
+
+fn fastpath_redirects_only_what_policy_allows_on(mode: Option<&str>) {
     root();
     let mut lab = Lab::new(Backend::EbpfFastpath, web_policy());
+    if let Some(m) = mode {
+        lab.extra = json!({"attachMode": m});
+    }
+    let tcx = mode == Some("tcx");
     let web = lab.add("web");
     let client = lab.add("client");
     let other = lab.add("other");
@@ -641,17 +660,33 @@ fn fastpath_redirects_only_what_policy_allows() {
                     let n = rcni_netlink::Netlink::connect_current().await.unwrap();
                     n.ingress_bpf_filters(i).await.unwrap()
                 });
-                let names: Vec<String> = filters.into_iter().filter_map(|f| f.name).collect();
+                let mut names: Vec<String> = filters.into_iter().filter_map(|f| f.name).collect();
+                // tcx: the programs on the hook, rcni_pod by its id.
+                let pod = dp.program_id_of(rcni_ebpf::Program::Pod).unwrap();
+                for id in rcni_ebpf::tcx_programs(&v).unwrap() {
+                    names.push(if id == pod {
+                        format!("tcx {}", rcni_ebpf::POD_PROGRAM)
+                    } else {
+                        format!("tcx {id}")
+                    });
+                }
                 let parts = dp.port_parts(i).unwrap();
                 (names, parts, dp.pod_attached(&v, PORT_FASTPATH).unwrap())
             })
             .unwrap()
     };
-    let pod = vec![rcni_ebpf::POD_PROGRAM.to_string()];
+    let pod = vec![format!(
+        "{}{}",
+        if tcx { "tcx " } else { "" },
+        rcni_ebpf::POD_PROGRAM
+    )];
     assert_eq!(
         hook(&lab),
         (pod.clone(), PORT_FASTPATH | rcni_ebpf::PORT_POLICY, true)
     );
+    let links = |lab: &Lab| rcni_ebpf::pinned_port_links(&lab.pin_dir()).unwrap().len();
+    assert_eq!(links(&lab), if tcx { 3 } else { 0 }, "a link per port");
+    lab.check(web).ok();
     lab.policy("DEL", &lab.pods[web], &lab.pods[web].result)
         .ok();
     assert_eq!(hook(&lab), (pod, PORT_FASTPATH, true));
@@ -666,6 +701,7 @@ fn fastpath_redirects_only_what_policy_allows() {
         "the fast path still runs on web's veth: {v3:?} -> {v4:?}"
     );
     lab.del_all();
+    assert_eq!(links(&lab), 0);
 }
 
 /// conf/80-bridge-policy.conflist as a runtime runs it (cnitool: ADD in

@@ -221,8 +221,12 @@ fn attached_on(
 ) -> Result<bool, CniError> {
     match hook {
         Hook::Tcx => {
+            // Before rcni_pod ran on tcx: rcni_fastpath's own link.
             let pinned = conf.dir.join(id.link_pin()).exists();
-            Ok(pinned && dp.tcx_attached(&veth.name).map_err(ebpf_err)?)
+            if pinned && dp.tcx_attached(&veth.name).map_err(ebpf_err)? {
+                return Ok(true);
+            }
+            dp.pod_attached(&veth.name, PORT_FASTPATH).map_err(ebpf_err)
         }
         Hook::Netkit => {
             let pinned = conf.dir.join(id.link_pin()).exists();
@@ -256,9 +260,9 @@ fn attached_on(
 }
 
 /// Takes the fast path off: the tcx or netkit link pinned for `id`
-/// (whatever the mode: cheap when absent) and, on clsact, its part of
-/// `rcni_pod` on the veths with these indexes (the program with it, unless
-/// the policy plugin's part is still there). Gone veths are fine.
+/// (whatever the mode: cheap when absent) and, on clsact or tcx, its part
+/// of `rcni_pod` on the veths with these indexes (the program with it,
+/// unless the policy plugin's part is still there). Gone veths are fine.
 fn detach(
     conf: &Conf,
     dp: Option<&mut Datapath>,
@@ -267,7 +271,7 @@ fn detach(
 ) -> Result<(), CniError> {
     rcni_ebpf::detach_tcx(&conf.dir, id).map_err(ebpf_err)?;
     if let Some(dp) = dp
-        && conf.hook() == Hook::Tc
+        && conf.hook() != Hook::Netkit
     {
         for &i in veths {
             dp.release_pod(i, PORT_FASTPATH).map_err(ebpf_err)?;
@@ -518,7 +522,7 @@ impl Plugin for Fastpath {
                     Ok(v) => veths = v,
                     Err(e) => errors.push(e),
                 }
-                if conf.hook() == Hook::Tc {
+                if conf.hook() != Hook::Netkit {
                     for &i in &veths {
                         if let Err(e) = dp.release_pod(i, PORT_FASTPATH) {
                             errors.push(ebpf_err(e));
@@ -547,8 +551,12 @@ impl Plugin for Fastpath {
             }
         }
         // The policy plugin's links are its own to collect, but while there
-        // are any the network's programs are in use.
+        // are any the network's programs are in use; so are the ports'
+        // rcni_pod links on tcx (the policy plugin's part may be there).
         links_left += rcni_ebpf::pinned_policy_links(&conf.dir)
+            .map(|v| v.len())
+            .unwrap_or(1);
+        links_left += rcni_ebpf::pinned_port_links(&conf.dir)
             .map(|v| v.len())
             .unwrap_or(1);
         // So are rcni-node's (its program on the uplink and VXLAN devices,
