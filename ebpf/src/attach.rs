@@ -528,11 +528,14 @@ impl Datapath {
     /// DEL); returns how many.
     pub fn sweep_ports(&mut self) -> Result<usize> {
         let ports = self.ports()?;
-        // Port links pinned without parts (a crash between the pin and
-        // the entry): nothing runs there.
+        // Port links pinned without parts (an entry cleared while its
+        // link stayed, say an unpin that failed): nothing of theirs runs
+        // there. The parts are read again: an ADD
+        // sets them before it pins, so one that pinned since `ports` was
+        // read has them by now.
         if let Some(d) = self.dir.clone() {
             for i in pinned_port_links(&d)? {
-                if !ports.iter().any(|&(p, _)| p == i) {
+                if !ports.iter().any(|&(p, _)| p == i) && self.port_parts(i)? == 0 {
                     detach_port_link(&d, i)?;
                 }
             }
