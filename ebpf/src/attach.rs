@@ -218,24 +218,10 @@ impl Datapath {
             Order::First => (LinkOrder::first(), POLICY_TC_PRIORITY),
             Order::Last => (LinkOrder::default(), FASTPATH_TC_PRIORITY),
         };
-        let prog = self.program_of(p);
         match hook {
             Hook::Tcx => {
-                if let Some(pin) = &pin {
-                    // A link left pinned by an earlier attachment of this
-                    // id (its veth gone): unpinning releases it.
-                    remove_pin(pin)?;
-                }
-                let link = prog
-                    .attach_with_options(ifname, attach_type, TcAttachOptions::TcxOrder(order))
-                    .map_err(|e| Error::aya(format!("attach {} (tcx) to {ifname}", p.name()), e))?;
-                if let Some(pin) = pin {
-                    let link = prog
-                        .take_link(link)
-                        .map_err(|e| Error::aya("take link", e))?;
-                    let fd: FdLink = link.try_into().map_err(|e| Error::aya("tcx link fd", e))?;
-                    fd.pin(&pin)
-                        .map_err(|e| Error::aya(format!("pin {}", pin.display()), e))?;
+                if let Some(fd) = self.attach_tcx(p, ifname, attach_type, order, pin.as_deref())? {
+                    self.held_links.push(fd);
                 }
                 Ok(())
             }
@@ -250,7 +236,10 @@ impl Datapath {
                 let what = format!("attach {} (netkit) to {ifname}", p.name());
                 let ifindex = nix::net::if_::if_nametoindex(ifname)
                     .map_err(|e| Error::io(format!("{what}: {ifname}"), e.into()))?;
-                let fd = prog.fd().map_err(|e| Error::aya(what.clone(), e))?;
+                let fd = self
+                    .program_of(p)
+                    .fd()
+                    .map_err(|e| Error::aya(what.clone(), e))?;
                 let first = matches!(order_of(p), Order::First);
                 let link = crate::netkit::link_create(fd.as_fd(), ifindex, at, first)
                     .map_err(|e| Error::io(what, e))?;
@@ -264,9 +253,46 @@ impl Datapath {
                     }
                 }
             }
-            Hook::Tc => {
-                attach_tc_filter(prog, p.name(), ifname, attach_type, priority, pin.is_some())
-            }
+            Hook::Tc => attach_tc_filter(
+                self.program_of(p),
+                p.name(),
+                ifname,
+                attach_type,
+                priority,
+                pin.is_some(),
+            ),
+        }
+    }
+
+    /// Attaches `p` to `ifname`'s tcx hook at `order`. With `pin` the link
+    /// is pinned there (a link pinned there before, its device gone, is
+    /// unpinned first, which releases it) and `None` comes back; without,
+    /// the link comes back, attached while it lives.
+    fn attach_tcx(
+        &mut self,
+        p: Program,
+        ifname: &str,
+        at: TcAttachType,
+        order: LinkOrder,
+        pin: Option<&Path>,
+    ) -> Result<Option<FdLink>> {
+        if let Some(pin) = pin {
+            remove_pin(pin)?;
+        }
+        let prog = self.program_of(p);
+        let link = prog
+            .attach_with_options(ifname, at, TcAttachOptions::TcxOrder(order))
+            .map_err(|e| Error::aya(format!("attach {} (tcx) to {ifname}", p.name()), e))?;
+        let link = prog
+            .take_link(link)
+            .map_err(|e| Error::aya("take link", e))?;
+        let fd: FdLink = link.try_into().map_err(|e| Error::aya("tcx link fd", e))?;
+        match pin {
+            Some(pin) => fd
+                .pin(pin)
+                .map(|_| None)
+                .map_err(|e| Error::aya(format!("pin {}", pin.display()), e)),
+            None => Ok(Some(fd)),
         }
     }
 
@@ -426,36 +452,16 @@ impl Datapath {
             ),
             Hook::Tcx => {
                 let pin = self.dir.as_ref().map(|d| d.join(port_link_pin(ifindex)));
-                if let Some(pin) = &pin {
-                    // A gone device's link with this index: defunct.
-                    remove_pin(pin)?;
+                let first = LinkOrder::first();
+                let at = TcAttachType::Ingress;
+                // Unpinned (tests): attached until release_pod or this
+                // value goes.
+                if let Some(fd) =
+                    self.attach_tcx(Program::Pod, ifname, at, first, pin.as_deref())?
+                {
+                    self.held_ports.insert(ifindex, fd);
                 }
-                let prog = self.program_of(Program::Pod);
-                let link = prog
-                    .attach_with_options(
-                        ifname,
-                        TcAttachType::Ingress,
-                        TcAttachOptions::TcxOrder(LinkOrder::first()),
-                    )
-                    .map_err(|e| {
-                        Error::aya(format!("attach {POD_PROGRAM} (tcx) to {ifname}"), e)
-                    })?;
-                let link = prog
-                    .take_link(link)
-                    .map_err(|e| Error::aya("take link", e))?;
-                let fd: FdLink = link.try_into().map_err(|e| Error::aya("tcx link fd", e))?;
-                match pin {
-                    Some(pin) => fd
-                        .pin(&pin)
-                        .map(|_| ())
-                        .map_err(|e| Error::aya(format!("pin {}", pin.display()), e)),
-                    // Unpinned (tests): attached until release_pod or
-                    // this value goes.
-                    None => {
-                        self.held_ports.insert(ifindex, fd);
-                        Ok(())
-                    }
-                }
+                Ok(())
             }
             Hook::Netkit => Err(Error::msg(format!(
                 "{POD_PROGRAM} does not attach to netkit's hooks ({ifname}): tc or tcx"
@@ -736,6 +742,12 @@ const PORT_LINK_PREFIX: &str = "port-link-";
 /// The device indexes with a port link ([`port_link_pin`]) pinned in `dir`.
 pub fn pinned_port_links(dir: &Path) -> Result<Vec<u32>> {
     pinned_ids(dir, |n| n.strip_prefix(PORT_LINK_PREFIX)?.parse().ok())
+}
+
+/// How many tcx and netkit links are pinned in `dir`: the attachments'
+/// ([`pinned_links`]) and the ports' ([`pinned_port_links`]).
+pub fn pinned_link_count(dir: &Path) -> Result<usize> {
+    Ok(pinned_links(dir)?.len() + pinned_port_links(dir)?.len())
 }
 
 /// Detaches and unpins the port link ([`port_link_pin`]) of the device

@@ -113,6 +113,8 @@ pub struct Datapath {
     _pol_seen: Map,
     /// Unpinned netkit links (tests): attached while this value lives.
     pub(crate) held: Vec<std::os::fd::OwnedFd>,
+    /// Other unpinned tcx links (tests): attached while this value lives.
+    pub(crate) held_links: Vec<aya::programs::links::FdLink>,
     /// Unpinned `rcni_pod` tcx links (tests), by device index.
     pub(crate) held_ports: std::collections::BTreeMap<u32, aya::programs::links::FdLink>,
 }
@@ -254,6 +256,7 @@ impl Datapath {
             _pol_rl: map(MAP_POL_RL)?,
             _pol_seen: map(MAP_POL_SEEN)?,
             held: Vec::new(),
+            held_links: Vec::new(),
             held_ports: Default::default(),
         })
     }

@@ -179,9 +179,7 @@ fn datapath(on: bool, pin_root: &Path) -> Value {
                 "network": e.file_name().to_string_lossy(),
                 "pinDir": dir.display().to_string(),
                 "endpoints": endpoints,
-                // tcx and netkit links: the attachments' and the ports'.
-                "pinnedLinks": rcni_ebpf::pinned_links(&dir).map_or(0, |l| l.len())
-                    + rcni_ebpf::pinned_port_links(&dir).map_or(0, |l| l.len()),
+                "pinnedLinks": rcni_ebpf::pinned_link_count(&dir).unwrap_or(0),
             }));
         }
     }

@@ -228,13 +228,7 @@ fn stats(o: &Opts) -> Result<String, String> {
             .iter()
             .filter(|(_, ep)| ep.flags & EP_FASTPATH != 0)
             .count();
-        // tcx and netkit links: the attachments' and the ports'.
-        let links = rcni_ebpf::pinned_links(&dir)
-            .map_err(|e| e.to_string())?
-            .len()
-            + rcni_ebpf::pinned_port_links(&dir)
-                .map_err(|e| e.to_string())?
-                .len();
+        let links = rcni_ebpf::pinned_link_count(&dir).map_err(|e| e.to_string())?;
         let prog = dp.program_id().map_err(|e| e.to_string())?;
         let mut v = serde_json::Map::new();
         for (k, n) in &verdicts {
