@@ -22,10 +22,12 @@
 # (a mount namespace of its own for the bpffs), removed on exit.
 # --tbf-only: the reference's side alone, here (no fq needed): what a TBF
 # does to the exchanges on this kernel, natively.
-# Usage: bench/bandwidth.sh [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--vm] [--tbf-only]
+# --streams N: the bulk as N parallel TCP connections (iperf3 -P, default 1).
+# --ping: the exchanges as ICMP echoes (ping's own timing) instead of TCP.
+# Usage: bench/bandwidth.sh [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--streams N] [--ping] [--vm] [--tbf-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rate=100 burst=1000 secs=8 rr=1500 gap=2000 vm= only=
+rate=100 burst=1000 secs=8 rr=1500 gap=2000 streams=1 probe=tcp vm= only=
 args=("$@")
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -34,9 +36,11 @@ while [ $# -gt 0 ]; do
     --seconds) secs=$2; shift 2 ;;
     --rr) rr=$2; shift 2 ;;
     --gap-us) gap=$2; shift 2 ;;
+    --streams) streams=$2; shift 2 ;;
+    --ping) probe=ping; shift ;;
     --vm) vm=1; shift ;;
     --tbf-only) only=tbf; shift ;;
-    *) echo "usage: $0 [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--vm] [--tbf-only]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--streams N] [--ping] [--vm] [--tbf-only]" >&2; exit 2 ;;
   esac
 done
 . bench/lib.sh
@@ -59,7 +63,7 @@ for t in iperf3 python3 ip tc; do
 done
 ours=$(cd "$RCNI_BWBENCH_BIN" && pwd)
 ref=$(cd "$RCNI_BWBENCH_REF" && pwd)
-echo "# reference plugins: $ref; rate $rate Mbit/s, burst $burst kbit, $secs s of bulk, $rr exchanges $gap us apart"
+echo "# reference plugins: $ref; rate $rate Mbit/s, burst $burst kbit, $secs s of bulk in $streams connection(s), $rr exchanges ($probe) $gap us apart"
 work=$(mktemp -d /tmp/rcni-bwbench.XXXXXX)
 tag=bwb$$
 cleanup() {
@@ -74,10 +78,11 @@ trap cleanup EXIT
 mkdir -p "$work/bpf"
 mount -t bpf bpf "$work/bpf"
 
-python3 - "$work" "$tag" "$ours" "$ref" "$rate" "$burst" "$secs" "$rr" "$gap" <<'PY'
+python3 - "$work" "$tag" "$ours" "$ref" "$rate" "$burst" "$secs" "$rr" "$gap" "$streams" "$probe" <<'PY'
 import json, os, socket, subprocess, sys, threading, time
 work, tag, ours, ref = sys.argv[1:5]
-rate, burst, secs, rr, gap = (int(a) for a in sys.argv[5:10])
+rate, burst, secs, rr, gap, streams = (int(a) for a in sys.argv[5:11])
+probe = sys.argv[11]
 
 def sh(*a, ns=None, check=True, **kw):
     cmd = (["ip", "netns", "exec", ns] if ns else []) + list(a)
@@ -129,6 +134,10 @@ else:
 open(f"{work}/rr.py", "w").write(RR)
 
 def rr_run(a, b, b_ip, n):
+    if probe == "ping":
+        out = sh("ping", "-n", "-i", str(gap / 1e6), "-c", str(n), "-W", "1", b_ip, ns=a, check=False).stdout
+        ts = sorted(float(w[5:]) * 1000 for w in out.split() if w.startswith("time="))
+        return int(ts[len(ts) // 2]), int(ts[int(len(ts) * .9)])
     srv = subprocess.Popen(["ip", "netns", "exec", b, "python3", f"{work}/rr.py", "server"],
                            stdout=subprocess.PIPE, text=True)
     srv.stdout.readline()
@@ -144,7 +153,7 @@ def measure(a, b, a_ip, b_ip, direction):
     time.sleep(0.3)
     res = {}
     def bulk():
-        out = sh("iperf3", "-c", dst, "-p", "5201", "-t", str(secs), "-O", "1", "-J", ns=sender).stdout
+        out = sh("iperf3", "-c", dst, "-p", "5201", "-t", str(secs), "-O", "1", "-P", str(streams), "-J", ns=sender).stdout
         res["bps"] = json.loads(out)["end"]["sum_received"]["bits_per_second"]
     t = threading.Thread(target=bulk); t.start()
     time.sleep(1.5)
