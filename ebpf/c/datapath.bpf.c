@@ -257,6 +257,9 @@ struct {
 // and clears it at DEL; the last one takes the program off the hook.
 #define PORT_FASTPATH 1
 #define PORT_POLICY 2
+// bandwidth's egress limit, policed where the pod cannot reach it (its
+// entry in rcni_police): see police().
+#define PORT_POLICE 4
 
 // Indexes below PORTS_DIRECT (a node's veths, until churn has used that
 // many) live in an array, whose lookup the verifier inlines into a bounds
@@ -292,6 +295,54 @@ static __always_inline __u32 port_parts(__u32 ifindex)
 	asm volatile("" ::: "memory");
 	__u32 *h = bpf_map_lookup_elem(&rcni_ports, &ifindex);
 	return h ? *h : 0;
+}
+
+// bandwidth shapes a fast path pod's egress inside the pod (an fq root
+// qdisc and rcni_edt on its interface, shape.bpf.c), where a pod with
+// CAP_NET_ADMIN could take it off. The node side keeps the limit anyway:
+// the same account of bytes against the rate (struct edt_cfg's layout),
+// checked on the pod's host-side device, drops what runs further ahead of
+// the rate than the pod's own shaping ever lets through (its horizon is
+// the pod's twice). A pod that keeps its shaping never meets it.
+struct police {
+	__u64 rate;        // bytes per second
+	__u64 burst_ns;    // the burst as time at the rate
+	__u64 horizon_ns;  // how far ahead of the rate a packet may be
+	__u64 t_last;      // when the bytes so far are paid off at the rate
+	__u64 passed;      // packets let through, and dropped
+	__u64 dropped;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ENDPOINTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct police);
+} rcni_police SEC(".maps");
+
+// Whether the packet goes past the pod's limit (and is dropped). skb->len
+// at an ingress hook counts a GSO packet's headers once (the pod's shaping
+// counts each segment's): the policer errs on the pod's side.
+static __always_inline int police_drops(struct __sk_buff *skb)
+{
+	__u32 ifindex = skb->ifindex;
+	struct police *p = bpf_map_lookup_elem(&rcni_police, &ifindex);
+	if (!p || !p->rate)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 last = p->t_last;
+	if (now > p->burst_ns && last < now - p->burst_ns)
+		last = now - p->burst_ns;
+	__u64 next = last + (__u64)skb->len * 1000000000ULL / p->rate;
+	if (next > now && next - now > p->horizon_ns) {
+		__sync_fetch_and_add(&p->dropped, 1);
+		return 1;
+	}
+	// Without a lock, as rcni_edt: a lost update lets one packet by.
+	p->t_last = next;
+	__sync_fetch_and_add(&p->passed, 1);
+	return 0;
 }
 
 static __always_inline void count(__u32 v)
@@ -728,9 +779,14 @@ static __always_inline int fastpath(struct __sk_buff *skb)
 	return bpf_redirect_peer(ifindex, 0);
 }
 
+// On netkit's peer hook (the pod's transmit, skb->ifindex the node's
+// primary) rcni_fastpath runs alone, after policy's own program: the
+// policer goes in front of it there.
 SEC("classifier")
 int rcni_fastpath(struct __sk_buff *skb)
 {
+	if ((port_parts(skb->ifindex) & PORT_POLICE) && police_drops(skb))
+		return TC_ACT_SHOT;
 	return fastpath(skb);
 }
 
@@ -872,6 +928,10 @@ int rcni_pod(struct __sk_buff *skb)
 		if (r != TC_ACT_UNSPEC)
 			return r;
 	}
+	// After policy (a packet it drops is not charged to the rate), before
+	// the fast path redirects.
+	if ((parts & PORT_POLICE) && police_drops(skb))
+		return TC_ACT_SHOT;
 	if (parts & PORT_FASTPATH)
 		return fastpath(skb);
 	return TC_ACT_UNSPEC;

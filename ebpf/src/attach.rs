@@ -7,7 +7,7 @@ use crate::load::not_found_ok;
 use crate::types::PORTS_DIRECT;
 use crate::{
     AttachmentId, Datapath, Error, POD_PROGRAM, POLICY_IN_PROGRAM, POLICY_OUT_PROGRAM,
-    PORT_FASTPATH, PORT_POLICY, PROGRAM, Program, Result,
+    PORT_FASTPATH, PORT_POLICE, PORT_POLICY, PROGRAM, Police, Program, Result,
 };
 use aya::programs::links::FdLink;
 use aya::programs::tc::{NlOptions, TcAttachOptions};
@@ -546,7 +546,11 @@ impl Datapath {
                 }
             }
         }
-        if ports.is_empty() {
+        let policed: Vec<u32> = crate::load::collect(self.police.iter(), "read policers")?
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        if ports.is_empty() && policed.is_empty() {
             return Ok(0);
         }
         // The whole list, not if_indextoname per index: nix's gives an
@@ -566,7 +570,54 @@ impl Datapath {
                 n += 1;
             }
         }
+        // Policers of gone devices (the part went above).
+        for ifindex in policed {
+            if !links.contains(&ifindex) {
+                not_found_ok(self.police.remove(&ifindex), "remove a policer")?;
+            }
+        }
         Ok(n)
+    }
+
+    /// Polices the egress of the pod behind the port with index `ifindex`
+    /// to `p` (bandwidth: the node side's backstop for the shaping inside
+    /// the pod): its `rcni_police` entry and the `PORT_POLICE` part, run by
+    /// the fast path's program already on the port (`rcni_pod`, or
+    /// `rcni_fastpath` on netkit). Nothing is left if it fails.
+    pub fn police_port(&mut self, ifindex: u32, p: Police) -> Result<()> {
+        self.police
+            .insert(ifindex, p, 0)
+            .map_err(|e| Error::aya(format!("write the policer of port {ifindex}"), e))?;
+        let set = self
+            .port_parts(ifindex)
+            .and_then(|parts| self.set_port_parts(ifindex, parts | PORT_POLICE));
+        if set.is_err() {
+            let _ = self.police.remove(&ifindex);
+        }
+        set
+    }
+
+    /// Takes the policer off the port with index `ifindex`; none there (or
+    /// no entry) is fine. Its part out last takes `rcni_pod` off too (the
+    /// fast path's DEL came first).
+    pub fn unpolice_port(&mut self, ifindex: u32) -> Result<()> {
+        if self.port_parts(ifindex)? & PORT_POLICE != 0 {
+            self.release_pod(ifindex, PORT_POLICE)?;
+        }
+        not_found_ok(self.police.remove(&ifindex), "remove a policer")
+    }
+
+    /// The policer of the port with index `ifindex`, with its counters, if
+    /// it has one (its part set).
+    pub fn policer(&self, ifindex: u32) -> Result<Option<Police>> {
+        if self.port_parts(ifindex)? & PORT_POLICE == 0 {
+            return Ok(None);
+        }
+        match self.police.get(&ifindex, 0) {
+            Ok(p) => Ok(Some(p)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::aya(format!("read the policer of port {ifindex}"), e)),
+        }
     }
 
     fn set_port_parts(&mut self, ifindex: u32, parts: u32) -> Result<()> {
@@ -640,7 +691,10 @@ pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
         }
         if fast.contains(&dp.program_id_of(Program::Pod)?) {
             let ifindex = ifindex_of(ifname)?.unwrap_or(0);
-            return Ok((dp.port_parts(ifindex)? & PORT_FASTPATH != 0).then_some(dp));
+            // Or bandwidth's policer alone, left by a fast path's DEL
+            // that came first: bandwidth's DEL takes it (and rcni_pod) off.
+            let parts = dp.port_parts(ifindex)?;
+            return Ok((parts & (PORT_FASTPATH | PORT_POLICE) != 0).then_some(dp));
         }
     }
     Err(Error::msg(format!(

@@ -43,8 +43,9 @@ pub use types::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NETKIT, EP_NORMAL_PATH, EP_POLICY,
     EP_SHAPED, EV_ALLOW, EV_AUDIT, EV_DENY, EVENTS_ALLOW, EVENTS_DENY, Endpoint, EndpointKey,
     EndpointStats, FlowEvent, MAX_ENDPOINTS, MAX_PORT_RANGES, MAX_REMOTES, POL_AUDIT_IN,
-    POL_AUDIT_OUT, PORTS_DIRECT, PORTSET_ALL, PORTSET_NONE, PeerKey, PolicyConfig, PortRange,
-    RemoteHop, RemoteStats, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict, fmt_mac,
+    POL_AUDIT_OUT, PORTS_DIRECT, PORTSET_ALL, PORTSET_NONE, PeerKey, Police, PolicyConfig,
+    PortRange, RemoteHop, RemoteStats, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict,
+    fmt_mac,
 };
 
 /// The fast path program's name in the object (and in the kernel: under 16
@@ -66,6 +67,9 @@ pub const PORT_FASTPATH: u32 = 1;
 /// A port's part in `rcni_ports`: the policy plugin's egress check runs in
 /// `rcni_pod`.
 pub const PORT_POLICY: u32 = 2;
+/// A port's part in `rcni_ports`: bandwidth's egress policer (its entry in
+/// `rcni_police`) runs in `rcni_pod`, or in `rcni_fastpath` on netkit.
+pub const PORT_POLICE: u32 = 4;
 
 /// The object's programs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,8 +124,9 @@ impl Program {
 /// on a netkit hook would hand packets to bpf_redirect_peer, which drops
 /// them there; 7: `EP_SHAPED`, without which a program would deliver past
 /// the pod's ingress shaping; 8: `rcni_ports` and `rcni_pod`, one program
-/// on a pod's clsact ingress hook for both plugins).
-pub const DATAPATH_VERSION: u32 = 8;
+/// on a pod's clsact ingress hook for both plugins; 9: `rcni_police` and
+/// `PORT_POLICE`, bandwidth's node-side egress policer).
+pub const DATAPATH_VERSION: u32 = 9;
 
 /// The fast path program's pin, pinned last.
 const PROG_PIN: &str = "prog";

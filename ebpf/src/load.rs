@@ -31,9 +31,10 @@ const MAP_POL_RL: &str = "rcni_pol_rl";
 const MAP_POL_SEEN: &str = "rcni_pol_seen";
 const MAP_POD_PORTS: &str = "rcni_ports";
 const MAP_POD_PORTS_DIRECT: &str = "rcni_ports_direct";
+const MAP_POLICE: &str = "rcni_police";
 
 /// What each map must look like: (name, type, key size, value size).
-fn map_specs() -> [(&'static str, MapType, usize, usize); 19] {
+fn map_specs() -> [(&'static str, MapType, usize, usize); 20] {
     use std::mem::size_of;
     [
         (
@@ -76,6 +77,7 @@ fn map_specs() -> [(&'static str, MapType, usize, usize); 19] {
         ),
         (MAP_POD_PORTS, MapType::Hash, 4, 4),
         (MAP_POD_PORTS_DIRECT, MapType::Array, 4, 4),
+        (MAP_POLICE, MapType::Hash, 4, size_of::<types::Police>()),
     ]
 }
 
@@ -106,6 +108,8 @@ pub struct Datapath {
     /// [`PORTS_DIRECT`](crate::PORTS_DIRECT) in `ports_direct`.
     pub(crate) ports: HashMap<MapData, u32, u32>,
     pub(crate) ports_direct: Array<MapData, u32>,
+    /// bandwidth's egress policers, by port ifindex (`PORT_POLICE`).
+    pub(crate) police: HashMap<MapData, u32, types::Police>,
     /// The flow events' ring, until [`Datapath::take_flow_events`].
     pub(crate) pol_events: Option<Map>,
     _nat_socks: Map,
@@ -250,6 +254,7 @@ impl Datapath {
             pol_cfg: typed(map(MAP_POL_CFG)?, MAP_POL_CFG)?,
             ports: typed(map(MAP_POD_PORTS)?, MAP_POD_PORTS)?,
             ports_direct: typed(map(MAP_POD_PORTS_DIRECT)?, MAP_POD_PORTS_DIRECT)?,
+            police: typed(map(MAP_POLICE)?, MAP_POLICE)?,
             pol_events: Some(map(MAP_POL_EVENTS)?),
             // Only the programs use these; opening checks their layout.
             _nat_socks: map(MAP_NAT_SOCKS)?,

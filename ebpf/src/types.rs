@@ -27,6 +27,7 @@ const fn proven_pod<T: FromBytes + IntoBytes + Immutable + Copy + 'static>() {}
 
 pod!(
     EdtCfg,
+    Police,
     EndpointKey,
     Endpoint,
     EndpointStats,
@@ -892,9 +893,68 @@ pub struct EdtCfg {
     pub dropped: u64,
 }
 
+/// A port's egress policer in `rcni_police` (`struct police` in
+/// `c/datapath.bpf.c`): bandwidth's node-side backstop for the shaping
+/// inside the pod.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct Police {
+    /// Bytes per second.
+    pub rate: u64,
+    pub burst_ns: u64,
+    /// How far ahead of the rate a packet may run before it is dropped.
+    pub horizon_ns: u64,
+    pub t_last: u64,
+    /// Packets let through, and dropped.
+    pub passed: u64,
+    pub dropped: u64,
+}
+
+impl Police {
+    /// The policer behind shaping `cfg` (rcni_edt's): the same rate and
+    /// burst, twice its horizon, so that a pod sending as its shaping lets
+    /// it is never dropped.
+    pub fn behind(cfg: &EdtCfg) -> Police {
+        Police {
+            rate: cfg.rate,
+            burst_ns: cfg.burst_ns,
+            horizon_ns: cfg.horizon_ns.saturating_mul(2),
+            ..Police::default()
+        }
+    }
+
+    /// The same limits (not the run-time state).
+    pub fn same_limits(&self, o: &Police) -> bool {
+        (self.rate, self.burst_ns, self.horizon_ns) == (o.rate, o.burst_ns, o.horizon_ns)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_policer_keeps_the_shapings_rate_and_burst_with_twice_its_horizon() {
+        let c = EdtCfg {
+            rate: 1_250_000,
+            burst_ns: 8_000_000,
+            horizon_ns: 25_000_000,
+            t_last: 7,
+            ..EdtCfg::default()
+        };
+        let p = Police::behind(&c);
+        assert_eq!(
+            (p.rate, p.burst_ns, p.horizon_ns),
+            (1_250_000, 8_000_000, 50_000_000)
+        );
+        assert_eq!((p.t_last, p.passed, p.dropped), (0, 0, 0));
+        assert!(p.same_limits(&Police {
+            t_last: 9,
+            dropped: 3,
+            ..p
+        }));
+        assert!(!p.same_limits(&Police { rate: 1, ..p }));
+    }
 
     #[test]
     fn fastpath_and_policy_share_an_entry() {

@@ -900,6 +900,60 @@ fn the_pods_program_runs_the_parts_its_port_has() {
     });
 }
 
+/// bandwidth's node-side egress policer (`PORT_POLICE`, behind the pod's
+/// own shaping): rcni_pod, and rcni_fastpath where it runs alone (netkit),
+/// drop what runs further ahead of the rate than the horizon, after the
+/// burst, and count both; GC takes a gone device's policer.
+#[test]
+fn the_port_policer_drops_what_runs_past_the_rate() {
+    let mut dp = datapath();
+    let pkt = ipv4(POD_B, "10.0.0.2", "10.0.0.3", 64, ICMP_ECHO);
+    // A second of the rate per packet, a second and a half ahead allowed:
+    // the test's runs come well within half a second of each other.
+    let police = |burst_s: u64| rcni_ebpf::Police {
+        rate: pkt.len() as u64,
+        burst_ns: burst_s * 1_000_000_000,
+        horizon_ns: 1_500_000_000,
+        ..Default::default()
+    };
+    let pod = |dp: &mut Datapath| run_prog(dp, Program::Pod, &pkt, 0).0;
+    assert_eq!(dp.policer(LO).unwrap(), None);
+    dp.police_port(LO, police(0)).unwrap();
+    assert_eq!(dp.port_parts(LO).unwrap(), rcni_ebpf::PORT_POLICE);
+    // No burst: one packet within the horizon, then drops.
+    assert_eq!(
+        [pod(&mut dp), pod(&mut dp), pod(&mut dp)],
+        [PASS, DROP, DROP]
+    );
+    let p = dp.policer(LO).unwrap().unwrap();
+    assert_eq!((p.passed, p.dropped), (1, 2));
+    // Three seconds of burst: three packets paid off in the past, one
+    // ahead within the horizon.
+    dp.police_port(LO, police(3)).unwrap();
+    let runs: Vec<u32> = (0..6).map(|_| pod(&mut dp)).collect();
+    assert_eq!(runs, [PASS, PASS, PASS, PASS, DROP, DROP]);
+    // rcni_fastpath (netkit's peer hook): policed, then redirected.
+    dp.police_port(LO, police(0)).unwrap();
+    assert_eq!(run(&mut dp, &pkt).0, TC_ACT_REDIRECT);
+    assert_eq!(run(&mut dp, &pkt).0, TC_ACT_SHOT);
+    assert_eq!(verdict(&dp, Verdict::Redirect), 1);
+    // Off: everything passes again.
+    dp.unpolice_port(LO).unwrap();
+    assert_eq!(dp.policer(LO).unwrap(), None);
+    assert_eq!(dp.port_parts(LO).unwrap(), 0);
+    assert_eq!(pod(&mut dp), PASS);
+    assert_eq!(run(&mut dp, &pkt).0, TC_ACT_REDIRECT);
+    dp.unpolice_port(LO).unwrap();
+    // A device gone without bandwidth's DEL (an index no device has, past
+    // the ports' array): GC takes its policer and its part.
+    const GONE: u32 = 1_000_000;
+    dp.police_port(GONE, police(0)).unwrap();
+    assert!(dp.policer(GONE).unwrap().is_some());
+    assert_eq!(dp.sweep_ports().unwrap(), 1);
+    assert_eq!(dp.port_parts(GONE).unwrap(), 0);
+    assert_eq!(dp.policer(GONE).unwrap(), None);
+}
+
 #[test]
 fn the_fast_path_decides_both_ends_before_redirecting() {
     let mut dp = policy_datapath();

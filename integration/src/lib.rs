@@ -365,6 +365,23 @@ pub fn iperf_rate(from: &NetNs, to_ns: &NetNs, to: &str, port: u16, reverse: boo
         .unwrap_or_else(|| panic!("no result: {v}")) as u64
 }
 
+/// What a pod with `CAP_NET_ADMIN` could do to bandwidth's departure-time
+/// shaping of its egress: deletes the root qdisc and clsact of `eth0` in
+/// `ns`, each of which must be there.
+pub fn drop_own_shaping(ns: &NetNs) {
+    for q in ["root", "clsact"] {
+        let out = rcni_testkit::command_in(ns, "tc")
+            .args(["qdisc", "del", "dev", "eth0", q])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tc qdisc del dev eth0 {q}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// Bytes `ifname` in `ns` has received (`rx`) or sent so far.
 pub fn wire_bytes(ns: &NetNs, ifname: &str, rx: bool) -> u64 {
     let out = rcni_testkit::command_in(ns, "ip")

@@ -831,6 +831,37 @@ fn shaped_pod_stays_shaped(order: Order, extra: Value) {
                 "S not redirected ({k}): {rows:?}"
             );
         }
+        // S takes its own shaping off (a pod with CAP_NET_ADMIN could): its
+        // host-side port still polices the egress limit.
+        let policed = |what: &str| {
+            let dp = rcni_ebpf::Datapath::open(&fs.path().join("podnet"))
+                .unwrap()
+                .unwrap();
+            let ports = dp.ports().unwrap();
+            let p: Vec<_> = ports
+                .iter()
+                .filter(|(_, parts)| parts & rcni_ebpf::PORT_POLICE != 0)
+                .map(|&(i, _)| dp.policer(i).unwrap().unwrap())
+                .collect();
+            assert!(p.len() <= 1, "{what}: {ports:?}");
+            p.first().copied()
+        };
+        let before = policed("shaped");
+        rcni_integration::drop_own_shaping(&s.ns);
+        let unshaped = iperf_rate(&s.ns, &u.ns, &u_ip, 5403, false);
+        eprintln!("{order:?}: S unshaped by itself: egress {unshaped} bit/s of goodput");
+        assert!(
+            (unshaped as f64) <= 10.0 * MBIT as f64 * 1.05,
+            "S past its egress limit without its own shaping: {unshaped} bit/s"
+        );
+        let before = before.expect("S's port has no policer");
+        assert_eq!(
+            before.dropped, 0,
+            "the policer dropped what S's shaping let go"
+        );
+        assert!(policed("unshaped").unwrap().dropped > 0);
+        let check = chained(&node, &bw_bin, "CHECK", (&s, "ctr-s", &rs), &bw);
+        assert_ne!(check.code, 0, "CHECK passed without S's shaping");
     }
     let rows = list(&node, &fs);
     if !edt {
@@ -879,6 +910,15 @@ fn shaped_pod_stays_shaped(order: Order, extra: Value) {
     }
     node.call(&bin("bridge"), "DEL", &s.path(), "ctr-s", &bc)
         .ok();
+    // bandwidth's DEL took S's policer (S had dropped its shaping).
+    let dp = rcni_ebpf::Datapath::open(&fs.path().join("podnet"))
+        .unwrap()
+        .unwrap();
+    let ports = dp.ports().unwrap();
+    assert!(
+        ports.iter().all(|(_, p)| p & rcni_ebpf::PORT_POLICE == 0),
+        "{order:?}: {ports:?}"
+    );
     let rows = list(&node, &fs);
     assert_eq!(addresses(&rows).len(), 4, "{order:?}: {rows:?}");
     assert!(!addresses(&rows).contains(&s_ip.as_str()));

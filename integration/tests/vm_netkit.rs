@@ -371,8 +371,36 @@ fn bandwidth_shapes_netkit_pods_on_the_fast_path() {
     assert!(counter(&node, &fs, &a_ip, "rxPackets") > 1000);
     assert!(counter(&node, &fs, &a_ip, "txPackets") > 1000);
 
+    // A takes its own shaping off (a pod with CAP_NET_ADMIN could): the
+    // node's primary still polices the egress limit, in rcni_fastpath on
+    // the peer hook.
+    let primary = {
+        let ha = ha.clone();
+        node.ns
+            .ns
+            .run(move || nix::net::if_::if_nametoindex(ha.as_str()).unwrap())
+            .unwrap()
+    };
+    let policer = || {
+        rcni_ebpf::Datapath::open(&fs.path().join("podnet"))
+            .unwrap()
+            .unwrap()
+            .policer(primary)
+            .unwrap()
+    };
+    assert_eq!(policer().expect("no policer on the primary").dropped, 0);
+    rcni_integration::drop_own_shaping(&a.ns);
+    let unshaped = iperf_rate(&a.ns, &b.ns, &b_ip, 5403, false);
+    eprintln!("netkit pod unshaped by itself: egress {unshaped} bit/s of goodput");
+    assert!(
+        (unshaped as f64) <= 10.0 * MBIT as f64 * 1.05,
+        "past the egress limit without its own shaping: {unshaped} bit/s"
+    );
+    assert!(policer().unwrap().dropped > 0);
+
     node.call(&bandwidth, "DEL", &a.path(), "ctr-a", &bw).ok();
     node.call(&bandwidth, "DEL", &a.path(), "ctr-a", &bw).ok();
+    assert_eq!(policer(), None, "the policer outlived DEL");
     assert_eq!(shaped_sides(), [false, false], "host veth, pod");
     let rows = fastpath_json(&node.ns.ns, fs.path(), "list");
     let row = rows.iter().find(|r| r["address"] == a_ip).unwrap();

@@ -197,6 +197,7 @@ fn shape_edt(
     ct_ns: &NetNs,
     ifname: &str,
     veth: &Link,
+    network: &str,
     dp: &mut rcni_ebpf::Datapath,
 ) -> Result<bool, CniError> {
     use rcni_ebpf::shape::{EdtCfg, shape, unshape};
@@ -209,6 +210,24 @@ fn shape_edt(
         }
         undo.push(format!("shaping of {ifname}"), move || {
             ct_ns.run(|| unshape(ifname))?.map_err(&err)
+        });
+        // The pod's shaping is the pod's to remove (with CAP_NET_ADMIN in
+        // its namespace): its host-side port polices the same limit, past
+        // what that shaping ever lets through (the reference's IFB keeps
+        // the limit on the node side too).
+        dp.police_port(veth.index, rcni_ebpf::Police::behind(&cfg))
+            .map_err(ebpf_err(format!("police {}'s egress", veth.name)))?;
+        let index = veth.index;
+        let network = network.to_string();
+        let name = veth.name.clone();
+        undo.push(format!("policer on {name}"), move || {
+            let Some(mut dp) = rcni_ebpf::open_attached(&name, &network)
+                .map_err(ebpf_err(format!("find the fast path on {name}")))?
+            else {
+                return Ok(());
+            };
+            dp.unpolice_port(index)
+                .map_err(ebpf_err(format!("take the policer off {name}")))
         });
     }
     if bw.ingress_rate > 0 {
@@ -227,17 +246,21 @@ fn shape_edt(
     Ok(true)
 }
 
-/// Takes the departure-time shaping off the pod's host veth and its mark
-/// off the pod's endpoints (fastpath's DEL may have taken them already);
-/// failures are logged, DEL goes on.
-fn unshape_host(veth: &Link, network: &str) {
-    if let Err(e) = rcni_ebpf::shape::unshape(&veth.name) {
+/// Takes the departure-time shaping off the pod's host veth (`ingress`)
+/// and its mark off the pod's endpoints (fastpath's DEL may have taken them
+/// already), and the egress policer off its port; failures are logged, DEL
+/// goes on.
+fn unshape_host(veth: &Link, network: &str, ingress: bool) {
+    if ingress && let Err(e) = rcni_ebpf::shape::unshape(&veth.name) {
         eprintln!("bandwidth: unshape {}: {e}", veth.name);
     }
     match fast_path_of(veth, network) {
         Ok(Some(mut dp)) => {
-            if let Err(e) = dp.set_shaped(veth.index, false) {
+            if ingress && let Err(e) = dp.set_shaped(veth.index, false) {
                 eprintln!("bandwidth: unmark {}'s endpoints: {e}", veth.name);
+            }
+            if let Err(e) = dp.unpolice_port(veth.index) {
+                eprintln!("bandwidth: take the policer off {}: {e}", veth.name);
             }
         }
         Ok(None) => {}
@@ -295,7 +318,7 @@ impl Plugin for Bandwidth {
         let veth = rt.block_on(host_veth(&host, &ct, &prev, &args.ifname))?;
         let mut fast = fast_path_of(&veth, &args.conf.name)?;
         if let Some(dp) = &mut fast {
-            if shape_edt(&bw, &ct_ns, &args.ifname, &veth, dp)? {
+            if shape_edt(&bw, &ct_ns, &args.ifname, &veth, &args.conf.name, dp)? {
                 return Ok(prev);
             }
             eprintln!(
@@ -375,9 +398,12 @@ impl Plugin for Bandwidth {
         // interface, cleaned when this plugin shaped it (the IFB is there)
         // or is configured to.
         let prev = args.conf.prev_result().ok().flatten();
+        let ifb = matches!(rt.block_on(host.find_link(&name)), Ok(Some(_)));
         let ours = prev.is_some()
-            || bw.is_some_and(|b| b.ingress_rate > 0 || b.egress_rate > 0)
-            || matches!(rt.block_on(host.find_link(&name)), Ok(Some(_)));
+            || bw
+                .as_ref()
+                .is_some_and(|b| b.ingress_rate > 0 || b.egress_rate > 0)
+            || ifb;
         if ours && let Ok(ct_ns) = open_container(args) {
             // Which sides carry our fq, i.e. were shaped by departure time:
             // only those are unshaped (a thread into the pod's namespace and
@@ -399,8 +425,13 @@ impl Plugin for Bandwidth {
                 if *pod_edt && let Err(e) = ct_ns.run(|| rcni_ebpf::shape::unshape(&args.ifname)) {
                     eprintln!("bandwidth: unshape {} in the container: {e}", args.ifname);
                 }
-                if *host_edt {
-                    unshape_host(veth, &args.conf.name);
+                // The policer goes with the pod's shaping, also where the
+                // pod took that off itself (the limit is still asked for);
+                // an egress shaped by the IFB's TBF (no fq, or no fast
+                // path) never had one, and needs no look at the datapath.
+                let egress = *pod_edt || (!ifb && bw.as_ref().is_some_and(|b| b.egress_rate > 0));
+                if *host_edt || egress {
+                    unshape_host(veth, &args.conf.name, *host_edt);
                 }
             }
             let _ = rt.block_on(async {
@@ -461,6 +492,20 @@ impl Plugin for Bandwidth {
                     return Err(CniError::check_failed(format!(
                         "{what} shaping of {} is {have:?}, want {want:?}",
                         args.ifname
+                    )));
+                }
+            }
+            if let Some(out) = &edt_out {
+                let want = rcni_ebpf::Police::behind(out);
+                let have = fast_path_of(&veth, &args.conf.name)?
+                    .map(|dp| dp.policer(veth.index))
+                    .transpose()
+                    .map_err(ebpf_err(format!("read the policer of {}", veth.name)))?
+                    .flatten();
+                if !have.is_some_and(|h| h.same_limits(&want)) {
+                    return Err(CniError::check_failed(format!(
+                        "the egress policer of {} is {have:?}, want {want:?}",
+                        veth.name
                     )));
                 }
             }
