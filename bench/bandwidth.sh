@@ -11,7 +11,11 @@
 # --burst kbit); pod B on the same bridge is its peer. Per direction
 # (egress: A sends the bulk to B; ingress: B sends it to A), iperf3 runs
 # the bulk transfer while A does 1-byte request/response exchanges with B
-# over another connection (TCP_NODELAY, --gap-us apart, default 2000). Printed: the bulk's
+# over another connection (TCP_NODELAY, --gap-us apart, default 2000), up to
+# --rr of them and never past the bulk's end (from 1.5 s into it until 1 s
+# before it ends: exchanges counted after the bulk would find the queue
+# empty; a TBF's 25 ms waits made 1500 exchanges outlast the bulk, so most
+# were, and its p50 read as idle). Printed: the bulk's
 # goodput and its wire rate against the limit (goodput x 1514/1448, full
 # frames), and the exchanges' p50/p90; then edt against tbf (targets: wire
 # rate within 5 % of the limit; p50 under the bulk <= 1/5 of tbf's).
@@ -126,24 +130,30 @@ if sys.argv[1] == "server":
 else:
     c = socket.create_connection((sys.argv[2], 7000)); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     ts = []
+    end = time.perf_counter() + float(sys.argv[5])
     for i in range(int(sys.argv[3])):
-        t = time.perf_counter(); c.sendall(b"x"); c.recv(1); ts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        if t >= end: break
+        c.sendall(b"x"); c.recv(1); ts.append(time.perf_counter() - t)
         time.sleep(int(sys.argv[4]) / 1e6)
-    ts.sort(); print("%.0f %.0f" % (ts[len(ts)//2] * 1e6, ts[int(len(ts) * .9)] * 1e6))
+    ts.sort(); print("%.0f %.0f %d" % (ts[len(ts)//2] * 1e6, ts[int(len(ts) * .9)] * 1e6, len(ts)))
 '''
 open(f"{work}/rr.py", "w").write(RR)
 
-def rr_run(a, b, b_ip, n):
+def rr_run(a, b, b_ip, n, within):
+    """Up to n exchanges, none starting after `within` seconds: p50, p90 (us), count."""
     if probe == "ping":
-        out = sh("ping", "-n", "-i", str(gap / 1e6), "-c", str(n), "-W", "1", b_ip, ns=a, check=False).stdout
+        # -w: ping's deadline; a reply still on its way then is not counted.
+        out = sh("ping", "-n", "-i", str(gap / 1e6), "-c", str(n), "-w", str(max(1, int(within))),
+                 "-W", "1", b_ip, ns=a, check=False).stdout
         ts = sorted(float(w[5:]) * 1000 for w in out.split() if w.startswith("time="))
-        return int(ts[len(ts) // 2]), int(ts[int(len(ts) * .9)])
+        return int(ts[len(ts) // 2]), int(ts[int(len(ts) * .9)]), len(ts)
     srv = subprocess.Popen(["ip", "netns", "exec", b, "python3", f"{work}/rr.py", "server"],
                            stdout=subprocess.PIPE, text=True)
     srv.stdout.readline()
-    out = sh("python3", f"{work}/rr.py", "client", b_ip, str(n), str(gap), ns=a).stdout.split()
+    out = sh("python3", f"{work}/rr.py", "client", b_ip, str(n), str(gap), str(within), ns=a).stdout.split()
     srv.wait(timeout=10)
-    return int(out[0]), int(out[1])
+    return int(out[0]), int(out[1]), int(out[2])
 
 def measure(a, b, a_ip, b_ip, direction):
     """Bulk in `direction` for secs, exchanges from A after 1 s."""
@@ -157,9 +167,10 @@ def measure(a, b, a_ip, b_ip, direction):
         res["bps"] = json.loads(out)["end"]["sum_received"]["bits_per_second"]
     t = threading.Thread(target=bulk); t.start()
     time.sleep(1.5)
-    p50, p90 = rr_run(a, b, b_ip, rr)
+    # iperf3 runs secs + 1 (-O 1): the exchanges end 1 s before it does.
+    p50, p90, n = rr_run(a, b, b_ip, rr, secs - 1.5)
     t.join(); srv.wait(timeout=10)
-    return res["bps"], p50, p90
+    return res["bps"], p50, p90, n
 
 rows = []
 for variant in [os.environ["RCNI_BWBENCH_ONLY"]] if os.environ.get("RCNI_BWBENCH_ONLY") else ("tbf", "edt"):
@@ -178,11 +189,10 @@ for variant in [os.environ["RCNI_BWBENCH_ONLY"]] if os.environ.get("RCNI_BWBENCH
     a_ip = ra["ips"][0]["address"].split("/")[0]
     b_ip = rb["ips"][0]["address"].split("/")[0]
     sh("ping", "-c", "1", "-W", "2", b_ip, ns=a)
-    idle = rr_run(a, b, b_ip, rr // 3)
+    idle = rr_run(a, b, b_ip, rr // 3, secs - 1.5)
     rows.append((variant, "idle", None, *idle))
     for d in ("egress", "ingress"):
-        bps, p50, p90 = measure(a, b, a_ip, b_ip, d)
-        rows.append((variant, d, bps, p50, p90))
+        rows.append((variant, d, *measure(a, b, a_ip, b_ip, d)))
     if variant == "edt":
         lst = json.loads(sh(f"{ours}/fastpath", "list", "--json", "--pin-root", f"{work}/bpf/rcni", ns=node,
                             check=False).stdout or "[]")
@@ -195,12 +205,12 @@ for variant in [os.environ["RCNI_BWBENCH_ONLY"]] if os.environ.get("RCNI_BWBENCH
         sh("ip", "netns", "del", n, check=False)
 
 limit = rate * 1e6
-print(f"{'variant':8} {'direction':9} {'goodput Mbit/s':>14} {'wire/limit':>10} {'rr p50 us':>10} {'rr p90 us':>10}")
-for v, d, bps, p50, p90 in rows:
+print(f"{'variant':8} {'direction':9} {'goodput Mbit/s':>14} {'wire/limit':>10} {'rr p50 us':>10} {'rr p90 us':>10} {'exchanges':>9}")
+for v, d, bps, p50, p90, n in rows:
     g = f"{bps/1e6:14.1f}" if bps else f"{'-':>14}"
     w = f"{bps*1514/1448/limit:10.3f}" if bps else f"{'-':>10}"
-    print(f"{v:8} {d:9} {g} {w} {p50:10d} {p90:10d}")
-get = {(v, d): (bps, p50, p90) for v, d, bps, p50, p90 in rows}
+    print(f"{v:8} {d:9} {g} {w} {p50:10d} {p90:10d} {n:9d}")
+get = {(v, d): (bps, p50, p90) for v, d, bps, p50, p90, n in rows}
 for d in ("egress", "ingress") if ("edt", "egress") in get else ():
     (tb, tp, t9), (eb, ep, e9) = get[("tbf", d)], get[("edt", d)]
     wire = eb * 1514 / 1448 / limit
