@@ -44,6 +44,7 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_endian.h>
 #include <bpf/bpf_helpers.h>
+#include "edt.h"
 
 #define FAMILY_V4 4
 #define FAMILY_V6 6
@@ -300,7 +301,7 @@ static __always_inline __u32 port_parts(__u32 ifindex)
 // bandwidth shapes a fast path pod's egress inside the pod (an fq root
 // qdisc and rcni_edt on its interface, shape.bpf.c), where a pod with
 // CAP_NET_ADMIN could take it off. The node side keeps the limit anyway:
-// the same account of bytes against the rate (struct edt_cfg's layout),
+// the same account of bytes against the rate (edt.h, as rcni_edt keeps it),
 // checked on the pod's host-side device, drops what runs further ahead of
 // the rate than the pod's own shaping ever lets through (its horizon is
 // the pod's twice). A pod that keeps its shaping never meets it.
@@ -330,17 +331,11 @@ static __always_inline int police_drops(struct __sk_buff *skb)
 	struct police *p = bpf_map_lookup_elem(&rcni_police, &ifindex);
 	if (!p || !p->rate)
 		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	__u64 last = p->t_last;
-	if (now > p->burst_ns && last < now - p->burst_ns)
-		last = now - p->burst_ns;
-	__u64 next = last + (__u64)skb->len * 1000000000ULL / p->rate;
-	if (next > now && next - now > p->horizon_ns) {
+	if (!edt_charge(&p->t_last, bpf_ktime_get_ns(), skb->len, p->rate, p->burst_ns,
+			p->horizon_ns)) {
 		__sync_fetch_and_add(&p->dropped, 1);
 		return 1;
 	}
-	// Without a lock, as rcni_edt: a lost update lets one packet by.
-	p->t_last = next;
 	__sync_fetch_and_add(&p->passed, 1);
 	return 0;
 }

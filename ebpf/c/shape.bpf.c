@@ -17,7 +17,7 @@
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
 
-#define NSEC_PER_SEC 1000000000ULL
+#include "edt.h"
 
 struct edt_cfg {
 	// Bytes per second (the configured bits / 8); 0: not shaped.
@@ -78,15 +78,11 @@ int rcni_edt(struct __sk_buff *skb)
 	// with its headers (qdisc_pkt_len, set before the egress hook), as TBF
 	// counts them.
 	__u64 len = skb->wire_len ? skb->wire_len : skb->len;
-	__u64 last = c->t_last;
-	if (now > c->burst_ns && last < now - c->burst_ns)
-		last = now - c->burst_ns;
-	__u64 next = last + len * NSEC_PER_SEC / c->rate;
-	if (next > now && next - now > c->horizon_ns) {
+	__u64 next = edt_charge(&c->t_last, now, len, c->rate, c->burst_ns, c->horizon_ns);
+	if (!next) {
 		__sync_fetch_and_add(&c->dropped, 1);
 		return TC_ACT_SHOT;
 	}
-	c->t_last = next;
 	// Within the burst, or small: leaves when it would have.
 	__u64 dep = (next <= t || len <= EDT_SMALL) ? t : next;
 	__u32 hash = bpf_get_hash_recalc(skb);
