@@ -367,19 +367,28 @@ pub fn iperf_rate(from: &NetNs, to_ns: &NetNs, to: &str, port: u16, reverse: boo
 
 /// What a pod with `CAP_NET_ADMIN` could do to bandwidth's departure-time
 /// shaping of its egress: deletes the root qdisc and clsact of `eth0` in
-/// `ns`, each of which must be there.
-pub fn drop_own_shaping(ns: &NetNs) {
+/// `from`, each of which must be there. Then its egress to `to` (iperf3's
+/// goodput, bit/s, `to_ns` serving on `port`) must still be held to
+/// `limit` bit/s by the node side, at most 5 % past it: returned.
+pub fn egress_without_own_shaping(
+    from: &NetNs,
+    to_ns: &NetNs,
+    to: &str,
+    port: u16,
+    limit: u64,
+) -> u64 {
     for q in ["root", "clsact"] {
-        let out = rcni_testkit::command_in(ns, "tc")
-            .args(["qdisc", "del", "dev", "eth0", q])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "tc qdisc del dev eth0 {q}: {}",
-            String::from_utf8_lossy(&out.stderr)
+        rcni_testkit::stdout_of(
+            rcni_testkit::command_in(from, "tc").args(["qdisc", "del", "dev", "eth0", q]),
         );
     }
+    let rate = iperf_rate(from, to_ns, to, port, false);
+    eprintln!("unshaped by itself: egress {rate} bit/s of goodput (limit {limit})");
+    assert!(
+        rate as f64 <= limit as f64 * 1.05,
+        "past the egress limit without its own shaping: {rate} bit/s"
+    );
+    rate
 }
 
 /// Bytes `ifname` in `ns` has received (`rx`) or sent so far.
