@@ -495,9 +495,12 @@ impl Plugin for Bandwidth {
                     )));
                 }
             }
+            // One look for the policer and the endpoints' mark.
+            let dp = fast_path_of(&veth, &args.conf.name)?;
             if let Some(out) = &edt_out {
                 let want = rcni_ebpf::Police::behind(out);
-                let have = fast_path_of(&veth, &args.conf.name)?
+                let have = dp
+                    .as_ref()
                     .map(|dp| dp.policer(veth.index))
                     .transpose()
                     .map_err(ebpf_err(format!("read the policer of {}", veth.name)))?
@@ -510,7 +513,8 @@ impl Plugin for Bandwidth {
                 }
             }
             if edt_in.is_some() {
-                let shaped = fast_path_of(&veth, &args.conf.name)?
+                let shaped = dp
+                    .as_ref()
                     .map(|dp| {
                         dp.endpoints().map(|eps| {
                             eps.iter().any(|(_, e)| {
