@@ -193,6 +193,19 @@ pub(crate) fn attach_tc_filter(
     let link = prog
         .attach_with_options(ifname, attach_type, TcAttachOptions::Netlink(opts))
         .map_err(|e| Error::aya(format!("attach {name} (tc filter) to {ifname}"), e))?;
+    // aya names the filter after the program, and loads the program without
+    // a name where its probe for names fails (a kernel without BPF_EVENTS:
+    // User-Mode Linux): the filter is named here then, or detach and the
+    // lookups by name would never find it.
+    let unnamed = prog
+        .info()
+        .map_err(|e| Error::aya(format!("{name}'s info"), e))?
+        .name()
+        .is_empty();
+    if unnamed && let Err(e) = name_tc_filter(prog, name, ifname, attach_type, priority) {
+        let _ = prog.detach(link);
+        return Err(e);
+    }
     if keep {
         let link = prog
             .take_link(link)
@@ -200,6 +213,41 @@ pub(crate) fn attach_tc_filter(
         std::mem::forget(link);
     }
     Ok(())
+}
+
+/// Names the cls_bpf filter at `priority` on `ifname`'s hook that runs
+/// `prog` (see attach_tc_filter).
+fn name_tc_filter(
+    prog: &SchedClassifier,
+    name: &str,
+    ifname: &str,
+    attach_type: TcAttachType,
+    priority: u16,
+) -> Result<()> {
+    let what = || format!("name the {name} filter on {ifname}");
+    let id = prog.info().map_err(|e| Error::aya(what(), e))?.id();
+    let fd = prog.fd().map_err(|e| Error::aya(what(), e))?;
+    let fd = fd.as_fd().as_raw_fd();
+    let egress = matches!(attach_type, TcAttachType::Egress);
+    let index = ifindex_of(ifname)?.ok_or_else(|| Error::msg(format!("{}: no device", what())))?;
+    let nl_err = |e| Error::netlink(Some(what()), e);
+    let rt = rcni_netlink::runtime().map_err(nl_err)?;
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect_current().await?;
+        let filters = if egress {
+            nl.egress_bpf_filters(index).await?
+        } else {
+            nl.ingress_bpf_filters(index).await?
+        };
+        for f in filters {
+            if f.priority == priority && f.prog_id == Some(id) {
+                nl.name_bpf_filter(index, egress, priority, f.handle, fd, name)
+                    .await?;
+            }
+        }
+        Ok(())
+    })
+    .map_err(nl_err)
 }
 
 impl Datapath {
@@ -671,10 +719,19 @@ pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
         return Ok(None);
     }
     // rcni_pod runs the fast path only where its port entry says so.
+    // Unnamed programs are candidates too, confirmed by the pins below: a
+    // kernel without BPF_EVENTS keeps no names of aya's (attach_tc_filter).
+    let mut named = false;
     let fast: Vec<u32> = aya::programs::loaded_programs()
         .filter_map(|p| p.ok())
-        .filter(|p| {
-            ids.contains(&p.id()) && matches!(p.name_as_str(), Some(PROGRAM) | Some(POD_PROGRAM))
+        .filter(|p| ids.contains(&p.id()))
+        .filter(|p| match p.name_as_str() {
+            Some(PROGRAM) | Some(POD_PROGRAM) => {
+                named = true;
+                true
+            }
+            None | Some("") => true,
+            Some(_) => false,
         })
         .map(|p| p.id())
         .collect();
@@ -696,6 +753,10 @@ pub fn open_attached(ifname: &str, network: &str) -> Result<Option<Datapath>> {
             let parts = dp.port_parts(ifindex)?;
             return Ok((parts & (PORT_FASTPATH | PORT_POLICE) != 0).then_some(dp));
         }
+    }
+    // Only unnamed programs, none of them ours: another's.
+    if !named {
+        return Ok(None);
     }
     Err(Error::msg(format!(
         "the fast path program on {ifname} (id {fast:?}) is not pinned for network {network} \

@@ -140,6 +140,8 @@ pub struct Qdisc {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BpfFilter {
     pub priority: u16,
+    /// The filter's handle within its priority.
+    pub handle: u32,
     /// The program's name as the filter reports it (`TCA_BPF_NAME`).
     pub name: Option<String>,
     /// The program's kernel id (`TCA_BPF_ID`).
@@ -193,6 +195,7 @@ impl Netlink {
             }
             let mut f = BpfFilter {
                 priority: (m.header.info >> 16) as u16,
+                handle: m.header.handle.into(),
                 name: None,
                 prog_id: None,
             };
@@ -378,6 +381,49 @@ impl Netlink {
             Err(e) => Err(e),
             Ok(()) => Ok(true),
         }
+    }
+
+    /// Gives the cls_bpf filter with `priority` and `handle` on link
+    /// `index`'s ingress (or `egress`) hook the name `name`, running the
+    /// program `prog_fd` in direct-action mode: a replace of the filter in
+    /// place (`tc filter replace ... handle H bpf da fd F name N`), so that
+    /// whoever holds it by priority and handle still does. aya names a
+    /// filter after its program, and leaves both unnamed where its probe
+    /// for program names (a tracepoint program's load) fails: kernels
+    /// without BPF_EVENTS (User-Mode Linux among them); the filters are
+    /// found and detached by name.
+    pub async fn name_bpf_filter(
+        &self,
+        index: u32,
+        egress: bool,
+        priority: u16,
+        handle: u32,
+        prog_fd: std::os::fd::RawFd,
+        name: &str,
+    ) -> Result<()> {
+        use rtnetlink::packet_core::NLM_F_REPLACE;
+        use rtnetlink::packet_route::tc::TcBpfFlags;
+        let mut msg = TcMessage::default();
+        msg.header.index = index as i32;
+        msg.header.parent = TcHandle::from(if egress {
+            CLSACT_EGRESS
+        } else {
+            CLSACT_INGRESS
+        });
+        msg.header.handle = TcHandle::from(handle);
+        msg.header.info = (u32::from(priority) << 16) | u32::from(ETH_P_ALL_BE);
+        msg.attributes.push(TcAttribute::Kind("bpf".into()));
+        msg.attributes.push(TcAttribute::Options(vec![
+            TcOption::Bpf(TcFilterBpfOption::ProgFd(prog_fd as u32)),
+            TcOption::Bpf(TcFilterBpfOption::ProgName(name.into())),
+            TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+        ]));
+        self.acked_request(
+            &format!("name the bpf filter {priority}:{handle:#x} of link {index} {name}"),
+            RouteNetlinkMessage::NewTrafficFilter(msg),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        )
+        .await
     }
 
     /// Deletes the cls_bpf filters running the program named `name` from
