@@ -37,6 +37,19 @@ pub enum Hook {
     Netkit,
 }
 
+/// Whether this kernel has tcx (Linux 6.6+): a query of the tcx hook of
+/// `lo` (in every namespace) fails with EINVAL where the attach type is
+/// unknown, and answers (no programs) where it is known.
+pub fn tcx_supported() -> bool {
+    static TCX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *TCX.get_or_init(
+        || match SchedClassifier::query_tcx("lo", TcAttachType::Ingress) {
+            Ok(_) => true,
+            Err(e) => Error::aya("query tcx", e).raw_errno() != Some(libc::EINVAL),
+        },
+    )
+}
+
 impl Hook {
     /// The hook of `attachMode` auto: clsact, on every kernel. A tcx
     /// attach or detach swaps the device's program array and waits for a
@@ -55,7 +68,9 @@ impl Hook {
     /// link whose qdiscs are `qdiscs`: auto is [`Hook::preferred`], except
     /// where the link has a plain `ingress` qdisc (the reference bandwidth
     /// plugin's, earlier in the chain), which takes clsact's place and has
-    /// no egress hook: tcx there, which needs no qdisc.
+    /// no egress hook: tcx there, which needs no qdisc, where the kernel
+    /// has it (6.6+); without, a filter on that ingress qdisc's hook,
+    /// which takes one as clsact's does.
     ///
     /// On a netkit primary (`kind` "netkit") auto is the fast path's
     /// netkit hook ([`Hook::for_fastpath`]); this one, for the policy
@@ -64,7 +79,7 @@ impl Hook {
     pub fn for_attach(mode: Option<Hook>, qdiscs: &[rcni_netlink::tc::Qdisc]) -> Hook {
         match mode {
             Some(h) => h,
-            None if qdiscs.iter().any(|q| q.kind == "ingress") => Hook::Tcx,
+            None if qdiscs.iter().any(|q| q.kind == "ingress") && tcx_supported() => Hook::Tcx,
             None => Hook::preferred(),
         }
     }
