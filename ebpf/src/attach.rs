@@ -199,6 +199,17 @@ pub(crate) fn attach_tc_filter(
             if e.raw_errno() != Some(libc::EEXIST) {
                 return Err(e);
             }
+            // A plain ingress qdisc there instead (the reference
+            // bandwidth's) has one filter block, which a filter for
+            // clsact's egress hook (ffff:fff3) would join: it would run on
+            // what comes in.
+            if matches!(attach_type, TcAttachType::Egress) && has_ingress_qdisc(ifname)? {
+                return Err(Error::msg(format!(
+                    "attach {name} (tc filter) to {ifname}'s egress: the link has an ingress \
+                     qdisc (the reference bandwidth plugin's?), which has no egress hook and \
+                     keeps clsact off; attachMode tcx (Linux 6.6+) needs no qdisc"
+                )));
+            }
         }
     }
     let opts = NlOptions {
@@ -228,6 +239,22 @@ pub(crate) fn attach_tc_filter(
         std::mem::forget(link);
     }
     Ok(())
+}
+
+/// Whether `ifname` has a plain ingress qdisc (not clsact).
+fn has_ingress_qdisc(ifname: &str) -> Result<bool> {
+    let nl_err = |e| Error::netlink(Some(format!("list qdiscs of {ifname}")), e);
+    let rt = rcni_netlink::runtime().map_err(nl_err)?;
+    rt.block_on(async {
+        let nl = rcni_netlink::Netlink::connect_current().await?;
+        let link = nl.link_by_name(ifname).await?;
+        Ok(nl
+            .qdiscs(link.index)
+            .await?
+            .iter()
+            .any(|q| q.kind == "ingress"))
+    })
+    .map_err(nl_err)
 }
 
 /// Names the cls_bpf filter at `priority` on `ifname`'s hook that runs

@@ -585,6 +585,61 @@ fn bad_input_fails_cleanly_and_del_gc_are_idempotent() {
     }
 }
 
+/// The reference's bandwidth before policy on clsact (attachMode tc): its
+/// egress limit leaves a plain ingress qdisc on the host veth, which keeps
+/// clsact off and has one filter block, so a filter for clsact's egress
+/// hook would join it and run on what comes in. ADD fails saying so, and
+/// leaves none of policy's filters or state.
+#[test]
+fn tc_mode_beside_the_reference_bandwidths_ingress_qdisc_fails_cleanly() {
+    root();
+    let mut lab = Lab::new(Backend::Ebpf, json!([]));
+    lab.extra = json!({"attachMode": "tc"});
+    let ns = TestNs::new();
+    // Debian's reference plugins (1.1.1) speak up to 1.0.0.
+    let bc = lab.node.conf("1.0.0", json!({}));
+    let r = lab.node.add(&ns, "ctr-bw", &bc);
+    let bw = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "bandwidth",
+        "egressRate": 10_000_000, "egressBurst": 256_000, "prevResult": r});
+    let rb = lab
+        .node
+        .call(
+            &rcni_testkit::reference_bin("bandwidth"),
+            "ADD",
+            &ns.path(),
+            "ctr-bw",
+            &bw,
+        )
+        .ok();
+    // The bridge's result: the bridge, the host veth, the pod's interface.
+    let veth = r["interfaces"][1]["name"].as_str().unwrap().to_string();
+    let qdiscs = stdout_of(command_in(&lab.node.ns.ns, "tc").args(["qdisc", "show", "dev", &veth]));
+    assert!(qdiscs.contains("qdisc ingress"), "{qdiscs}");
+    let pod = Pod {
+        ns,
+        cid: "ctr-bw".into(),
+        labels: json!([]),
+        namespace: "default".into(),
+        bridge: r.clone(),
+        result: rb.clone(),
+    };
+    let (_, msg) = lab.policy("ADD", &pod, &rb).err();
+    assert!(
+        msg.contains("ingress qdisc") && msg.contains("egress"),
+        "{msg}"
+    );
+    // (No egress hook to list without clsact: tc's failure there is fine.)
+    for hook in ["ingress", "egress"] {
+        let out = command_in(&lab.node.ns.ns, "tc")
+            .args(["filter", "show", "dev", &veth, hook])
+            .output()
+            .unwrap();
+        let f = String::from_utf8_lossy(&out.stdout);
+        assert!(!f.contains("rcni_"), "{hook}: {f}");
+    }
+    lab.assert_clean();
+}
+
 /// With fastpath in the chain, allowed pod-to-pod traffic is redirected
 /// (the fast path's counter rises) and denied traffic is dropped before the
 /// redirect (the policy's deny counter rises).
