@@ -342,7 +342,11 @@ fn the_agent_follows_file_changes_and_sigterm_keeps_the_kernel_state() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    wait_for(SETTLE, "first reconcile", || n1.entries().2.len() == 1);
+    // Its routes and its conflist (written after them: a pod's ADD reads
+    // it), or the pod below may find no conflist yet under load.
+    wait_for(SETTLE, "first reconcile", || {
+        n1.entries().2.len() == 1 && n1.conf_dir().join("10-rcni.conflist").exists()
+    });
     let (p1, _) = n1.pod("p1");
     let (p2, a2) = c.nodes[1].pod("p2");
     assert!(ping(&p1.ns, &a2));
