@@ -105,16 +105,7 @@ impl Hook {
         if mode.is_some() {
             return Ok(Hook::for_attach(mode, &[]));
         }
-        let nl_err = |e| Error::netlink(Some(format!("list qdiscs of {ifname}")), e);
-        let rt = rcni_netlink::runtime().map_err(nl_err)?;
-        let qdiscs = rt
-            .block_on(async {
-                let nl = rcni_netlink::Netlink::connect_current().await?;
-                let link = nl.link_by_name(ifname).await?;
-                nl.qdiscs(link.index).await
-            })
-            .map_err(nl_err)?;
-        Ok(Hook::for_attach(mode, &qdiscs))
+        Ok(Hook::for_attach(mode, &qdiscs_of(ifname)?))
     }
 
     /// The hooks on which an attachment made earlier counts as attached
@@ -243,16 +234,18 @@ pub(crate) fn attach_tc_filter(
 
 /// Whether `ifname` has a plain ingress qdisc (not clsact).
 fn has_ingress_qdisc(ifname: &str) -> Result<bool> {
+    Ok(qdiscs_of(ifname)?.iter().any(|q| q.kind == "ingress"))
+}
+
+/// The qdiscs of `ifname` (a name in the calling thread's network
+/// namespace).
+fn qdiscs_of(ifname: &str) -> Result<Vec<rcni_netlink::tc::Qdisc>> {
     let nl_err = |e| Error::netlink(Some(format!("list qdiscs of {ifname}")), e);
     let rt = rcni_netlink::runtime().map_err(nl_err)?;
     rt.block_on(async {
         let nl = rcni_netlink::Netlink::connect_current().await?;
         let link = nl.link_by_name(ifname).await?;
-        Ok(nl
-            .qdiscs(link.index)
-            .await?
-            .iter()
-            .any(|q| q.kind == "ingress"))
+        nl.qdiscs(link.index).await
     })
     .map_err(nl_err)
 }

@@ -359,13 +359,7 @@ impl Netlink {
     /// Deletes every filter of `priority` on link `index`'s ingress (or
     /// `egress`) hook; true if there were any.
     async fn del_filter_priority(&self, index: u32, egress: bool, priority: u16) -> Result<bool> {
-        let mut msg = TcMessage::default();
-        msg.header.index = index as i32;
-        msg.header.parent = TcHandle::from(if egress {
-            CLSACT_EGRESS
-        } else {
-            CLSACT_INGRESS
-        });
+        let mut msg = hook_message(index, egress);
         // Priority in the upper half, protocol 0 (any), handle 0: the
         // whole priority.
         msg.header.info = u32::from(priority) << 16;
@@ -403,13 +397,7 @@ impl Netlink {
     ) -> Result<()> {
         use rtnetlink::packet_core::NLM_F_REPLACE;
         use rtnetlink::packet_route::tc::TcBpfFlags;
-        let mut msg = TcMessage::default();
-        msg.header.index = index as i32;
-        msg.header.parent = TcHandle::from(if egress {
-            CLSACT_EGRESS
-        } else {
-            CLSACT_INGRESS
-        });
+        let mut msg = hook_message(index, egress);
         msg.header.handle = TcHandle::from(handle);
         msg.header.info = (u32::from(priority) << 16) | u32::from(ETH_P_ALL_BE);
         msg.attributes.push(TcAttribute::Kind("bpf".into()));
@@ -490,6 +478,18 @@ impl Netlink {
         self.set_alias(link.index, alias).await?;
         self.link_by_index(link.index).await
     }
+}
+
+/// A message for link `index`'s clsact ingress (or `egress`) hook.
+fn hook_message(index: u32, egress: bool) -> TcMessage {
+    let mut msg = TcMessage::default();
+    msg.header.index = index as i32;
+    msg.header.parent = TcHandle::from(if egress {
+        CLSACT_EGRESS
+    } else {
+        CLSACT_INGRESS
+    });
+    msg
 }
 
 #[cfg(test)]
