@@ -675,7 +675,7 @@ fn bad_peers_are_refused_and_good_routes_still_installed() {
     assert_eq!(f.tors[0].prefixes_from("n1"), BTreeSet::from([pod_cidr(0)]));
     assert!(a[0].running(), "{}", a[0].log());
     let (p1, _) = f.nodes[0].pod("p1");
-    let (_, a2) = f.nodes[1].pod("p2");
+    let (_p2, a2) = f.nodes[1].pod("p2");
     assert!(ping(&p1.ns, &a2), "{}", state(&f, &a));
 }
 
