@@ -398,6 +398,8 @@ dropnodes fl
 # transmit queues to the host side's backlog) and the two redirects, which
 # no program on veth avoids (netkit runs the program in the pod's transmit).
 # Needs clang and libbpf's headers (scripts/setup installs both).
+# c_bytes MAC: a C initialiser of its six bytes (0x02,0xfc,...).
+c_bytes() { echo "$1" | sed 's/\([0-9a-f][0-9a-f]\)/0x\1/g; s/:/,/g'; }
 # floor_prog OUT_PREFIX ETH_IFINDEX HV_IFINDEX POD_IP HV_MAC POD_MAC: writes
 # OUT_PREFIX-to.o and OUT_PREFIX-from.o.
 floor_prog() {
@@ -441,8 +443,7 @@ C
   hexip=$(python3 -c 'import ipaddress,sys; print(hex(int.from_bytes(ipaddress.ip_address(sys.argv[1]).packed, "little")))' "$pod_ip")
   for kind in to from; do
     clang -O2 -g -target bpf -I/usr/include/"$(uname -m)"-linux-gnu -DETH_IFINDEX="$eth" -DHV_IFINDEX="$hv" \
-      -DPOD_IP="$hexip" -DHV_MAC="$(echo "$hv_mac" | sed 's/\([0-9a-f][0-9a-f]\)/0x\1/g; s/:/,/g')" \
-      -DPOD_MAC="$(echo "$pod_mac" | sed 's/\([0-9a-f][0-9a-f]\)/0x\1/g; s/:/,/g')" \
+      -DPOD_IP="$hexip" -DHV_MAC="$(c_bytes "$hv_mac")" -DPOD_MAC="$(c_bytes "$pod_mac")" \
       $([ "$kind" = to ] && echo -DTO_NET) -c "$work/floor.c" -o "$out-$kind.o"
   done
 }
@@ -555,8 +556,7 @@ for regime in ["idle", "busy"]:
     print(f"  -- {regime} regime" + (" (the targets are for the busy one)" if regime == "idle" else ""))
     print(f"  {'variant':13s} {'p50 us':>9s} {'Gbit/s':>8s} {'p50/underlay':>13s} {'tput/underlay':>14s}")
     veth_of = {"rcni-hgw-ebpf": "rcni-hgw-veth", "rcni-vx-ebpf": "rcni-vx-veth"}
-    extra = [n for n in veth_of.values() if n in r]
-    extra = [n for n in ["floor-veth"] if n in r] + extra
+    extra = [n for n in ["floor-veth", *veth_of.values()] if n in r]
     for name in ["underlay", "flannel-hand", "rcni-vxlan", "rcni-host-gw", "rcni-hgw-ebpf", "rcni-vx-ebpf"] + extra:
         p, g = r[name]
         print(f"  {name:13s} {p:9.1f} {g:8.2f} {p / u[0]:13.2f} {g / u[1]:14.2f}")
