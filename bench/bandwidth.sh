@@ -33,8 +33,13 @@
 # does to the exchanges on this kernel, natively (with --uml: under UML).
 # --streams N: the bulk as N parallel TCP connections (iperf3 -P, default 1).
 # --ping: the exchanges as ICMP echoes (ping's own timing) instead of TCP.
+# --open: the TCP exchanges open-loop: one starts every --gap-us on an idle
+#         connection of a pool (128, each its own flow), whether or not the
+#         ones before it have their answers: sampled at fixed times, as
+#         --ping's, where the default (closed-loop, each waits for the one
+#         before) samples a queue that comes and goes mostly in its gaps.
 # --uml: under scripts/uml-run even where this kernel has sch_fq.
-# Usage: bench/bandwidth.sh [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--streams N] [--ping] [--vm|--uml] [--tbf-only]
+# Usage: bench/bandwidth.sh [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--streams N] [--ping|--open] [--vm|--uml] [--tbf-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rate=100 burst=1000 secs=8 rr=1500 gap=2000 streams=1 probe=tcp vm= only=
@@ -48,10 +53,11 @@ while [ $# -gt 0 ]; do
     --gap-us) gap=$2; shift 2 ;;
     --streams) streams=$2; shift 2 ;;
     --ping) probe=ping; shift ;;
+    --open) probe=open; shift ;;
     --vm) vm=vm; shift ;;
     --uml) vm=uml; shift ;;
     --tbf-only) only=tbf; shift ;;
-    *) echo "usage: $0 [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--streams N] [--ping] [--vm|--uml] [--tbf-only]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--rate MBIT] [--burst KBIT] [--seconds N] [--rr N] [--gap-us N] [--streams N] [--ping|--open] [--vm|--uml] [--tbf-only]" >&2; exit 2 ;;
   esac
 done
 . bench/lib.sh
@@ -131,8 +137,64 @@ shaped = {"type": "bandwidth", "ingressRate": rate * 1000000, "ingressBurst": bu
 fastpath = {"type": "fastpath", "pinRoot": f"{work}/bpf/rcni"}
 
 RR = r'''
-import socket, sys, time
-if sys.argv[1] == "server":
+import os, selectors, socket, sys, time
+if sys.argv[1] == "open-server":
+    # Echoes on every connection the open-loop client makes.
+    sel = selectors.DefaultSelector()
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", 7000)); s.listen(256); sel.register(s, selectors.EVENT_READ)
+    print("ready", flush=True)
+    conns = 0
+    while True:
+        for key, _ in sel.select():
+            if key.fileobj is s:
+                c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sel.register(c, selectors.EVENT_READ); conns += 1
+                continue
+            b = key.fileobj.recv(1)
+            if b:
+                key.fileobj.sendall(b)
+            else:
+                sel.unregister(key.fileobj); key.fileobj.close(); conns -= 1
+                if conns == 0:
+                    sys.exit(0)
+elif sys.argv[1] == "open-client":
+    n, gap, within = int(sys.argv[3]), int(sys.argv[4]) / 1e6, float(sys.argv[5])
+    end = time.perf_counter() + within
+    # All at once: one after another, each handshake would wait its turn
+    # in the queue being measured (128 of 80 ms under UML's TBF).
+    sel = selectors.DefaultSelector()
+    idle = [socket.socket() for _ in range(128)]
+    for c in idle:
+        c.setblocking(False); c.connect_ex((sys.argv[2], 7000)); sel.register(c, selectors.EVENT_WRITE)
+    for left in range(len(idle), 0, -1):
+        key, _ = sel.select()[0]
+        sel.unregister(key.fileobj)
+        err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            sys.exit("connect: %s" % os.strerror(err))
+    for c in idle:
+        c.setblocking(True); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sel.register(c, selectors.EVENT_READ)
+    busy, ts, sent, missed = {}, [], 0, 0
+    due = time.perf_counter()
+    while True:
+        now = time.perf_counter()
+        sending = sent + missed < n and now < end
+        if not sending and (not busy or now > end + 5):
+            break
+        if sending and now >= due:
+            if idle:
+                c = idle.pop(); c.sendall(b"x"); busy[c] = now; sent += 1
+            else:
+                missed += 1
+            due += gap
+        for key, _ in sel.select(max(0.0, due - time.perf_counter()) if sending else 0.5):
+            c = key.fileobj; c.recv(1); ts.append(time.perf_counter() - busy.pop(c)); idle.append(c)
+    if missed:
+        print("# %d exchanges not started: all 128 connections were waiting" % missed, file=sys.stderr)
+    ts.sort(); print("%.0f %.0f %d" % (ts[len(ts)//2] * 1e6, ts[int(len(ts) * .9)] * 1e6, len(ts)))
+elif sys.argv[1] == "server":
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", 7000)); s.listen(1); print("ready", flush=True)
     c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -161,10 +223,14 @@ def rr_run(a, b, b_ip, n, within):
                  "-W", "1", b_ip, ns=a, check=False).stdout
         ts = sorted(float(w[5:]) * 1000 for w in out.split() if w.startswith("time="))
         return int(ts[len(ts) // 2]), int(ts[int(len(ts) * .9)]), len(ts)
-    srv = subprocess.Popen(["ip", "netns", "exec", b, "python3", f"{work}/rr.py", "server"],
+    role = "open-" if probe == "open" else ""
+    srv = subprocess.Popen(["ip", "netns", "exec", b, "python3", f"{work}/rr.py", role + "server"],
                            stdout=subprocess.PIPE, text=True)
     srv.stdout.readline()
-    out = sh("python3", f"{work}/rr.py", "client", b_ip, str(n), str(gap), str(within), ns=a).stdout.split()
+    p = sh("python3", f"{work}/rr.py", role + "client", b_ip, str(n), str(gap), str(within), ns=a)
+    if p.stderr:
+        print(p.stderr, end="", file=sys.stderr)
+    out = p.stdout.split()
     srv.wait(timeout=10)
     return int(out[0]), int(out[1]), int(out[2])
 
@@ -234,7 +300,7 @@ for d in ("egress", "ingress") if ("edt", "egress") in get else ():
 if os.environ.get("RCNI_BWBENCH_UML") and probe == "tcp":
     print("# under UML a TBF's queue stands most of the time but empties now and then: an exchange "
           "waits for the one before it, so most of them fall in those gaps and the TCP p50 reads "
-          "near idle while the p90 shows the queue; --ping samples at fixed times")
+          "near idle while the p90 shows the queue; --open and --ping sample at fixed times")
 if os.environ.get("RCNI_BWBENCH_VM"):
     print("# in the VM every exchange pays the emulator (~1 ms idle): a p50 near the idle one says "
           "the exchanges mostly found the queue empty, on either setup; the p90 shows the queue")
