@@ -119,6 +119,22 @@ impl PolicyNode<'_> {
         Err(e)
     }
 
+    /// [`Self::add`] again while it fails with code 11 ("try again
+    /// later"), as the kubelet does: the agent answers so until its first
+    /// list of the Pods is in, which under CI's load can take longer than
+    /// the plugin's patience.
+    fn add_retrying(&self, pod: &TestNs, cid: &str, name: &str) -> Result<String, (u64, String)> {
+        let until = std::time::Instant::now() + SETTLE;
+        loop {
+            match self.add(pod, cid, name) {
+                Err((11, _)) if std::time::Instant::now() < until => {
+                    std::thread::sleep(std::time::Duration::from_millis(200))
+                }
+                r => return r,
+            }
+        }
+    }
+
     /// The policy plugin's pods (attachment keys) on this node.
     fn policed(&self) -> Vec<String> {
         let out = command_in(&self.n.ns.ns, bin("policy"))
@@ -184,8 +200,10 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
     api.put(&kpod("web", "n2", "web"));
     let client = TestNs::new();
     let web = TestNs::new();
-    nodes[0].add(&client, "c-client", "client").unwrap();
-    let web_addr = nodes[1].add(&web, "c-web", "web").unwrap();
+    nodes[0]
+        .add_retrying(&client, "c-client", "client")
+        .unwrap();
+    let web_addr = nodes[1].add_retrying(&web, "c-web", "web").unwrap();
     listen_ok(&web.ns, 8080);
     listen_ok(&web.ns, 9090);
     let policed = nodes[1].policed();
@@ -257,7 +275,7 @@ fn network_policies_from_the_api_reach_running_pods_across_nodes() {
         std::os::unix::net::UnixStream::connect(c.nodes[1].dir.path().join("run/agent.sock"))
             .is_ok()
     });
-    let late_addr = nodes[1].add(&late, "c-late", "late");
+    let late_addr = nodes[1].add_retrying(&late, "c-late", "late");
     assert!(late_addr.is_ok(), "{late_addr:?}");
     drop(agents);
     // The agents' flow collectors die with them.
@@ -397,7 +415,9 @@ fn pod_selectors_across_nodes(backend: Option<&'static str>) {
     ] {
         let node = &c.nodes[i].name;
         api.put(&kpod(name, node, app));
-        let a = nodes[i].add(ns, &format!("c-{name}"), name).unwrap();
+        let a = nodes[i]
+            .add_retrying(ns, &format!("c-{name}"), name)
+            .unwrap();
         api.put(&kpod_at(name, node, app, &a));
         addrs.push(a);
     }
