@@ -7,7 +7,9 @@ use std::process::Stdio;
 
 use rcni_integration::addr_of;
 use rcni_integration::lab::cluster::{Cluster, VTEP, VTEP6};
-use rcni_integration::lab::traffic::{df_ping, echo, echo_stream, listen_ok, ping6, talks};
+use rcni_integration::lab::traffic::{
+    df_ping, echo, echo_stream, listen_ok, ping6, talks, talks_soon,
+};
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, bin, command_in, ping, stdout_of};
 use serde_json::{Value, json};
@@ -340,7 +342,7 @@ fn ebpf_cross_node_traffic_meets_the_receivers_network_policy() {
     let (p3, _) = n3.pod("p3");
     count_forwarded(&n2.ns.ns);
     let denied = "dropped: receiver's ingress policy";
-    assert!(talks(&p1.ns, &w, 80), "n1's pod, port 80");
+    assert!(talks_soon(&p1.ns, &w, 80), "n1's pod, port 80");
     assert!(!talks(&p1.ns, &w, 81), "n1's pod, port 81");
     assert!(!talks(&p3.ns, &w, 80), "n3's pod");
     // Decided by rcni_from_net before its redirect: nothing of it reached
@@ -405,11 +407,11 @@ fn ebpf_a_service_address_dnated_to_another_nodes_pod_gets_its_replies_untransla
     // The replies come back from n2 by the fast path, and n1 hands them to
     // its conntrack (which turns the source back into the service address)
     // instead of straight to p1.
-    assert!(talks(&p1.ns, "10.96.0.10", 80));
+    assert!(talks_soon(&p1.ns, "10.96.0.10", 80));
     assert!(n1.verdict("passed: a flow the node's NAT translates") > 0);
     assert!(n2.verdict(TO_REMOTE) > 0);
     // Direct pod-to-pod traffic keeps the fast path both ways.
     let before = n1.verdict(FROM_REMOTE);
-    assert!(talks(&p1.ns, &a2, 80));
+    assert!(talks_soon(&p1.ns, &a2, 80));
     assert!(n1.verdict(FROM_REMOTE) > before);
 }
