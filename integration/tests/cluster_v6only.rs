@@ -379,6 +379,7 @@ fn kubernetes_takes_ipv6_only_nodes_by_their_ipv6_internal_ip() {
                 .entries6()
                 .1
                 .contains(&format!("{mac} {}", c.address(i)))
+                && other.entries6().2.len() == 1
                 && other.conf_dir().join("10-rcni.conflist").exists()
         });
     }

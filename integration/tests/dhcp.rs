@@ -121,11 +121,11 @@ fn renews_at_t1() {
         pod, conf, ip: got, ..
     } = lab.leased_pod();
     let first = lab.lease_of(&got).expect("lease").0;
-    lab.assert_renewed(&got, first, Duration::from_secs(8), "no renewal seen");
+    lab.assert_renewed(&got, first, Duration::from_secs(15), "no renewal seen");
     // dnsmasq records the renewal before its ACK reaches the daemon.
     let log = || lab.daemon_log();
     assert!(
-        poll(Duration::from_secs(3), || log().contains("extended")),
+        poll(Duration::from_secs(10), || log().contains("extended")),
         "{}",
         log()
     );
@@ -201,7 +201,7 @@ fn missing_server_times_out_cleanly() {
         msg.contains("no DHCP server answered on eth0 within 3 s"),
         "{msg}"
     );
-    assert!(took < Duration::from_secs(8), "took {took:?}");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
     assert!(lab.state_files().is_empty(), "nothing recorded");
     let (code, _) = lab.call("CHECK", "c1", Some(&pod.path()), &conf).err();
     assert_eq!(code, 106, "nothing held");

@@ -628,7 +628,7 @@ fn lock_file_is_shared_with_the_reference() {
     let mut holder = std::process::Command::new("flock")
         .arg(&lock)
         .arg("-c")
-        .arg(format!("touch {}; sleep 1.5", marker.display()))
+        .arg(format!("touch {}; sleep 3", marker.display()))
         .spawn()
         .expect("flock(1)");
     while !marker.exists() {

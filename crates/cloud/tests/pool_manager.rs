@@ -306,8 +306,10 @@ async fn a_released_address_rests_for_the_cooldown() {
     let dir = tempfile::tempdir().unwrap();
     // One interface, 2 pods' addresses.
     let cloud = FakeCloud::new(limits(1, 3), subnet());
+    // Long enough that the release's checkpoint write, under CI's load,
+    // cannot outlast it before the next allocation looks.
     let cfg = PoolConfig {
-        cooldown: Duration::from_millis(400),
+        cooldown: Duration::from_secs(2),
         ..Default::default()
     };
     let r = Running::start(&cloud, cfg, &dir.path().join("pool.json")).await;
@@ -327,7 +329,7 @@ async fn a_released_address_rests_for_the_cooldown() {
     assert_eq!(r.mgr.snapshot().cooling, 1);
     let (c, _) = r.allocate(&pod(2)).await;
     assert_eq!(c.ip, a.ip);
-    assert!(released.elapsed() >= Duration::from_millis(400));
+    assert!(released.elapsed() >= Duration::from_secs(2));
     assert!(AllocError::Full(2).to_string().contains("at most 2"));
     r.stop().await;
 }
@@ -515,7 +517,9 @@ async fn allocation_is_off_the_cloud_path() {
     }
     let each = t0.elapsed() / 200;
     eprintln!("allocate from a warm pool: {each:?} each (checkpoint write included)");
-    assert!(each < Duration::from_millis(20), "{each:?}");
+    // A wait for one call would be 50 ms; the rest is the checkpoint's
+    // write, which a disk busy with CI's builds can slow.
+    assert!(each < Duration::from_millis(40), "{each:?}");
     consistent(&r.mgr, &cloud).unwrap();
     r.stop().await;
 }
