@@ -6,7 +6,7 @@ use rcni_integration::lab::cluster::{Cluster, ClusterNode, SETTLE};
 use rcni_integration::lab::kube::{Agent, KubeApi, knode};
 use rcni_integration::lab::traffic::{listen_ok, talks};
 use rcni_integration::{addr_of, link_names};
-use rcni_testkit::{Call, TestNs, bin, command_in, wait_for};
+use rcni_testkit::{Call, TestNs, bin, command_in, wait_for, wait_for_value};
 use serde_json::{Value, json};
 
 /// A Pod object on `node` as the scheduler leaves it: labels, and a
@@ -124,15 +124,12 @@ impl PolicyNode<'_> {
     /// list of the Pods is in, which under CI's load can take longer than
     /// the plugin's patience.
     fn add_retrying(&self, pod: &TestNs, cid: &str, name: &str) -> Result<String, (u64, String)> {
-        let until = std::time::Instant::now() + SETTLE;
-        loop {
-            match self.add(pod, cid, name) {
-                Err((11, _)) if std::time::Instant::now() < until => {
-                    std::thread::sleep(std::time::Duration::from_millis(200))
-                }
-                r => return r,
-            }
-        }
+        wait_for_value(SETTLE, &format!("{name}'s ADD past code 11"), || match self
+            .add(pod, cid, name)
+        {
+            Err((11, _)) => None,
+            r => Some(r),
+        })
     }
 
     /// The policy plugin's pods (attachment keys) on this node.

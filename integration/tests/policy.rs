@@ -873,9 +873,8 @@ impl Flows {
                 }
             }
         });
-        // Collecting once it holds the network's collector lock (and a
-        // moment for the source behind it: NFLOG drops what comes before
-        // its bind).
+        // Collecting once it holds the network's collector lock and has
+        // its source open behind it.
         let lock = lab.data_dir().join("podnet").join("flows.lock");
         let held = || {
             std::fs::File::open(&lock).is_ok_and(|f| {
@@ -893,27 +892,21 @@ impl Flows {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        // The nftables source is bound once the node's namespace lists an
-        // NFLOG instance (a fixed wait once lost the first datagram's event
-        // under CI's load).
         if lab.backend == Backend::Nftables {
-            let bound = || {
+            // NFLOG drops what comes before its bind: bound once the node's
+            // namespace lists an instance (a fixed wait once lost the first
+            // datagram's event under CI's load).
+            let log = "/proc/thread-self/net/netfilter/nfnetlink_log";
+            rcni_testkit::wait_for(Duration::from_secs(10), "policy flows' NFLOG bind", || {
                 lab.node
                     .ns
                     .ns
-                    .run(|| {
-                        std::fs::read_to_string("/proc/thread-self/net/netfilter/nfnetlink_log")
-                    })
+                    .run(|| std::fs::read_to_string(log))
                     .is_ok_and(|r| r.is_ok_and(|t| !t.trim().is_empty()))
-            };
-            while !bound() {
-                assert!(
-                    std::time::Instant::now() < until,
-                    "policy flows never bound its NFLOG group"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            });
         }
+        // And a moment for the collector past its source (the eBPF
+        // backend's ring reader shows no sign of its own to wait for).
         std::thread::sleep(Duration::from_millis(300));
         Flows { child, rx }
     }

@@ -93,16 +93,7 @@ pub fn listen_ok(ns: &NetNs, port: u16) {
 /// that should go through, whose first SYN may wait on neighbour lookups at
 /// each hop longer than one try's 300 ms under load.
 pub fn talks_soon(ns: &NetNs, addr: &str, port: u16) -> bool {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        if talks(ns, addr, port) {
-            return true;
-        }
-        if std::time::Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    rcni_testkit::poll(std::time::Duration::from_secs(5), || talks(ns, addr, port))
 }
 
 /// Whether a client in `ns` gets "ok" from `addr:port`.

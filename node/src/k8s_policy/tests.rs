@@ -204,7 +204,6 @@ fn fake_policy(dir: &Path) -> (PathBuf, PathBuf) {
     (bin, calls)
 }
 
-/// The `policy sync` runs (the flow collector's are [`collector_runs`]).
 /// Once the syncs have stopped coming (none for five debounce times): a
 /// change seen during a debounce leaves one more sync behind the first,
 /// which under load can start well after the debounce.
@@ -221,6 +220,7 @@ async fn settled(path: &Path) {
     panic!("the syncs never stopped: {:?}", calls(path));
 }
 
+/// The `policy sync` runs (the flow collector's are [`collector_runs`]).
 fn calls(path: &Path) -> Vec<String> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
