@@ -138,8 +138,9 @@ fastpath = {"type": "fastpath", "pinRoot": f"{work}/bpf/rcni"}
 
 RR = r'''
 import os, selectors, socket, sys, time
-if sys.argv[1] == "open-server":
-    # Echoes on every connection the open-loop client makes.
+if sys.argv[1] == "server":
+    # Echoes on every connection a client makes (one, or the open-loop
+    # client's pool), until all of them are closed.
     sel = selectors.DefaultSelector()
     s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", 7000)); s.listen(256); sel.register(s, selectors.EVENT_READ)
@@ -167,7 +168,7 @@ elif sys.argv[1] == "open-client":
     idle = [socket.socket() for _ in range(128)]
     for c in idle:
         c.setblocking(False); c.connect_ex((sys.argv[2], 7000)); sel.register(c, selectors.EVENT_WRITE)
-    for left in range(len(idle), 0, -1):
+    for _ in idle:
         key, _ = sel.select()[0]
         sel.unregister(key.fileobj)
         err = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
@@ -194,14 +195,6 @@ elif sys.argv[1] == "open-client":
     if missed:
         print("# %d exchanges not started: all 128 connections were waiting" % missed, file=sys.stderr)
     ts.sort(); print("%.0f %.0f %d" % (ts[len(ts)//2] * 1e6, ts[int(len(ts) * .9)] * 1e6, len(ts)))
-elif sys.argv[1] == "server":
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", 7000)); s.listen(1); print("ready", flush=True)
-    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while True:
-        b = c.recv(1)
-        if not b: break
-        c.sendall(b)
 else:
     c = socket.create_connection((sys.argv[2], 7000)); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     ts = []
@@ -223,11 +216,11 @@ def rr_run(a, b, b_ip, n, within):
                  "-W", "1", b_ip, ns=a, check=False).stdout
         ts = sorted(float(w[5:]) * 1000 for w in out.split() if w.startswith("time="))
         return int(ts[len(ts) // 2]), int(ts[int(len(ts) * .9)]), len(ts)
-    role = "open-" if probe == "open" else ""
-    srv = subprocess.Popen(["ip", "netns", "exec", b, "python3", f"{work}/rr.py", role + "server"],
+    srv = subprocess.Popen(["ip", "netns", "exec", b, "python3", f"{work}/rr.py", "server"],
                            stdout=subprocess.PIPE, text=True)
     srv.stdout.readline()
-    p = sh("python3", f"{work}/rr.py", role + "client", b_ip, str(n), str(gap), str(within), ns=a)
+    client = "open-client" if probe == "open" else "client"
+    p = sh("python3", f"{work}/rr.py", client, b_ip, str(n), str(gap), str(within), ns=a)
     if p.stderr:
         print(p.stderr, end="", file=sys.stderr)
     out = p.stdout.split()
