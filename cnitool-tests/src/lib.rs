@@ -212,8 +212,10 @@ pub fn ours_and_reference<T>(confs: &[&str], run: impl Fn(Plugins, &Harness) -> 
     Plugins::BOTH.map(|plugins| run(plugins, &Harness::new(plugins, confs).with_node()))
 }
 
-/// The libcni client binary, built on first use (`go build` against Debian's
-/// golang-github-appc-cni-dev, GOPATH mode).
+/// The libcni client binary, built on first use: `go build` in module mode
+/// against libcni v1.1.2 (Debian 12's, pinned in go/libcni-client/go.mod;
+/// the module comes from the Go module proxy, or from the module cache that
+/// `scripts/setup` fills).
 pub fn libcni_client() -> PathBuf {
     let out = bin_dir().join("libcni-client");
     if out.is_file() {
@@ -224,15 +226,15 @@ pub fn libcni_client() -> PathBuf {
     let tmp = bin_dir().join(format!("libcni-client.{}", std::process::id()));
     let gocache = bin_dir().join("go-build-cache");
     let status = Command::new("go")
-        .args(["build", "-o"])
+        .args(["build", "-mod=readonly", "-o"])
         .arg(&tmp)
         .arg(".")
         .current_dir(&src)
-        .env("GO111MODULE", "off")
-        .env("GOPATH", "/usr/share/gocode")
+        .env("GO111MODULE", "on")
+        .env("GOFLAGS", "-buildvcs=false")
         .env("GOCACHE", &gocache)
         .status()
-        .expect("run go (apt-get install golang-go golang-github-appc-cni-dev)");
+        .expect("run go (Go 1.19 or newer on PATH: scripts/setup --for test)");
     assert!(status.success(), "building the libcni client failed");
     std::fs::rename(&tmp, &out).unwrap();
     out

@@ -1,5 +1,5 @@
-// libcni-client: a real runtime client built against Debian's libcni
-// (golang-github-appc-cni-dev), so conformance tests can check that our
+// libcni-client: a real runtime client built against libcni v1.1.2
+// (Debian 12's version, pinned in go.mod), so conformance tests can check that our
 // plugins and our cnitool's cache behave as libcni expects.
 //
 // Usage: libcni-client add|check|del <confdir> <network> <netns> <containerID> <ifname> <cachedir>
