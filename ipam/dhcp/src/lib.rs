@@ -80,10 +80,17 @@ fn daemon_err(e: CallError) -> CniError {
 
 /// A daemon's error answer: ours carries its CNI error; the reference's
 /// only a text, which gets `code` (the reference's plugin answers its
-/// catch-all 999 there).
+/// catch-all 999 there). Either way the message starts as the reference's
+/// plugin words it, "error calling <method>: <the daemon's text>", which
+/// scripts match; ours keeps its code and details.
 fn rpc_err(method: &str, e: RpcError, code: ErrorCode) -> CniError {
-    e.cni
-        .unwrap_or_else(|| CniError::new(code, format!("error calling {method}: {}", e.msg)))
+    match e.cni {
+        Some(mut c) => {
+            c.msg = format!("error calling {method}: {}", c.msg);
+            c
+        }
+        None => CniError::new(code, format!("error calling {method}: {}", e.msg)),
+    }
 }
 
 /// The call's `skel.CmdArgs`, as the reference's plugin sends them: the
@@ -395,5 +402,31 @@ mod tests {
             json!([{"dst": "10.99.0.0/16", "gw": "0.0.0.0", "scope": 253},
                    {"dst": "0.0.0.0/0", "gw": "10.77.0.1"}])
         );
+    }
+}
+
+#[cfg(test)]
+mod rpc_err_tests {
+    use super::*;
+
+    #[test]
+    fn daemon_errors_start_as_the_reference_plugin_words_them() {
+        let ours = RpcError {
+            msg: "no more tries".into(),
+            cni: Some(
+                CniError::new(ErrorCode::DhcpNoLease, "no more tries")
+                    .with_details("no DHCP server answered on eth1 within 10 s"),
+            ),
+        };
+        let e = rpc_err(proto::ALLOCATE, ours, ErrorCode::Internal);
+        assert_eq!(e.msg, "error calling DHCP.Allocate: no more tries");
+        assert_eq!(e.code, ErrorCode::DhcpNoLease.code());
+        assert!(e.details.contains("within 10 s"));
+        let theirs = RpcError {
+            msg: "no more tries".into(),
+            cni: None,
+        };
+        let e = rpc_err(proto::ALLOCATE, theirs, ErrorCode::DhcpNoLease);
+        assert_eq!(e.msg, "error calling DHCP.Allocate: no more tries");
     }
 }

@@ -39,7 +39,24 @@ pub struct Daemon {
     leases: Mutex<HashMap<String, Slot>>,
 }
 
+/// The reference's daemon answers every lease it could not get in time
+/// (no server, or each one refusing) with exactly "no more tries", and
+/// runtimes and upstream's own suite match that text: ours says it too,
+/// with the cause in the details.
+const NO_MORE_TRIES: &str = "no more tries";
+
+/// Past `-timeout` + `-resendtimeout`, what an acquisition may still take
+/// to end (a last exchange's send, the lease file's write).
+const ACQUIRE_SLACK: Duration = Duration::from_secs(5);
+
 fn no_lease(e: client::Error) -> CniError {
+    match &e {
+        client::Error::NoAnswer { .. } | client::Error::Nak { .. } => {
+            return CniError::new(ErrorCode::DhcpNoLease, NO_MORE_TRIES)
+                .with_details(e.to_string());
+        }
+        _ => {}
+    }
     let code = match &e {
         client::Error::NetnsGone(_) => ErrorCode::Netns,
         client::Error::LinkGone { .. } => ErrorCode::Netlink,
@@ -201,11 +218,22 @@ impl Daemon {
                     return lease_reply(&rec);
                 }
                 Slot::Acquiring(mut rx) => {
-                    let r = rx.wait_for(Option::is_some).await;
-                    if let Ok(done) = r
-                        && let Some(result) = done.clone()
-                    {
+                    let done = rx
+                        .wait_for(Option::is_some)
+                        .await
+                        .ok()
+                        .and_then(|d| d.clone());
+                    if let Some(result) = done {
                         return result;
+                    }
+                    // The acquiring call ended without a word (its task
+                    // was dropped): its slot would answer every later
+                    // ADD at once, and this loop would spin on it
+                    // without ever yielding the daemon's one thread.
+                    let mut slots = self.slots();
+                    if matches!(slots.get(&cid), Some(Slot::Acquiring(now)) if now.same_channel(&rx))
+                    {
+                        slots.remove(&cid);
                     }
                 }
             }
@@ -214,7 +242,19 @@ impl Daemon {
             "{cid}: acquiring lease on {} in {netns}",
             attachment.if_name
         );
-        let r = self.acquire(&attachment, &netns, &opts).await;
+        // The reference's own bound on an Allocate: the link's wait, then
+        // -resendtimeout of exchanges. Each step keeps to it; this makes
+        // sure no runtime waits past it whatever a step does.
+        let bound = self.cfg.timing.timeout + self.cfg.timing.resend_timeout + ACQUIRE_SLACK;
+        let r = match tokio::time::timeout(bound, self.acquire(&attachment, &netns, &opts)).await {
+            Ok(r) => r,
+            Err(_elapsed) => Err(CniError::new(ErrorCode::DhcpNoLease, NO_MORE_TRIES)
+                .with_details(format!(
+                    "acquiring a lease on {} took over {} s",
+                    attachment.if_name,
+                    bound.as_secs()
+                ))),
+        };
         match r {
             Ok(rec) => {
                 log!(
@@ -356,5 +396,30 @@ impl Daemon {
         if let Err(e) = self.store.remove(&rec.attachment) {
             log!("{}: remove lease file: {e}", rec.client_id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_not_had_in_time_says_what_the_reference_says() {
+        for e in [
+            client::Error::NoAnswer {
+                ifname: "eth1".into(),
+                secs: 10,
+            },
+            client::Error::Nak {
+                server: "192.168.1.1".parse().unwrap(),
+            },
+        ] {
+            let cause = e.to_string();
+            let c = no_lease(e);
+            assert_eq!((c.code, c.msg.as_str()), (111, "no more tries"));
+            assert_eq!(c.details, cause);
+        }
+        let c = no_lease(client::Error::NetnsGone("/run/netns/x".into()));
+        assert_eq!(c.msg, "network namespace /run/netns/x is gone");
     }
 }
