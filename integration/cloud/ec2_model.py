@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The EC2 API the cloud tests run against: moto's server (PyPI
-`moto[server]`, a model of EC2 nobody here wrote) with what it lacks and
-what the tests need, marked "ours" below:
+`moto[server]` 5.2.6, a model of EC2 nobody here wrote) with what it lacks
+and what the tests need, marked "ours" below. The VPC lab also runs moto's
+own server with none of this (integration/src/lab/vpc.rs, `Model::Stock`),
+so that a test fails where moto and EC2 differ and the agent relied on the
+side of it this file takes:
 
 - IPv4 prefix delegation (/28 prefixes on ENIs): Ipv4PrefixCount and
   Ipv4Prefix.N on CreateNetworkInterface and Assign/UnassignPrivateIpAddresses,
@@ -56,7 +59,14 @@ from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
     create_backend_app,
 )
-from werkzeug.serving import WSGIRequestHandler, make_server
+from werkzeug.serving import make_server
+
+try:
+    # moto's server serves with its own handler since 5.2.6 (S3 metadata
+    # headers with underscores); serve as it does.
+    from moto.moto_server.werkzeug_app import MotoRequestHandler as BaseHandler
+except ImportError:
+    from werkzeug.serving import WSGIRequestHandler as BaseHandler
 
 PREFIX_LEN = 28
 
@@ -416,7 +426,7 @@ class Model:
         return answer("404 Not Found", {"error": f"no {method} {path}"})
 
 
-class QuietHandler(WSGIRequestHandler):
+class QuietHandler(BaseHandler):
     # A line per request on stderr would bury the test's own output.
     def log_request(self, *args, **kwargs):
         pass

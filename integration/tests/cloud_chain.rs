@@ -1,25 +1,27 @@
 //! Cloud mode with the meta plugins chained after ptp + vpc-ipam, as they
 //! run after bridge or ptp elsewhere: fastpath, policy (NetworkPolicy on
 //! the pods' VPC addresses) and portmap (a host port on the node's primary
-//! address), on the VPC lab with the agent against the EC2 model.
+//! address), on the VPC lab with the agent against the EC2 model: each test
+//! twice, against ec2_model.py and against stock moto (`..._stock_moto`),
+//! none needing its additions.
 
 use std::path::Path;
 use std::time::Duration;
 
 use rcni_integration::lab::chain::{tcp_get, tcp_get_within, tcp_server};
-use rcni_integration::lab::vpc::{VPC_HOST, Vpc, pod_ip, python};
+use rcni_integration::lab::vpc::{Model, VPC_HOST, Vpc, pod_ip, python};
 use rcni_testkit::{Bpffs, Call, TestNs, bin, require_root};
 use serde_json::{Value, json};
 
-/// The VPC lab with one t3.medium node (its index); `None`, after saying
-/// so, where the EC2 model cannot run.
-fn one_node_vpc() -> Option<(Vpc, usize)> {
+/// The VPC lab against `model` with one t3.medium node (its index);
+/// `None`, after saying so, where the EC2 model cannot run.
+fn one_node_vpc(model: Model) -> Option<(Vpc, usize)> {
     require_root();
     if python().is_none() {
         eprintln!("SKIP: no moto[server] (scripts/setup --for test)");
         return None;
     }
-    let mut vpc = Vpc::new();
+    let mut vpc = Vpc::with_model(model);
     let k = vpc.add_node("t3.medium");
     Some((vpc, k))
 }
@@ -121,7 +123,16 @@ fn del(node_ns: &rcni_netns::NetNs, plugins: &[Value], p: &Pod, labels: Value, p
 
 #[test]
 fn fastpath_policy_and_portmap_chained_after_vpc_ipam() {
-    let Some((vpc, k)) = one_node_vpc() else {
+    fastpath_policy_and_portmap_chained_after_vpc_ipam_in(Model::Patched);
+}
+
+#[test]
+fn fastpath_policy_and_portmap_chained_after_vpc_ipam_stock_moto() {
+    fastpath_policy_and_portmap_chained_after_vpc_ipam_in(Model::Stock);
+}
+
+fn fastpath_policy_and_portmap_chained_after_vpc_ipam_in(model: Model) {
+    let Some((vpc, k)) = one_node_vpc(model) else {
         return;
     };
     let node = &vpc.nodes[k];
@@ -222,7 +233,16 @@ fn fastpath_policy_and_portmap_chained_after_vpc_ipam() {
 /// and ADD and DEL are 11 (the runtime retries), never a made-up address.
 #[test]
 fn vpc_ipam_check_gc_status_and_a_missing_agent() {
-    let Some((vpc, k)) = one_node_vpc() else {
+    vpc_ipam_check_gc_status_and_a_missing_agent_in(Model::Patched);
+}
+
+#[test]
+fn vpc_ipam_check_gc_status_and_a_missing_agent_stock_moto() {
+    vpc_ipam_check_gc_status_and_a_missing_agent_in(Model::Stock);
+}
+
+fn vpc_ipam_check_gc_status_and_a_missing_agent_in(model: Model) {
+    let Some((vpc, k)) = one_node_vpc(model) else {
         return;
     };
     let node = &vpc.nodes[k];
@@ -305,7 +325,16 @@ fn vpc_ipam_check_gc_status_and_a_missing_agent() {
 /// rules back within that pass, and a new pod's rules went.
 #[test]
 fn ipam_changes_racing_the_agents_passes_leave_the_pools_rules() {
-    let Some((vpc, k)) = one_node_vpc() else {
+    ipam_changes_racing_the_agents_passes_leave_the_pools_rules_in(Model::Patched);
+}
+
+#[test]
+fn ipam_changes_racing_the_agents_passes_leave_the_pools_rules_stock_moto() {
+    ipam_changes_racing_the_agents_passes_leave_the_pools_rules_in(Model::Stock);
+}
+
+fn ipam_changes_racing_the_agents_passes_leave_the_pools_rules_in(model: Model) {
+    let Some((vpc, k)) = one_node_vpc(model) else {
         return;
     };
     let node = &vpc.nodes[k];

@@ -4,8 +4,10 @@
 //! everything else from the EC2 API: DescribeInstances once at start (the
 //! primary interface's subnet and security groups, which new interfaces
 //! get), then DescribeNetworkInterfaces and DescribeVpcs per
-//! [`Provider::describe`] (DescribeInstanceTypes and DescribeSubnets once
-//! each: a type's limits and a subnet's CIDR never change).
+//! [`Provider::describe`], DescribeNetworkInterfaces of one interface per
+//! [`Provider::describe_interface`] (DescribeInstanceTypes and
+//! DescribeSubnets once each: a type's limits and a subnet's CIDR never
+//! change).
 //!
 //! [`Aws::from_env`] follows the SDK's standard configuration: the
 //! credential chain (environment, profile, web identity, container, IMDS),
@@ -603,6 +605,38 @@ impl Provider for Aws {
             return self.delete_when_detached(id).await;
         }
         self.delete(id).await
+    }
+
+    async fn describe_interface(&self, id: &str) -> Result<Interface> {
+        let eni = self.one_interface(id).await?;
+        let att = eni.attachment();
+        if att.and_then(|a| a.instance_id()) != Some(self.instance_id.as_str()) {
+            return Err(CloudError::NotFound(format!(
+                "DescribeNetworkInterfaces: {id} is not attached to {}",
+                self.instance_id
+            )));
+        }
+        let subnets = match eni.subnet_id() {
+            Some(s) => self.subnet_cidrs([s.to_string()]).await?,
+            None => BTreeMap::new(),
+        };
+        interface_of(&eni, &subnets)
+    }
+
+    async fn assign_these_ips(&self, interface: &str, ips: &[Ipv4Addr]) -> Result<()> {
+        if ips.is_empty() {
+            return Ok(());
+        }
+        // Without AllowReassignment: an address another interface has now
+        // is that interface's, EC2 refuses and the pod's entry is kept.
+        self.ec2
+            .assign_private_ip_addresses()
+            .network_interface_id(interface)
+            .set_private_ip_addresses(Some(ips.iter().map(ToString::to_string).collect()))
+            .send()
+            .await
+            .map_err(|e| map_err("AssignPrivateIpAddresses", e))?;
+        Ok(())
     }
 
     async fn assign_ips(&self, interface: &str, count: u32) -> Result<Vec<Ipv4Addr>> {

@@ -612,6 +612,26 @@ impl Provider for Azure {
         )))
     }
 
+    async fn describe_interface(&self, id: &str) -> Result<Interface> {
+        // The whole view (IMDS, VM, NIC, VNet): the pool changes the NIC's
+        // configurations rarely (it reserves them up front), and the
+        // subnet's prefix comes with the VNet.
+        self.describe()
+            .await?
+            .interfaces
+            .into_iter()
+            .find(|i| i.id.eq_ignore_ascii_case(id))
+            .ok_or_else(|| CloudError::NotFound(format!("NIC {id} is not this VM's primary NIC")))
+    }
+
+    async fn assign_these_ips(&self, interface: &str, _ips: &[Ipv4Addr]) -> Result<()> {
+        // A Static IP configuration would do it; not done yet: the pod's
+        // assignment is kept and flagged instead.
+        Err(CloudError::Unsupported(format!(
+            "assigning given addresses back to NIC {interface} is not done on Azure"
+        )))
+    }
+
     async fn assign_ips(&self, interface: &str, count: u32) -> Result<Vec<Ipv4Addr>> {
         check_nic_id(interface)?;
         if count == 0 {

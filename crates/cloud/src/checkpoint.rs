@@ -1,8 +1,9 @@
 //! The pods' assignments on disk, so an agent restart neither loses a pod's
 //! address nor hands it to a second pod:
 //! `{"version": 1, "allocations": [{"containerID", "ifName", "ip",
-//! "interface"}], "cooling": [{"ip", "releasedAt"}]}` (`releasedAt` in unix
-//! milliseconds). A missing file is an empty checkpoint; a corrupt one is
+//! "interface", "mismatch"?}], "cooling": [{"ip", "releasedAt"}]}`
+//! (`releasedAt` in unix milliseconds; `mismatch` only on an assignment
+//! kept although the cloud's view lacks its address). A missing file is an empty checkpoint; a corrupt one is
 //! an error naming the file, and the agent refuses to start rather than
 //! guess (guessing could double-assign).
 
@@ -44,6 +45,13 @@ pub struct Entry {
     /// The cloud interface that carried `ip` when it was written (the
     /// cloud's view wins on restore).
     pub interface: String,
+    /// Set when the cloud's view did not show `ip` on any of the node's
+    /// interfaces at the agent's start and it could not be assigned back:
+    /// why. The pod keeps its address all the same (it still runs with
+    /// it); the field goes once the cloud shows the address again or the
+    /// pod is released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mismatch: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -143,6 +151,7 @@ mod tests {
                 if_name: "eth0".into(),
                 ip: Ipv4Addr::new(10, 0, 0, 5),
                 interface: "eni-1".into(),
+                mismatch: None,
             }],
             cooling: vec![Cooling {
                 ip: Ipv4Addr::new(10, 0, 0, 6),
@@ -154,6 +163,9 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(r#""containerID":"c1""#), "{text}");
         assert!(text.contains(r#""releasedAt":1700000000000"#), "{text}");
+        // No "mismatch" unless there is one, so older agents read it as
+        // they wrote it.
+        assert!(!text.contains("mismatch"), "{text}");
         // No temporary file left beside it.
         let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
             .unwrap()

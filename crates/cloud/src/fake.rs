@@ -30,6 +30,9 @@ struct State {
     calls: BTreeMap<&'static str, u64>,
     total_calls: u64,
     latency: Duration,
+    /// assign_ips answers with every address of the interface, its primary
+    /// first, as moto does (EC2 answers with the new ones).
+    answer_like_moto: bool,
 }
 
 /// An in-memory cloud for one instance.
@@ -77,6 +80,7 @@ impl FakeCloud {
                 calls: BTreeMap::new(),
                 total_calls: 0,
                 latency: Duration::ZERO,
+                answer_like_moto: false,
             })),
         }
     }
@@ -94,6 +98,13 @@ impl FakeCloud {
     /// kill the pool in the middle of one).
     pub fn set_latency(&self, d: Duration) {
         self.lock().latency = d;
+    }
+
+    /// assign_ips answers as moto's AssignPrivateIpAddresses does: the
+    /// interface's primary address and all its secondary ones, not only
+    /// the new ones.
+    pub fn answer_like_moto(&self, on: bool) {
+        self.lock().answer_like_moto = on;
     }
 
     /// Calls per method, throttled ones included.
@@ -157,6 +168,12 @@ impl FakeCloud {
             i.secondary_ips.retain(|x| *x != ip);
         }
         st.used.remove(&ip);
+    }
+
+    /// Marks `ip` as someone else's in the subnet (another instance took
+    /// it): nobody here can be given it.
+    pub fn take_ip(&self, ip: Ipv4Addr) {
+        self.lock().used.insert(ip);
     }
 
     async fn call(&self, method: &'static str) -> Result<()> {
@@ -300,6 +317,42 @@ impl Provider for FakeCloud {
         Ok(())
     }
 
+    async fn describe_interface(&self, id: &str) -> Result<Interface> {
+        self.call("describe_interface").await?;
+        let mut st = self.lock();
+        Ok(st.attached_mut(id)?.clone())
+    }
+
+    async fn assign_these_ips(&self, interface: &str, ips: &[Ipv4Addr]) -> Result<()> {
+        self.call("assign_these_ips").await?;
+        let mut st = self.lock();
+        let slots = st.limits.addrs_per_interface.saturating_sub(1);
+        let subnet = st.subnet;
+        let i = st.attached_mut(interface)?;
+        let used = (i.secondary_ips.len() + i.prefixes.len()) as u32;
+        let new: Vec<Ipv4Addr> = ips
+            .iter()
+            .copied()
+            .filter(|ip| !i.secondary_ips.contains(ip))
+            .collect();
+        if used + new.len() as u32 > slots {
+            return Err(CloudError::Limit(format!(
+                "PrivateIpAddressLimitExceeded: {interface} has {used} of {slots}"
+            )));
+        }
+        if let Some(ip) = new
+            .iter()
+            .find(|ip| !subnet.contains(**ip) || st.used.contains(ip))
+        {
+            return Err(CloudError::Other(format!(
+                "InvalidParameterValue: {ip} is in use or not in {subnet}"
+            )));
+        }
+        st.used.extend(&new);
+        st.attached_mut(interface)?.secondary_ips.extend(&new);
+        Ok(())
+    }
+
     async fn assign_ips(&self, interface: &str, count: u32) -> Result<Vec<Ipv4Addr>> {
         self.call("assign_ips").await?;
         let mut st = self.lock();
@@ -315,7 +368,14 @@ impl Provider for FakeCloud {
         for _ in 0..count {
             ips.push(st.free_ip()?);
         }
-        st.attached_mut(interface)?.secondary_ips.extend(&ips);
+        let i = st.attached_mut(interface)?;
+        i.secondary_ips.extend(&ips);
+        if st.answer_like_moto {
+            let i = st.attached_mut(interface)?;
+            return Ok(std::iter::once(i.primary_ip)
+                .chain(i.secondary_ips.iter().copied())
+                .collect());
+        }
         Ok(ips)
     }
 

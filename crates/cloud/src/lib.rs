@@ -127,13 +127,27 @@ pub trait Provider: Send + Sync {
     fn leaked_interfaces(&self) -> impl Future<Output = Result<Vec<String>>> + Send;
     /// Detach (if attached) and delete.
     fn delete_interface(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
-    /// `count` more secondary addresses on the interface; returns the new
-    /// ones (/32).
+    /// One attached interface as the cloud describes it now. What the pool
+    /// hands out after an assignment comes from here, not from the
+    /// assignment's answer: answers differ between models of the API (moto
+    /// lists the interface's primary address with the new ones, EC2 only
+    /// the new ones), a describe is the cloud's own view.
+    fn describe_interface(&self, id: &str) -> impl Future<Output = Result<Interface>> + Send;
+    /// `count` more secondary addresses on the interface; returns what the
+    /// call answered (for the log: see [`Provider::describe_interface`]).
     fn assign_ips(
         &self,
         interface: &str,
         count: u32,
     ) -> impl Future<Output = Result<Vec<Ipv4Addr>>> + Send;
+    /// These very addresses onto the interface as secondary addresses: a
+    /// restarted agent's way to take back a pod's address the cloud no
+    /// longer shows there. Refused (an error) when someone else has one.
+    fn assign_these_ips(
+        &self,
+        interface: &str,
+        ips: &[Ipv4Addr],
+    ) -> impl Future<Output = Result<()>> + Send;
     fn unassign_ips(
         &self,
         interface: &str,

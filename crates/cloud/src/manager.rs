@@ -5,6 +5,7 @@
 //! does. Assignments are checkpointed before an address is handed out, so
 //! a restarted agent hands no address to two pods.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -16,7 +17,7 @@ use serde::Serialize;
 use tokio::sync::{Notify, watch};
 
 use crate::checkpoint::{self, Checkpoint};
-use crate::pool::{Pool, PoolConfig, Step};
+use crate::pool::{Missing, Pool, PoolConfig, Refused, Step};
 use crate::{CloudError, Instance, Interface, Limits, Provider, Result};
 
 pub use crate::pool::Allocation;
@@ -24,6 +25,17 @@ pub use crate::pool::Allocation;
 macro_rules! log {
     ($($arg:tt)*) => { eprintln!("rcni-node: cloud: {}", format_args!($($arg)*)) };
 }
+
+/// What an operator has to look at: a pod whose address the cloud's view
+/// does not bear out, an answer of the cloud the pool did not believe.
+macro_rules! warn {
+    ($($arg:tt)*) => { eprintln!("rcni-node: cloud: warning: {}", format_args!($($arg)*)) };
+}
+
+/// What was done with a checkpointed assignment the cloud's view did not
+/// bear out at start: the label of the agent's
+/// `rcni_cloud_checkpoint_mismatches_total`.
+pub const MISMATCH_ACTIONS: [&str; 3] = ["reacquired", "kept", "dropped"];
 
 /// Why no address was handed out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,6 +112,11 @@ pub struct Snapshot {
     pub max_pods: u32,
     /// Cloud API calls so far.
     pub provider_calls: u64,
+    /// Checkpointed assignments the cloud's view did not bear out at start,
+    /// by what was done ([`MISMATCH_ACTIONS`]): the address assigned back
+    /// ("reacquired"), the assignment kept and flagged without it ("kept"),
+    /// an entry contradicting another left out ("dropped").
+    pub checkpoint_mismatches: BTreeMap<&'static str, u64>,
 }
 
 struct State {
@@ -115,6 +132,7 @@ pub struct Manager<P: Provider> {
     changes: watch::Sender<u64>,
     checkpoint: PathBuf,
     tuning: Tuning,
+    mismatches: BTreeMap<&'static str, u64>,
 }
 
 /// Retries a call while the cloud throttles it, backing off as the loop
@@ -137,11 +155,49 @@ async fn patiently<T, F: Future<Output = Result<T>>>(
     f().await
 }
 
+/// Assigns a checkpointed pod's address back to the interface the checkpoint
+/// had it on, and confirms with a describe that it is there; why not
+/// otherwise.
+async fn reacquire<P: Provider>(
+    provider: &P,
+    tuning: &Tuning,
+    pool: &mut Pool,
+    m: &Missing,
+) -> std::result::Result<(), String> {
+    let (ip, interface) = (m.ip, m.interface.as_str());
+    if let Some(i) = pool.interfaces().find(|i| i.primary_ip == ip) {
+        return Err(format!("it is {}'s own address, never a pod's", i.id));
+    }
+    if pool.cfg.prefix_delegation {
+        return Err("prefix mode: only whole prefixes are assigned".into());
+    }
+    if !pool.interfaces().any(|i| i.id == interface) {
+        return Err(format!("{interface} is no longer attached"));
+    }
+    let ips = [ip];
+    patiently(tuning, || provider.assign_these_ips(interface, &ips))
+        .await
+        .map_err(|e| e.to_string())?;
+    let described = patiently(tuning, || provider.describe_interface(interface))
+        .await
+        .map_err(|e| format!("assigned, then {e}"))?;
+    if pool.confirm(&m.attachment, &described, SystemTime::now()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "assigned, but a describe of {interface} does not show it as a secondary address"
+        ))
+    }
+}
+
 impl<P: Provider + 'static> Manager<P> {
     /// Describe the node, delete leaked (unattached, ours) interfaces, load
-    /// the checkpoint and reconcile it with the cloud's view (an assignment
-    /// whose address the cloud no longer has is dropped and logged; cloud
-    /// addresses no assignment holds are free); never leaks, never
+    /// the checkpoint and reconcile it with the cloud's view: cloud
+    /// addresses no assignment holds are free; an assignment whose address
+    /// the cloud no longer shows is never dropped (its pod still runs): the
+    /// address is assigned back to its interface where the cloud lets us,
+    /// else the assignment is kept and flagged in the checkpoint; either
+    /// way a warning and `checkpoint_mismatches`. Never leaks, never
     /// double-assigns.
     pub async fn start(provider: P, cfg: PoolConfig, checkpoint: PathBuf) -> Result<Arc<Self>> {
         Self::start_tuned(provider, cfg, checkpoint, Tuning::default()).await
@@ -173,7 +229,7 @@ impl<P: Provider + 'static> Manager<P> {
         }
         let now = SystemTime::now();
         let mut pool = Pool::new(cfg, view.limits, view.interfaces, now);
-        let dropped = pool.restore_assignments(
+        let restored = pool.restore_assignments(
             cp.allocations.into_iter().map(|e| {
                 (
                     Attachment {
@@ -181,6 +237,7 @@ impl<P: Provider + 'static> Manager<P> {
                         if_name: e.if_name,
                     },
                     e.ip,
+                    e.interface,
                 )
             }),
             cp.cooling
@@ -188,17 +245,46 @@ impl<P: Provider + 'static> Manager<P> {
                 .map(|c| (c.ip, checkpoint::from_unix_ms(c.released_at))),
             now,
         );
-        for d in &dropped {
-            log!("checkpoint: dropped {d}");
+        let mut mismatches: BTreeMap<&'static str, u64> =
+            MISMATCH_ACTIONS.iter().map(|a| (*a, 0)).collect();
+        for d in &restored.dropped {
+            warn!("checkpoint: dropped {d}");
+            *mismatches.entry("dropped").or_default() += 1;
+        }
+        for m in restored.missing {
+            let Missing {
+                attachment: a,
+                ip,
+                interface,
+            } = &m;
+            let pod = format!("{}/{}", a.container_id, a.if_name);
+            match reacquire(&provider, &tuning, &mut pool, &m).await {
+                Ok(()) => {
+                    warn!(
+                        "checkpoint: {pod}: {ip} was not on {interface} in the cloud's view; assigned it back, the pod keeps it"
+                    );
+                    *mismatches.entry("reacquired").or_default() += 1;
+                }
+                Err(why) => {
+                    warn!(
+                        "checkpoint: {pod}: {ip} is not on {interface} in the cloud's view and was not assigned back ({why}); kept for the pod and flagged in the checkpoint: the pod may be unreachable until it is deleted"
+                    );
+                    pool.flag(
+                        a,
+                        format!("{ip} is not on {interface} in the cloud's view: {why}"),
+                    );
+                    *mismatches.entry("kept").or_default() += 1;
+                }
+            }
         }
         let s = pool.stats(now);
         log!(
-            "{} ({}): {} interfaces, {} addresses, {} held by pods, max pods {}",
+            "{} ({}): {} interfaces, {} addresses, {} pods, max pods {}",
             view.instance.id,
             view.instance.instance_type,
             pool.interfaces().count(),
             s.total,
-            s.assigned,
+            pool.allocations().count(),
             pool.max_pods()
         );
         let mgr = Arc::new(Manager {
@@ -212,6 +298,7 @@ impl<P: Provider + 'static> Manager<P> {
             changes: watch::channel(0).0,
             checkpoint,
             tuning,
+            mismatches,
         });
         {
             let st = mgr.lock();
@@ -238,6 +325,7 @@ impl<P: Provider + 'static> Manager<P> {
                     if_name: a.if_name.clone(),
                     ip: al.ip,
                     interface: al.interface.clone(),
+                    mismatch: st.pool.mismatch(a).map(str::to_string),
                 })
                 .collect(),
             cooling: st
@@ -348,6 +436,7 @@ impl<P: Provider + 'static> Manager<P> {
             total: s.total,
             max_pods: st.pool.max_pods(),
             provider_calls: self.provider.calls(),
+            checkpoint_mismatches: self.mismatches.clone(),
         }
     }
 
@@ -450,24 +539,25 @@ impl<P: Provider + 'static> Manager<P> {
         let p = &self.provider;
         match step {
             Step::AssignIps { interface, count } => {
-                let ips = p.assign_ips(&interface, count).await?;
-                log!("{interface}: +{} addresses", ips.len());
-                self.lock()
-                    .pool
-                    .add_ips(&interface, &ips, SystemTime::now());
+                let answered = p.assign_ips(&interface, count).await?;
+                let described = p.describe_interface(&interface).await?;
+                self.take_described(&described, &answered, &[]);
             }
             Step::AssignPrefixes { interface, count } => {
-                let prefixes = p.assign_prefixes(&interface, count).await?;
-                log!("{interface}: +{} prefixes", prefixes.len());
-                self.lock()
-                    .pool
-                    .add_prefixes(&interface, &prefixes, SystemTime::now());
+                let answered = p.assign_prefixes(&interface, count).await?;
+                let described = p.describe_interface(&interface).await?;
+                self.take_described(&described, &[], &answered);
             }
             Step::CreateInterface {
                 device_index,
                 count,
             } => {
-                let iface = p.create_interface(device_index).await?;
+                let mut iface = p.create_interface(device_index).await?;
+                // What an interface carries for pods is what a describe
+                // after the assignment below shows, never the create's
+                // answer.
+                iface.secondary_ips.clear();
+                iface.prefixes.clear();
                 let id = iface.id.clone();
                 log!(
                     "attached {id} ({}) at device index {device_index}",
@@ -477,15 +567,13 @@ impl<P: Provider + 'static> Manager<P> {
                 self.changed();
                 if count > 0 {
                     let prefix = self.lock().pool.cfg.prefix_delegation;
-                    if prefix {
-                        let v = p.assign_prefixes(&id, count).await?;
-                        log!("{id}: +{} prefixes", v.len());
-                        self.lock().pool.add_prefixes(&id, &v, SystemTime::now());
+                    let (ips, prefixes) = if prefix {
+                        (Vec::new(), p.assign_prefixes(&id, count).await?)
                     } else {
-                        let v = p.assign_ips(&id, count).await?;
-                        log!("{id}: +{} addresses", v.len());
-                        self.lock().pool.add_ips(&id, &v, SystemTime::now());
-                    }
+                        (p.assign_ips(&id, count).await?, Vec::new())
+                    };
+                    let described = p.describe_interface(&id).await?;
+                    self.take_described(&described, &ips, &prefixes);
                 }
             }
             Step::UnassignIps { interface, ips } => {
@@ -539,6 +627,56 @@ impl<P: Provider + 'static> Manager<P> {
 }
 
 impl<P: Provider> Manager<P> {
+    /// What a describe after an assignment adds to the pool (see
+    /// [`Pool::pick_described`]); warns of what the answer named that the
+    /// pool did not take (an interface's primary address in moto's answer,
+    /// say).
+    fn take_described(
+        &self,
+        described: &Interface,
+        ips: &[Ipv4Addr],
+        prefixes: &[ipnetwork::Ipv4Network],
+    ) {
+        let id = &described.id;
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let picked = st.pool.add_described(
+            described,
+            ips,
+            prefixes,
+            SystemTime::now(),
+            self.tuning.reconcile_quiet,
+        );
+        drop(st);
+        let Some(picked) = picked else {
+            log!("{id}: no longer the pool's; its addresses wait for the next reconcile");
+            return;
+        };
+        if !picked.ips.is_empty() {
+            log!("{id}: +{} addresses", picked.ips.len());
+        }
+        if !picked.prefixes.is_empty() {
+            log!("{id}: +{} prefixes", picked.prefixes.len());
+        }
+        for (ip, why) in &picked.refused_ips {
+            if ips.contains(ip) {
+                warn!("{id}: the assignment answered {ip}, {why}: not handed out");
+            } else if *why == Refused::Recent {
+                // A describe lagging the pool's own give-back is expected.
+                log!("{id}: the describe still shows {ip}, {why}: not taken");
+            } else {
+                warn!("{id}: its describe after the assignment shows {ip}, {why}: not handed out");
+            }
+        }
+        for (p, why) in &picked.refused_prefixes {
+            let how = if prefixes.contains(p) {
+                "the assignment answered"
+            } else {
+                "its describe after the assignment shows"
+            };
+            warn!("{id}: {how} {p}, {why}: not handed out");
+        }
+    }
+
     /// Addresses that can be handed out right now.
     pub fn free(&self) -> u32 {
         let st = self.state.lock().unwrap_or_else(|e| e.into_inner());

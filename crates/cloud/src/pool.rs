@@ -393,6 +393,66 @@ pub enum Step {
     },
 }
 
+/// A checkpointed assignment whose address is on none of the node's
+/// interfaces in the cloud's view ([`Pool::restore_assignments`]): the
+/// pool keeps it (the pod still runs with the address) and the agent tries
+/// to assign the address back to `interface`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    pub attachment: Attachment,
+    pub ip: Ipv4Addr,
+    /// The interface the checkpoint had it on.
+    pub interface: String,
+}
+
+/// What [`Pool::restore_assignments`] could not take over as it was.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Kept, but not on any interface in the cloud's view.
+    pub missing: Vec<Missing>,
+    /// Left out, why: entries that contradict other entries (an address
+    /// two attachments claim, a second address for one attachment).
+    pub dropped: Vec<String>,
+}
+
+/// Why an address a describe or an assignment's answer showed was not
+/// taken into the pool ([`Pool::pick_described`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refused {
+    /// An interface's own address: never a pod's.
+    Primary,
+    /// Another of the node's interfaces has it in the pool.
+    OtherInterface,
+    /// The pool gave it back a moment ago; a describe may lag the cloud's
+    /// writes, so only the assignment's answer naming it brings it back.
+    Recent,
+    /// The answer named it, the describe does not show it as one of the
+    /// interface's secondary addresses (prefixes).
+    NotDescribed,
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Refused::Primary => "an interface's primary address",
+            Refused::OtherInterface => "on another of the node's interfaces",
+            Refused::Recent => "given back a moment ago",
+            Refused::NotDescribed => "not a secondary address of the interface in its describe",
+        })
+    }
+}
+
+/// What a describe of an interface after an assignment adds to the pool
+/// ([`Pool::pick_described`]), and what it leaves out of what the describe
+/// or the answer showed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Picked {
+    pub ips: Vec<Ipv4Addr>,
+    pub prefixes: Vec<Ipv4Network>,
+    pub refused_ips: Vec<(Ipv4Addr, Refused)>,
+    pub refused_prefixes: Vec<(Ipv4Network, Refused)>,
+}
+
 /// Where a pod's address lives.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Allocation {
@@ -428,6 +488,11 @@ pub struct Pool {
     /// those alone for a while, the cloud's reads being eventually
     /// consistent (ipamd's `reconcileCooldownCache`).
     touched: HashMap<String, SystemTime>,
+    /// Assignments kept although their address is on none of the node's
+    /// interfaces in the cloud's view, with why (the checkpoint's
+    /// `mismatch`): the pod still runs with it, so the address stays its
+    /// own until it is released.
+    mismatched: BTreeMap<Attachment, String>,
 }
 
 impl Pool {
@@ -453,6 +518,7 @@ impl Pool {
             cooling: HashMap::new(),
             last_decrease: None,
             touched: HashMap::new(),
+            mismatched: BTreeMap::new(),
         }
     }
 
@@ -557,6 +623,9 @@ impl Pool {
         if let Some(al) = self.assigned.get(a) {
             return Some(al.clone());
         }
+        // Whatever a provider's describe or answer said, an interface's own
+        // address is never a pod's.
+        let primaries: Vec<Ipv4Addr> = self.interfaces().map(|i| i.primary_ip).collect();
         let mut found = None;
         'outer: for slot in self.slots.values() {
             let iface = &slot.iface;
@@ -566,7 +635,10 @@ impl Pool {
                 Box::new(iface.secondary_ips.iter().copied())
             };
             for ip in candidates {
-                if !self.owner.contains_key(&ip) && !self.cooling_at(ip, now) {
+                if !self.owner.contains_key(&ip)
+                    && !self.cooling_at(ip, now)
+                    && !primaries.contains(&ip)
+                {
                     found = Some(Allocation {
                         ip,
                         interface: iface.id.clone(),
@@ -587,47 +659,87 @@ impl Pool {
     pub fn unassign(&mut self, a: &Attachment, now: SystemTime) -> Option<Allocation> {
         let al = self.assigned.remove(a)?;
         self.owner.remove(&al.ip);
-        self.cooling.insert(al.ip, now);
+        self.mismatched.remove(a);
+        // An address on none of the interfaces is not the pool's to hand
+        // out again, cooled or not.
+        if self.carrier(al.ip).is_some() {
+            self.cooling.insert(al.ip, now);
+        }
         Some(al)
     }
 
-    /// Takes a checkpoint's assignments and cooling addresses over, as far
-    /// as the cloud's view (this pool's interfaces) agrees: an assignment
-    /// whose address no interface carries, or whose address an earlier
-    /// entry holds, is dropped. Returns what was dropped and why.
+    /// Why `a`'s assignment is kept though the cloud's view lacks its
+    /// address, if it is.
+    pub fn mismatch(&self, a: &Attachment) -> Option<&str> {
+        self.mismatched.get(a).map(String::as_str)
+    }
+
+    /// Flags `a`'s assignment as one the cloud's view does not bear out.
+    pub fn flag(&mut self, a: &Attachment, why: String) {
+        if self.assigned.contains_key(a) {
+            self.mismatched.insert(a.clone(), why);
+        }
+    }
+
+    /// Takes a checkpoint's assignments (attachment, address, the
+    /// interface it was on) and cooling addresses over. An assignment whose
+    /// address no interface carries in the cloud's view is kept all the
+    /// same (its pod still runs with it: dropping it would lose track of a
+    /// live pod and hand the address to another) and returned as
+    /// [`Missing`], flagged until [`Pool::confirm`] or a reconcile finds
+    /// the address again. Only entries that contradict earlier ones (an
+    /// address already held, a second address for one attachment) are
+    /// left out, and returned with why.
     pub fn restore_assignments(
         &mut self,
-        entries: impl IntoIterator<Item = (Attachment, Ipv4Addr)>,
+        entries: impl IntoIterator<Item = (Attachment, Ipv4Addr, String)>,
         cooling: impl IntoIterator<Item = (Ipv4Addr, SystemTime)>,
         now: SystemTime,
-    ) -> Vec<String> {
-        let mut dropped = Vec::new();
-        for (a, ip) in entries {
-            let Some(iface) = self.carrier(ip) else {
-                dropped.push(format!(
-                    "{}/{}: {ip} is no longer on any of this node's interfaces",
-                    a.container_id, a.if_name
-                ));
-                continue;
-            };
+    ) -> Restored {
+        let mut out = Restored::default();
+        for (a, ip, interface) in entries {
             if let Some(other) = self.owner.get(&ip) {
-                dropped.push(format!(
+                out.dropped.push(format!(
                     "{}/{}: {ip} is already held by {}/{}",
                     a.container_id, a.if_name, other.container_id, other.if_name
                 ));
                 continue;
             }
             if self.assigned.contains_key(&a) {
-                dropped.push(format!(
+                out.dropped.push(format!(
                     "{}/{}: a second address {ip} for the same attachment",
                     a.container_id, a.if_name
                 ));
                 continue;
             }
-            let al = Allocation {
-                ip,
-                interface: iface.id.clone(),
-                device_index: iface.device_index,
+            let al = match self.carrier(ip) {
+                Some(iface) => Allocation {
+                    ip,
+                    interface: iface.id.clone(),
+                    device_index: iface.device_index,
+                },
+                None => {
+                    let device_index = self
+                        .interfaces()
+                        .find(|i| i.id == interface)
+                        .map_or(0, |i| i.device_index);
+                    self.mismatched.insert(
+                        a.clone(),
+                        format!("{ip} is not on {interface} in the cloud's view"),
+                    );
+                    out.missing.push(Missing {
+                        attachment: a.clone(),
+                        ip,
+                        interface: interface.clone(),
+                    });
+                    Allocation {
+                        ip,
+                        // An interface gone too: its route table went with
+                        // it, the main table is all there is.
+                        device_index,
+                        interface,
+                    }
+                }
             };
             self.owner.insert(ip, a.clone());
             self.assigned.insert(a, al);
@@ -640,7 +752,34 @@ impl Pool {
                 self.cooling.insert(ip, at);
             }
         }
-        dropped
+        out
+    }
+
+    /// `a`'s address as `described` (a describe of the interface after the
+    /// address was assigned back to it) shows it: if it is one of the
+    /// interface's secondary addresses, the assignment is the cloud's
+    /// again (no longer flagged) and true.
+    pub fn confirm(&mut self, a: &Attachment, described: &Interface, now: SystemTime) -> bool {
+        let Some(ip) = self.assigned.get(a).map(|al| al.ip) else {
+            return false;
+        };
+        if !described.secondary_ips.contains(&ip) || described.primary_ip == ip {
+            return false;
+        }
+        let Some(slot) = self.slots.values_mut().find(|s| s.iface.id == described.id) else {
+            return false;
+        };
+        if !slot.iface.secondary_ips.contains(&ip) {
+            slot.iface.secondary_ips.push(ip);
+        }
+        let device_index = slot.iface.device_index;
+        self.touched.insert(format!("ip:{ip}"), now);
+        if let Some(al) = self.assigned.get_mut(a) {
+            al.interface = described.id.clone();
+            al.device_index = device_index;
+        }
+        self.mismatched.remove(a);
+        true
     }
 
     fn used_slots(iface: &Interface) -> u32 {
@@ -937,6 +1076,110 @@ impl Pool {
         true
     }
 
+    /// What `described`, a describe of one of the node's interfaces right
+    /// after an assignment on it answered `answered_ips` or
+    /// `answered_prefixes`, adds to the pool: the secondary addresses
+    /// (prefixes) it shows that the pool does not have on it yet. Never an
+    /// interface's primary address, never one the pool has on another
+    /// interface, never one it gave back less than `quiet` ago unless the
+    /// answer names it (a describe may still show what is gone). What the
+    /// answer names and the describe does not show as a secondary address
+    /// is refused: the answer alone never puts an address in the pool (as
+    /// ipamd once did, `GetIPv4sFromEC2` after each assignment "to verify
+    /// which IPs got attached").
+    pub fn pick_described(
+        &self,
+        described: &Interface,
+        answered_ips: &[Ipv4Addr],
+        answered_prefixes: &[Ipv4Network],
+        now: SystemTime,
+        quiet: Duration,
+    ) -> Picked {
+        let recent = |key: String| {
+            self.touched
+                .get(&key)
+                .is_some_and(|at| now.duration_since(*at).unwrap_or_default() < quiet)
+        };
+        let known = self.interfaces().find(|i| i.id == described.id);
+        let others: Vec<&Interface> = self.interfaces().filter(|i| i.id != described.id).collect();
+        let is_primary = |ip: &Ipv4Addr| {
+            *ip == described.primary_ip || self.interfaces().any(|i| i.primary_ip == *ip)
+        };
+        let mut out = Picked::default();
+        for ip in &described.secondary_ips {
+            if known.is_some_and(|k| k.secondary_ips.contains(ip)) || out.ips.contains(ip) {
+                continue;
+            }
+            let why = if is_primary(ip) {
+                Some(Refused::Primary)
+            } else if others.iter().any(|o| o.secondary_ips.contains(ip)) {
+                Some(Refused::OtherInterface)
+            } else if recent(format!("ip:{ip}")) && !answered_ips.contains(ip) {
+                Some(Refused::Recent)
+            } else {
+                None
+            };
+            match why {
+                Some(r) => out.refused_ips.push((*ip, r)),
+                None => out.ips.push(*ip),
+            }
+        }
+        for ip in answered_ips {
+            if described.secondary_ips.contains(ip) || out.refused_ips.iter().any(|(x, _)| x == ip)
+            {
+                continue;
+            }
+            let why = if is_primary(ip) {
+                Refused::Primary
+            } else {
+                Refused::NotDescribed
+            };
+            out.refused_ips.push((*ip, why));
+        }
+        for p in &described.prefixes {
+            if known.is_some_and(|k| k.prefixes.contains(p)) || out.prefixes.contains(p) {
+                continue;
+            }
+            let why = if others.iter().any(|o| o.prefixes.contains(p)) {
+                Some(Refused::OtherInterface)
+            } else if recent(format!("prefix:{p}")) && !answered_prefixes.contains(p) {
+                Some(Refused::Recent)
+            } else {
+                None
+            };
+            match why {
+                Some(r) => out.refused_prefixes.push((*p, r)),
+                None => out.prefixes.push(*p),
+            }
+        }
+        for p in answered_prefixes {
+            if !described.prefixes.contains(p) {
+                out.refused_prefixes.push((*p, Refused::NotDescribed));
+            }
+        }
+        out
+    }
+
+    /// [`Pool::pick_described`], then what it picked into the pool (false
+    /// in [`Picked`]'s place when the pool no longer knows the interface).
+    pub fn add_described(
+        &mut self,
+        described: &Interface,
+        answered_ips: &[Ipv4Addr],
+        answered_prefixes: &[Ipv4Network],
+        now: SystemTime,
+        quiet: Duration,
+    ) -> Option<Picked> {
+        let picked = self.pick_described(described, answered_ips, answered_prefixes, now, quiet);
+        if !self.add_ips(&described.id, &picked.ips, now)
+            || !self.add_prefixes(&described.id, &picked.prefixes, now)
+        {
+            return None;
+        }
+        self.found_again();
+        Some(picked)
+    }
+
     /// Takes the cloud's view over again (ipamd's `nodeIPPoolReconcile`):
     /// interfaces and addresses the cloud has and the pool does not become
     /// free; those the pool has and the cloud no longer does go, with any
@@ -1042,6 +1285,33 @@ impl Pool {
             }
         }
         self.cooling.retain(|ip, _| !gone(ip));
+        notes.extend(self.found_again());
+        notes
+    }
+
+    /// Kept assignments whose address is on one of the interfaces again:
+    /// the cloud's again, no longer flagged. Returns what changed, to log.
+    fn found_again(&mut self) -> Vec<String> {
+        let found: Vec<(Attachment, Interface)> = self
+            .mismatched
+            .keys()
+            .filter_map(|a| {
+                let ip = self.assigned.get(a)?.ip;
+                Some((a.clone(), self.carrier(ip)?.clone()))
+            })
+            .collect();
+        let mut notes = Vec::new();
+        for (a, iface) in found {
+            self.mismatched.remove(&a);
+            if let Some(al) = self.assigned.get_mut(&a) {
+                al.interface = iface.id.clone();
+                al.device_index = iface.device_index;
+                notes.push(format!(
+                    "{}/{}: {} is on {} again",
+                    a.container_id, a.if_name, al.ip, iface.id
+                ));
+            }
+        }
         notes
     }
 }
@@ -1049,6 +1319,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     fn limits(ifaces: u32, addrs: u32) -> Limits {
         Limits {
@@ -1620,5 +1891,220 @@ mod tests {
         assert_eq!(notes.len(), 4, "{notes:?}");
         assert_eq!(sim.pool.lookup(&a), None);
         assert_eq!(sim.pool.stats(t0).total, 0);
+    }
+
+    fn ip(last: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, 0, 0, last)
+    }
+
+    fn iface(id: &str, device_index: u32, primary: u8, secondary: &[u8]) -> Interface {
+        Interface {
+            id: id.into(),
+            mac: format!("02:00:00:00:00:0{device_index}"),
+            device_index,
+            subnet: "10.0.0.0/24".parse().unwrap(),
+            primary_ip: ip(primary),
+            secondary_ips: secondary.iter().map(|b| ip(*b)).collect(),
+            prefixes: vec![],
+        }
+    }
+
+    fn att(cid: &str) -> Attachment {
+        Attachment {
+            container_id: cid.into(),
+            if_name: "eth0".into(),
+        }
+    }
+
+    /// moto's AssignPrivateIpAddresses answer lists the interface's primary
+    /// address with the new ones: only what the describe shows as a
+    /// secondary address goes into the pool, never an interface's primary,
+    /// one of another interface, or one the pool just gave back that the
+    /// answer does not name.
+    #[test]
+    fn what_is_handed_out_after_an_assignment_comes_from_the_describe() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let quiet = Duration::from_secs(60);
+        let mut pool = Pool::new(
+            PoolConfig::default(),
+            limits(3, 10),
+            vec![iface("eni-0", 0, 10, &[20]), iface("eni-1", 1, 30, &[40])],
+            t0,
+        );
+        // Given back a moment ago; a lagging describe still shows it.
+        pool.touched.insert(format!("ip:{}", ip(22)), t0);
+        let described = iface("eni-0", 0, 10, &[20, 21, 22, 30, 40, 24]);
+        let answered = [ip(10), ip(20), ip(21), ip(23), ip(24)];
+        let picked = pool.pick_described(&described, &answered, &[], t0, quiet);
+        assert_eq!(picked.ips, [ip(21), ip(24)]);
+        let mut refused = picked.refused_ips.clone();
+        refused.sort();
+        assert_eq!(
+            refused,
+            [
+                (ip(10), Refused::Primary),
+                (ip(22), Refused::Recent),
+                (ip(23), Refused::NotDescribed),
+                (ip(30), Refused::Primary),
+                (ip(40), Refused::OtherInterface),
+            ]
+        );
+        // Past the quiet window the describe is believed again; named by
+        // the answer, it is taken at once.
+        let later = pool.pick_described(&described, &[], &[], t0 + quiet, quiet);
+        assert!(later.ips.contains(&ip(22)), "{later:?}");
+        let named = pool.pick_described(&described, &[ip(22)], &[], t0, quiet);
+        assert!(named.ips.contains(&ip(22)), "{named:?}");
+        // The answer alone adds nothing.
+        let bare = iface("eni-0", 0, 10, &[20]);
+        let none = pool.pick_described(&bare, &answered, &[], t0, quiet);
+        assert!(none.ips.is_empty(), "{none:?}");
+
+        assert!(
+            pool.add_described(&described, &answered, &[], t0, quiet)
+                .is_some()
+        );
+        let mut got = BTreeSet::new();
+        for k in 0..10 {
+            if let Some(al) = pool.assign(&att(&format!("c{k}")), t0) {
+                got.insert(al.ip);
+            }
+        }
+        assert_eq!(got, BTreeSet::from([ip(20), ip(21), ip(24), ip(40)]));
+        let gone = iface("eni-9", 2, 50, &[51]);
+        assert_eq!(pool.add_described(&gone, &[], &[], t0, quiet), None);
+    }
+
+    #[test]
+    fn prefixes_after_an_assignment_come_from_the_describe_too() {
+        let t0 = SystemTime::UNIX_EPOCH;
+        let cfg = PoolConfig {
+            prefix_delegation: true,
+            ..Default::default()
+        };
+        let mut primary = iface("eni-0", 0, 10, &[]);
+        primary.prefixes = vec!["10.0.0.32/28".parse().unwrap()];
+        let pool = Pool::new(cfg, limits(3, 10), vec![primary.clone()], t0);
+        let (p1, p2): (Ipv4Network, Ipv4Network) = (
+            "10.0.0.48/28".parse().unwrap(),
+            "10.0.0.64/28".parse().unwrap(),
+        );
+        let mut described = primary;
+        described.prefixes.push(p1);
+        let picked = pool.pick_described(&described, &[], &[p1, p2], t0, Duration::ZERO);
+        assert_eq!(picked.prefixes, [p1]);
+        assert_eq!(picked.refused_prefixes, [(p2, Refused::NotDescribed)]);
+    }
+
+    /// Whatever a provider put in an interface's secondary addresses, the
+    /// pool hands out no interface's primary address.
+    #[test]
+    fn no_primary_address_is_ever_handed_out() {
+        let t0 = SystemTime::UNIX_EPOCH;
+        let mut pool = Pool::new(
+            PoolConfig::default(),
+            limits(3, 10),
+            vec![
+                iface("eni-0", 0, 10, &[10, 30, 11]),
+                iface("eni-1", 1, 30, &[]),
+            ],
+            t0,
+        );
+        let got: Vec<Ipv4Addr> = (0..4)
+            .filter_map(|k| pool.assign(&att(&format!("c{k}")), t0).map(|al| al.ip))
+            .collect();
+        assert_eq!(got, [ip(11)]);
+    }
+
+    /// A restart never drops a live pod because the cloud's view lacks its
+    /// address: the assignment is kept (its address handed to nobody
+    /// else), flagged, and confirmed once a describe shows the address
+    /// again. Only entries contradicting earlier ones are left out.
+    #[test]
+    fn restore_keeps_what_the_cloud_lost_and_confirm_takes_it_back() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut pool = Pool::new(
+            PoolConfig::default(),
+            limits(3, 10),
+            vec![iface("eni-0", 0, 10, &[20, 21]), iface("eni-1", 1, 30, &[])],
+            t0,
+        );
+        let restored = pool.restore_assignments(
+            [
+                (att("held"), ip(20), "eni-0".into()),
+                (att("lost"), ip(25), "eni-0".into()),
+                (att("orphan"), ip(26), "eni-7".into()),
+                (att("twice"), ip(20), "eni-0".into()),
+                (att("held"), ip(21), "eni-0".into()),
+            ],
+            [(ip(25), t0)],
+            t0,
+        );
+        assert_eq!(
+            restored.missing,
+            [
+                Missing {
+                    attachment: att("lost"),
+                    ip: ip(25),
+                    interface: "eni-0".into(),
+                },
+                Missing {
+                    attachment: att("orphan"),
+                    ip: ip(26),
+                    interface: "eni-7".into(),
+                },
+            ]
+        );
+        assert_eq!(restored.dropped.len(), 2, "{:?}", restored.dropped);
+        assert!(restored.dropped[0].contains("already held by held/eth0"));
+        assert!(restored.dropped[1].contains("second address"));
+        for (cid, device_index) in [("lost", 0), ("orphan", 0)] {
+            let al = pool.lookup(&att(cid)).expect("kept");
+            assert_eq!(al.device_index, device_index);
+            assert!(pool.mismatch(&att(cid)).is_some());
+        }
+        assert_eq!(pool.mismatch(&att("held")), None);
+        // Nobody else gets them; the one free address goes.
+        assert_eq!(pool.assign(&att("new"), t0).map(|al| al.ip), Some(ip(21)));
+        assert_eq!(pool.assign(&att("newer"), t0), None);
+
+        // Assigned back: the describe shows it as a secondary address.
+        assert!(!pool.confirm(&att("lost"), &iface("eni-0", 0, 10, &[20, 21]), t0));
+        assert!(pool.confirm(&att("lost"), &iface("eni-0", 0, 10, &[20, 21, 25]), t0));
+        assert_eq!(pool.mismatch(&att("lost")), None);
+        assert!(
+            pool.interfaces()
+                .next()
+                .unwrap()
+                .secondary_ips
+                .contains(&ip(25))
+        );
+        // Released without its address: nothing to cool, nothing to reuse.
+        let al = pool.unassign(&att("orphan"), t0).unwrap();
+        assert_eq!(al.ip, ip(26));
+        assert_eq!(pool.mismatch(&att("orphan")), None);
+        assert!(pool.cooling(t0).is_empty());
+    }
+
+    #[test]
+    fn a_reconcile_that_finds_a_kept_address_clears_its_flag() {
+        let t0 = SystemTime::UNIX_EPOCH + Duration::from_secs(1000);
+        let mut pool = Pool::new(
+            PoolConfig::default(),
+            limits(3, 10),
+            vec![iface("eni-0", 0, 10, &[20]), iface("eni-1", 1, 30, &[])],
+            t0,
+        );
+        pool.restore_assignments([(att("lost"), ip(25), "eni-0".into())], [], t0);
+        assert!(pool.mismatch(&att("lost")).is_some());
+        let notes = pool.reconcile(
+            vec![iface("eni-0", 0, 10, &[20]), iface("eni-1", 1, 30, &[25])],
+            t0,
+            Duration::ZERO,
+        );
+        assert!(notes.iter().any(|n| n.contains("again")), "{notes:?}");
+        assert_eq!(pool.mismatch(&att("lost")), None);
+        let al = pool.lookup(&att("lost")).unwrap();
+        assert_eq!((al.interface.as_str(), al.device_index), ("eni-1", 1));
     }
 }

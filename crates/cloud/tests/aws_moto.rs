@@ -387,6 +387,47 @@ fn secondary_addresses_are_assigned_and_unassigned() {
     });
 }
 
+/// describe_interface: one interface as DescribeNetworkInterfaces shows
+/// it, its primary address apart; assign_these_ips puts given addresses
+/// back (a restarted agent's pod's), and is refused one another interface
+/// has.
+#[test]
+fn one_interface_is_described_and_given_addresses_assigned_back() {
+    let Some(lab) = Lab::start(&["t3.medium", "t3.medium"]) else {
+        return;
+    };
+    let other = lab.with_aws(1, async |aws| {
+        let eni = aws.describe().await.unwrap().interfaces[0].clone();
+        aws.assign_ips(&eni.id, 1).await.expect("assign 1")[0]
+    });
+    lab.with_aws(0, async |aws| {
+        let view = aws.describe().await.unwrap();
+        let eni = view.interfaces[0].clone();
+        assert_eq!(aws.describe_interface(&eni.id).await.unwrap(), eni);
+        let ips = aws.assign_ips(&eni.id, 2).await.expect("assign 2");
+        let described = aws.describe_interface(&eni.id).await.unwrap();
+        assert_eq!(described.primary_ip, eni.primary_ip);
+        assert_eq!(described.device_index, 0);
+        assert_eq!(
+            described.secondary_ips.iter().collect::<BTreeSet<_>>(),
+            ips.iter().collect::<BTreeSet<_>>()
+        );
+        assert!(!described.secondary_ips.contains(&eni.primary_ip));
+
+        aws.unassign_ips(&eni.id, &ips[..1]).await.unwrap();
+        aws.assign_these_ips(&eni.id, &ips[..1])
+            .await
+            .expect("the same address back");
+        aws.assign_these_ips(&eni.id, &[]).await.unwrap();
+        let back = aws.describe_interface(&eni.id).await.unwrap();
+        assert!(back.secondary_ips.contains(&ips[0]), "{back:?}");
+        let err = aws.assign_these_ips(&eni.id, &[other]).await.unwrap_err();
+        assert!(matches!(err, CloudError::Other(_)), "{err:?}");
+        let err = aws.describe_interface("eni-00000000").await.unwrap_err();
+        assert!(matches!(err, CloudError::NotFound(_)), "{err:?}");
+    });
+}
+
 #[test]
 fn prefixes_are_assigned_apart_from_addresses() {
     let Some(lab) = Lab::start(&["m5.large"]) else {

@@ -2,6 +2,13 @@
 //! a model of EC2 nobody here wrote (moto, wrapped by
 //! integration/cloud/ec2_model.py) and a network that obeys it.
 //!
+//! Two models ([`Model`]): moto with ec2_model.py's additions (prefix
+//! delegation, EC2's limits and address allocation, throttling, call
+//! counts), or moto's own server with none of them ([`Model::Stock`],
+//! [`Vpc::with_model`]), so that where moto and EC2 differ and the agent
+//! relied on ec2_model.py's side of it, a test fails (issue 49: moto's
+//! AssignPrivateIpAddresses answer lists the interface's primary address).
+//!
 //! - The "vpc" namespace is the VPC's router and EC2's fabric: the model
 //!   listens on its own address there ([`MODEL`]), it holds the subnet's
 //!   gateway ([`GATEWAY`]), and it routes each address the API assigns to
@@ -21,7 +28,8 @@
 //!   subnet): its eth0 has the primary interface's MAC and address, default
 //!   via the gateway; the IMDSv2 stand-in (integration/cloud/imds.py) on
 //!   its own 127.0.0.1; the agent run there with the SDK's endpoint
-//!   overrides and dummy credentials.
+//!   overrides and dummy credentials, its metrics on that 127.0.0.1 too
+//!   ([`VpcNode::metrics`]).
 //! - A host in the VPC ([`VPC_HOST`], another subnet) and one outside it
 //!   ([`INTERNET`], TEST-NET-2, so nothing real), both routed by the vpc
 //!   namespace: what they see as a pod's source shows SNAT.
@@ -52,6 +60,13 @@ pub const VPC_CIDR: &str = "10.0.0.0/16";
 pub const SUBNET: &str = "10.0.16.0/20";
 /// The nodes' subnet's router, EC2's `.1`, held by the vpc namespace.
 pub const GATEWAY: &str = "10.0.16.1";
+/// The nodes' subnet with stock moto, and its router. Stock moto draws an
+/// interface's addresses at random from the whole subnet, unique on the
+/// interface only (EC2 keeps them unique in the subnet and off its five
+/// reserved ones): eight times the room makes two draws meeting, which
+/// would route one address to two nodes, rare enough for a test.
+pub const STOCK_SUBNET: &str = "10.0.128.0/17";
+pub const STOCK_GATEWAY: &str = "10.0.128.1";
 /// The EC2 model's address and port, on the vpc namespace's lo.
 pub const MODEL: (&str, u16) = ("10.0.0.2", 5000);
 /// lab_ec2.py's forwarder to the model, for the IMDS stand-ins.
@@ -68,6 +83,23 @@ pub const POLL: Duration = Duration::from_millis(100);
 /// How long daemons (the model, IMDS) may take to start on a loaded
 /// machine (moto's import alone takes a second or two).
 const START: Duration = Duration::from_secs(60);
+/// The agent's metrics, on each node's own 127.0.0.1.
+pub const METRICS_PORT: u16 = 9680;
+
+/// Which model of EC2 the lab runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Model {
+    /// integration/cloud/ec2_model.py: moto with what it lacks and what
+    /// the tests need (prefix delegation, EC2's limits and address
+    /// allocation, throttling on demand, call counts).
+    Patched,
+    /// moto's own server (`python -m moto.server`), none of
+    /// ec2_model.py's patches: no prefix delegation, no throttling, no call
+    /// counts ([`Ec2::agent_calls`] and [`Ec2::throttle`] panic), addresses
+    /// drawn at random; and moto's answers as they are (its
+    /// AssignPrivateIpAddresses lists the interface's primary address).
+    Stock,
+}
 
 fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -179,10 +211,11 @@ struct Helper {
 /// request at a time (the hypervisor thread and the test share it).
 pub struct Ec2 {
     io: Mutex<Helper>,
+    model: Model,
 }
 
 impl Ec2 {
-    fn start(ns: &NetNs, py: &Path) -> Ec2 {
+    fn start(ns: &NetNs, py: &Path, model: Model) -> Ec2 {
         let mut child = tied_command_in(ns, py)
             .arg(script("lab_ec2.py"))
             .arg("--ec2")
@@ -200,6 +233,7 @@ impl Ec2 {
         assert_eq!(line.trim(), "ready", "lab_ec2.py did not start");
         Ec2 {
             io: Mutex::new(Helper { child, stdin, out }),
+            model,
         }
     }
 
@@ -257,8 +291,14 @@ impl Ec2 {
         v
     }
 
-    /// One of the model's test controls (`/_rcni/...`).
+    /// One of the model's test controls (`/_rcni/...`): ec2_model.py's
+    /// only.
     pub fn model(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        assert_eq!(
+            self.model,
+            Model::Patched,
+            "{method} {path}: stock moto has no test controls (ec2_model.py's)"
+        );
         let mut req = json!({"op": "model", "method": method, "path": path});
         if let Some(b) = body {
             req["body"] = b;
@@ -284,6 +324,11 @@ impl Ec2 {
     /// [`Ec2::reset_calls`] (the lab's and the IMDS stand-ins' are not
     /// counted; refused ones are).
     pub fn agent_calls(&self) -> BTreeMap<String, i64> {
+        assert_eq!(
+            self.model,
+            Model::Patched,
+            "stock moto counts no calls (ec2_model.py does)"
+        );
         let v = self.request(&json!({"op": "agent_calls"})).unwrap();
         v.as_object()
             .unwrap()
@@ -293,6 +338,11 @@ impl Ec2 {
     }
 
     pub fn reset_calls(&self) {
+        assert_eq!(
+            self.model,
+            Model::Patched,
+            "stock moto counts no calls (ec2_model.py does)"
+        );
         self.request(&json!({"op": "reset_calls"})).unwrap();
     }
 }
@@ -315,7 +365,17 @@ pub struct Daemon {
 impl Daemon {
     /// Starts `cmd` with stdout and stderr to `log`; returns once `log`
     /// says `ready` (panics with the log when the daemon exits first).
-    fn start(mut cmd: Command, log: PathBuf, what: &str) -> Daemon {
+    fn start(cmd: Command, log: PathBuf, what: &str) -> Daemon {
+        Daemon::start_until(cmd, log, what, |l| l.trim() == "ready")
+    }
+
+    /// [`Daemon::start`], ready once a line of the log satisfies `ready`.
+    fn start_until(
+        mut cmd: Command,
+        log: PathBuf,
+        what: &str,
+        ready: impl Fn(&str) -> bool,
+    ) -> Daemon {
         let f = std::fs::File::create(&log).unwrap();
         let mut child = cmd
             .stdout(f.try_clone().unwrap())
@@ -325,7 +385,7 @@ impl Daemon {
         let until = Instant::now() + START;
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
-            if text.lines().any(|l| l.trim() == "ready") {
+            if text.lines().any(&ready) {
                 return Daemon { child, log };
             }
             if let Some(st) = child.try_wait().unwrap() {
@@ -375,6 +435,8 @@ pub struct Vpc {
     /// A host outside the VPC at [`INTERNET`].
     pub internet: TestNs,
     pub ec2: Arc<Ec2>,
+    /// The model of EC2 the lab runs.
+    pub model: Model,
     pub vpc_id: String,
     pub subnet_id: String,
     pub nodes: Vec<VpcNode>,
@@ -383,7 +445,7 @@ pub struct Vpc {
     pub dir: tempfile::TempDir,
     py: PathBuf,
     // Last: the model outlives the helper and the thread that call it.
-    pub model: Daemon,
+    pub model_daemon: Daemon,
 }
 
 /// What the hypervisor thread and the lab share.
@@ -408,9 +470,15 @@ impl Shared {
 
 impl Vpc {
     /// The VPC, its subnets, the router, the VPC host and the internet
-    /// host; no nodes yet ([`Vpc::add_node`]). Panics without moto
-    /// ([`python`] says whether to skip).
+    /// host against ec2_model.py ([`Model::Patched`]); no nodes yet
+    /// ([`Vpc::add_node`]). Panics without moto ([`python`] says whether
+    /// to skip).
     pub fn new() -> Vpc {
+        Vpc::with_model(Model::Patched)
+    }
+
+    /// [`Vpc::new`] against `model`.
+    pub fn with_model(model: Model) -> Vpc {
         let py = python().expect("moto[server] (scripts/setup --for test)");
         let dir = tempfile::tempdir().unwrap();
         let router = TestNs::new();
@@ -418,7 +486,11 @@ impl Vpc {
         ip(r, "link set lo up");
         ip(r, &format!("addr add {}/32 dev lo", MODEL.0));
         ip(r, &format!("addr add {}/32 dev lo", MODEL_PROXY.0));
-        ip(r, &format!("addr add {GATEWAY}/32 dev lo"));
+        let (subnet, gateway) = match model {
+            Model::Patched => (SUBNET, GATEWAY),
+            Model::Stock => (STOCK_SUBNET, STOCK_GATEWAY),
+        };
+        ip(r, &format!("addr add {gateway}/32 dev lo"));
         for (k, v) in [
             ("net.ipv4.ip_forward", "1"),
             // Every veth made from here on (the nodes' interfaces) answers
@@ -432,23 +504,38 @@ impl Vpc {
         ] {
             rcni_netlink::sysctl::set(r, k, v).unwrap();
         }
-        let model = Daemon::start(
-            {
-                let mut c = tied_command_in(r, &py);
-                c.arg(script("ec2_model.py"))
-                    .arg("--listen")
-                    .arg(format!("{}:{}", MODEL.0, MODEL.1));
-                c
-            },
-            dir.path().join("ec2_model.log"),
-            "ec2_model.py",
-        );
-        let ec2 = Arc::new(Ec2::start(r, &py));
+        let log = dir.path().join("ec2_model.log");
+        let listen = [MODEL.0.to_string(), MODEL.1.to_string()];
+        let daemon = match model {
+            Model::Patched => Daemon::start(
+                {
+                    let mut c = tied_command_in(r, &py);
+                    c.arg(script("ec2_model.py"))
+                        .arg("--listen")
+                        .arg(listen.join(":"));
+                    c
+                },
+                log,
+                "ec2_model.py",
+            ),
+            Model::Stock => Daemon::start_until(
+                {
+                    let mut c = tied_command_in(r, &py);
+                    c.args(["-m", "moto.server", "-H", &listen[0], "-p", &listen[1]]);
+                    c
+                },
+                log,
+                "moto.server",
+                // Werkzeug's line once it listens.
+                |l| l.contains("Running on http"),
+            ),
+        };
+        let ec2 = Arc::new(Ec2::start(r, &py, model));
         let vpc = ec2.call("create_vpc", json!({"CidrBlock": VPC_CIDR}));
         let vpc_id = vpc["Vpc"]["VpcId"].as_str().unwrap().to_string();
         let subnet = ec2.call(
             "create_subnet",
-            json!({"VpcId": vpc_id, "CidrBlock": SUBNET, "AvailabilityZone": "us-east-1a"}),
+            json!({"VpcId": vpc_id, "CidrBlock": subnet, "AvailabilityZone": "us-east-1a"}),
         );
         let subnet_id = subnet["Subnet"]["SubnetId"].as_str().unwrap().to_string();
         ec2.call(
@@ -500,6 +587,7 @@ impl Vpc {
             host,
             internet,
             ec2,
+            model,
             vpc_id,
             subnet_id,
             nodes: Vec::new(),
@@ -507,7 +595,23 @@ impl Vpc {
             hypervisor: Some(hypervisor),
             dir,
             py,
-            model,
+            model_daemon: daemon,
+        }
+    }
+
+    /// The nodes' subnet: [`SUBNET`], or [`STOCK_SUBNET`] with stock moto.
+    pub fn subnet(&self) -> &'static str {
+        match self.model {
+            Model::Patched => SUBNET,
+            Model::Stock => STOCK_SUBNET,
+        }
+    }
+
+    /// The nodes' subnet's router: [`GATEWAY`], or [`STOCK_GATEWAY`].
+    pub fn gateway(&self) -> &'static str {
+        match self.model {
+            Model::Patched => GATEWAY,
+            Model::Stock => STOCK_GATEWAY,
         }
     }
 
@@ -543,10 +647,10 @@ impl Vpc {
         port_up(&self.router.ns, &port).unwrap();
         ip(&ns.ns, "link set lo up");
         ip(&ns.ns, &format!("link set eth0 address {}", eni0.mac));
-        let len = SUBNET.split('/').nth(1).unwrap();
+        let len = self.subnet().split('/').nth(1).unwrap();
         ip(&ns.ns, &format!("addr add {primary_ip}/{len} dev eth0"));
         ip(&ns.ns, "link set eth0 up");
-        ip(&ns.ns, &format!("route add default via {GATEWAY}"));
+        ip(&ns.ns, &format!("route add default via {}", self.gateway()));
         self.shared.instances.lock().unwrap().push((
             instance.clone(),
             k,
@@ -601,9 +705,21 @@ impl Vpc {
     /// agent; for a failing test to print.
     pub fn logs(&self) -> String {
         let mut s = format!(
-            "--- hypervisor:\n{}\n--- ec2_model.py (tail):\n{}\n",
+            "--- hypervisor:\n{}\n--- EC2 model, {:?} (tail):\n{}\n",
             self.hypervisor_log(),
-            tail(&self.model.log(), 40)
+            self.model,
+            // Werkzeug's line per request (stock moto's server) would fill
+            // it: what the model said of itself only.
+            tail(
+                &self
+                    .model_daemon
+                    .log()
+                    .lines()
+                    .filter(|l| !l.contains("] \"POST ") && !l.contains("] \"GET "))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                40
+            )
         );
         for n in &self.nodes {
             s += &format!(
@@ -956,7 +1072,12 @@ impl VpcNode {
             .arg("--state-dir")
             .arg(self.state_dir())
             .arg("--cloud-socket")
-            .arg(self.socket());
+            .arg(self.socket())
+            .args(["--metrics-addr", &format!("127.0.0.1:{METRICS_PORT}")])
+            .arg("--cni-stats-dir")
+            .arg(self.dir.path().join("cni-stats"))
+            .arg("--status-file")
+            .arg(self.dir.path().join("status.json"));
         // Nothing of the test's environment reaches the SDK (a profile,
         // a region, a real endpoint): only what the lab sets.
         for (k, _) in std::env::vars() {
@@ -1048,6 +1169,37 @@ impl VpcNode {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The agent's Prometheus metrics (`GET /metrics` on the node's
+    /// 127.0.0.1:[`METRICS_PORT`]); empty when it does not answer.
+    pub fn metrics(&self) -> String {
+        self.ns
+            .ns
+            .run(|| {
+                use std::io::Read;
+                let addr = std::net::SocketAddr::from(([127, 0, 0, 1], METRICS_PORT));
+                let Ok(mut s) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+                else {
+                    return String::new();
+                };
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let req = "GET /metrics HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n";
+                let mut body = String::new();
+                if s.write_all(req.as_bytes()).is_err() || s.read_to_string(&mut body).is_err() {
+                    return String::new();
+                }
+                body.split_once("\r\n\r\n")
+                    .map(|(_, b)| b.to_string())
+                    .unwrap_or_default()
+            })
+            .unwrap_or_default()
+    }
+
+    /// One sample of [`VpcNode::metrics`], by its name and labels as
+    /// written (`rcni_x{a="b"}`).
+    pub fn metric(&self, sample: &str) -> Option<f64> {
+        crate::lab::metrics::value(&self.metrics(), sample)
     }
 
     /// The conflist the agent wrote.

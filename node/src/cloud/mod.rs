@@ -472,6 +472,11 @@ fn pool_view(s: &rcni_cloud::manager::Snapshot) -> crate::metrics::CloudPool {
         total: s.total.into(),
         max_pods: s.max_pods.into(),
         api_calls: s.provider_calls,
+        checkpoint_mismatches: s
+            .checkpoint_mismatches
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect(),
         pods: s
             .allocations
             .iter()

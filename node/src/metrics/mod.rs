@@ -53,6 +53,10 @@ pub struct CloudPool {
     pub max_pods: u64,
     #[serde(rename = "apiCalls")]
     pub api_calls: u64,
+    /// Checkpointed pods whose address the cloud's view did not show at
+    /// the agent's start, by what was done (reacquired, kept, dropped).
+    #[serde(rename = "checkpointMismatches")]
+    pub checkpoint_mismatches: BTreeMap<String, u64>,
     /// Who holds the pool's addresses (the status file's pods).
     #[serde(skip)]
     pub pods: Vec<ipam::Reservation>,
@@ -401,6 +405,14 @@ impl Metrics {
                 "Requests the pool made to the cloud's API.",
             );
             f.sample(&[], c.api_calls as f64);
+            v.push(f);
+            let mut f = Family::counter(
+                "rcni_cloud_checkpoint_mismatches_total",
+                "Checkpointed pods whose address the cloud's view did not show at the agent's start, by action: reacquired (assigned back to its interface), kept (kept for the pod and flagged, without it), dropped (an entry contradicting another).",
+            );
+            for (action, n) in &c.checkpoint_mismatches {
+                f.sample(&l(&[("action", action)]), *n as f64);
+            }
             v.push(f);
         }
         v
