@@ -1006,18 +1006,7 @@ fn agent_killed_mid_refill_loses_and_leaks_nothing() {
         });
     }
     assert_distinct_and_assigned(&v, a, &pods);
-    let cp = n.checkpoint().expect("the agent's checkpoint");
-    let held: BTreeMap<String, Ipv4Addr> = cp["allocations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["containerID"].as_str().unwrap().to_string(),
-                e["ip"].as_str().unwrap().parse().unwrap(),
-            )
-        })
-        .collect();
+    let (held, _) = checkpointed(n);
     let ours: BTreeMap<String, Ipv4Addr> = pods.iter().map(|p| (p.cid.clone(), p.ip)).collect();
     assert_eq!(
         held, ours,

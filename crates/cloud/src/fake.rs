@@ -368,10 +368,10 @@ impl Provider for FakeCloud {
         for _ in 0..count {
             ips.push(st.free_ip()?);
         }
+        let like_moto = st.answer_like_moto;
         let i = st.attached_mut(interface)?;
         i.secondary_ips.extend(&ips);
-        if st.answer_like_moto {
-            let i = st.attached_mut(interface)?;
+        if like_moto {
             return Ok(std::iter::once(i.primary_ip)
                 .chain(i.secondary_ips.iter().copied())
                 .collect());

@@ -766,20 +766,12 @@ impl Pool {
         if !described.secondary_ips.contains(&ip) || described.primary_ip == ip {
             return false;
         }
-        let Some(slot) = self.slots.values_mut().find(|s| s.iface.id == described.id) else {
+        // On its interface again: what a reconcile finding it would do.
+        if !self.add_ips(&described.id, &[ip], now) {
             return false;
-        };
-        if !slot.iface.secondary_ips.contains(&ip) {
-            slot.iface.secondary_ips.push(ip);
         }
-        let device_index = slot.iface.device_index;
-        self.touched.insert(format!("ip:{ip}"), now);
-        if let Some(al) = self.assigned.get_mut(a) {
-            al.interface = described.id.clone();
-            al.device_index = device_index;
-        }
-        self.mismatched.remove(a);
-        true
+        self.found_again();
+        !self.mismatched.contains_key(a)
     }
 
     fn used_slots(iface: &Interface) -> u32 {

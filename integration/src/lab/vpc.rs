@@ -291,14 +291,20 @@ impl Ec2 {
         v
     }
 
-    /// One of the model's test controls (`/_rcni/...`): ec2_model.py's
-    /// only.
-    pub fn model(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+    /// Panics unless the lab runs ec2_model.py: stock moto has none of
+    /// `what` (its test controls, its call counts).
+    fn patched_only(&self, what: &str) {
         assert_eq!(
             self.model,
             Model::Patched,
-            "{method} {path}: stock moto has no test controls (ec2_model.py's)"
+            "stock moto has no ec2_model.py: {what}"
         );
+    }
+
+    /// One of the model's test controls (`/_rcni/...`): ec2_model.py's
+    /// only.
+    pub fn model(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        self.patched_only(&format!("{method} {path}: its test controls"));
         let mut req = json!({"op": "model", "method": method, "path": path});
         if let Some(b) = body {
             req["body"] = b;
@@ -324,11 +330,7 @@ impl Ec2 {
     /// [`Ec2::reset_calls`] (the lab's and the IMDS stand-ins' are not
     /// counted; refused ones are).
     pub fn agent_calls(&self) -> BTreeMap<String, i64> {
-        assert_eq!(
-            self.model,
-            Model::Patched,
-            "stock moto counts no calls (ec2_model.py does)"
-        );
+        self.patched_only("its call counts");
         let v = self.request(&json!({"op": "agent_calls"})).unwrap();
         v.as_object()
             .unwrap()
@@ -338,11 +340,7 @@ impl Ec2 {
     }
 
     pub fn reset_calls(&self) {
-        assert_eq!(
-            self.model,
-            Model::Patched,
-            "stock moto counts no calls (ec2_model.py does)"
-        );
+        self.patched_only("its call counts");
         self.request(&json!({"op": "reset_calls"})).unwrap();
     }
 }
