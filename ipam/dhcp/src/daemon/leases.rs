@@ -50,19 +50,14 @@ const NO_MORE_TRIES: &str = "no more tries";
 const ACQUIRE_SLACK: Duration = Duration::from_secs(5);
 
 fn no_lease(e: client::Error) -> CniError {
-    match &e {
+    let code = match &e {
         client::Error::NoAnswer { .. } | client::Error::Nak { .. } => {
             return CniError::new(ErrorCode::DhcpNoLease, NO_MORE_TRIES)
                 .with_details(e.to_string());
         }
-        _ => {}
-    }
-    let code = match &e {
         client::Error::NetnsGone(_) => ErrorCode::Netns,
         client::Error::LinkGone { .. } => ErrorCode::Netlink,
-        client::Error::NoAnswer { .. } | client::Error::Nak { .. } | client::Error::BadAck(_) => {
-            ErrorCode::DhcpNoLease
-        }
+        client::Error::BadAck(_) => ErrorCode::DhcpNoLease,
         client::Error::Io(_) => ErrorCode::Internal,
     };
     CniError::new(code, e.to_string())
