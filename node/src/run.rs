@@ -84,6 +84,17 @@ pub struct RunArgs {
     /// /var/lib/cni/rcni-policy, when unset).
     #[arg(long, value_name = "DIR", requires = "policy_dir")]
     pub policy_data_dir: Option<PathBuf>,
+    /// With --policy-dir: the policy plugin's "backend" in the conflist:
+    /// auto (its default: eBPF where the kernel takes it, else nftables),
+    /// ebpf or nftables.
+    #[arg(
+        long,
+        value_name = "BACKEND",
+        default_value = "auto",
+        value_parser = ["auto", "ebpf", "nftables"],
+        requires = "policy_dir"
+    )]
+    pub policy_backend: String,
     /// This node's name (in the cluster file, or its Node object's).
     #[arg(long, value_name = "NAME", env = "NODE_NAME")]
     pub node: String,
@@ -174,6 +185,7 @@ pub fn run(args: RunArgs) -> ExitCode {
                 policy_dir: d.clone(),
                 agent_socket: args.agent_socket.clone(),
                 data_dir: args.policy_data_dir.clone(),
+                backend: (args.policy_backend != "auto").then(|| args.policy_backend.clone()),
             }),
             bpf_pin_root: args.bpf_pin_root.clone(),
         };
@@ -353,6 +365,7 @@ async fn run_cloud(args: &RunArgs, conf: cloud::CloudConf) -> ExitCode {
             policy_dir: d.clone(),
             agent_socket: args.agent_socket.clone(),
             data_dir: args.policy_data_dir.clone(),
+            backend: (args.policy_backend != "auto").then(|| args.policy_backend.clone()),
         }),
         once: args.once,
         resync: Duration::from_secs(args.resync_s),

@@ -23,6 +23,8 @@ pub struct PolicyPlugin {
     pub agent_socket: PathBuf,
     /// The plugin's dataDir (its default when unset).
     pub data_dir: Option<PathBuf>,
+    /// The plugin's backend (its default, auto, when unset).
+    pub backend: Option<String>,
 }
 
 impl PolicyPlugin {
@@ -34,6 +36,9 @@ impl PolicyPlugin {
         });
         if let Some(d) = &self.data_dir {
             v["dataDir"] = json!(d);
+        }
+        if let Some(b) = &self.backend {
+            v["backend"] = json!(b);
         }
         v
     }
@@ -222,6 +227,7 @@ mod tests {
             policy_dir: "/run/rcni/policy.d".into(),
             agent_socket: "/run/rcni/agent.sock".into(),
             data_dir: None,
+            backend: None,
         };
         let c = render(
             Some("10.244.1.0/24".parse().unwrap()),
