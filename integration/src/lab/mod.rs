@@ -12,6 +12,7 @@ pub mod chain;
 pub mod cluster;
 pub mod dhcp;
 pub mod fabric;
+pub mod k8s;
 pub mod kube;
 pub mod metrics;
 pub mod multinet;
