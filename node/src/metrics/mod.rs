@@ -204,6 +204,12 @@ impl Metrics {
         );
     }
 
+    /// Whether the agent is ready (`/readyz`, the DaemonSet's readiness
+    /// probe): every loop's last pass succeeded; else why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        readiness_of(&self.state().last)
+    }
+
     /// The last pass of `loop_`, and the time of its last success.
     pub fn last_reconcile(&self, loop_: &str) -> (Option<LastReconcile>, Option<f64>) {
         let s = self.state();
@@ -556,9 +562,42 @@ fn ipam_family(conf_dir: &Path) -> Family {
     f
 }
 
+/// Ready once a pass has run and no loop's last pass failed: a node whose
+/// conflist, routes or tables could not be written is not, and says why.
+fn readiness_of(last: &BTreeMap<&'static str, LastReconcile>) -> Result<(), String> {
+    if last.is_empty() {
+        return Err("no reconcile pass yet".into());
+    }
+    let failed: Vec<String> = last
+        .iter()
+        .filter(|(_, l)| !l.ok)
+        .map(|(name, l)| format!("{name}: {}", l.error.as_deref().unwrap_or("failed")))
+        .collect();
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed.join("; "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ready_only_once_every_loops_last_pass_succeeded() {
+        let m = Metrics::new();
+        assert_eq!(m.readiness(), Err("no reconcile pass yet".into()));
+        let none = BTreeMap::new();
+        m.reconciled("agent", Ok(()), Duration::from_millis(1), &none);
+        assert_eq!(m.readiness(), Ok(()));
+        let why = "write /host/etc/cni/net.d/10-rcni.conflist: Read-only file system";
+        m.reconciled("agent", Err(why.into()), Duration::from_millis(1), &none);
+        assert_eq!(m.readiness(), Err(format!("agent: {why}")));
+        // The next good pass makes it ready again.
+        m.reconciled("agent", Ok(()), Duration::from_millis(1), &none);
+        assert_eq!(m.readiness(), Ok(()));
+    }
 
     #[test]
     fn recorded_families_render() {

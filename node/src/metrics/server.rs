@@ -1,6 +1,7 @@
 //! The `/metrics` endpoint: a small HTTP/1 server on tokio that answers
-//! `GET /metrics` (and `HEAD`) with the text exposition, and 404 or 405
-//! otherwise. One request per connection (`Connection: close`), which is
+//! `GET /metrics` (and `HEAD`) with the text exposition, `/readyz` with 200
+//! once the agent's last passes succeeded (503 and why, otherwise: the
+//! DaemonSet's readiness probe), and 404 or 405 otherwise. One request per connection (`Connection: close`), which is
 //! how Prometheus' scrapes look anyway.
 
 use std::net::SocketAddr;
@@ -65,12 +66,27 @@ async fn answer(mut conn: TcpStream, metrics: &'static Metrics) -> std::io::Resu
     let Some((method, path)) = request_line(&head) else {
         return respond(&mut conn, "400 Bad Request", "", b"").await;
     };
+    if path == "/readyz" {
+        return match metrics.readiness() {
+            Ok(()) => respond(&mut conn, "200 OK", "text/plain", b"ok\n").await,
+            Err(why) => {
+                let body = format!("not ready: {why}\n");
+                respond(
+                    &mut conn,
+                    "503 Service Unavailable",
+                    "text/plain",
+                    body.as_bytes(),
+                )
+                .await
+            }
+        };
+    }
     if path != "/metrics" {
         return respond(
             &mut conn,
             "404 Not Found",
             "text/plain",
-            b"404 not found: see /metrics\n",
+            b"404 not found: see /metrics or /readyz\n",
         )
         .await;
     }
@@ -154,6 +170,12 @@ mod tests {
             assert!(
                 ok.contains(CONTENT_TYPE) && ok.contains("rcni_build_info"),
                 "{ok}"
+            );
+            // Whatever the shared metrics hold, /readyz answers 200 or 503.
+            let r = get("/readyz").await;
+            assert!(
+                r.starts_with("HTTP/1.1 200 OK\r\n") || r.starts_with("HTTP/1.1 503"),
+                "{r}"
             );
             let nf = get("/").await;
             assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
