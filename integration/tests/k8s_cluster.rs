@@ -10,6 +10,7 @@
 //! stage sets it after making them).
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use rcni_integration::lab::k8s::{AGNHOST, Cache, K8sLab};
@@ -37,20 +38,25 @@ fn image() -> Result<PathBuf, String> {
     }
 }
 
-/// The lab with rcni installed from deploy/, every node Ready; None (and a
-/// SKIP line) where the builds are missing.
-fn cluster_with_rcni(net_conf: Option<&str>) -> Option<K8sLab> {
+/// The builds the lab needs; None (and a SKIP line) where they are missing.
+fn cache_and_image() -> Option<(Cache, PathBuf)> {
     require_root();
-    let (cache, image) = match Cache::find().and_then(|c| Ok((c, image()?))) {
-        Ok(v) => v,
+    match Cache::find().and_then(|c| Ok((c, image()?))) {
         // scripts/test's k8s stage builds everything first: a miss there
         // is a failure, not a skip.
         Err(why) if std::env::var_os("RCNI_K8S_REQUIRED").is_some() => panic!("{why}"),
         Err(why) => {
             eprintln!("SKIP: {why}");
-            return None;
+            None
         }
-    };
+        Ok(v) => Some(v),
+    }
+}
+
+/// The lab with rcni installed from deploy/, every node Ready and DNS
+/// serving.
+fn cluster_with_rcni(net_conf: Option<&str>) -> Option<K8sLab> {
+    let (cache, image) = cache_and_image()?;
     let lab = K8sLab::start(cache, 3);
     lab.install_rcni(&image, net_conf, &[]);
     lab.wait_nodes_ready(Duration::from_secs(120));
@@ -249,4 +255,209 @@ spec:
     let s4 = pod_ip(&lab, "s4");
     expect(&lab, "client", &s4, true, Duration::from_secs(20));
     expect(&lab, "other", &s4, false, Duration::from_secs(5));
+}
+
+/// Whether the node's own network (its host network, no API involved)
+/// reaches a pod's HTTP server.
+fn node_reaches(lab: &K8sLab, node: usize, ip: &str) -> bool {
+    lab.nodes[node]
+        .netns
+        .command("curl")
+        .args([
+            "-sf",
+            "--max-time",
+            "2",
+            &format!("http://{ip}:8080/hostname"),
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn the_api_server_away_for_30s_pods_keep_working_and_the_agents_catch_up() {
+    let Some(mut lab) = cluster_with_rcni(None) else {
+        return;
+    };
+    pod(&lab, "client", "n1", "role: client");
+    pod(&lab, "s2", "n2", "app: server");
+    pod(&lab, "s3", "n3", "app: server");
+    wait_ready(&lab, &["client", "s2", "s3"]);
+    let ips = [pod_ip(&lab, "s2"), pod_ip(&lab, "s3")];
+    for ip in &ips {
+        expect(&lab, "client", ip, true, Duration::from_secs(10));
+    }
+
+    let args = lab.stop_control("kube-apiserver");
+    let away = std::time::Instant::now();
+    // Across nodes, from n1's own network, every few seconds while the API
+    // is gone: the agents' routes, FDB and neighbour entries stay.
+    while away.elapsed() < Duration::from_secs(30) {
+        for ip in &ips {
+            assert!(
+                node_reaches(&lab, 0, ip),
+                "n1 lost {ip} {:?} after the API server went away",
+                away.elapsed()
+            );
+        }
+        std::thread::sleep(Duration::from_secs(3));
+    }
+    lab.restart_control("kube-apiserver", &args);
+
+    // The agents watch again: a policy made now is enforced, a pod made now
+    // is reachable across nodes, both without restarting anything.
+    pod(&lab, "s4", "n3", "app: server");
+    wait_ready(&lab, &["s4"]);
+    let s4 = pod_ip(&lab, "s4");
+    expect(&lab, "client", &s4, true, Duration::from_secs(30));
+    lab.apply(
+        "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: servers-deny}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress]
+",
+    );
+    for ip in [&ips[0], &ips[1], &s4] {
+        expect(&lab, "client", ip, false, Duration::from_secs(60));
+    }
+    let restarts = lab.kubectl_ok(&[
+        "-n",
+        "rcni-system",
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={.items[*].status.containerStatuses[*].restartCount}",
+    ]);
+    eprintln!("agent restarts across the outage: {restarts}");
+}
+
+#[test]
+fn a_node_deleted_and_registered_again_gets_its_network_back() {
+    let Some(mut lab) = cluster_with_rcni(None) else {
+        return;
+    };
+    pod(&lab, "client", "n1", "role: client");
+    wait_ready(&lab, &["client"]);
+    let before = lab.kubectl_ok(&["get", "node", "n3", "-o", "jsonpath={.spec.podCIDR}"]);
+    lab.kubectl_ok(&["delete", "node", "n3"]);
+    // As an admin does: the kubelet registers the node again when it starts.
+    lab.nodes[2].stop("kubelet");
+    lab.nodes[2].start_again("kubelet");
+    wait_for_node(&lab, "n3");
+    lab.wait_nodes_ready(Duration::from_secs(120));
+    lab.rollout("rcni-system", "daemonset/rcni-node");
+    let after = lab.kubectl_ok(&["get", "node", "n3", "-o", "jsonpath={.spec.podCIDR}"]);
+    eprintln!("n3's pod range: {before} before, {after} after");
+    pod(&lab, "s5", "n3", "app: server");
+    wait_ready(&lab, &["s5"]);
+    let s5 = pod_ip(&lab, "s5");
+    assert!(
+        ipnetwork::Ipv4Network::from_str(&after)
+            .unwrap()
+            .contains(s5.parse().unwrap()),
+        "s5's {s5} is not in n3's range {after}"
+    );
+    expect(&lab, "client", &s5, true, Duration::from_secs(30));
+    assert!(node_reaches(&lab, 1, &s5), "n2 does not reach s5 {s5}");
+}
+
+fn wait_for_node(lab: &K8sLab, name: &str) {
+    let back = poll(Duration::from_secs(60), || {
+        lab.kubectl(&["get", "node", name]).status.success()
+    });
+    assert!(back, "{name} did not register again\n{}", lab.diagnose());
+}
+
+#[test]
+fn a_conflist_the_agent_cannot_write_shows_and_mends() {
+    let Some(cache) = cache_and_image() else {
+        return;
+    };
+    let (cache, image) = cache;
+    let lab = K8sLab::start(cache, 3);
+    // n2's /etc/cni/net.d immutable (chattr +i, as configuration
+    // management locks a directory), undone however the test ends: the
+    // lab's directory could not be removed otherwise.
+    struct Immutable(PathBuf);
+    impl Immutable {
+        fn set(&self, on: bool) {
+            let o = std::process::Command::new("chattr")
+                .arg(if on { "+i" } else { "-i" })
+                .arg(&self.0)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("chattr")
+                .arg("-i")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let locked = Immutable(lab.nodes[1].dir.join("etc-cni/net.d"));
+    locked.set(true);
+    lab.apply_rcni(&image, None, &[]);
+    // n1 and n3 get their network; n2's agent is not Ready and says why,
+    // and n2 stays NotReady.
+    let n2_agent = || {
+        lab.kubectl_ok(&[
+            "-n",
+            "rcni-system",
+            "get",
+            "pods",
+            "--field-selector=spec.nodeName=n2",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ])
+    };
+    let said = poll(Duration::from_secs(120), || {
+        let o = lab.kubectl(&["-n", "rcni-system", "logs", &n2_agent(), "--tail=50"]);
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .any(|l| l.contains("net.d") && l.contains("not permitted"))
+    });
+    assert!(
+        said,
+        "n2's agent did not say it cannot write the conflist:\n{}",
+        lab.agent_logs()
+    );
+    let ready = |n: &str| {
+        lab.kubectl_ok(&[
+            "get",
+            "node",
+            n,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ]) == "True"
+    };
+    assert!(poll(Duration::from_secs(60), || ready("n1") && ready("n3")));
+    let agent_ready = || {
+        lab.kubectl_ok(&[
+            "-n",
+            "rcni-system",
+            "get",
+            "pod",
+            &n2_agent(),
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+        ])
+    };
+    assert!(
+        poll(Duration::from_secs(30), || agent_ready() == "False"),
+        "n2's agent is Ready though it cannot write its conflist"
+    );
+    assert!(!ready("n2"), "n2 is Ready without a conflist");
+    // Writable again: the agent's next pass writes it, n2 joins, no restart.
+    locked.set(false);
+    lab.rollout("rcni-system", "daemonset/rcni-node");
+    lab.wait_nodes_ready(Duration::from_secs(120));
+    pod(&lab, "client", "n1", "role: client");
+    pod(&lab, "s2", "n2", "app: server");
+    wait_ready(&lab, &["client", "s2"]);
+    let s2 = pod_ip(&lab, "s2");
+    expect(&lab, "client", &s2, true, Duration::from_secs(30));
 }

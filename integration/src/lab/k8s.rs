@@ -103,7 +103,10 @@ pub struct K8sNode {
     /// The host's PID of the node's PID 1, for nsenter.
     pid1: u32,
     cgroup: String,
-    daemons: Vec<Child>,
+    /// containerd, kubelet, kube-proxy: name, program, arguments, and the
+    /// nsenter whose child each is.
+    daemons: Vec<(String, PathBuf, Vec<String>, Child)>,
+    stopped: Vec<(String, PathBuf, Vec<String>)>,
 }
 
 impl K8sNode {
@@ -118,7 +121,11 @@ impl K8sNode {
     }
 
     fn spawn(&mut self, name: &str, program: &Path, args: &[String]) {
-        let log = std::fs::File::create(self.dir.join(format!("{name}.log"))).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{name}.log")))
+            .unwrap();
         let child = self
             .command(program)
             .args(args)
@@ -127,7 +134,48 @@ impl K8sNode {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("start {name} on {}: {e}", self.name));
-        self.daemons.push(child);
+        self.daemons.push((
+            name.to_string(),
+            program.to_path_buf(),
+            args.to_vec(),
+            child,
+        ));
+    }
+
+    /// Kills one of the node's daemons (kubelet, ...): nsenter forks it
+    /// into the node's PID namespace, so the signal goes to nsenter's child.
+    pub fn stop(&mut self, name: &str) {
+        let i = self
+            .daemons
+            .iter()
+            .position(|d| d.0 == name)
+            .unwrap_or_else(|| panic!("no {name} on {}", self.name));
+        let (_, program, args, mut child) = self.daemons.remove(i);
+        let id = child.id();
+        if let Ok(kids) = std::fs::read_to_string(format!("/proc/{id}/task/{id}/children")) {
+            for pid in kids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let _ = child.wait();
+        self.stopped.push((name.to_string(), program, args));
+    }
+
+    /// Starts a daemon [`K8sNode::stop`] stopped, as it was.
+    pub fn start_again(&mut self, name: &str) {
+        let i = self
+            .stopped
+            .iter()
+            .position(|d| d.0 == name)
+            .unwrap_or_else(|| panic!("{name} was not stopped on {}", self.name));
+        let (_, program, args) = self.stopped.remove(i);
+        self.spawn(name, &program, &args);
     }
 
     /// What `name` (containerd, kubelet, kube-proxy) logged so far.
@@ -238,11 +286,14 @@ impl K8sLab {
     /// The control plane and `n` nodes, each Ready but for its network (no
     /// CNI config yet), with the images loaded.
     pub fn start(cache: Cache, n: usize) -> K8sLab {
-        remove_stale_cgroups();
+        remove_stale_labs();
         let dir = tempfile::Builder::new()
             .prefix("rcni-k8s.")
             .tempdir()
             .unwrap();
+        // Whose lab this is, for the next one's cleanup if this process is
+        // killed before its Drop runs.
+        std::fs::write(dir.path().join("pid"), std::process::id().to_string()).unwrap();
         let id = format!("{CGROUP_PREFIX}{}-{}", std::process::id(), lab_serial());
         let mut lab = K8sLab {
             cache,
@@ -626,6 +677,7 @@ impl K8sLab {
             pid1: 0,
             cgroup: cgroup.clone(),
             daemons: Vec::new(),
+            stopped: Vec::new(),
         };
         wait_for(Duration::from_secs(20), "the node's mounts", || {
             ready.exists()
@@ -702,6 +754,12 @@ impl K8sLab {
     /// ConfigMap's net-conf.json when given, and `agent_args` added to the
     /// agent's command line); returns once the DaemonSet has rolled out.
     pub fn install_rcni(&self, image: &Path, net_conf: Option<&str>, agent_args: &[String]) {
+        self.apply_rcni(image, net_conf, agent_args);
+        self.rollout("rcni-system", "daemonset/rcni-node");
+    }
+
+    /// [`K8sLab::install_rcni`] without waiting for the rollout.
+    pub fn apply_rcni(&self, image: &Path, net_conf: Option<&str>, agent_args: &[String]) {
         self.import_everywhere(image);
         let mut manifest = std::fs::read_to_string(repo().join("deploy/rcni.yaml")).unwrap();
         if let Some(conf) = net_conf {
@@ -720,7 +778,6 @@ impl K8sLab {
             manifest.insert_str(at, &added);
         }
         self.apply(&manifest);
-        self.rollout("rcni-system", "daemonset/rcni-node");
     }
 
     /// `kubectl rollout status`, failing with the agents' logs.
@@ -826,6 +883,20 @@ impl K8sLab {
         let _ = std::fs::write(to.join("agents.log"), self.agent_logs());
     }
 
+    /// Routes from the control plane to every node's pod range via the
+    /// node: kube-apiserver reaches pods (its proxy to a pod, webhooks) as
+    /// it does from a control-plane node running the CNI; here it is on the
+    /// underlay, so the underlay routes (as a router or a cloud's route
+    /// table would).
+    pub fn route_pod_ranges(&self) {
+        for n in &self.nodes {
+            let cidr = self.kubectl_ok(&["get", "node", &n.name, "-o", "jsonpath={.spec.podCIDR}"]);
+            if !cidr.is_empty() {
+                self.ip(&format!("route replace {cidr} via {}", n.ip));
+            }
+        }
+    }
+
     /// Waits until every node is Ready (its network configured).
     pub fn wait_nodes_ready(&self, limit: Duration) {
         let ok = poll(limit, || {
@@ -839,6 +910,7 @@ impl K8sLab {
             out.status.success() && s.lines().filter(|l| *l == "True").count() == self.nodes.len()
         });
         assert!(ok, "nodes not Ready within {limit:?}:\n{}", self.diagnose());
+        self.route_pod_ranges();
     }
 
     /// What a failing test prints: the nodes, the pods, the last lines of
@@ -1041,7 +1113,22 @@ fn remove_cgroup(p: &Path) -> bool {
     std::fs::remove_dir(p).is_ok() || !p.exists()
 }
 
-/// The cgroups of labs whose process is gone (killed before its Drop ran).
+/// What labs whose process is gone (killed before their Drop ran) left:
+/// their directories (by the pid file in each) and cgroups (by the pid in
+/// their names). Their processes, namespaces and mounts died with them.
+fn remove_stale_labs() {
+    let tmp = std::env::temp_dir();
+    for e in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
+        let p = e.path();
+        let is_lab = e.file_name().to_string_lossy().starts_with("rcni-k8s.");
+        let owner = std::fs::read_to_string(p.join("pid")).unwrap_or_default();
+        if is_lab && !owner.is_empty() && !Path::new("/proc").join(owner.trim()).exists() {
+            let _ = std::fs::remove_dir_all(&p);
+        }
+    }
+    remove_stale_cgroups();
+}
+
 fn remove_stale_cgroups() {
     for h in hierarchies() {
         let Ok(rd) = std::fs::read_dir(&h) else {
@@ -1069,7 +1156,7 @@ impl Drop for K8sLab {
             let _ = n.init.wait();
         }
         for n in &mut self.nodes {
-            for d in &mut n.daemons {
+            for (.., d) in &mut n.daemons {
                 let _ = d.kill();
                 let _ = d.wait();
             }

@@ -1,0 +1,155 @@
+//! rcni-k8s-lab: the Kubernetes lab (integration/src/lab/k8s.rs) for a
+//! command that needs a whole cluster, such as upstream's e2e suites
+//! (scripts/k8s-e2e): makes the lab, installs the network, runs the command
+//! in the control namespace with KUBECONFIG set, tears the lab down and
+//! exits with the command's status.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rcni_integration::lab::k8s::{Cache, K8sLab};
+
+const USAGE: &str = "usage: rcni-k8s-lab [--nodes N] [--network rcni|reference]
+                    [--image FILE] [--net-conf FILE] [--reference-bin DIR]
+                    [--agent-arg ARG]... [--keep-logs DIR] -- COMMAND [ARG...]
+
+  --nodes N           nodes (default 3)
+  --network rcni      rcni from deploy/rcni.yaml with the image FILE (default)
+  --network reference the reference plugins in DIR (--reference-bin: bridge,
+                      host-local, loopback, portmap), a bridge + host-local
+                      conflist per node with its pod range, no policy
+  --net-conf FILE     rcni's net-conf.json in place of the manifest's
+  --agent-arg ARG     added to rcni-node's command line (repeatable), e.g.
+                      --policy-backend=nftables
+  --keep-logs DIR     copy every component's log there at the end
+
+COMMAND runs in the control plane's network namespace, on the lab's
+underlay, with KUBECONFIG (the admin's) and RCNI_LAB_DIR in its
+environment.";
+
+struct Args {
+    nodes: usize,
+    network: String,
+    image: Option<PathBuf>,
+    net_conf: Option<PathBuf>,
+    reference_bin: Option<PathBuf>,
+    keep_logs: Option<PathBuf>,
+    agent_args: Vec<String>,
+    command: Vec<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        nodes: 3,
+        network: "rcni".into(),
+        image: None,
+        net_conf: None,
+        reference_bin: None,
+        keep_logs: None,
+        agent_args: Vec::new(),
+        command: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--nodes" => a.nodes = value()?.parse().map_err(|e| format!("--nodes: {e}"))?,
+            "--network" => a.network = value()?,
+            "--image" => a.image = Some(value()?.into()),
+            "--net-conf" => a.net_conf = Some(value()?.into()),
+            "--reference-bin" => a.reference_bin = Some(value()?.into()),
+            "--keep-logs" => a.keep_logs = Some(value()?.into()),
+            "--agent-arg" => a.agent_args.push(value()?),
+            "-h" | "--help" => return Err(String::new()),
+            "--" => {
+                a.command = it.collect();
+                break;
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if a.command.is_empty() {
+        return Err("no command".into());
+    }
+    match a.network.as_str() {
+        "rcni" if a.image.is_none() => Err("--network rcni needs --image".into()),
+        "reference" if a.reference_bin.is_none() => {
+            Err("--network reference needs --reference-bin".into())
+        }
+        "rcni" | "reference" => Ok(a),
+        n => Err(format!("unknown network {n}")),
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) if e.is_empty() => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("rcni-k8s-lab: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let cache = match Cache::find() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rcni-k8s-lab: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let t0 = Instant::now();
+    eprintln!(
+        "rcni-k8s-lab: starting the control plane and {} nodes",
+        args.nodes
+    );
+    let lab = K8sLab::start(cache, args.nodes);
+    eprintln!(
+        "rcni-k8s-lab: cluster up in {:.0?}; installing {}",
+        t0.elapsed(),
+        args.network
+    );
+    match args.network.as_str() {
+        "rcni" => {
+            let conf = args
+                .net_conf
+                .as_ref()
+                .map(|p| std::fs::read_to_string(p).expect("read --net-conf"));
+            lab.install_rcni(
+                args.image.as_ref().unwrap(),
+                conf.as_deref(),
+                &args.agent_args,
+            );
+        }
+        _ => lab.install_reference(args.reference_bin.as_ref().unwrap()),
+    }
+    lab.wait_nodes_ready(Duration::from_secs(180));
+    lab.wait_dns();
+    eprintln!(
+        "rcni-k8s-lab: network ready after {:.0?}; running {:?}",
+        t0.elapsed(),
+        args.command
+    );
+    // Tied: killed with this process, however it ends.
+    let status = lab
+        .ctl_command("setpriv")
+        .args(["--pdeathsig", "KILL", "--"])
+        .args(&args.command)
+        .env("KUBECONFIG", lab.admin_kubeconfig())
+        .env("RCNI_LAB_DIR", lab.dir.path())
+        .status();
+    if let Some(dir) = &args.keep_logs {
+        lab.copy_logs(dir);
+    }
+    drop(lab);
+    match status {
+        Ok(s) => ExitCode::from(s.code().unwrap_or(1).clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("rcni-k8s-lab: cannot run {}: {e}", args.command[0]);
+            ExitCode::from(127)
+        }
+    }
+}
