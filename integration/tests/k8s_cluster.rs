@@ -64,6 +64,15 @@ fn cluster_with_rcni(net_conf: Option<&str>) -> Option<K8sLab> {
     Some(lab)
 }
 
+/// Every ingress to the `app: server` pods denied.
+const DENY_SERVERS: &str = "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: servers-deny}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress]
+";
+
 /// An agnhost pod on `node` serving HTTP on 8080 (netexec), with `labels`.
 fn pod(lab: &K8sLab, name: &str, node: &str, labels: &str) {
     lab.apply(&format!(
@@ -206,15 +215,7 @@ spec:
 
     // Deny every ingress to the servers: nothing gets in, on the node or
     // across nodes.
-    lab.apply(
-        "apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: servers-deny}
-spec:
-  podSelector: {matchLabels: {app: server}}
-  policyTypes: [Ingress]
-",
-    );
+    lab.apply(DENY_SERVERS);
     for ip in &ips {
         expect(&lab, "client", ip, false, Duration::from_secs(20));
     }
@@ -309,15 +310,7 @@ fn the_api_server_away_for_30s_pods_keep_working_and_the_agents_catch_up() {
     wait_ready(&lab, &["s4"]);
     let s4 = pod_ip(&lab, "s4");
     expect(&lab, "client", &s4, true, Duration::from_secs(30));
-    lab.apply(
-        "apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: servers-deny}
-spec:
-  podSelector: {matchLabels: {app: server}}
-  policyTypes: [Ingress]
-",
-    );
+    lab.apply(DENY_SERVERS);
     for ip in [&ips[0], &ips[1], &s4] {
         expect(&lab, "client", ip, false, Duration::from_secs(60));
     }

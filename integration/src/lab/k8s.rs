@@ -421,16 +421,7 @@ impl K8sLab {
     }
 
     fn ip(&self, args: &str) {
-        let o = self
-            .ctl_command("ip")
-            .args(args.split_whitespace())
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "ip {args}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        rcni_testkit::ip(&self.ctl.ns, args);
     }
 
     fn spawn_control(&mut self, name: &str, args: &[String]) {
@@ -601,18 +592,7 @@ impl K8sLab {
             netns.path()
         ));
         self.ip(&format!("link set v{name} master ul up"));
-        let nip = |args: &str| {
-            let o = netns
-                .command("ip")
-                .args(args.split_whitespace())
-                .output()
-                .unwrap();
-            assert!(
-                o.status.success(),
-                "ip {args}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        };
+        let nip = |args: &str| rcni_testkit::ip(&netns.ns, args);
         nip("link set lo up");
         nip(&format!("addr add {ip}/24 dev eth0"));
         nip("link set eth0 up");
@@ -847,13 +827,10 @@ impl K8sLab {
                 }
                 let cidr =
                     self.kubectl_ok(&["get", "node", &peer.name, "-o", "jsonpath={.spec.podCIDR}"]);
-                let o = n
-                    .netns
-                    .command("ip")
-                    .args(["route", "replace", &cidr, "via", &peer.ip])
-                    .output()
-                    .unwrap();
-                assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+                rcni_testkit::ip(
+                    &n.netns.ns,
+                    &format!("route replace {cidr} via {}", peer.ip),
+                );
             }
         }
     }
@@ -944,11 +921,6 @@ impl K8sLab {
         for n in &self.nodes {
             n.import(archive);
         }
-    }
-
-    /// Node `i`'s Node object, as JSON.
-    pub fn node_json(&self, name: &str) -> serde_json::Value {
-        serde_json::from_str(&self.kubectl_ok(&["get", "node", name, "-o", "json"])).unwrap()
     }
 
     /// Kills a control-plane component (kube-apiserver, ...) and returns
