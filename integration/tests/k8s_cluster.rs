@@ -331,7 +331,10 @@ fn a_node_deleted_and_registered_again_gets_its_network_back() {
         return;
     };
     pod(&lab, "client", "n1", "role: client");
-    wait_ready(&lab, &["client"]);
+    // A pod on n3 first, so its bridge holds the old range's gateway: the
+    // controller manager gives the re-registered node the next free range.
+    pod(&lab, "s0", "n3", "app: server");
+    wait_ready(&lab, &["client", "s0"]);
     let before = lab.kubectl_ok(&["get", "node", "n3", "-o", "jsonpath={.spec.podCIDR}"]);
     lab.kubectl_ok(&["delete", "node", "n3"]);
     // As an admin does: the kubelet registers the node again when it starts.

@@ -76,6 +76,13 @@ pub fn render(
         "isGateway": true,
         "isDefaultGateway": true,
         "hairpinMode": true,
+        // The node's range is the API's, not ours: a node deleted and
+        // registered again gets a new podCIDR while cni0 keeps the old
+        // gateway, and without this every new pod fails with "cni0 already
+        // has an IP address different from" (flannel's users delete cni0
+        // by hand). Pods left in the old range are cut off already: the
+        // other nodes route only the new one.
+        "forceAddress": true,
         "mtu": mtu,
         "ipam": ipam,
     });
@@ -219,6 +226,7 @@ mod tests {
         assert_eq!(bridge["mtu"], 1430);
         assert_eq!(bridge["isGateway"], true);
         assert_eq!(bridge["isDefaultGateway"], true);
+        assert_eq!(bridge["forceAddress"], true);
     }
 
     #[test]
