@@ -93,7 +93,7 @@ for r in rcni[("ClusterRole", "rcni-node")]["rules"]:
             for v in r["verbs"]:
                 grants.add((g, res, v))
 need = {("", "nodes", v) for v in ("get", "list", "watch", "patch")}
-need |= {(g, r, v) for g, r in [("", "pods"), ("", "namespaces"), ("networking.k8s.io", "networkpolicies")] for v in ("list", "watch")}
+need |= {(g, r, v) for g, r in [("", "pods"), ("", "namespaces"), ("", "services"), ("discovery.k8s.io", "endpointslices"), ("networking.k8s.io", "networkpolicies")] for v in ("list", "watch")}
 want(grants == need, f"ClusterRole rcni-node: grants {sorted(grants ^ need)} differ from what the agent needs")
 crb = rcni[("ClusterRoleBinding", "rcni-node")]
 want(crb["roleRef"]["name"] == "rcni-node", "ClusterRoleBinding: wrong role")

@@ -8,6 +8,9 @@
 //!   Namespace` objects as they are), one file per object, written
 //!   atomically, removed when the object is deleted, and the directory
 //!   made equal to a fresh list after every (re)list;
+//! - every Service and EndpointSlice, mirrored the same way: the eBPF
+//!   backend judges a pod's egress before kube-proxy's DNAT, so it needs
+//!   to know which endpoints a ClusterIP stands for;
 //! - every Pod, in one cluster-wide watch, split by `spec.nodeName`:
 //!   - this node's, their labels and container ports (for named ports)
 //!     answered on a root-only Unix socket: one JSON line `{"namespace",
@@ -41,12 +44,13 @@ use std::time::Duration;
 
 use crate::PathError;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
-use rcni_agent_proto::pods::{Pod as ListedPod, PodList};
+use rcni_agent_proto::pods::{ContainerPort, Pod as ListedPod, PodList};
 use rcni_agent_proto::socket::{NamedPorts, PodAnswer, PodQuery};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -92,6 +96,8 @@ struct RemotePod {
     node: String,
     labels: BTreeMap<String, String>,
     ips: Vec<String>,
+    /// Its named container ports, for egress rules that name a port.
+    ports: Vec<ContainerPort>,
 }
 
 #[derive(Default)]
@@ -152,6 +158,18 @@ pub fn start(
             Api::<Namespace>::all(client.clone()),
             dir.clone(),
             "ns",
+            changed.clone(),
+        )),
+        tokio::spawn(mirror(
+            Api::<Service>::all(client.clone()),
+            dir.clone(),
+            "svc",
+            changed.clone(),
+        )),
+        tokio::spawn(mirror(
+            Api::<EndpointSlice>::all(client.clone()),
+            dir.clone(),
+            "eps",
             changed.clone(),
         )),
         tokio::spawn(watch_pods(
@@ -412,10 +430,22 @@ fn remote_pod(p: &Pod) -> Option<RemotePod> {
     if ips.is_empty() {
         return None;
     }
+    let ports = spec
+        .containers
+        .iter()
+        .flat_map(|c| c.ports.iter().flatten())
+        .filter(|port| port.name.is_some())
+        .map(|port| ContainerPort {
+            name: port.name.clone(),
+            container_port: port.container_port.into(),
+            protocol: port.protocol.clone(),
+        })
+        .collect();
     Some(RemotePod {
         node: spec.node_name.clone().unwrap_or_default(),
         labels: p.metadata.labels.clone().unwrap_or_default(),
         ips,
+        ports,
     })
 }
 
@@ -423,7 +453,9 @@ fn remote_pod(p: &Pod) -> Option<RemotePod> {
 fn remote_content(pods: &BTreeMap<(String, String), RemotePod>) -> Vec<u8> {
     let items = pods
         .iter()
-        .map(|((ns, name), p)| ListedPod::remote(ns, name, p.labels.clone(), &p.node, &p.ips))
+        .map(|((ns, name), p)| {
+            ListedPod::remote(ns, name, p.labels.clone(), &p.node, &p.ips, p.ports.clone())
+        })
         .collect();
     PodList::new(items).to_file()
 }

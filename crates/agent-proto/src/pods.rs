@@ -55,6 +55,7 @@ impl Pod {
         labels: BTreeMap<String, String>,
         node: &str,
         ips: &[String],
+        ports: Vec<ContainerPort>,
     ) -> Pod {
         Pod {
             kind: "Pod".into(),
@@ -66,6 +67,13 @@ impl Pod {
             spec: PodSpec {
                 node_name: Some(node.into()),
                 host_network: None,
+                // One container holds them all: egress rules' named ports
+                // need the names, not which container has them.
+                containers: if ports.is_empty() {
+                    vec![]
+                } else {
+                    vec![Container { ports }]
+                },
             },
             status: PodStatus {
                 pod_ips: ips.iter().map(|ip| PodIp { ip: ip.clone() }).collect(),
@@ -92,6 +100,28 @@ pub struct PodSpec {
     pub node_name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_network: Option<bool>,
+    /// Only the named ports matter here (egress rules naming a peer's
+    /// port); other container fields are ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<Container>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Container {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ContainerPort>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerPort {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An int32 in the API; a value no port can have is left to the
+    /// reader to refuse.
+    pub container_port: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,13 +152,18 @@ mod tests {
             labels,
             "node-b",
             &["10.244.1.5".into(), "fd00::5".into()],
+            vec![ContainerPort {
+                name: Some("pg".into()),
+                container_port: 5432,
+                protocol: None,
+            }],
         )]);
         assert_eq!(
             String::from_utf8(list.to_file()).unwrap(),
             concat!(
                 r#"{"apiVersion":"v1","kind":"PodList","items":[{"kind":"Pod","#,
                 r#""metadata":{"namespace":"prod","name":"db-0","labels":{"app":"db"}},"#,
-                r#""spec":{"nodeName":"node-b"},"#,
+                r#""spec":{"nodeName":"node-b","containers":[{"ports":[{"name":"pg","containerPort":5432}]}]},"#,
                 r#""status":{"podIPs":[{"ip":"10.244.1.5"},{"ip":"fd00::5"}]}}]}"#,
                 "\n"
             )

@@ -22,8 +22,8 @@
 //! selection lives, and are freed when it goes.
 
 use crate::model::{
-    Dir, IpBlock, Labels, MAX_PORT_RANGES, NamedPorts, Peer, Policy, PolicySet, PortRange,
-    RemotePod, Rule, proto_number,
+    Dir, Frontend, IpBlock, Labels, MAX_PORT_RANGES, NamedPorts, Peer, Policy, PolicySet,
+    PortRange, RemotePod, Rule, frontends, proto_number,
 };
 use ipnetwork::IpNetwork;
 use rcni_cni::CniError;
@@ -50,10 +50,9 @@ impl Ports {
     }
 
     /// A rule's ports, its named ones resolved from `named` (the policed
-    /// pod's container ports, for ingress); a name the pod does not have,
-    /// or any name without `named` (egress: the peers' ports are not
-    /// known here), allows nothing, as a named port no pod has does in
-    /// Kubernetes.
+    /// pod's container ports for ingress, the peer's for egress); a name
+    /// the pod does not have, or any name without `named`, allows
+    /// nothing, as a named port no pod has does in Kubernetes.
     fn of_rule(r: &Rule, named: Option<&NamedPorts>) -> Ports {
         match &r.ports {
             None => Ports::All,
@@ -136,6 +135,12 @@ pub struct RuleSet {
     /// Flattened for longest-prefix match, sorted; a prefix with no ports
     /// punches a hole (an `except`) into a shorter one.
     pub cidrs: Vec<(IpNetwork, Ports)>,
+    /// Egress only, for the eBPF backend, which decides before kube-proxy's
+    /// DNAT: a Service address with the ports whose every endpoint the
+    /// rules allow (empty: none). The nftables backend sees the endpoint
+    /// itself and ignores these.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub services: BTreeMap<IpAddr, Ports>,
     /// Made of audit-only policies (`rcni.io/audit`, or the network's
     /// `"audit": true`): what it denies is reported and let through.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -146,6 +151,10 @@ impl RuleSet {
     /// Whether a peer (by identity, 0 for none, and address) may use
     /// `proto`/`port`: the semantics every backend implements.
     pub fn allows(&self, identity: u32, addr: IpAddr, proto: u8, port: u16) -> bool {
+        // A Service's address, as the eBPF backend sees it before the DNAT.
+        if let Some(p) = self.services.get(&addr) {
+            return p.allows(proto, port);
+        }
         if identity != 0
             && self
                 .peers
@@ -176,9 +185,9 @@ impl RuleSet {
     /// `cidrs` with the remote pods' addresses as host prefixes, each
     /// allowing what its pod is allowed and what the prefix it falls in
     /// allows: for a longest-prefix-match table, where a host entry hides
-    /// the shorter prefixes holding it.
+    /// the shorter prefixes holding it; then `services`' addresses.
     pub fn lpm_entries(&self) -> Vec<(IpNetwork, Ports)> {
-        if self.remote.is_empty() {
+        if self.remote.is_empty() && self.services.is_empty() {
             return self.cidrs.clone();
         }
         let mut m: BTreeMap<IpNetwork, Ports> = self.cidrs.iter().cloned().collect();
@@ -188,6 +197,13 @@ impl RuleSet {
             let mut v = self.lpm(*a).cloned().unwrap_or_else(Ports::none);
             v.union(p);
             m.insert(host, v);
+        }
+        // A Service's address is judged by its endpoints alone, whatever
+        // prefix holds it.
+        for (a, p) in &self.services {
+            let host =
+                IpNetwork::new(*a, if a.is_ipv4() { 32 } else { 128 }).expect("host prefix length");
+            m.insert(host, p.clone());
         }
         m.into_iter().collect()
     }
@@ -444,6 +460,21 @@ pub fn compile(
         pod_sel.insert(key.as_str(), sel);
     }
     ids.rulesets.retain(|k, _| wanted_rs.contains(k));
+    // This node's pods' named ports by identity (egress rules naming a
+    // port allow it toward the pods that have it) and their identities
+    // by address (a Service's endpoints are judged as the pods they are).
+    let mut local_named: BTreeMap<u32, Vec<NamedPorts>> = BTreeMap::new();
+    let mut local_ids: BTreeMap<IpAddr, u32> = BTreeMap::new();
+    for pod in pods.values() {
+        let id = ids.identities[&identity_key(pod)];
+        if !pod.ports.is_empty() {
+            local_named.entry(id).or_default().push(pod.ports.clone());
+        }
+        for a in &pod.addrs {
+            local_ids.insert(*a, id);
+        }
+    }
+    let fronts = frontends(&set.services, &set.slices);
     for (k, (dir, ps, named, audit)) in &rs_by_key {
         let n = alloc(&mut ids.rulesets, k);
         let mut rs = build_ruleset(
@@ -451,10 +482,16 @@ pub fn compile(
             *dir,
             ps,
             named.as_ref(),
-            &identities,
-            &remote,
+            &Peers {
+                identities: &identities,
+                local_named: &local_named,
+                remote: &remote,
+            },
             &ns_labels,
         )?;
+        if *dir == Dir::Egress {
+            rs.services = service_entries(&rs, &fronts, &local_ids);
+        }
         rs.audit = *audit;
         d.rulesets.insert(n, rs);
     }
@@ -473,22 +510,104 @@ pub fn compile(
     Ok(d)
 }
 
+/// The pods a rule set's peers are chosen from.
+struct Peers<'a> {
+    /// This node's, by identity.
+    identities: &'a BTreeMap<u32, PodView>,
+    /// Named ports of this node's pods, by identity.
+    local_named: &'a BTreeMap<u32, Vec<NamedPorts>>,
+    /// Other nodes'.
+    remote: &'a [RemotePod],
+}
+
+/// What a rule set allows toward each Service address: a port where the
+/// rules allow every endpoint behind it (kube-proxy picks one, and the
+/// decision is taken before it does: allowing when only some are allowed
+/// would let connections reach the others). A Service without endpoints
+/// is allowed: kube-proxy rejects its connections itself. Addresses
+/// where nothing is allowed and nothing covers them are left out (the
+/// table denies them anyway); one with more ranges than a port set holds
+/// too, and is judged by its address as before.
+fn service_entries(
+    rs: &RuleSet,
+    fronts: &[Frontend],
+    local_ids: &BTreeMap<IpAddr, u32>,
+) -> BTreeMap<IpAddr, Ports> {
+    let mut out: BTreeMap<IpAddr, Ports> = BTreeMap::new();
+    for f in fronts {
+        let ok = f.backends.iter().all(|(a, port)| {
+            let id = local_ids.get(a).copied().unwrap_or(0);
+            rs.allows(id, *a, f.proto, *port)
+        });
+        let e = out.entry(f.addr).or_insert_with(Ports::none);
+        if ok {
+            e.union(&Ports::Ranges(vec![PortRange {
+                proto: f.proto,
+                lo: f.port,
+                hi: f.port,
+            }]));
+        }
+    }
+    out.retain(|a, p| {
+        let fits = !matches!(p, Ports::Ranges(r) if r.len() > MAX_PORT_RANGES);
+        fits && !(p.is_none() && rs.lpm(*a).is_none_or(Ports::is_none))
+    });
+    out
+}
+
 fn build_ruleset(
     set: &PolicySet,
     dir: Dir,
     policies: &[String],
     named: Option<&NamedPorts>,
-    identities: &BTreeMap<u32, PodView>,
-    remote_pods: &[RemotePod],
+    from: &Peers,
     ns_labels: &HashMap<&str, Labels>,
 ) -> Result<RuleSet, CniError> {
+    let (identities, remote_pods) = (from.identities, from.remote);
     let mut peers: BTreeMap<u32, Ports> = BTreeMap::new();
     let mut remote: BTreeMap<IpAddr, Ports> = BTreeMap::new();
     let mut blocks: Vec<(IpBlock, Ports)> = Vec::new();
     for p in set.policies.iter().filter(|p| policies.contains(&p.id())) {
         for r in p.rules(dir).unwrap_or_default() {
             let ports = Ports::of_rule(r, named);
+            // Egress rules' named ports are the peer's own, resolved per
+            // peer: another node's pod by its ports, this node's by the
+            // ports of the pods sharing its identity (a Deployment's pods
+            // share their template's).
+            let per_peer = dir == Dir::Egress && !r.named.is_empty();
+            let of_remote = |rp: &RemotePod| {
+                if per_peer {
+                    Ports::of_rule(r, Some(&rp.ports))
+                } else {
+                    ports.clone()
+                }
+            };
+            let of_identity = |id: u32| {
+                let mut v = ports.clone();
+                if per_peer {
+                    for np in from.local_named.get(&id).into_iter().flatten() {
+                        v.union(&Ports::of_rule(r, Some(np)));
+                    }
+                }
+                v
+            };
             let Some(list) = &r.peers else {
+                if per_peer {
+                    for id in identities.keys() {
+                        peers
+                            .entry(*id)
+                            .or_insert_with(Ports::none)
+                            .union(&of_identity(*id));
+                    }
+                    for rp in remote_pods {
+                        for a in &rp.addrs {
+                            remote
+                                .entry(*a)
+                                .or_insert_with(Ports::none)
+                                .union(&of_remote(rp));
+                        }
+                    }
+                }
                 // No peers: everyone, pods and the world.
                 for any in ["0.0.0.0/0", "::/0"] {
                     blocks.push((
@@ -514,13 +633,17 @@ fn build_ruleset(
                         };
                         for (id, v) in identities {
                             if selects(&v.namespace, &v.labels) {
-                                peers.entry(*id).or_insert_with(Ports::none).union(&ports);
+                                peers
+                                    .entry(*id)
+                                    .or_insert_with(Ports::none)
+                                    .union(&of_identity(*id));
                             }
                         }
-                        for r in remote_pods {
-                            if selects(&r.namespace, &r.labels) {
-                                for a in &r.addrs {
-                                    remote.entry(*a).or_insert_with(Ports::none).union(&ports);
+                        for rp in remote_pods {
+                            if selects(&rp.namespace, &rp.labels) {
+                                let p = of_remote(rp);
+                                for a in &rp.addrs {
+                                    remote.entry(*a).or_insert_with(Ports::none).union(&p);
                                 }
                             }
                         }
@@ -546,6 +669,7 @@ fn build_ruleset(
         peers,
         remote,
         cidrs,
+        services: BTreeMap::new(),
         audit: false,
     })
 }
@@ -838,11 +962,127 @@ mod tests {
         // No such port: only the numbered one.
         assert!(ingress("c/eth0").allows(0, any, TCP, 22));
         assert!(!ingress("c/eth0").allows(0, any, TCP, 8080));
-        // Egress names refer to the peers' ports, unknown here: nothing.
+        // Egress names refer to the peers' ports: toward an address no pod
+        // has, nothing; toward this node's pods of the identity, the
+        // ports its pods have by that name.
         let eg = &d.rulesets[&d.pods["a/eth0"].egress];
         assert!(!eg.allows(0, any, TCP, 8080));
+        let web = d.pods["a/eth0"].identity;
+        assert!(eg.allows(web, any, TCP, 8080));
+        assert!(eg.allows(web, any, TCP, 9090));
+        assert!(!eg.allows(web, any, TCP, 22));
         // Pods with the same policies and ports share the rule set.
         assert_eq!(d.pods["c/eth0"].egress, d.pods["a/eth0"].egress);
+    }
+
+    #[test]
+    fn egress_named_ports_resolve_from_each_peers_own_ports() {
+        let mut s = set(json!([
+            {"name":"client","podSelector":{"matchLabels":{"app":"client"}},
+             "policyTypes":["Egress"],
+             "egress":[{"ports":[{"protocol":"UDP","port":"dns"}]},
+                       {"to":[{"podSelector":{"matchLabels":{"app":"db"}}}],
+                        "ports":[{"port":"pg"}]}]}
+        ]));
+        s.add_document(
+            &json!({"kind":"PodList","items":[
+                {"kind":"Pod","metadata":{"namespace":"default","name":"db","labels":{"app":"db"}},
+                 "spec":{"containers":[{"name":"c","ports":[{"name":"pg","containerPort":5432}]}]},
+                 "status":{"podIP":"10.244.2.5"}},
+                {"kind":"Pod","metadata":{"namespace":"default","name":"dns","labels":{"app":"dns"}},
+                 "spec":{"containers":[{"ports":[{"name":"dns","containerPort":1053,"protocol":"UDP"},
+                                                  {"name":"pg","containerPort":6543}]}]},
+                 "status":{"podIP":"10.244.2.6"}}]}),
+            "f",
+        )
+        .unwrap();
+        let pods: BTreeMap<String, PodView> =
+            [("c/eth0".to_string(), pod("default", &[("app", "client")]))].into();
+        let d = compile(&s, &pods, &mut Ids::default()).unwrap();
+        let eg = &d.rulesets[&d.pods["c/eth0"].egress];
+        let (db, dns) = (ip("10.244.2.5"), ip("10.244.2.6"));
+        // A rule without peers: every pod, on the port it names so.
+        assert!(eg.allows(0, dns, UDP, 1053));
+        assert!(!eg.allows(0, db, UDP, 1053));
+        // With a selector: only the selected pod's port of that name.
+        assert!(eg.allows(0, db, TCP, 5432));
+        assert!(!eg.allows(0, dns, TCP, 6543));
+        assert!(!eg.allows(0, ip("10.9.9.9"), TCP, 5432));
+        // What the eBPF table holds agrees.
+        let lpm = eg.lpm_entries();
+        let at = |a: IpAddr| lpm.iter().find(|(n, _)| n.ip() == a && n.prefix() == 32);
+        assert!(at(db).unwrap().1.allows(TCP, 5432));
+        assert!(at(dns).unwrap().1.allows(UDP, 1053));
+    }
+
+    #[test]
+    fn a_service_address_is_judged_by_its_endpoints() {
+        let mut s = set(json!([
+            // Everything but the server's own address, as upstream's
+            // "except clause" spec.
+            {"name":"client","podSelector":{"matchLabels":{"app":"client"}},
+             "policyTypes":["Egress"],
+             "egress":[{"to":[{"ipBlock":{"cidr":"0.0.0.0/0","except":["10.244.2.5/32"]}}]}]}
+        ]));
+        s.add_document(
+            &json!([
+                {"kind":"Service","metadata":{"namespace":"default","name":"srv"},
+                 "spec":{"clusterIP":"10.96.0.20","ports":[{"port":80,"targetPort":8080}]}},
+                {"kind":"EndpointSlice","addressType":"IPv4",
+                 "metadata":{"namespace":"default","name":"srv-1",
+                             "labels":{"kubernetes.io/service-name":"srv"}},
+                 "endpoints":[{"addresses":["10.244.2.5"]}],"ports":[{"port":8080}]},
+                {"kind":"Service","metadata":{"namespace":"default","name":"other"},
+                 "spec":{"clusterIP":"10.96.0.21","ports":[{"port":80,"targetPort":8080}]}},
+                {"kind":"EndpointSlice","addressType":"IPv4",
+                 "metadata":{"namespace":"default","name":"other-1",
+                             "labels":{"kubernetes.io/service-name":"other"}},
+                 "endpoints":[{"addresses":["10.244.1.9"]}],"ports":[{"port":8080}]},
+                {"kind":"Service","metadata":{"namespace":"default","name":"empty"},
+                 "spec":{"clusterIP":"10.96.0.22","ports":[{"port":80}]}}
+            ]),
+            "f",
+        )
+        .unwrap();
+        let mut client = pod("default", &[("app", "client")]);
+        client.addrs = vec![ip("10.244.1.8")];
+        let mut local = pod("default", &[("app", "other")]);
+        local.addrs = vec![ip("10.244.1.9")];
+        let pods: BTreeMap<String, PodView> = [
+            ("c/eth0".to_string(), client),
+            ("o/eth0".to_string(), local),
+        ]
+        .into();
+        let d = compile(&s, &pods, &mut Ids::default()).unwrap();
+        let eg = &d.rulesets[&d.pods["c/eth0"].egress];
+        // The ClusterIP is inside 0.0.0.0/0, its endpoint is excepted.
+        assert!(!eg.allows(0, ip("10.96.0.20"), TCP, 80));
+        // An endpoint the rules allow (a pod of this node, by address).
+        assert!(eg.allows(0, ip("10.96.0.21"), TCP, 80));
+        // Only the Service's own ports pass to its address.
+        assert!(!eg.allows(0, ip("10.96.0.21"), TCP, 8080));
+        // No endpoints: kube-proxy answers the connection itself.
+        assert!(eg.allows(0, ip("10.96.0.22"), TCP, 80));
+        let lpm = eg.lpm_entries();
+        let at = |a: &str| {
+            lpm.iter()
+                .find(|(n, _)| n.ip() == ip(a) && n.prefix() == 32)
+        };
+        assert!(at("10.96.0.20").unwrap().1.is_none());
+        assert_eq!(
+            at("10.96.0.21").unwrap().1,
+            Ports::Ranges(vec![PortRange {
+                proto: TCP,
+                lo: 80,
+                hi: 80
+            }])
+        );
+        // Ingress rule sets never carry them: the receiver sees the endpoint.
+        assert!(
+            d.rulesets
+                .values()
+                .all(|r| r.dir == Dir::Egress || r.services.is_empty())
+        );
     }
 
     /// A Pod object of another node, as the agent writes it.

@@ -365,6 +365,7 @@ fn other_nodes_pods_are_written_for_the_plugin_and_follow_the_api() {
                         node: "n9".into(),
                         labels: Default::default(),
                         ips: vec!["10.244.9.9".into()],
+                        ports: vec![],
                     },
                 )]
                 .into(),
@@ -413,6 +414,13 @@ fn other_nodes_pods_are_written_for_the_plugin_and_follow_the_api() {
             )]),
         )
         .await;
+        // With its named ports, for egress rules that name the peer's port.
+        let file: Value =
+            serde_json::from_slice(&std::fs::read(dir.join(REMOTE_PODS_FILE)).unwrap()).unwrap();
+        assert_eq!(
+            file["items"][0]["spec"]["containers"],
+            json!([{"ports": [{"name": "http", "containerPort": 8080}]}])
+        );
         // This node's pod is answered on the socket, as before.
         assert_eq!(ask(&socket, "prod", "web-1").await["found"], true);
         until("a sync for the file", || !calls(&log).is_empty()).await;

@@ -261,6 +261,8 @@ impl Attributor {
                             .collect(),
                         namespaces: set.namespaces.clone(),
                         remote_pods: set.remote_pods.clone(),
+                        services: set.services.clone(),
+                        slices: set.slices.clone(),
                     };
                     compile(&one, &self.views, &mut self.ids.clone()).ok()
                 });

@@ -9,7 +9,9 @@
 //! holds one object, an array of them, or a `List` with `items`; objects of
 //! kind `Namespace` give namespaces their labels, objects of kind `Pod`
 //! (namespace, labels, `status.podIPs`) are pods of other nodes, which
-//! podSelector and namespaceSelector peers match by address.
+//! podSelector and namespaceSelector peers match by address, and objects
+//! of kind `Service` and `EndpointSlice` say which endpoints a Service's
+//! address stands for (the eBPF backend's egress judges those).
 //!
 //! Everything is validated before it is used: a bad policy is code 7 with
 //! a message naming the policy and the field.
@@ -20,6 +22,7 @@ mod policy;
 mod ports;
 mod remote_pods;
 mod rules;
+mod services;
 mod set;
 
 pub use labels::{Labels, NS_NAME_LABEL, Op, Requirement, Selector, validate_labels};
@@ -28,6 +31,7 @@ pub use policy::Policy;
 pub use ports::{MAX_PORT_RANGES, NamedPorts, PortRange, SCTP, TCP, UDP, proto_number};
 pub use remote_pods::RemotePod;
 pub use rules::{Dir, Rule};
+pub use services::{Frontend, Service, Slice, frontends};
 pub use set::PolicySet;
 
 use rcni_cni::CniError;

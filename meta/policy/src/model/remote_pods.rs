@@ -4,6 +4,7 @@
 
 use super::invalid;
 use super::labels::{Labels, validate_labels};
+use super::ports::{NamedPorts, proto_number};
 use rcni_agent_proto::pods::{PodMeta, PodSpec, PodStatus};
 use rcni_cni::CniError;
 use serde::Deserialize;
@@ -19,6 +20,9 @@ pub struct RemotePod {
     pub name: String,
     pub labels: Labels,
     pub addrs: Vec<IpAddr>,
+    /// Its named container ports: what an egress rule naming a port
+    /// allows toward this pod.
+    pub ports: NamedPorts,
 }
 
 /// A non-empty string field of an object's `metadata`.
@@ -80,11 +84,31 @@ pub(super) fn parse_pod(
         return Ok(None);
     }
     addrs.sort();
+    let mut ports = NamedPorts::new();
+    for (i, c) in spec.containers.iter().enumerate() {
+        for (j, p) in c.ports.iter().enumerate() {
+            let Some(n) = &p.name else { continue };
+            let field = format!("spec.containers[{i}].ports[{j}]");
+            let proto = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+            if proto_number(&proto).is_none() {
+                return Err(bad(
+                    &field,
+                    &format!("protocol {proto:?} is not TCP, UDP or SCTP"),
+                ));
+            }
+            let port = u16::try_from(p.container_port)
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad(&field, "containerPort must be 1-65535"))?;
+            ports.insert(n.clone(), (proto, port));
+        }
+    }
     Ok(Some(RemotePod {
         namespace: namespace.to_string(),
         name: name.to_string(),
         labels,
         addrs,
+        ports,
     }))
 }
 

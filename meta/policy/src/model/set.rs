@@ -4,6 +4,7 @@ use super::invalid;
 use super::labels::{Labels, NS_NAME_LABEL, string_map};
 use super::policy::{Policy, parse_policy};
 use super::remote_pods::{RemotePod, meta_str, parse_pod};
+use super::services::{Service, Slice, parse_service, parse_slice};
 use rcni_cni::CniError;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -16,6 +17,8 @@ pub struct PolicySet {
     pub policies: Vec<Policy>,
     pub namespaces: BTreeMap<String, Labels>,
     pub remote_pods: Vec<RemotePod>,
+    pub services: Vec<Service>,
+    pub slices: Vec<Slice>,
 }
 
 impl PolicySet {
@@ -39,7 +42,9 @@ impl PolicySet {
                 Some("List")
                 | Some("NetworkPolicyList")
                 | Some("NamespaceList")
-                | Some("PodList") => {
+                | Some("PodList")
+                | Some("ServiceList")
+                | Some("EndpointSliceList") => {
                     let items = m.get("items").cloned().unwrap_or(Value::Array(vec![]));
                     if !items.is_array() {
                         return Err(invalid(origin, "items", "must be an array"));
@@ -65,6 +70,14 @@ impl PolicySet {
                     }
                     Ok(())
                 }
+                Some("Service") => {
+                    self.services.push(parse_service(m, origin)?);
+                    Ok(())
+                }
+                Some("EndpointSlice") => {
+                    self.slices.extend(parse_slice(m, origin)?);
+                    Ok(())
+                }
                 Some("NetworkPolicy") | None => {
                     let p = parse_policy(m, origin)?;
                     self.push(p)
@@ -72,7 +85,10 @@ impl PolicySet {
                 Some(other) => Err(invalid(
                     origin,
                     "kind",
-                    &format!("{other:?} is not NetworkPolicy, Namespace, Pod or List"),
+                    &format!(
+                        "{other:?} is not NetworkPolicy, Namespace, Pod, Service, \
+                         EndpointSlice or List"
+                    ),
                 )),
             },
             _ => Err(invalid(origin, "", "a policy must be a JSON object")),
