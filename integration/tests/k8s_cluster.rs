@@ -88,7 +88,7 @@ spec:
   - name: c
     image: {AGNHOST}
     args: [netexec, --http-port=8080]
-    ports: [{{containerPort: 8080}}]
+    ports: [{{name: http, containerPort: 8080}}]
     readinessProbe:
       httpGet: {{path: /healthz, port: 8080}}
       periodSeconds: 1
@@ -256,6 +256,39 @@ spec:
     let s4 = pod_ip(&lab, "s4");
     expect(&lab, "client", &s4, true, Duration::from_secs(20));
     expect(&lab, "other", &s4, false, Duration::from_secs(5));
+
+    // Egress through the Service, judged by the pods behind it (the eBPF
+    // backend decides before kube-proxy's DNAT), with a named port that
+    // the servers on other nodes have.
+    let client_egress = |to: &str| {
+        lab.apply(&format!(
+            "apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {{name: client-egress}}
+spec:
+  podSelector: {{matchLabels: {{role: client}}}}
+  policyTypes: [Egress]
+  egress:
+  - {to}
+"
+        ))
+    };
+    client_egress("to: [{podSelector: {matchLabels: {app: server}}}]\n    ports: [{port: http}]");
+    expect(&lab, "client", &vip, true, Duration::from_secs(20));
+    expect(&lab, "client", &ips[1], true, Duration::from_secs(5));
+    // Everything but the servers: their Service is theirs, not an address
+    // inside 0.0.0.0/0.
+    let except: Vec<String> = ips
+        .iter()
+        .chain([&s4])
+        .map(|ip| format!("{ip}/32"))
+        .collect();
+    client_egress(&format!(
+        "to: [{{ipBlock: {{cidr: 0.0.0.0/0, except: [{}]}}}}]",
+        except.join(", ")
+    ));
+    expect(&lab, "client", &vip, false, Duration::from_secs(20));
+    expect(&lab, "client", &ips[1], false, Duration::from_secs(5));
 }
 
 /// Whether the node's own network (its host network, no API involved)

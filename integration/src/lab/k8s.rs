@@ -44,13 +44,15 @@ const CGROUP_V1: [&str; 9] = [
 const CGROUP_PREFIX: &str = "rcni-k8s-";
 
 /// The images every node has, by name and archive (scripts/k8s-images).
-pub const IMAGES: [&str; 6] = [
+pub const IMAGES: [&str; 8] = [
     "pause",
     "agnhost",
     "busybox",
     "coredns",
     "nginx",
     "glibc-dns-testing",
+    "regression-issue-74839",
+    "distroless-iptables",
 ];
 pub const AGNHOST: &str = "registry.k8s.io/e2e-test-images/agnhost:2.66.1";
 
