@@ -115,7 +115,7 @@ pub(super) fn parse_pod(
 /// One part of a Pod object (`metadata`, `spec`, `status`) in the agent
 /// protocol's terms; absent or null is the empty one, a field of the wrong
 /// JSON type refuses the pod naming the part.
-fn part<T: for<'de> Deserialize<'de> + Default>(
+pub(super) fn part<T: for<'de> Deserialize<'de> + Default>(
     m: &Map<String, Value>,
     key: &str,
     bad: impl Fn(&str, &str) -> CniError,

@@ -10,7 +10,7 @@
 
 use super::invalid;
 use super::ports::proto_number;
-use super::remote_pods::meta_str;
+use super::remote_pods::{meta_str, part};
 use rcni_cni::CniError;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -98,17 +98,6 @@ struct SlicePort {
     port: Option<i64>,
 }
 
-fn field<T: for<'de> Deserialize<'de> + Default>(
-    m: &Map<String, Value>,
-    key: &str,
-    who: &str,
-) -> Result<T, CniError> {
-    match m.get(key) {
-        None | Some(Value::Null) => Ok(T::default()),
-        Some(v) => T::deserialize(v).map_err(|e| invalid(who, key, &e.to_string())),
-    }
-}
-
 fn proto_of(p: &Option<String>, who: &str, f: &str) -> Result<u8, CniError> {
     let s = p.as_deref().unwrap_or("TCP");
     proto_number(s)
@@ -127,7 +116,7 @@ pub(super) fn parse_service(m: &Map<String, Value>, origin: &str) -> Result<Serv
     let name = meta_str(meta, "name").ok_or_else(|| invalid(origin, "metadata.name", "missing"))?;
     let namespace = meta_str(meta, "namespace").unwrap_or("default");
     let who = format!("service {namespace}/{name} ({origin})");
-    let spec: SvcSpec = field(m, "spec", &who)?;
+    let spec: SvcSpec = part(m, "spec", |f, w| invalid(&who, f, w))?;
     let mut addrs = Vec::new();
     let ips = spec
         .cluster_ips
@@ -175,7 +164,7 @@ pub(super) fn parse_slice(m: &Map<String, Value>, origin: &str) -> Result<Option
     if m.get("addressType").and_then(Value::as_str) == Some("FQDN") {
         return Ok(None);
     }
-    let endpoints: Vec<SliceEndpoint> = field(m, "endpoints", &who)?;
+    let endpoints: Vec<SliceEndpoint> = part(m, "endpoints", |f, w| invalid(&who, f, w))?;
     let used = |e: &&SliceEndpoint| e.conditions.ready != Some(false);
     let mut chosen: Vec<&SliceEndpoint> = endpoints.iter().filter(used).collect();
     if chosen.is_empty() {
@@ -193,7 +182,7 @@ pub(super) fn parse_slice(m: &Map<String, Value>, origin: &str) -> Result<Option
             addrs.push(a);
         }
     }
-    let slice_ports: Vec<SlicePort> = field(m, "ports", &who)?;
+    let slice_ports: Vec<SlicePort> = part(m, "ports", |f, w| invalid(&who, f, w))?;
     let mut ports = BTreeMap::new();
     for (i, p) in slice_ports.iter().enumerate() {
         let f = format!("ports[{i}]");
