@@ -785,14 +785,46 @@ int rcni_fastpath(struct __sk_buff *skb)
 	return fastpath(skb);
 }
 
+// Whether the source is a tunnelled peer node's own address in its pod
+// subnet: its VTEP's (the subnet's first address, the peer entry's next
+// hop) or the next one (its bridge's). A node's own traffic into the tunnel
+// comes from one of them, and this node's NAT shows it to the pods as that
+// node's address (the agent's snat rules), so it keeps the normal path.
+// Only sources whose last byte could be such an address for a subnet of /26
+// or shorter (IPv6: /122) pay the peer lookup: pods' packets rarely do.
+static __always_inline int from_peer_node(const struct flow *f)
+{
+	int v6 = f->family == FAMILY_V6;
+	__u8 last = v6 ? f->saddr[15] : f->saddr[3];
+	if (last & 0x3e)
+		return 0;
+	struct remote *r = remote_of(f->family, f->saddr);
+	if (!r)
+		return 0;
+	__u32 s[4], n[4] = {};
+	__builtin_memcpy(s, f->saddr, 16);
+	if (v6) {
+		if (r->nh.nh_family != 10 /* AF_INET6 */)
+			return 0;
+		__builtin_memcpy(n, r->nh.ipv6_nh, 16);
+		if (s[0] != n[0] || s[1] != n[1] || s[2] != n[2])
+			return 0;
+		return s[3] == n[3] || s[3] == (n[3] | bpf_htonl(1));
+	}
+	if (r->nh.nh_family != 2 /* AF_INET */)
+		return 0;
+	n[0] = r->nh.ipv4_nh;
+	return s[0] == n[0] || s[0] == (n[0] | bpf_htonl(1));
+}
+
 // From another node: on the ingress hook of the node's uplink (native
 // routing) and of its VXLAN devices (after decapsulation). A packet routed to
 // a local fast path pod is rewritten as the node's forwarding would (TTL or
 // hop limit decremented, source MAC the pod's gateway, destination MAC the
 // pod's) and handed to the pod with bpf_redirect_peer, after the pod's
 // ingress policy (its host veth's egress hook, where rcni_pol_in would
-// decide, is skipped). Everything else, the node's own traffic first,
-// continues unchanged (TC_ACT_UNSPEC).
+// decide, is skipped). Everything else, the node's own traffic first and
+// another node's own (from_peer_node), continues unchanged (TC_ACT_UNSPEC).
 SEC("classifier")
 int rcni_from_net(struct __sk_buff *skb)
 {
@@ -816,6 +848,8 @@ int rcni_from_net(struct __sk_buff *skb)
 	}
 	if (to->flags & EP_NORMAL_PATH)
 		return pass(V_NORMAL_PATH);
+	if (from_peer_node(&f))
+		return pass(V_NAT_FLOW);
 	int v6 = f.family == FAMILY_V6;
 	if (ttl_of(skb, v6) <= 1)
 		return pass(V_OTHER);

@@ -8,7 +8,7 @@ use std::process::Stdio;
 use rcni_integration::addr_of;
 use rcni_integration::lab::cluster::{Cluster, VTEP, VTEP6};
 use rcni_integration::lab::traffic::{
-    df_ping, echo, echo_stream, listen_ok, ping6, talks, talks_soon,
+    df_ping, echo, echo_stream, listen_ok, ping6, source_seen, talks, talks_soon,
 };
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, bin, command_in, ping, stdout_of};
@@ -163,6 +163,13 @@ fn ebpf_forwarding(backend: &str, devs: &[&str], hops: &[&str]) {
     }
     let sent = n1.verdict(TO_REMOTE);
     assert!(sent > 0 && n2.verdict(FROM_REMOTE) > 0);
+
+    // A node's own connection to the other node's pod shows the node's
+    // address, as through the node's forwarding: over VXLAN the fast path
+    // leaves it to the node's NAT, which translates the peer's tunnel
+    // address (both families).
+    assert_eq!(source_seen(&p2.ns, &a2, &n1.ns.ns), "192.168.50.1");
+    assert_eq!(source_seen(&p2.ns, &b2, &n1.ns.ns), "fd50::1");
 
     // A connection across the nodes lives through an agent's run and
     // SIGTERM, and another agent changes nothing: nothing is flushed, the

@@ -5,12 +5,12 @@
 //! real traffic between pods on different nodes.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::process::Stdio;
 
 use rcni_integration::ip_link_json as link_json;
 use rcni_integration::lab::cluster::{Cluster, SETTLE, VTEP, VTEP6};
-use rcni_integration::lab::traffic::{df_ping, echo, echo_stream, ping6};
+use rcni_integration::lab::traffic::{df_ping, echo, echo_stream, ping6, source_seen};
 use rcni_integration::{addrs_of, ip, link_names};
 use rcni_netns::NetNs;
 use rcni_testkit::{command_in, ping, stdout_of, wait_for};
@@ -29,25 +29,6 @@ fn flannel_vtep(ns: &NetNs, dev: &str, mtu: u64) -> Value {
     assert_eq!(d["learning"], false, "{l}");
     assert_eq!(l["mtu"], mtu, "{l}");
     l
-}
-
-/// The source address the router's `addr` sees for a TCP connection from
-/// `pod` (a server there writes back its peer's address).
-fn source_seen_by_router(c: &Cluster, pod: &NetNs, addr: &str) -> String {
-    let seen = rcni_testkit::tcp_server(&c.router.ns, addr.parse().unwrap(), |mut s| {
-        let peer = s.peer_addr().unwrap().ip().to_string();
-        let _ = s.write_all(peer.as_bytes());
-    });
-    pod.run(move || {
-        let mut s = std::net::TcpStream::connect_timeout(&seen, std::time::Duration::from_secs(5))
-            .expect("connect to the router from a pod");
-        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
-            .unwrap();
-        let mut b = String::new();
-        s.read_to_string(&mut b).unwrap();
-        b
-    })
-    .unwrap()
 }
 
 #[test]
@@ -98,19 +79,39 @@ fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     // Pod traffic leaving the cluster network is masqueraded: the router
     // sees the node's address (unmasqueraded, it could not answer: it has
     // no route back to the pods).
-    let peer = source_seen_by_router(&c, &p1.ns, "192.168.50.254");
+    let peer = source_seen(&c.router.ns, "192.168.50.254", &p1.ns);
     assert_eq!(peer, "192.168.50.1");
+    // A node's own connection to another node's pod leaves by the tunnel
+    // from its VTEP's 10.244.1.0; the pod sees the node's address, as over
+    // host-gw (kube-proxy's masquerade of an ETP=Local NodePort picks the
+    // same tunnel address), and the replies return by the tunnel.
+    let table = nft_table(&n2.ns.ns);
+    assert!(
+        table.contains("ip saddr 10.244.1.0 ip daddr 10.244.2.0/24 snat to 192.168.50.1"),
+        "{table}"
+    );
+    assert!(
+        table.contains("ip saddr 10.244.1.1 ip daddr 10.244.2.0/24 snat to 192.168.50.1"),
+        "{table}"
+    );
+    assert_eq!(source_seen(&p2.ns, &a2, &n1.ns.ns), "192.168.50.1");
+    assert_eq!(source_seen(&p3.ns, &a3, &n1.ns.ns), "192.168.50.1");
+    // The node's own pods and other nodes' pods keep their addresses.
+    assert_eq!(source_seen(&p2.ns, &a2, &p1.ns), a1);
+    assert_eq!(source_seen(&p2.ns, &a2, &n2.ns.ns), "10.244.2.1");
 
     // The same file again: nothing changes, nothing is flushed.
     let again = n1.reconcile(&c.file);
     assert!(again.contains(": 0 kernel changes"), "{again}");
     assert!(ping(&p1.ns, &a2));
 
-    // n3 leaves: on n1 exactly its three entries go; n2's stay as they were.
+    // n3 leaves: on n1 exactly its three entries go and its tunnel
+    // addresses' rules; n2's stay as they were.
     let before = n1.entries();
     c.write("vxlan", &[0, 1]);
     let out = n1.reconcile(&c.file);
-    assert!(out.contains(": 3 kernel changes"), "{out}");
+    assert!(out.contains(": 4 kernel changes"), "{out}");
+    assert!(!nft_table(&n1.ns.ns).contains("10.244.3.0"));
     let after = n1.entries();
     for (b, a) in [
         (&before.0, &after.0),
@@ -179,6 +180,11 @@ fn host_gw_on_one_l2_routes_via_the_node() {
 }
 
 /// The node's iptables FORWARD rules (`iptables -S FORWARD` and our chain).
+/// The agent's nat table, as nft lists it.
+fn nft_table(ns: &NetNs) -> String {
+    stdout_of(command_in(ns, "nft").args(["list", "table", "ip", "rcni_node"]))
+}
+
 fn forward_rules(ns: &NetNs) -> String {
     let mut out = String::new();
     for chain in ["FORWARD", "RCNI-FWD"] {
@@ -436,17 +442,22 @@ fn dual_stack_pods_talk_over_ipv6_with_vxlan_and_host_gw() {
 
     // IPv6 pod traffic leaving network6 is masqueraded to the node's
     // address6 (the router has no route back to the pods).
-    let peer = source_seen_by_router(&c, &p1.ns, "fd50::fe");
+    let peer = source_seen(&c.router.ns, "fd50::fe", &p1.ns);
     assert_eq!(peer, "fd50::1");
+    // A node's own connection to another node's pod over the IPv6 tunnel
+    // (from its bridge's fd00:0:0:1::1: the VTEP's fd00:0:0:1:: is the
+    // subnet's anycast address) shows its address6, as over IPv4.
+    assert_eq!(source_seen(&p2.ns, &b2, &n1.ns.ns), "fd50::1");
 
     let again = n1.reconcile(&c.file);
     assert!(again.contains(": 0 kernel changes"), "{again}");
 
-    // n3 leaves: its IPv6 entries go with its IPv4 ones (3 + 3), n2's stay.
+    // n3 leaves: its IPv6 entries go with its IPv4 ones (3 + 3, and a
+    // tunnel address's rule in each family's table), n2's stay.
     let before = n1.entries6();
     c.write_dual("vxlan", &[0, 1]);
     let out = n1.reconcile(&c.file);
-    assert!(out.contains(": 6 kernel changes"), "{out}");
+    assert!(out.contains(": 8 kernel changes"), "{out}");
     let after = n1.entries6();
     for (b, a) in [
         (&before.0, &after.0),

@@ -6,34 +6,14 @@
 //! conflist range or address).
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 
 use rcni_integration::lab::cluster::{Cluster, ClusterNode, SETTLE, VTEP, VTEP6};
 use rcni_integration::lab::kube::{Agent, KubeApi, knode};
-use rcni_integration::lab::traffic::{df_ping, echo, echo_stream, ping6};
+use rcni_integration::lab::traffic::{df_ping, echo, echo_stream, ping6, source_seen};
 use rcni_integration::{addrs_of, ip_link_json, link_names};
 use rcni_netns::NetNs;
 use rcni_testkit::{command_in, stdout_of, wait_for};
 use serde_json::json;
-
-/// The source address the router's `addr` sees for a TCP connection from
-/// `pod` (a server there writes back its peer's address).
-fn source_seen_by_router(c: &Cluster, pod: &NetNs, addr: &str) -> String {
-    let seen = rcni_testkit::tcp_server(&c.router.ns, addr.parse().unwrap(), |mut s| {
-        let peer = s.peer_addr().unwrap().ip().to_string();
-        let _ = s.write_all(peer.as_bytes());
-    });
-    pod.run(move || {
-        let t = std::time::Duration::from_secs(5);
-        let mut s = std::net::TcpStream::connect_timeout(&seen, t)
-            .expect("connect to the router from a pod");
-        s.set_read_timeout(Some(t)).unwrap();
-        let mut b = String::new();
-        s.read_to_string(&mut b).unwrap();
-        b
-    })
-    .unwrap()
-}
 
 fn nft_tables(ns: &NetNs) -> String {
     stdout_of(command_in(ns, "nft").args(["list", "tables"]))
@@ -113,7 +93,7 @@ fn vxlan_over_ipv6_carries_ipv6_only_pods_and_writes_nothing_ipv4() {
     // Pod traffic leaving the network is masqueraded to the node's
     // address (the router has no route back to the pods): the IPv6 table
     // only.
-    assert_eq!(source_seen_by_router(&c, &p1.ns, "fd50::fe"), "fd50::1");
+    assert_eq!(source_seen(&c.router.ns, "fd50::fe", &p1.ns), "fd50::1");
     assert!(nft_tables(&n1.ns.ns).contains("table ip6 rcni_node"));
     for n in [n1, n2, n3] {
         assert_no_ipv4(n);
@@ -123,10 +103,14 @@ fn vxlan_over_ipv6_carries_ipv6_only_pods_and_writes_nothing_ipv4() {
     assert!(again.contains(": 0 kernel changes"), "{again}");
     echo(&mut stream);
 
-    // n3 leaves: its route, FDB entry and neighbour go; n2's stay.
+    // A node's own connection to another node's pod shows its address.
+    assert_eq!(source_seen(&p2.ns, &b2, &n1.ns.ns), "fd50::1");
+
+    // n3 leaves: its route, FDB entry, neighbour and tunnel address's rule
+    // go; n2's stay.
     c.write_v6only("vxlan", &[0, 1]);
     let out = n1.reconcile(&c.file);
-    assert!(out.contains(": 3 kernel changes"), "{out}");
+    assert!(out.contains(": 4 kernel changes"), "{out}");
     let (neigh, fdb, routes) = n1.entries6();
     assert_eq!((neigh.len(), fdb.len(), routes.len()), (1, 1, 1));
     assert!(ping6(&p1.ns, &b2));

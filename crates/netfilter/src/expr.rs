@@ -42,6 +42,7 @@ const NFTA_NAT_FAMILY: u16 = 2;
 const NFTA_NAT_REG_ADDR_MIN: u16 = 3;
 const NFTA_NAT_REG_PROTO_MIN: u16 = 5;
 const NFTA_NAT_FLAGS: u16 = 7;
+const NFT_NAT_SNAT: u32 = 0;
 const NFT_NAT_DNAT: u32 = 1;
 const NF_NAT_RANGE_PROTO_SPECIFIED: u32 = 2;
 const NFTA_FIB_DREG: u16 = 1;
@@ -273,6 +274,23 @@ pub fn dnat(ip: IpAddr, port: u16) -> Vec<Expr> {
                 (NFTA_NAT_REG_ADDR_MIN, be32(1)),
                 (NFTA_NAT_REG_PROTO_MIN, be32(2)),
                 (NFTA_NAT_FLAGS, be32(NF_NAT_RANGE_PROTO_SPECIFIED)),
+            ],
+        ),
+    ]
+}
+
+/// `snat to <ip>` (in an `ip` or `ip6` table), the port kept where it is
+/// free.
+pub fn snat(ip: IpAddr) -> Vec<Expr> {
+    let family: u32 = if ip.is_ipv6() { 10 } else { 2 };
+    vec![
+        immediate(Register::Reg1, DataAttribute::Value(ip_bytes(ip))),
+        other(
+            "nat",
+            &[
+                (NFTA_NAT_TYPE, be32(NFT_NAT_SNAT)),
+                (NFTA_NAT_FAMILY, be32(family)),
+                (NFTA_NAT_REG_ADDR_MIN, be32(1)),
             ],
         ),
     ]

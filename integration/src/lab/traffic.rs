@@ -7,6 +7,26 @@ use std::io::{Read, Write};
 use rcni_netns::NetNs;
 use rcni_testkit::{command_in, ping};
 
+/// The source address a TCP server in `server` on `addr` sees for a
+/// connection from `client` (the server writes back its peer's address).
+pub fn source_seen(server: &NetNs, addr: &str, client: &NetNs) -> String {
+    let seen = rcni_testkit::tcp_server(server, addr.parse().unwrap(), |mut s| {
+        let peer = s.peer_addr().unwrap().ip().to_string();
+        let _ = s.write_all(peer.as_bytes());
+    });
+    client
+        .run(move || {
+            let t = std::time::Duration::from_secs(5);
+            let mut s = std::net::TcpStream::connect_timeout(&seen, t)
+                .unwrap_or_else(|e| panic!("connect to {seen}: {e}"));
+            s.set_read_timeout(Some(t)).unwrap();
+            let mut b = String::new();
+            s.read_to_string(&mut b).unwrap();
+            b
+        })
+        .unwrap()
+}
+
 /// A TCP connection from `client` to an echo server in `server` on `addr`:
 /// a stream whose life the tests follow across agent runs.
 pub fn echo_stream(client: &NetNs, server: &NetNs, addr: &str) -> std::net::TcpStream {

@@ -230,6 +230,10 @@ pub async fn reconcile(
     // An IPv6-only node has no IPv4 peers: what an earlier file made goes.
     let entries = program(nl, cluster, me, uplink, vtep, false, &mut report).await?;
     let mut hops = xnode::hops(&entries, uplink.mtu, mtu);
+    let mut tunnels = Tunnels {
+        v4: desired::tunnels(&entries),
+        v6: Vec::new(),
+    };
 
     // IPv6: the same for the node's IPv6 pod subnet over its address6, or,
     // on a single-stack node, the IPv6 entries of an earlier dual-stack
@@ -279,6 +283,7 @@ pub async fn reconcile(
             }
             let entries = program(nl, cluster, me, uplink6, vtep6, true, &mut report).await?;
             hops.extend(xnode::hops(&entries, uplink6.mtu, mtu6));
+            tunnels.v6 = desired::tunnels(&entries);
         }
         None => {
             drop_vtep(nl, &name6, "node not dual-stack", &mut report).await?;
@@ -306,6 +311,7 @@ pub async fn reconcile(
         opts,
         me,
         six.as_ref().map(|(_, _, p6)| *p6),
+        &tunnels,
         mtu,
         report,
     )
@@ -329,13 +335,22 @@ fn sync_ebpf(
     Ok(())
 }
 
+/// Each family's tunnelled peers, for the masquerade table.
+#[derive(Default)]
+struct Tunnels {
+    v4: Vec<masq::Tunnel>,
+    v6: Vec<masq::Tunnel>,
+}
+
 /// Masquerade and the node's conflist: the same for every backend.
+#[allow(clippy::too_many_arguments)]
 async fn finish(
     nl: &Netlink,
     cluster: &Cluster,
     opts: &Options,
     me: &Node,
     pods6: Option<Ipv6Network>,
+    tunnels: &Tunnels,
     mtu: u32,
     mut report: Report,
 ) -> Result<Report, AgentError> {
@@ -347,14 +362,14 @@ async fn finish(
         (Some(p), Some(n)) => Some((p, n)),
         _ => None,
     };
-    if masq::ensure(nl.netns(), masq4)? {
+    if masq::ensure(nl.netns(), masq4, &tunnels.v4)? {
         report.changed("masquerade");
         report.log.push(match masq4 {
             Some((p, n)) => format!("masquerade: {p} leaving {n}"),
             None => "masquerade: IPv4 table removed".into(),
         });
     }
-    if masq::ensure6(nl.netns(), masq6)? {
+    if masq::ensure6(nl.netns(), masq6, &tunnels.v6)? {
         report.changed("masquerade");
         report.log.push(match masq6 {
             Some((p6, n6)) => format!("masquerade: {p6} leaving {n6}"),
@@ -563,7 +578,10 @@ async fn reconcile_wireguard(
         };
         program(nl, &empty, me, &none, Some(index), true, &mut report).await?;
     }
-    finish(nl, cluster, opts, me, pods6, mtu, report).await
+    // WireGuard's device has no address of ours: there is no tunnel
+    // address standing for a peer to translate.
+    let tunnels = Tunnels::default();
+    finish(nl, cluster, opts, me, pods6, &tunnels, mtu, report).await
 }
 
 /// The WireGuard device, MTU as given, up. Returns its index.

@@ -312,6 +312,28 @@ pub fn peers(cluster: &Cluster, me: &Node, uplink: &Uplink, vtep: Option<u32>, v
     out
 }
 
+/// The VXLAN peers' own addresses in their pod subnets, the source of a
+/// node's own traffic into the tunnel, each with the underlay address it
+/// stands for: the VTEP's (`.0`, what IPv4 picks) and the bridge's (`::1`,
+/// what IPv6 picks, since the VTEP's `::` is the subnet's anycast address;
+/// `.1` alike). Pods never hold either.
+pub fn tunnels(entries: &[PeerEntries]) -> Vec<(IpAddr, IpAddr)> {
+    let mut out = Vec::new();
+    for e in entries.iter().filter(|e| e.via == Via::Vxlan) {
+        let (Some((vtep, _)), Some(node)) = (e.neighbour, e.fdb.as_ref().and_then(|f| f.dst))
+        else {
+            continue;
+        };
+        let bridge = match e.route.dst {
+            IpNetwork::V4(n) => IpAddr::V4(Ipv4Addr::from(u32::from(n.network()).wrapping_add(1))),
+            IpNetwork::V6(n) => IpAddr::V6(Ipv6Addr::from(u128::from(n.network()).wrapping_add(1))),
+        };
+        out.push((vtep, node));
+        out.push((bridge, node));
+    }
+    out
+}
+
 /// What the kernel holds of ours: permanent neighbours and FDB entries on
 /// the VXLAN device, routes with our protocol.
 #[derive(Debug, Clone, Default)]
