@@ -1043,8 +1043,10 @@ serializeImagePulls: false
     )
 }
 
-/// kube-proxy in iptables mode; conntrack left alone (its sysctls are the
-/// host's, read-only in a network namespace).
+/// kube-proxy in iptables mode. conntrack's table size is the host's (read
+/// only in a network namespace): left alone; its TCP timeouts are the
+/// namespace's own, set to kube-proxy's defaults (the KubeProxy CLOSE_WAIT
+/// spec checks them).
 fn kube_proxy_config(kubeconfig: &Path, name: &str) -> String {
     format!(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -1053,7 +1055,7 @@ clientConnection: {{kubeconfig: {}}}
 hostnameOverride: {name}
 mode: iptables
 clusterCIDR: {CLUSTER_CIDR}
-conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}}
+conntrack: {{maxPerCore: 0, min: 0, tcpEstablishedTimeout: 24h0m0s, tcpCloseWaitTimeout: 1h0m0s}}
 metricsBindAddress: 127.0.0.1:10249
 healthzBindAddress: 0.0.0.0:10256
 ",
