@@ -1,5 +1,6 @@
 //! A simulated cluster (rcni_integration::lab::cluster) whose agents read
-//! the Kubernetes API (a stand-in server) instead of a cluster file.
+//! the Kubernetes API instead of a cluster file: the real kube-apiserver
+//! where scripts/k8s-build's cache holds it, the stand-in for the faults.
 
 use rcni_integration::ip;
 use rcni_integration::ip_link_json as link_json;
@@ -11,8 +12,10 @@ use rcni_testkit::{bin, command_in, ping, poll, wait_for};
 fn every_agent_reads_the_kubernetes_api_instead_of_the_file() {
     use k8s_openapi::api::core::v1::Node as KNode;
     let c = Cluster::new(&[0, 0, 0]);
-    let k = KubeApi::new(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
-    let api = &k.api;
+    // The stand-in: it stops answering at once and comes back with its
+    // history compacted, and it keeps the patches it received.
+    let k = KubeApi::fake(&c, r#"{"network": "10.244.0.0/16", "backend": "vxlan"}"#);
+    let api = k.api.fake();
     for i in 0..3 {
         api.put(&knode(
             &c.nodes[i].name,

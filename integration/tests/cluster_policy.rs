@@ -24,6 +24,7 @@ fn kpod(name: &str, node: &str, app: &str) -> k8s_openapi::api::core::v1::Pod {
             node_name: Some(node.into()),
             containers: vec![Container {
                 name: "c".into(),
+                image: Some("registry.k8s.io/pause:3.10.2".into()),
                 ports: Some(vec![ContainerPort {
                     name: Some("http".into()),
                     container_port: 8080,

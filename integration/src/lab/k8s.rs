@@ -71,6 +71,15 @@ impl Cache {
     /// The caches when both are complete; otherwise what is missing and the
     /// command that builds it.
     pub fn find() -> Result<Cache, String> {
+        Cache::find_with(true)
+    }
+
+    /// The binaries alone (`images` then names no complete directory).
+    pub fn find_bin() -> Result<Cache, String> {
+        Cache::find_with(false)
+    }
+
+    fn find_with(images: bool) -> Result<Cache, String> {
         let script = |name: &str, arg: &str| -> Result<String, String> {
             let o = Command::new(repo().join("scripts").join(name))
                 .arg(arg)
@@ -86,7 +95,9 @@ impl Cache {
             }
         };
         script("k8s-build", "--check")?;
-        script("k8s-images", "--check")?;
+        if images {
+            script("k8s-images", "--check")?;
+        }
         Ok(Cache {
             bin: script("k8s-build", "--print-dir")?.into(),
             images: script("k8s-images", "--print-dir")?.into(),
@@ -216,7 +227,7 @@ pub struct K8sLab {
 }
 
 /// openssl, failing loudly.
-fn openssl(dir: &Path, args: &[&str]) {
+pub(super) fn openssl(dir: &Path, args: &[&str]) {
     let o = Command::new("openssl")
         .current_dir(dir)
         .args(args)
@@ -231,7 +242,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 
 /// A key and a certificate signed by the lab's CA: `cn` and `org` name the
 /// user (RBAC's and NodeRestriction's reading), `sans` make it a server's.
-fn cert(pki: &Path, name: &str, cn: &str, org: &str, sans: &str) {
+pub(super) fn cert(pki: &Path, name: &str, cn: &str, org: &str, sans: &str) {
     let subj = if org.is_empty() {
         format!("/CN={cn}")
     } else {
