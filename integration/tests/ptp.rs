@@ -269,6 +269,36 @@ fn failed_add_rolls_back_link_and_reservation() {
     );
 }
 
+/// An IPAM plugin that dies printing only to stderr: the error reaches the
+/// runtime as libcni v1.3.1 (upstream v1.10.0) words it, stderr quoted
+/// whole and the exit status after it, and ADD leaves nothing behind.
+#[test]
+fn ipam_dying_on_stderr_names_its_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("dying-ipam");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\ncat >/dev/null\necho 'ipam broke' >&2\nexit 3\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let node = Node::with_path(format!(
+        "{}:{}",
+        dir.path().display(),
+        rcni_testkit::bin_dir().display()
+    ));
+    let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "ptp",
+        "ipam": {"type": "dying-ipam"}});
+    let pod = TestNs::new();
+    let (code, msg) = node.call(&bin("ptp"), "ADD", &pod.path(), "ctr", &c).err();
+    assert_eq!(code, 102, "{msg}");
+    assert_eq!(msg, r#"netplugin failed: "ipam broke\n": exit status 3"#);
+    node.assert_nothing_left();
+    nl(&pod.ns, async |n| {
+        assert!(n.find_link("eth0").await.unwrap().is_none())
+    });
+}
+
 #[test]
 fn ip_masq_rules_follow_the_attachment_even_without_netns() {
     rcni_integration::masq_follows_attachments(

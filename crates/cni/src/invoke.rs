@@ -111,12 +111,19 @@ pub fn exec_plugin(
                 stderr: out.stderr,
             });
         }
-        return Err(plugin_error(&out.stdout, &out.stderr));
+        return Err(plugin_error(
+            &out.stdout,
+            &out.stderr,
+            &exit_text(out.status),
+        ));
     }
 }
 
-/// The error a failed plugin reported.
-pub fn plugin_error(stdout: &[u8], stderr: &[u8]) -> CniError {
+/// The error a failed plugin reported. `exit` is how it ended, as Go's
+/// `ProcessState.String` says it ([`exit_text`]): libcni (cni v1.3.1)
+/// appends it when the plugin printed nothing on stdout, and a runtime or
+/// a log scraper comparing texts with a Go delegating plugin sees the same.
+pub fn plugin_error(stdout: &[u8], stderr: &[u8], exit: &str) -> CniError {
     let text = String::from_utf8_lossy(stdout);
     if !text.trim().is_empty() {
         return match serde_json::from_slice::<CniError>(stdout) {
@@ -130,13 +137,85 @@ pub fn plugin_error(stdout: &[u8], stderr: &[u8]) -> CniError {
             ),
         };
     }
-    let err = String::from_utf8_lossy(stderr);
-    let msg = if err.trim().is_empty() {
-        "netplugin failed".to_string()
+    let msg = if stderr.is_empty() {
+        format!("netplugin failed with no error message: {exit}")
     } else {
-        format!("netplugin failed: {:?}", err.trim())
+        format!("netplugin failed: {}: {exit}", go_quote(stderr))
     };
     CniError::new(ErrorCode::DelegateFailed, msg)
+}
+
+/// Go's `ProcessState.String()`: `exit status N`, or `signal: <name>` for a
+/// plugin killed by a signal, ` (core dumped)` appended when it dumped core.
+pub fn exit_text(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    let mut s = match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(sig)) => format!("signal: {}", go_signal_name(sig)),
+        (None, None) => format!("{status}"),
+    };
+    if status.core_dumped() {
+        s.push_str(" (core dumped)");
+    }
+    s
+}
+
+/// The names Go's `syscall.Signal.String` gives the signals a plugin
+/// plausibly dies of; others as Go prints a signal it has no name for.
+fn go_signal_name(sig: i32) -> String {
+    let name = match sig {
+        libc::SIGHUP => "hangup",
+        libc::SIGINT => "interrupt",
+        libc::SIGQUIT => "quit",
+        libc::SIGILL => "illegal instruction",
+        libc::SIGTRAP => "trace/breakpoint trap",
+        libc::SIGABRT => "aborted",
+        libc::SIGBUS => "bus error",
+        libc::SIGFPE => "floating point exception",
+        libc::SIGKILL => "killed",
+        libc::SIGUSR1 => "user defined signal 1",
+        libc::SIGSEGV => "segmentation fault",
+        libc::SIGUSR2 => "user defined signal 2",
+        libc::SIGPIPE => "broken pipe",
+        libc::SIGALRM => "alarm clock",
+        libc::SIGTERM => "terminated",
+        libc::SIGXCPU => "CPU time limit exceeded",
+        libc::SIGXFSZ => "file size limit exceeded",
+        libc::SIGSYS => "bad system call",
+        _ => return format!("signal {sig}"),
+    };
+    name.to_string()
+}
+
+/// `bytes` as Go's `%q` prints a string: double-quoted, the usual
+/// backslash escapes, `\xNN` for other control bytes and for bytes that
+/// are not UTF-8. (Rust's `{:?}` writes `\u{1}` where Go writes `\x01`.)
+fn go_quote(bytes: &[u8]) -> String {
+    let mut out = String::from("\"");
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\x07' => out.push_str("\\a"),
+                '\x08' => out.push_str("\\b"),
+                '\x0c' => out.push_str("\\f"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\x0b' => out.push_str("\\v"),
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                c if (c as u32) < 0x20 || c == '\x7f' => {
+                    out.push_str(&format!("\\x{:02x}", c as u32));
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Delegation: runs IPAM (or any) plugin `name` found in `path` with the
@@ -350,18 +429,43 @@ mod tests {
 
     #[test]
     fn errors_from_output() {
-        let e = plugin_error(br#"{"code":7,"msg":"bad","details":"d"}"#, b"");
+        let e = plugin_error(
+            br#"{"code":7,"msg":"bad","details":"d"}"#,
+            b"",
+            "exit status 1",
+        );
         assert_eq!(
             (e.code, e.msg.as_str(), e.details.as_str()),
             (7, "bad", "d")
         );
-        let e = plugin_error(b"", b"panic: boom\n");
+        // cni v1.3.1's texts, stderr quoted whole as Go's %q does.
+        let e = plugin_error(b"", b"panic: boom\n", "exit status 2");
         assert_eq!(e.code, 102);
-        assert_eq!(e.msg, "netplugin failed: \"panic: boom\"");
-        let e = plugin_error(b"", b"");
-        assert_eq!(e.msg, "netplugin failed");
-        let e = plugin_error(b"not json", b"");
+        assert_eq!(e.msg, r#"netplugin failed: "panic: boom\n": exit status 2"#);
+        let e = plugin_error(b"", b"", "signal: killed");
+        assert_eq!(
+            e.msg,
+            "netplugin failed with no error message: signal: killed"
+        );
+        let e = plugin_error(b"not json", b"", "exit status 1");
         assert_eq!(e.code, 6);
+    }
+
+    #[test]
+    fn exit_and_stderr_as_go_prints_them() {
+        use std::os::unix::process::ExitStatusExt;
+        use std::process::ExitStatus;
+        assert_eq!(exit_text(ExitStatus::from_raw(3 << 8)), "exit status 3");
+        assert_eq!(exit_text(ExitStatus::from_raw(9)), "signal: killed");
+        assert_eq!(
+            exit_text(ExitStatus::from_raw(libc::SIGSEGV | 0x80)),
+            "signal: segmentation fault (core dumped)"
+        );
+        assert_eq!(exit_text(ExitStatus::from_raw(40)), "signal: signal 40");
+        assert_eq!(
+            go_quote(b"a\"b\\c\t\x01\x7f\xff\xc3\xa9\n"),
+            r#""a\"b\\c\t\x01\x7f\xffé\n""#
+        );
     }
 
     #[test]
