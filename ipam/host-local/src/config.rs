@@ -494,6 +494,19 @@ mod tests {
                 json!({"subnet": "10.0.0.0/24", "gateway": "nope"}),
                 "invalid IP address: nope",
             ),
+            // v1.10.0's checks, with its texts.
+            (
+                json!({"subnet": "10.0.0.0/24", "gateway": "169.254.1.1"}),
+                "invalid range set 0: gateway 169.254.1.1 not in network 10.0.0.0/24",
+            ),
+            (
+                json!({"ranges": [[{"subnet": "10.0.0.0/24"}], [{"subnet": "2001:db8::/64", "gateway": "10.0.0.1"}]]}),
+                "invalid range set 1: gateway 10.0.0.1 not in network 2001:db8::/64",
+            ),
+            (
+                json!({"subnet": "255.255.255.252/30", "rangeStart": "255.255.255.255"}),
+                "invalid range set 0: RangeStart 255.255.255.255 is after RangeEnd 255.255.255.254 in network 255.255.255.252/30",
+            ),
             (json!({"subnet": ""}), "invalid CIDR address: "),
             (
                 json!({"subnet": "10.0.0.0"}),

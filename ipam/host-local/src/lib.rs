@@ -2,8 +2,9 @@
 //! `<dataDir>/<network>/` in the reference's layout (see [`store`]), so that
 //! this binary and the reference can replace each other on a live node.
 //!
-//! Beyond the reference: GC (release reservations of attachments the
-//! runtime no longer knows), STATUS (code 50 when a range set is full),
+//! GC releases reservations of attachments the runtime no longer knows,
+//! as upstream's since v1.10.0 (v1.9.1 had none). Beyond the reference:
+//! STATUS (code 50 when a range set is full),
 //! typed error codes, one lock around a whole ADD, and a lock wait that
 //! ends in "try again later" instead of hanging.
 
@@ -161,10 +162,14 @@ impl Plugin for HostLocal {
         Ok(())
     }
 
+    /// v1.10.0's GC: every reservation whose attachment is not in
+    /// `cni.dev/valid-attachments` goes. An absent key is an empty set, as
+    /// upstream reads it: nothing is valid, everything is released.
     fn gc(&self, args: &CmdArgs) -> Result<(), CniError> {
         let valid: HashSet<Attachment> = args
             .conf
-            .gc_required_valid_attachments("releases")?
+            .gc_valid_attachments()
+            .unwrap_or_default()
             .iter()
             .map(|a| Attachment::new(&a.container_id, &a.ifname))
             .collect();
@@ -185,7 +190,10 @@ impl Plugin for HostLocal {
                 Owner::Legacy(id) => !valid_ids.contains(id.as_str()),
                 // A killed writer's empty file names nobody: free it.
                 Owner::Abandoned => true,
-                Owner::Unknown(_) => false,
+                // Content no valid attachment can match: upstream removes
+                // it. Only an empty file is spared until it is abandoned:
+                // its writer may still be filling it (see ABANDONED_AFTER).
+                Owner::Unknown(content) => !content.is_empty(),
             };
             if stale && let Err(e) = store.release(r.ip) {
                 errors.push(format!("release {}: {e}", r.ip));
@@ -273,6 +281,97 @@ mod tests {
             .collect();
         left.sort();
         assert_eq!(left, ["10.9.0.2", "10.9.0.6"], "young empty file kept");
+    }
+
+    /// v1.10.0's GC: current files kept only for their exact (containerID,
+    /// ifname), legacy ID-only files for a valid container, anything else
+    /// released (content in no known format too); `lock` and
+    /// `last_reserved_ip.*` stay; an absent valid set releases everything.
+    #[test]
+    fn gc_as_v1_10_0() {
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = json!({"cniVersion": "1.1.0", "name": "unit", "type": "bridge",
+            "ipam": {"type": "host-local", "dataDir": tmp.path(), "subnet": "10.9.0.0/24"}});
+        let dir = tmp.path().join("unit");
+        let (code, out) = run("ADD", "a", &conf);
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(out["ips"][0]["address"], json!("10.9.0.2/24"));
+        for (ip, owner) in [
+            ("10.9.0.3", "a\r\neth1"),
+            ("10.9.0.4", "b\r\neth0"),
+            // The reference trims what it reads.
+            ("10.9.0.5", " b\r\neth1\n"),
+            ("10.9.0.6", "a"),
+            ("10.9.0.7", "gone"),
+            ("10.9.0.8", "b\neth1"),
+            ("10.9.0.9", "a\r\neth0\r\nextra"),
+        ] {
+            std::fs::write(dir.join(ip), owner).unwrap();
+        }
+        let gc = |valid: Option<Value>| {
+            let mut c = conf.clone();
+            if let Some(v) = valid {
+                c["cni.dev/valid-attachments"] = v;
+            }
+            run("GC", "", &c)
+        };
+        let files = || {
+            let mut v: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| !n.starts_with('.'))
+                .collect();
+            v.sort();
+            v
+        };
+        let valid =
+            json!([{"containerID": "a", "ifname": "eth0"}, {"containerID": "b", "ifname": "eth1"}]);
+        assert_eq!(gc(Some(valid)), (0, Value::Null));
+        assert_eq!(
+            files(),
+            [
+                "10.9.0.2",
+                "10.9.0.5",
+                "10.9.0.6",
+                "last_reserved_ip.0",
+                "lock"
+            ]
+        );
+        // No valid set at all: nothing is valid (v1.9.1 had no GC; rcni
+        // before this refused with code 7).
+        assert_eq!(gc(None), (0, Value::Null));
+        assert_eq!(files(), ["last_reserved_ip.0", "lock"]);
+        // The next ADD goes on round-robin from the marker GC kept.
+        let (code, out) = run("ADD", "c", &conf);
+        assert_eq!(code, 0, "{out}");
+        assert_eq!(out["ips"][0]["address"], json!("10.9.0.3/24"));
+        assert_eq!(gc(Some(json!(null))), (0, Value::Null));
+        assert_eq!(files(), ["last_reserved_ip.0", "lock"]);
+    }
+
+    /// GC waits for the network's lock: an ADD in progress (holding it) is
+    /// never raced.
+    #[test]
+    fn gc_runs_under_the_network_lock() {
+        use nix::fcntl::{Flock, FlockArg};
+        let tmp = tempfile::tempdir().unwrap();
+        let conf = json!({"cniVersion": "1.1.0", "name": "unit", "type": "bridge",
+            "ipam": {"type": "host-local", "dataDir": tmp.path(), "subnet": "10.9.0.0/24"},
+            "cni.dev/valid-attachments": []});
+        assert_eq!(run("ADD", "a", &conf).0, 0);
+        let dir = tmp.path().join("unit");
+        let lock = std::fs::File::open(dir.join(store::LOCK_FILE)).unwrap();
+        let held = Flock::lock(lock, FlockArg::LockExclusiveNonblock).unwrap();
+        let gc = std::thread::spawn({
+            let conf = conf.clone();
+            move || run("GC", "", &conf)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!gc.is_finished(), "GC waits for the lock");
+        assert!(dir.join("10.9.0.2").exists());
+        drop(held);
+        assert_eq!(gc.join().unwrap(), (0, Value::Null));
+        assert!(!dir.join("10.9.0.2").exists());
     }
 
     #[test]

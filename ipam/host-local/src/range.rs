@@ -155,7 +155,15 @@ impl Range {
         }
         let v4 = subnet.is_ipv4();
         let first = from_u128(to_u128(network) + 1, v4);
-        let gateway = spec.gateway.unwrap_or(first);
+        // Since v1.10.0: a gateway off the subnet (routed setups such as
+        // 169.254.1.1) is a config error, no longer handed to the runtime.
+        let gateway = match spec.gateway {
+            Some(g) if !subnet.contains(g) => {
+                return Err(format!("gateway {g} not in network {subnet}"));
+            }
+            Some(g) => g,
+            None => first,
+        };
         // Go checks RangeStart against the range end as configured (not yet
         // defaulted), and RangeEnd against the final start.
         let inside = |ip: IpAddr, start: Option<IpAddr>, end: Option<IpAddr>| {
@@ -180,6 +188,14 @@ impl Range {
                 from_u128(if v4 { last - 1 } else { last }, v4)
             }
         };
+        // Only a defaulted end can fall before the start (the broadcast's
+        // neighbour below a rangeStart on the broadcast): a configured end
+        // was checked against the start above. v1.10.0's order and text.
+        if to_u128(range_start) > to_u128(range_end) {
+            return Err(format!(
+                "RangeStart {range_start} is after RangeEnd {range_end} in network {subnet}"
+            ));
+        }
         Ok(Range {
             subnet,
             range_start,
@@ -442,9 +458,60 @@ mod tests {
         let mut s = spec("10.0.0.0/24");
         s.range_start = Some(ip("2001:db8::5"));
         assert_eq!(err(s), "RangeStart 2001:db8::5 not in network 10.0.0.0/24");
-        // The gateway is not checked against the subnet, as in Go.
+    }
+
+    /// v1.10.0's two new checks: a gateway off the subnet or of the other
+    /// family, and a rangeStart past the defaulted rangeEnd (v1.9.1 took
+    /// both; the second left a range whose end is below its start).
+    #[test]
+    fn gateway_in_subnet_and_start_before_defaulted_end_as_v1_10_0() {
+        let err = |s: RangeSpec| Range::canonicalize(&s).unwrap_err();
+        let with_gw = |subnet: &str, gw: &str| RangeSpec {
+            gateway: Some(ip(gw)),
+            ..spec(subnet)
+        };
+        assert_eq!(
+            err(with_gw("10.0.0.0/24", "169.254.1.1")),
+            "gateway 169.254.1.1 not in network 10.0.0.0/24"
+        );
+        assert_eq!(
+            err(with_gw("10.0.0.0/24", "2001:db8::1")),
+            "gateway 2001:db8::1 not in network 10.0.0.0/24"
+        );
+        assert_eq!(
+            err(with_gw("2001:db8::/64", "10.0.0.1")),
+            "gateway 10.0.0.1 not in network 2001:db8::/64"
+        );
+        // An IPv4-mapped gateway is the IPv4 address (Go's canonicalizeIP).
+        let r = Range::canonicalize(&with_gw("10.0.0.0/24", "::ffff:10.0.0.254")).unwrap();
+        assert_eq!(r.gateway, ip("10.0.0.254"));
+        // The network and last addresses are in the subnet: accepted.
+        assert!(Range::canonicalize(&with_gw("10.0.0.0/24", "10.0.0.255")).is_ok());
+
+        // Upstream's example: the defaulted end is .254.
+        let mut s = spec("255.255.255.252/30");
+        s.range_start = Some(ip("255.255.255.255"));
+        assert_eq!(
+            err(s),
+            "RangeStart 255.255.255.255 is after RangeEnd 255.255.255.254 in network 255.255.255.252/30"
+        );
         let mut s = spec("10.0.0.0/24");
-        s.gateway = Some(ip("192.168.0.1"));
+        s.range_start = Some(ip("10.0.0.255"));
+        assert_eq!(
+            err(s),
+            "RangeStart 10.0.0.255 is after RangeEnd 10.0.0.254 in network 10.0.0.0/24"
+        );
+        // The start on the defaulted end itself is a one-address range.
+        let mut s = spec("10.0.0.0/24");
+        s.range_start = Some(ip("10.0.0.254"));
+        let r = Range::canonicalize(&s).unwrap();
+        assert_eq!(
+            (r.range_start, r.range_end),
+            (ip("10.0.0.254"), ip("10.0.0.254"))
+        );
+        // IPv6 has no broadcast: the end defaults to the last address.
+        let mut s = spec("2001:db8::/126");
+        s.range_start = Some(ip("2001:db8::3"));
         assert!(Range::canonicalize(&s).is_ok());
     }
 
