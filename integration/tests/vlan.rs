@@ -97,3 +97,47 @@ fn status_and_gc_reach_ipam() {
     let node = Node::new();
     node.ipam_status_and_gc("vlan", &conf(&node, json!({})), "10.61.0");
 }
+
+/// L2 (no `ipam`, or `"ipam": {}`): at 0.1.0/0.2.0 a result without
+/// addresses has no shape, refused with the reference's text before the
+/// link is made (v1.10.0 makes it first and leaves it in the pod); STATUS
+/// and DEL never look for an IPAM plugin (v1.9.1's failed with "no plugin
+/// name provided"). ADD and CHECK need 802.1Q: vm_vlan.rs.
+#[test]
+fn l2_skips_ipam_and_refuses_resultless_versions_first() {
+    let node = Node::new();
+    ip(
+        &node.ns.ns,
+        "link add eth1 mtu 1500 type veth peer name eth1p",
+    );
+    let pod = TestNs::new();
+    for ipam in [None, Some(json!({}))] {
+        let l2 = |version: &str| {
+            let mut c = conf(&node, json!({"cniVersion": version}));
+            match &ipam {
+                Some(i) => c["ipam"] = i.clone(),
+                None => {
+                    c.as_object_mut().unwrap().remove("ipam");
+                }
+            }
+            c
+        };
+        for version in ["0.1.0", "0.2.0"] {
+            let (code, msg) = node
+                .call(&bin("vlan"), "ADD", &pod.path(), "l2", &l2(version))
+                .err();
+            assert_eq!(
+                (code, msg.as_str()),
+                (1, "cannot convert: no valid IP addresses"),
+                "{version} {ipam:?}"
+            );
+            assert_eq!(link_names(&pod.ns), ["lo"], "{version}: made nothing");
+            node.call(&bin("vlan"), "DEL", &pod.path(), "l2", &l2(version))
+                .ok();
+        }
+        node.status(&bin("vlan"), &l2("1.1.0")).ok();
+        node.call(&bin("vlan"), "DEL", &pod.path(), "l2", &l2("1.1.0"))
+            .ok();
+    }
+    assert!(node.reservations().is_empty());
+}

@@ -244,6 +244,51 @@ fn same_result_and_state_as_the_reference() {
     }
 }
 
+/// L2 mode (no `ipam`, or `"ipam": {}`; v1.10.0, where v1.9.1 failed ADD
+/// with "failed to execute IPAM delegate: no plugin name provided"): the
+/// link made, moved and up, without addresses; the result its interface
+/// and the config's DNS, no ips or routes; CHECK, STATUS and DEL never look
+/// for an IPAM plugin; CHECK after DEL fails (106).
+#[test]
+fn l2_without_ipam_add_check_status_del() {
+    let node = Node::new().wired();
+    for (i, ipam) in [None, Some(json!({}))].into_iter().enumerate() {
+        let vid = 80 + i as u16;
+        let mut c = json!({"cniVersion": "1.1.0", "name": "vl", "type": "vlan", "master": "m1",
+            "vlanId": vid, "dns": {"nameservers": ["10.60.9.1"]}});
+        if let Some(ipam) = ipam {
+            c["ipam"] = ipam;
+        }
+        let p = TestNs::new();
+        let cid = format!("l2-{i}");
+        let r = node.call(&bin("vlan"), "ADD", &p.path(), &cid, &c).ok();
+        assert_eq!(
+            r["interfaces"],
+            json!([{"name": "eth0", "mac": r["interfaces"][0]["mac"], "sandbox": p.path()}])
+        );
+        assert!(r.get("ips").is_none() && r.get("routes").is_none(), "{r}");
+        assert_eq!(r["dns"], json!({"nameservers": ["10.60.9.1"]}));
+        nl(&p.ns, async |n| {
+            let l = n.link_by_name("eth0").await.unwrap();
+            assert_eq!(l.kind.as_deref(), Some("vlan"));
+            assert_eq!(n.vlan_id(l.index).await.unwrap(), Some(vid));
+            assert!(l.admin_up);
+        });
+        assert_eq!(addrs_of(&p.ns, "eth0"), Vec::<String>::new());
+        let with = Node::with_prev(&c, &r);
+        node.call(&bin("vlan"), "CHECK", &p.path(), &cid, &with)
+            .ok();
+        node.status(&bin("vlan"), &c).ok();
+        node.call(&bin("vlan"), "DEL", &p.path(), &cid, &with).ok();
+        assert_eq!(link_names(&p.ns), ["lo"]);
+        node.call(&bin("vlan"), "DEL", &p.path(), &cid, &with).ok();
+        let (code, msg) = node
+            .call(&bin("vlan"), "CHECK", &p.path(), &cid, &with)
+            .err();
+        assert_eq!(code, 106, "CHECK after DEL: {msg}");
+    }
+}
+
 /// vlan + host-local killed at every point of ADD and of DEL, then DEL:
 /// nothing left (see `lower_killed_at_every_point`). An ADD killed between
 /// the link's creation and its rename left it in the container under a

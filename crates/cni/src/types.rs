@@ -393,11 +393,11 @@ impl CniResult {
                     dns: self.dns.clone(),
                 };
                 if w.ip4.is_none() && w.ip6.is_none() {
+                    // The reference's text (cni's types/040), whatever
+                    // the version asked for.
                     return Err(CniError::new(
                         ErrorCode::IncompatibleCniVersion,
-                        format!(
-                            "cannot convert result to version {version}: no valid IP addresses"
-                        ),
+                        "cannot convert: no valid IP addresses",
                     ));
                 }
                 enc(serde_json::to_value(w))

@@ -16,7 +16,7 @@ use rcni_cni::first_error;
 use rcni_cni::rollback::Rollback;
 use rcni_cni::skel::{About, CmdArgs};
 use rcni_cni::{CniError, CniResult, Route};
-use rcni_netlink::{Link, Netlink};
+use rcni_netlink::{Link, MacAddr, Netlink};
 use rcni_netns::NetNs;
 use spoofchk::Spoofchk;
 use std::net::IpAddr;
@@ -75,17 +75,20 @@ fn calc_gateways(result: &mut CniResult, conf: &Conf) -> Result<Vec<IpNetwork>, 
 }
 
 /// Puts a gateway address on the bridge (or its vlan interface), replacing a
-/// different one only with forceAddress.
+/// different one only with forceAddress, and pins the link's MAC; returns
+/// the MAC pinned.
 async fn ensure_gateway_addr(
     nl: &Netlink,
     link: &Link,
     gw: IpNetwork,
     force: bool,
-) -> Result<(), CniError> {
+) -> Result<MacAddr, CniError> {
     let addrs = nl.addresses(Some(link.index)).await?;
+    let mut found = false;
     for a in addrs.iter().filter(|a| a.addr.is_ipv4() == gw.is_ipv4()) {
         if a.addr == gw {
-            return Ok(());
+            found = true;
+            break;
         }
         // Several IPv6 addresses may share a bridge if their subnets do not
         // overlap; IPv4 gets one gateway address.
@@ -100,14 +103,27 @@ async fn ensure_gateway_addr(
             nl.del_address(link.index, a.addr).await?;
         }
     }
-    nl.ensure_address(link.index, gw).await?;
-    // Pin the bridge's MAC: otherwise it takes the lowest port MAC and
-    // changes as pods come and go. Read it now: it changes as ports join.
-    let now = nl.link_by_index(link.index).await?;
-    if let Some(mac) = now.mac.filter(|m| m.0 != [0; 6]) {
-        nl.set_mac(link.index, mac).await?;
+    if !found {
+        nl.ensure_address(link.index, gw).await?;
     }
-    Ok(())
+    // Pin the MAC on every ADD, the address there already or not (v1.10.0;
+    // v1.9.1 pinned only when it added the address): unpinned, a bridge
+    // takes its lowest port's MAC, so it changes as pods come and go, and
+    // turns all-zero when its last port leaves. `link` was read before this
+    // ADD's port joined: its MAC is the one the pods already there know the
+    // gateway by.
+    let mac = mac_to_pin(link.mac);
+    nl.set_mac(link.index, mac).await?;
+    Ok(mac)
+}
+
+/// The MAC read before the port joined; an all-zero one (or none) replaced
+/// by a random locally administered unicast one, as the kernel makes them:
+/// no neighbour can hold the old one, the bridge had no port.
+fn mac_to_pin(cached: Option<MacAddr>) -> MacAddr {
+    cached
+        .filter(|m| m.0 != [0; 6])
+        .unwrap_or_else(MacAddr::random_local)
 }
 
 /// How a host veth joins the bridge.
@@ -246,6 +262,12 @@ impl Attachment for Bridge {
     }
 
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
+        if conf.ipam.is_none() {
+            // An L2 result has no addresses, so no 0.1.0/0.2.0 form: refused
+            // before any link is made (the reference fails converting its
+            // result, after making them, and leaves them behind).
+            CniResult::new(args.version()).to_value(args.version())?;
+        }
         // IPAM runs alongside the link work below where it may (the
         // reference runs it after). Declared before the rollback: dropped
         // after it, so a failed ADD releases host-local's or static's
@@ -349,7 +371,7 @@ impl Attachment for Bridge {
                 configure_iface(&ns.ct, &ns.ct_ns, &ct_link, &result, dad).await?;
 
                 if conf.is_gateway && !gws.is_empty() {
-                    let target = if conf.vlan != 0 {
+                    let mut target = if conf.vlan != 0 {
                         let v = ensure_vlan_interface(&ns.host, &br, conf).await?;
                         result.interfaces.push(interface(&v, ""));
                         v
@@ -357,7 +379,11 @@ impl Attachment for Bridge {
                         br.clone()
                     };
                     for gw in &gws {
-                        ensure_gateway_addr(&ns.host, &target, *gw, conf.force_address).await?;
+                        // Dual-stack: the second family keeps the MAC the
+                        // first pinned (a zero one is replaced only once).
+                        target.mac = Some(
+                            ensure_gateway_addr(&ns.host, &target, *gw, conf.force_address).await?,
+                        );
                     }
                     enable_forwarding(&ns.host_ns, &gws)?;
                 }
@@ -488,5 +514,21 @@ impl Attachment for Bridge {
             Masq::of(&ns.host_ns, args, conf.ip_masq_backend.as_deref()).check(&ips)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_mac_is_the_cached_one_or_a_random_local_unicast() {
+        let m = MacAddr([0x0a, 0x58, 0x0a, 0, 0, 1]);
+        assert_eq!(mac_to_pin(Some(m)), m);
+        for cached in [Some(MacAddr([0; 6])), None] {
+            let a = mac_to_pin(cached);
+            assert!(a.0 != [0; 6] && a.is_local() && !a.is_multicast(), "{a}");
+            assert_ne!(a, mac_to_pin(cached), "random each time");
+        }
     }
 }

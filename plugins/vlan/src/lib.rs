@@ -4,8 +4,9 @@
 //!
 //! Unlike the reference, DEL needs neither the master nor the netns (the
 //! reference looks the master up to validate the MTU and fails once it is
-//! gone), ADD undoes the link when IPAM or addressing fails, and a config
-//! without IPAM is an L2-only attachment instead of an error.
+//! gone) and ADD undoes the link when IPAM or addressing fails. A config
+//! without IPAM (or with `"ipam": {}`) is an L2-only attachment, as since
+//! v1.10.0: the link up without addresses, IPAM skipped by every command.
 
 mod conf;
 
@@ -31,6 +32,12 @@ impl Attachment for Vlan {
         let (ns, master, ()) = open_master(args, &conf.lower, &conf.lower.master, |m| {
             conf.check_mtu(m.mtu)
         })?;
+        if conf.lower.ipam.is_none() {
+            // An L2 result has no addresses, so no 0.1.0/0.2.0 form: refused
+            // before the link is made (v1.10.0 fails converting its result,
+            // after making it, and leaves it in the pod).
+            CniResult::new(args.version()).to_value(args.version())?;
+        }
         // Once the config is known good, IPAM runs alongside the link work.
         // Declared before the rollback: dropped after it, so a failed ADD
         // releases its addresses after removing the link that used them.
