@@ -288,3 +288,194 @@ fn errors_and_rollback() {
     lab.call(&bin("sbr"), "DEL", &pod.path(), "net1", &c).ok();
     assert_eq!(rules(&pod.ns), before.0);
 }
+
+/// Routes of table `t` through `dev` (as `tables` prints them).
+fn routes_in(ns: &NetNs, t: u32, dev: &str) -> Vec<String> {
+    let want = format!("table {t} ");
+    let dev = format!("dev Some({dev:?})");
+    tables(ns)
+        .into_iter()
+        .filter(|l| l.starts_with(&want) && l.contains(&dev))
+        .collect()
+}
+
+/// Upstream v1.10.0's `gateways`: its checks and texts (before anything
+/// changes), the static gateway over prevResult's per family, a default
+/// route even where prevResult has no gateway, and the key ignored with
+/// `table`.
+#[test]
+fn static_gateways_override_and_fill_in() {
+    let lab = Lab::new();
+    let pod = TestNs::new();
+    let (_, r1) = lab.pod(&pod);
+    let before = (rules(&pod.ns), tables(&pod.ns));
+    let with = |prev: &Value, gws: Value| {
+        rcni_integration::merged(sbr_conf(prev), json!({"gateways": gws}))
+    };
+    for (gws, text) in [
+        (
+            json!(["10.71.0.254", "fd71::fe", "10.71.0.253"]),
+            "gateways list cannot contain more than 2 entries (one IPv4, one IPv6)",
+        ),
+        (
+            json!(["router"]),
+            "invalid static gateway IP address: router",
+        ),
+        (
+            json!(["10.71.0.254", "10.71.0.253"]),
+            "gateways list contains multiple IPv4 addresses: 10.71.0.254 and 10.71.0.253",
+        ),
+        (
+            json!(["fd71::fe", "fd71::fd"]),
+            "gateways list contains multiple IPv6 addresses: fd71::fe and fd71::fd",
+        ),
+    ] {
+        let (code, msg) = lab
+            .call(&bin("sbr"), "ADD", &pod.path(), "net1", &with(&r1, gws))
+            .err();
+        assert_eq!((code, msg.as_str()), (7, text));
+        assert_eq!((rules(&pod.ns), tables(&pod.ns)), before, "{text}");
+    }
+    // A static gateway the interface cannot reach: undone as any failure.
+    let (code, msg) = lab
+        .call(
+            &bin("sbr"),
+            "ADD",
+            &pod.path(),
+            "net1",
+            &with(&r1, json!(["172.31.9.1"])),
+        )
+        .err();
+    assert_eq!(code, 103, "{msg}");
+    assert_eq!((rules(&pod.ns), tables(&pod.ns)), before, "rolled back");
+    // With `table` the key is not even read.
+    let t = rcni_integration::merged(with(&r1, json!(["router"])), json!({"table": 500}));
+    lab.call(&bin("sbr"), "ADD", &pod.path(), "net1", &t).ok();
+    assert_eq!(tables(&pod.ns), before.1, "routes untouched");
+    lab.call(&bin("sbr"), "DEL", &pod.path(), "net1", &t).ok();
+    assert_eq!(rules(&pod.ns), before.0);
+
+    // The node answers on a second address of net1's bridge: the static
+    // IPv4 gateway. prevResult's IPv6 address has no gateway at all.
+    ip(&lab.node.ns.ns, "addr add 10.71.0.254/24 dev cni1");
+    let mut prev = r1.clone();
+    for ipc in prev["ips"].as_array_mut().unwrap() {
+        if ipc["address"].as_str().unwrap().contains(':') {
+            ipc.as_object_mut().unwrap().remove("gateway");
+        }
+    }
+    let c = with(&prev, json!(["fd71::fe", "10.71.0.254"]));
+    let out = lab.call(&bin("sbr"), "ADD", &pod.path(), "net1", &c).ok();
+    assert_eq!(out, prev, "the previous result passed on");
+    let t100 = routes_in(&pod.ns, 100, "net1");
+    assert!(
+        t100.iter()
+            .any(|l| l.starts_with("table 100 0.0.0.0/0 via Some(10.71.0.254) ")),
+        "{t100:?}"
+    );
+    assert!(
+        !t100.iter().any(|l| l.contains("Some(10.71.0.1)")),
+        "{t100:?}"
+    );
+    let t101 = routes_in(&pod.ns, 101, "net1");
+    assert!(
+        t101.iter()
+            .any(|l| l.starts_with("table 101 ::/0 via Some(fd71::fe) ")),
+        "{t101:?}"
+    );
+    // Replies from net1's address go by the static gateway.
+    let a1 = addr(&r1, true);
+    assert!(ping(&lab.ext.ns, &a1), "net1's address answers via .254");
+    let neigh = nl(&pod.ns, async |n| n.neighbours(None).await.unwrap());
+    assert!(
+        neigh
+            .iter()
+            .any(|e| e.ip == "10.71.0.254".parse::<std::net::IpAddr>().unwrap()),
+        "{neigh:?}"
+    );
+    lab.call(&bin("sbr"), "DEL", &pod.path(), "net1", &c).ok();
+    lab.call(&bin("sbr"), "DEL", &pod.path(), "net1", &c).ok();
+    assert_eq!(rules(&pod.ns), before.0);
+    assert!(!tables(&pod.ns).iter().any(|l| l.starts_with("table 10")));
+}
+
+/// `ip route get DST` in `ns` (no source given): the route the kernel
+/// picks by destination alone.
+fn route_get(ns: &NetNs, dst: &str) -> String {
+    let out = rcni_testkit::command_in(ns, "ip")
+        .args(["route", "get", dst])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Upstream v1.10.0's `addSourceHints`: the subnet routes stay in the main
+/// table with the address as source (link scope), the interface's other
+/// main routes leave it, and traffic that chooses its source by
+/// destination takes net1 from net1's address; ignored with `table`.
+#[test]
+fn source_hints_keep_the_subnets_in_the_main_table() {
+    let lab = Lab::new();
+    let pod = TestNs::new();
+    let (_, r1) = lab.pod(&pod);
+    let (a1, a16) = (addr(&r1, true), addr(&r1, false));
+    let before = tables(&pod.ns);
+    let hints = rcni_integration::merged(sbr_conf(&r1), json!({"addSourceHints": true}));
+    let t = rcni_integration::merged(hints.clone(), json!({"table": 500}));
+    lab.call(&bin("sbr"), "ADD", &pod.path(), "net1", &t).ok();
+    assert_eq!(tables(&pod.ns), before, "ignored with table");
+    lab.call(&bin("sbr"), "DEL", &pod.path(), "net1", &t).ok();
+
+    let out = lab
+        .call(&bin("sbr"), "ADD", &pod.path(), "net1", &hints)
+        .ok();
+    assert_eq!(out, r1);
+    let main = routes_in(&pod.ns, 254, "net1");
+    assert_eq!(main.len(), 2, "{main:?}");
+    assert!(
+        main[0].starts_with(&format!(
+            "table 254 10.71.0.0/24 via None dev Some(\"net1\") src Some({a1}) scope 253 "
+        )),
+        "{main:?}"
+    );
+    assert!(
+        main[1].starts_with(&format!(
+            "table 254 fd71::/64 via None dev Some(\"net1\") src Some({a16}) "
+        )),
+        "{main:?}"
+    );
+    // The per-address tables as without hints.
+    let rl = rules(&pod.ns);
+    assert!(
+        rl.contains(&format!("32765: from {a1}/32 lookup 100")),
+        "{rl:?}"
+    );
+    assert!(
+        routes_in(&pod.ns, 100, "net1")
+            .iter()
+            .any(|l| l.starts_with("table 100 0.0.0.0/0 via Some(10.71.0.1) ")),
+        "{:?}",
+        tables(&pod.ns)
+    );
+    assert!(ping(&lab.ext.ns, &a1), "net1's address answers by net1");
+    let got = route_get(&pod.ns, "10.71.0.9");
+    assert!(
+        got.contains("dev net1") && got.contains(&format!("src {a1}")),
+        "{got}"
+    );
+    let got = route_get(&pod.ns, "fd71::9");
+    assert!(
+        got.contains("dev net1") && got.contains(&format!("src {a16}")),
+        "{got}"
+    );
+    // DEL as without hints: the rules and the tables go, the hint routes
+    // stay with the interface (as upstream's DEL).
+    lab.call(&bin("sbr"), "DEL", &pod.path(), "net1", &hints)
+        .ok();
+    lab.call(&bin("sbr"), "DEL", &pod.path(), "net1", &hints)
+        .ok();
+    assert!(!rules(&pod.ns).iter().any(|r| r.contains("lookup 10")));
+    assert!(!tables(&pod.ns).iter().any(|l| l.starts_with("table 10")));
+    assert_eq!(routes_in(&pod.ns, 254, "net1").len(), 2);
+}

@@ -8,20 +8,23 @@
 //! priority, which the kernel numbers down from 32765).
 //!
 //! Added: `table` (upstream's later key): rules to that table only, the
-//! routes left where they are. Unlike the reference, a failed ADD undoes
+//! routes left where they are. Upstream v1.10.0's `gateways` (a static
+//! default gateway per family, over prevResult's) and `addSourceHints`
+//! (the subnet routes stay in the main table with the address as source);
+//! both ignored with `table`, as upstream. Unlike the reference, a failed ADD undoes
 //! what it did; DEL succeeds without the netns or the interface (the rules
 //! of `prevResult`'s addresses go) and also removes the routes it left in
 //! the interface's tables; a table that still holds routes is not reused;
 //! CHECK verifies the rules.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnetwork::IpNetwork;
 use rcni_attach::open_container_for_del;
 use rcni_cni::skel::{About, CmdArgs, Plugin};
-use rcni_cni::{CniError, CniResult, IpConfig};
-use rcni_netlink::{Family, Netlink, Route, Rule, TABLE_MAIN};
+use rcni_cni::{CniError, CniResult, IpConfig, subnet};
+use rcni_netlink::{Family, Netlink, Route, Rule, SCOPE_LINK, TABLE_MAIN};
 use rcni_netns::NetNs;
 use serde::Deserialize;
 
@@ -35,6 +38,11 @@ const FIRST_TABLE: u32 = 100;
 struct Raw {
     #[serde(default)]
     table: Option<i64>,
+    // Options: Go's decoder takes `null` for either as unset.
+    #[serde(default)]
+    gateways: Option<Vec<String>>,
+    #[serde(default)]
+    add_source_hints: Option<bool>,
 }
 
 /// The validated config.
@@ -42,6 +50,11 @@ struct Raw {
 pub struct Conf {
     /// `table`: every rule to this table, routes untouched.
     pub table: Option<u32>,
+    /// `gateways` as given: checked by ADD only, and only without `table`
+    /// (upstream checks them there, so DEL and CHECK of a bad list work).
+    pub gateways: Vec<String>,
+    /// `addSourceHints`.
+    pub add_source_hints: bool,
 }
 
 impl Conf {
@@ -52,7 +65,65 @@ impl Conf {
             Some(t @ 1..=0xffff_ffff) => Some(t as u32),
             Some(t) => return Err(CniError::unsupported("table", t)),
         };
-        Ok(Conf { table })
+        Ok(Conf {
+            table,
+            gateways: raw.gateways.unwrap_or_default(),
+            add_source_hints: raw.add_source_hints.unwrap_or_default(),
+        })
+    }
+}
+
+/// The `gateways` key, at most one address per family.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StaticGateways {
+    pub v4: Option<Ipv4Addr>,
+    pub v6: Option<Ipv6Addr>,
+}
+
+impl StaticGateways {
+    /// Upstream's checks and texts, in its order. An IPv4-mapped IPv6
+    /// address counts as IPv4, as Go's `To4` has it.
+    pub fn parse(list: &[String]) -> Result<StaticGateways, CniError> {
+        if list.len() > 2 {
+            return Err(CniError::config(
+                "gateways list cannot contain more than 2 entries (one IPv4, one IPv6)",
+            ));
+        }
+        let mut g = StaticGateways::default();
+        for s in list {
+            let ip: IpAddr = s
+                .parse()
+                .map_err(|_| CniError::config(format!("invalid static gateway IP address: {s}")))?;
+            match ip.to_canonical() {
+                IpAddr::V4(v4) => match g.v4 {
+                    Some(first) => {
+                        return Err(CniError::config(format!(
+                            "gateways list contains multiple IPv4 addresses: {first} and {s}"
+                        )));
+                    }
+                    None => g.v4 = Some(v4),
+                },
+                IpAddr::V6(v6) => match g.v6 {
+                    Some(first) => {
+                        return Err(CniError::config(format!(
+                            "gateways list contains multiple IPv6 addresses: {first} and {s}"
+                        )));
+                    }
+                    None => g.v6 = Some(v6),
+                },
+            }
+        }
+        Ok(g)
+    }
+
+    /// The default gateway of `ip`'s table: the static one of its family,
+    /// else prevResult's.
+    pub fn for_ip(&self, ip: &IpConfig) -> Option<IpAddr> {
+        let fixed = match ip.address {
+            IpNetwork::V4(_) => self.v4.map(IpAddr::V4),
+            IpNetwork::V6(_) => self.v6.map(IpAddr::V6),
+        };
+        fixed.or(ip.gateway)
     }
 }
 
@@ -115,6 +186,7 @@ async fn setup_tables(
     nl: &Netlink,
     ips: &[IpConfig],
     ifname: &str,
+    conf: &Conf,
     done: &mut Vec<Done>,
 ) -> Result<(), CniError> {
     let mut used: BTreeSet<u32> = nl
@@ -139,6 +211,7 @@ async fn setup_tables(
         .into_iter()
         .filter(|r| r.oif == Some(link.index))
         .collect();
+    let gateways = StaticGateways::parse(&conf.gateways)?;
 
     let mut table = next_free(&used, FIRST_TABLE);
     for ip in ips {
@@ -149,7 +222,7 @@ async fn setup_tables(
         done.push(Done::Rule(rule));
         // The previous plugin may have left no default route: one via the
         // address's gateway, in its table.
-        if let Some(gw) = ip.gateway {
+        if let Some(gw) = gateways.for_ip(ip) {
             let any = IpNetwork::new(
                 if gw.is_ipv4() {
                     [0u8; 4].into()
@@ -182,6 +255,10 @@ async fn setup_tables(
         }
         table = next_free(&used, table + 1);
     }
+    if conf.add_source_hints {
+        source_hints(nl, ips, link.index, &routes).await;
+        return Ok(());
+    }
     // Only now out of the main table: addresses of one subnet share routes.
     for r in routes {
         match nl.del_route(&r).await {
@@ -192,6 +269,31 @@ async fn setup_tables(
         }
     }
     Ok(())
+}
+
+/// `addSourceHints`: each address's subnet stays routed in the main table,
+/// with the address as source, so traffic that picks its source by
+/// destination leaves by this interface too; then only the interface's
+/// routes that are not link scope (via gateways, and IPv6's, which the
+/// kernel always reports as universe) leave the main table. As upstream,
+/// failures are warnings: the rules and tables, the point of sbr, are in
+/// place, and nothing is undone after this.
+async fn source_hints(nl: &Netlink, ips: &[IpConfig], oif: u32, routes: &[Route]) {
+    for ip in ips {
+        let hint = Route::new(subnet(&ip.address))
+            .oif(oif)
+            .src(ip.address.ip())
+            .scope(SCOPE_LINK)
+            .table(TABLE_MAIN);
+        if let Err(e) = nl.ensure_route(&hint).await {
+            eprintln!("sbr: Warning: Failed to add subnet route to main table: {e}");
+        }
+    }
+    for r in routes.iter().filter(|r| r.scope != SCOPE_LINK) {
+        if let Err(e) = nl.del_route(r).await {
+            eprintln!("sbr: Warning: Failed to delete route: {e}");
+        }
+    }
 }
 
 impl Plugin for Sbr {
@@ -217,7 +319,7 @@ impl Plugin for Sbr {
             let mut done = Vec::new();
             let r = match conf.table {
                 Some(table) => add_rules(&nl, &ips, table, &mut done).await,
-                None => setup_tables(&nl, &ips, &args.ifname, &mut done).await,
+                None => setup_tables(&nl, &ips, &args.ifname, &conf, &mut done).await,
             };
             if r.is_err() {
                 undo(&nl, done).await;
@@ -376,6 +478,80 @@ mod tests {
         assert_eq!(got, ["10.1.0.2/24", "10.2.0.2/24"]);
         let empty = CniResult::new("1.0.0");
         assert_eq!(ips_of("net1", &empty).unwrap_err().code, 7);
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn static_gateways_with_upstream_texts() {
+        let ok = StaticGateways::parse(&strings(&["fd00::1", "10.0.0.254"])).unwrap();
+        assert_eq!(ok.v4, Some("10.0.0.254".parse().unwrap()));
+        assert_eq!(ok.v6, Some("fd00::1".parse().unwrap()));
+        assert_eq!(
+            StaticGateways::parse(&[]).unwrap(),
+            StaticGateways::default()
+        );
+        let err = |v: &[&str]| {
+            let e = StaticGateways::parse(&strings(v)).unwrap_err();
+            assert_eq!(e.code, 7);
+            e.msg
+        };
+        assert_eq!(
+            err(&["10.0.0.1", "fd00::1", "10.0.0.2"]),
+            "gateways list cannot contain more than 2 entries (one IPv4, one IPv6)"
+        );
+        assert_eq!(
+            err(&["gw.example"]),
+            "invalid static gateway IP address: gw.example"
+        );
+        assert_eq!(
+            err(&["10.0.0.1", "::ffff:10.0.0.2"]),
+            "gateways list contains multiple IPv4 addresses: 10.0.0.1 and ::ffff:10.0.0.2"
+        );
+        assert_eq!(
+            err(&["fd00::1", "fd00:0::2"]),
+            "gateways list contains multiple IPv6 addresses: fd00::1 and fd00:0::2"
+        );
+    }
+
+    #[test]
+    fn static_gateway_wins_per_family() {
+        let ip = |a: &str, gw: Option<&str>| IpConfig {
+            interface: None,
+            address: a.parse().unwrap(),
+            gateway: gw.map(|g| g.parse().unwrap()),
+        };
+        let only_v6 = StaticGateways::parse(&strings(&["fd00::fe"])).unwrap();
+        let v4 = ip("10.0.0.2/24", Some("10.0.0.1"));
+        let v6 = ip("fd00::2/64", Some("fd00::1"));
+        assert_eq!(only_v6.for_ip(&v4), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(only_v6.for_ip(&v6), Some("fd00::fe".parse().unwrap()));
+        // A default route even where prevResult gave no gateway.
+        let bare6 = ip("fd00::3/64", None);
+        assert_eq!(only_v6.for_ip(&bare6), Some("fd00::fe".parse().unwrap()));
+        assert_eq!(StaticGateways::default().for_ip(&bare6), None);
+    }
+
+    #[test]
+    fn new_keys_parse() {
+        let args = CmdArgs::for_conf(&json!({"cniVersion": "1.0.0", "name": "n", "type": "sbr",
+            "gateways": ["10.0.0.1"], "addSourceHints": true}))
+        .unwrap();
+        let c = Conf::load(&args).unwrap();
+        assert_eq!(c.gateways, ["10.0.0.1"]);
+        assert!(c.add_source_hints);
+        // Checked by ADD, not by loading: DEL of a bad list still works.
+        let args = CmdArgs::for_conf(&json!({"cniVersion": "1.0.0", "name": "n", "type": "sbr",
+            "gateways": ["x", "y", "z"]}))
+        .unwrap();
+        assert!(Conf::load(&args).is_ok());
+        let args = CmdArgs::for_conf(&json!({"cniVersion": "1.0.0", "name": "n", "type": "sbr",
+            "gateways": null, "addSourceHints": null}))
+        .unwrap();
+        let c = Conf::load(&args).unwrap();
+        assert!(c.gateways.is_empty() && !c.add_source_hints);
     }
 
     #[test]
