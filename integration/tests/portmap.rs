@@ -315,7 +315,7 @@ fn gc_removes_only_stale_attachments() {
 fn udp_flows_to(lan: &Lan, ip: &str) -> usize {
     let mut nl = Nfnl::open(&lan.node.ns).unwrap();
     let ip: std::net::IpAddr = ip.parse().unwrap();
-    nl.conntrack_flows(false)
+    nl.conntrack_flows(ip.is_ipv6())
         .unwrap()
         .iter()
         .filter(|f| f.proto == IPPROTO_UDP && f.reply_src == Some(ip))
@@ -354,6 +354,40 @@ fn stale_udp_conntrack_is_flushed_on_add_and_del() {
         0,
         "DEL leaves a UDP flow to the deleted pod"
     );
+}
+
+/// Upstream v1.10.0's DEL flush: the UDP entries of a mapped host port
+/// go, IPv4 and IPv6 alike, and only when DEL carries the mappings (without
+/// them there is no port to flush; upstream's DEL returns early).
+#[test]
+fn del_flushes_udp_conntrack_of_both_families() {
+    let lan = Lan::new();
+    let c = chain(&lan, "1.0.0", json!({"backend": "nftables"}));
+    let pod = pod_with_servers("A");
+    let r = c.add(&lan, &pod.path(), "pod-a", "eth0");
+    let (pod4, pod6) = (ip_of(&r, true), ip_of(&r, false));
+    let v4 = udp_client(&lan.client.ns, 40061);
+    assert_eq!(udp_ask(&v4, "10.99.0.1:5353").as_deref(), Some("A"));
+    // The pod's UDP server is IPv4 only: DNAT tracks the IPv6 datagram
+    // all the same.
+    let v6 = lan
+        .client
+        .ns
+        .run(|| std::net::UdpSocket::bind("[::]:40062").unwrap())
+        .unwrap();
+    v6.send_to(b"hi", "[fd99::1]:5353").unwrap();
+    let both = || (udp_flows_to(&lan, &pod4), udp_flows_to(&lan, &pod6));
+    assert!(
+        rcni_testkit::poll(std::time::Duration::from_secs(3), || both() == (1, 1)),
+        "{:?}",
+        both()
+    );
+    let mut bare = c.stdin(1, Some(&r));
+    bare.as_object_mut().unwrap().remove("runtimeConfig");
+    assert_success(&lan.call(&bin("portmap"), "DEL", None, "pod-a", "eth0", &bare));
+    assert_eq!(both(), (1, 1), "flushed without portMappings");
+    c.del_pod(&lan, &pod, "pod-a", &r);
+    assert_eq!(both(), (0, 0), "DEL left UDP flows to the pod");
 }
 
 #[test]
@@ -409,6 +443,62 @@ fn conditions_go_through_nft_and_limit_who_is_mapped() {
     c.del_pod(&lan, &pod_a, "pod-a", &ra);
     b_only.del_pod(&lan, &pod_b, "pod-b", &rb);
     assert!(portmap_rules(&lan).is_empty());
+}
+
+/// `masqAll` with nftables (upstream v1.10.0): one masquerade rule per
+/// family from every source, none from 127.0.0.1; CHECK accepts it, and a
+/// client outside reaches the pod masqueraded to the bridge address.
+#[test]
+fn nftables_masq_all_masquerades_every_source() {
+    let lan = Lan::new();
+    let c = chain(
+        &lan,
+        "1.0.0",
+        json!({"backend": "nftables", "masqAll": true}),
+    );
+    let pod = pod_with_servers("A");
+    let r = c.add(&lan, &pod.path(), "pod-a", "eth0");
+    let (ip4, ip6) = (ip_of(&r, true), ip_of(&r, false));
+    let masq = |fam: &str| -> Vec<String> {
+        lan.on_node(
+            "nft",
+            &["list", "chain", fam, "cni_hostport", "masquerading"],
+        )
+        .lines()
+        .filter(|l| l.contains("masquerade"))
+        .map(|l| l.trim().to_string())
+        .collect()
+    };
+    let v4 = masq("ip");
+    assert_eq!(v4.len(), 1, "{v4:?}");
+    assert!(
+        v4[0].starts_with(&format!(
+            "ip saddr 0.0.0.0/0 ip daddr {ip4} ct status dnat masquerade"
+        )),
+        "{v4:?}"
+    );
+    let v6 = masq("ip6");
+    assert_eq!(v6.len(), 1, "{v6:?}");
+    assert!(
+        v6[0].starts_with(&format!(
+            "ip6 saddr ::/0 ip6 daddr {ip6} ct status dnat masquerade"
+        )),
+        "{v6:?}"
+    );
+    c.check_ok(&lan, &pod, "pod-a", &r);
+    assert_a_from(
+        &lan.client,
+        "10.99.0.1:8080",
+        BRIDGE_V4,
+        "outside, masqueraded",
+    );
+    let seen = tcp_get(&lan.client.ns, "[fd99::1]:8080").expect("outside v6");
+    assert!(
+        seen.starts_with("A ") && !seen.ends_with(CLIENT_V6),
+        "v6 client not masqueraded: {seen}"
+    );
+    c.del_pod(&lan, &pod, "pod-a", &r);
+    assert!(portmap_rules(&lan).is_empty(), "{:?}", portmap_rules(&lan));
 }
 
 #[test]

@@ -31,8 +31,9 @@
 //!   container itself (as the iptables layout does): another pod on the
 //!   same bridge reaching the host port gets its reply through the host;
 //!   `ct status dnat` keeps it to port-mapped connections; `masqAll`
-//!   masquerades every mapped connection (upstream's nftables backend
-//!   ignores the key).
+//!   masquerades every mapped connection, one rule from `0.0.0.0/0` (or
+//!   `::/0`) and none from 127.0.0.1, as upstream since v1.10.0 (v1.9.1's
+//!   nftables backend ignored the key).
 //!
 //! ADD writes both families in one nf_tables transaction over netlink
 //! (through `nft -f -` only when conditions, which are nft rule text, are
@@ -46,6 +47,7 @@ use rcni_netfilter::expr::{self, Expr};
 use rcni_netfilter::nfnl::{Hook, Nfnl, NftFamily, NftOp, NftRule};
 use rcni_netns::NetNs;
 use std::fmt::Write;
+use std::net::IpAddr;
 
 pub const TABLE: &str = "cni_hostport";
 pub const HOSTPORTS: &str = "hostports";
@@ -91,6 +93,23 @@ fn dnat_target(ip: &IpNetwork, port: u16) -> String {
 
 fn prefix(conds: &[String]) -> String {
     conds.iter().map(|c| format!("{c} ")).collect()
+}
+
+/// The sources the masquerade rule of container address `ip` matches: its
+/// subnet (hairpin), or with `masqAll` every source, written as upstream
+/// v1.10.0 writes it (`0.0.0.0/0`, `::/0`) so that the rule reads the same
+/// in `nft list`.
+fn masq_sources(conf: &Conf, ip: &IpNetwork) -> IpNetwork {
+    if conf.masq_all {
+        let any = if ip.is_ipv4() {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u16; 8])
+        };
+        IpNetwork::new(any, 0).expect("a /0 prefix is valid")
+    } else {
+        subnet(ip)
+    }
 }
 
 /// The rules of one family, written into `s`.
@@ -146,14 +165,10 @@ fn family_script(s: &mut String, conf: &Conf, owner: &Owner, ip: &IpNetwork) {
         }
     }
     if conf.snat {
-        let src = if conf.masq_all {
-            String::new()
-        } else {
-            format!("{fam} saddr {} ", subnet(ip))
-        };
         let _ = writeln!(
             s,
-            "add rule {t} {MASQUERADING} {src}{fam} daddr {} ct status dnat masquerade comment \"{comment}\"",
+            "add rule {t} {MASQUERADING} {fam} saddr {} {fam} daddr {} ct status dnat masquerade comment \"{comment}\"",
+            masq_sources(conf, ip),
             ip.ip()
         );
         if !v6 && !conf.masq_all {
@@ -293,11 +308,12 @@ pub fn setup_ops(
         if conf.snat {
             let dst = expr::addr(false, IpNetwork::from(ip.ip()));
             let tail = [expr::ct_status_dnat(), expr::masquerade()].concat();
-            let hairpin = if conf.masq_all {
-                [dst.clone(), tail.clone()].concat()
-            } else {
-                [expr::addr(true, subnet(ip)), dst.clone(), tail.clone()].concat()
-            };
+            let hairpin = [
+                expr::addr(true, masq_sources(conf, ip)),
+                dst.clone(),
+                tail.clone(),
+            ]
+            .concat();
             ops.push(rule(MASQUERADING, hairpin, Some(&comment)));
             if !v6 && !conf.masq_all {
                 let lo = IpNetwork::from(std::net::IpAddr::from([127, 0, 0, 1]));
@@ -489,8 +505,22 @@ mod tests {
         let ips: Vec<IpNetwork> = vec!["10.88.0.5/24".parse().unwrap()];
         let s = setup_script(&conf(json!({"snat": false})), &owner(), &ips, &[]);
         assert!(!s.contains("masquerad"));
-        let s = setup_script(&conf(json!({"masqAll": true})), &owner(), &ips, &[]);
-        assert!(s.contains("masquerading ip daddr 10.88.0.5 ct status dnat masquerade"));
+        // masqAll: one rule per family, every source, none from localhost.
+        let dual: Vec<IpNetwork> = vec![
+            "10.88.0.5/24".parse().unwrap(),
+            "fd88::5/64".parse().unwrap(),
+        ];
+        let s = setup_script(&conf(json!({"masqAll": true})), &owner(), &dual, &[]);
+        let masq: Vec<&str> = s.lines().filter(|l| l.contains("masquerade")).collect();
+        assert_eq!(masq.len(), 2, "{s}");
+        assert!(masq[0].contains(
+            "masquerading ip saddr 0.0.0.0/0 ip daddr 10.88.0.5 ct status dnat masquerade"
+        ));
+        assert!(
+            masq[1].contains(
+                "masquerading ip6 saddr ::/0 ip6 daddr fd88::5 ct status dnat masquerade"
+            )
+        );
         assert!(!s.contains("127.0.0.1"));
         let s = setup_script(
             &conf(json!({"conditionsV4": ["ip saddr != 10.0.0.0/8"]})),
@@ -501,6 +531,25 @@ mod tests {
         assert!(s.contains(
             "add rule ip cni_hostport prerouting ip saddr != 10.0.0.0/8 jump hostip_hostports\n"
         ));
+    }
+
+    #[test]
+    fn masq_all_over_netlink_matches_every_source() {
+        let ips: Vec<IpNetwork> = vec![
+            "10.88.0.5/24".parse().unwrap(),
+            "fd88::5/64".parse().unwrap(),
+        ];
+        let ops = setup_ops(&conf(json!({"masqAll": true})), &owner(), &ips, &[]);
+        let masq: Vec<&Vec<Expr>> = ops
+            .iter()
+            .filter_map(|o| match o {
+                NftOp::AddRule { chain, expr, .. } if chain == MASQUERADING => Some(expr),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(masq.len(), 2, "one per family, none from 127.0.0.1");
+        assert!(masq[0].starts_with(&expr::addr(true, "0.0.0.0/0".parse().unwrap())));
+        assert!(masq[1].starts_with(&expr::addr(true, "::/0".parse().unwrap())));
     }
 
     #[test]
