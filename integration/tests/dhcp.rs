@@ -81,6 +81,44 @@ fn lease_acquired_with_options_checked_and_released() {
     lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
 }
 
+/// Upstream v1.10.0's DHCPRELEASE: a datagram of the container's own
+/// stack from the leased address:68 to the server identifier:67, which the
+/// pod's output hook sees (a packet socket's frame would bypass it). With
+/// the address gone from the interface the release still reaches the
+/// server (upstream's bind fails there and the server keeps the lease).
+#[test]
+fn release_is_sent_from_the_leased_address() {
+    let mut lab = Lab::serving(&[]);
+    let Leased {
+        pod, conf, ip: got, ..
+    } = lab.leased_pod();
+    let nft = |args: &[&str]| {
+        let (ok, out) = rcni_integration::lab::chain::sh(&pod.ns, "nft", args);
+        assert!(ok, "nft {args:?}: {out}");
+        out
+    };
+    nft(&["add", "table", "ip", "t"]);
+    nft(&[
+        "add", "chain", "ip", "t", "out", "{", "type", "filter", "hook", "output", "priority", "0",
+        ";", "}",
+    ]);
+    let rule = format!(
+        "add rule ip t out ip saddr {got} ip daddr {SERVER_IP} udp sport 68 udp dport 67 counter"
+    );
+    nft(&rule.split(' ').collect::<Vec<_>>());
+    lab.call("DEL", "c1", Some(&pod.path()), &conf).ok();
+    lab.assert_released(&got, "DEL");
+    let out = nft(&["list", "chain", "ip", "t", "out"]);
+    assert!(out.contains("counter packets 1 "), "{out}\n{}", lab.logs());
+
+    let other = lab.pod();
+    let r = lab.call("ADD", "c2", Some(&other.path()), &conf).ok();
+    let got2 = addr_ip(&r);
+    assert!(!addresses(&other.ns, "eth0").contains(&format!("{got2}/24")));
+    lab.call("DEL", "c2", Some(&other.path()), &conf).ok();
+    lab.assert_released(&got2, "DEL without the address on the interface");
+}
+
 #[test]
 fn results_at_every_version() {
     let mut lab = Lab::serving(&["--dhcp-option=option:router,10.77.0.1"]);

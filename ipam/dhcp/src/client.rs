@@ -193,6 +193,15 @@ impl Iface {
         PacketSocket::new(fd, index).map_err(|e| Error::io("register packet socket", e))
     }
 
+    fn udp_socket_from(&self, addr: Ipv4Addr) -> Result<tokio::net::UdpSocket, Error> {
+        let s = self
+            .ns
+            .run(move || raw::udp_socket_from(addr))
+            .map_err(|e| Error::io("enter network namespace", e))?
+            .map_err(|e| Error::io(&format!("bind UDP socket to {addr}:68"), e))?;
+        tokio::net::UdpSocket::from_std(s).map_err(|e| Error::io("register UDP socket", e))
+    }
+
     fn udp_socket(&self) -> Result<tokio::net::UdpSocket, Error> {
         let name = self.name.clone();
         let s = self
@@ -445,20 +454,32 @@ impl Client<'_> {
     /// DHCPRELEASE, unicast from the leased address to its server. There is
     /// no answer to wait for (RFC 2131 4.4.6).
     ///
-    /// Sent through the packet socket, to the MAC address the lease came
-    /// from (broadcast if unknown): the address may already be gone from
-    /// the interface at DEL (a main plugin may have flushed it),
-    /// and the kernel would then have no route to send a UDP datagram by.
+    /// As upstream since v1.10.0, a datagram of the namespace's own stack
+    /// from `ciaddr`:68, routed (and its next hop resolved) by the kernel.
+    /// Where that cannot go out, the same datagram goes through the packet
+    /// socket to the MAC address the lease came from (broadcast if
+    /// unknown): the address may be gone from the interface at DEL (a main
+    /// plugin may have flushed it) or not there yet (the daemon giving
+    /// back a lease it could not record), and upstream's server would keep
+    /// such a lease until it expires.
     pub async fn release(
         &mut self,
         ciaddr: Ipv4Addr,
         server: Ipv4Addr,
         server_mac: Option<[u8; 6]>,
     ) -> Result<(), Error> {
-        let sock = self.iface.packet_socket()?;
         let mut m = self.message(random_xid(), MessageType::Release, Instant::now(), ciaddr);
         m.set_secs(0);
         m.opts_mut().insert(DhcpOption::ServerIdentifier(server));
+        if let Ok(sock) = self.iface.udp_socket_from(ciaddr)
+            && sock
+                .send_to(&Self::encode(&m)?, SocketAddrV4::new(server, SERVER_PORT))
+                .await
+                .is_ok()
+        {
+            return Ok(());
+        }
+        let sock = self.iface.packet_socket()?;
         let to = (ciaddr, server, server_mac.unwrap_or(BROADCAST_MAC));
         Self::send_packet(&sock, &m, to, "DHCPRELEASE").await
     }

@@ -7,7 +7,8 @@
 //! interface, with the IPv4 and UDP headers built here and a classic BPF
 //! filter letting only UDP to port 68 through. Once bound, RFC 2131 has the
 //! client renew by unicast from its address: a plain UDP socket bound to the
-//! device and port 68 does that, and receives the unicast answer.
+//! device and port 68 does that, and receives the unicast answer. RELEASE
+//! goes the same way, from a socket bound to the leased address.
 //!
 //! Both sockets are created on a thread inside the namespace (a socket
 //! belongs to the namespace it was created in) and then driven from tokio.
@@ -68,6 +69,19 @@ pub fn udp_socket(ifname: &str) -> io::Result<std::net::UdpSocket> {
     s.set_broadcast(true)?;
     s.bind_device(Some(ifname.as_bytes()))?;
     s.bind(&SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, CLIENT_PORT).into())?;
+    Ok(s.into())
+}
+
+/// Creates the UDP socket DHCPRELEASE goes out on: bound to the leased
+/// address and port 68, not to a device, so the kernel routes it as any
+/// datagram from that address (upstream's `nclient4.WithUnicast`). Fails
+/// when the address is on no interface of the namespace. Call on a thread
+/// inside the target namespace.
+pub fn udp_socket_from(addr: Ipv4Addr) -> io::Result<std::net::UdpSocket> {
+    let s = Socket::new(Domain::IPV4, Type::DGRAM.nonblocking(), None)?;
+    // The renewal sockets of other leases in the namespace hold port 68.
+    s.set_reuse_address(true)?;
+    s.bind(&SocketAddrV4::new(addr, CLIENT_PORT).into())?;
     Ok(s.into())
 }
 
