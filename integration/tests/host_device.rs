@@ -364,3 +364,133 @@ fn dns_from_the_config_and_ipv6_kept_on_down_as_v191() {
         );
     }
 }
+
+/// hd0's own L3 setup on the node, as a cloud or a VM would provision it:
+/// addresses (IPv6 permanent), routes via 10.62.0.1 and fd62::99 in main
+/// (IPv6 refuses a gateway the namespace holds itself, so an on-link
+/// address nobody holds), a default route in table 100 with its source
+/// rule; besides, what
+/// `useInterfaceNetwork` leaves out: a route learned from router
+/// advertisements and a rule to a table none of hd0's routes is in.
+fn provision(node: &Node) {
+    let n = &node.ns.ns;
+    ip(n, "link set hd0 up");
+    ip(n, "addr add 10.62.0.5/24 dev hd0");
+    ip(n, "-6 addr add fd62::5/64 dev hd0 nodad");
+    ip(n, "route add 10.64.0.0/16 via 10.62.0.1 dev hd0");
+    ip(n, "route add default via 10.62.0.1 dev hd0 table 100");
+    ip(n, "-6 route add 2001:db8:8::/64 via fd62::99 dev hd0");
+    ip(
+        n,
+        "-6 route add 2001:db8:9::/64 via fd62::99 dev hd0 proto ra",
+    );
+    ip(n, "rule add from 10.62.0.5 lookup 100");
+    ip(n, "rule add from 10.62.0.5 lookup 200");
+}
+
+/// `from SRC lookup TABLE` rules of `ns`.
+fn rules_of(ns: &NetNs) -> Vec<String> {
+    nl(ns, async |n| {
+        n.rules(rcni_netlink::Family::All).await.unwrap()
+    })
+    .iter()
+    .map(|r| r.to_string())
+    .collect()
+}
+
+/// Upstream v1.10.0's `useInterfaceNetwork`: the device's addresses,
+/// routes (of every table) and source rules go with it into the pod and
+/// into the result, without IPAM and after IPAM's; a failed ADD puts the
+/// device back on the node with its setup.
+#[test]
+fn use_interface_network_takes_the_device_setup_along() {
+    let node = node_with_device();
+    provision(&node);
+    let pod = TestNs::new();
+    let bare = json!({"cniVersion": "1.1.0", "name": "podnet", "type": "host-device",
+        "device": "hd0", "useInterfaceNetwork": true});
+    let r = Call(&node).add(&pod, "ctr", &bare, "net1");
+    assert_eq!(
+        r["interfaces"],
+        json!([{"name": "net1", "mac": "0a:62:00:00:00:02", "sandbox": pod.path()}])
+    );
+    assert_eq!(
+        r["ips"],
+        json!([{"interface": 0, "address": "10.62.0.5/24"},
+               {"interface": 0, "address": "fd62::5/64"}])
+    );
+    let routes = r["routes"].as_array().unwrap();
+    for want in [
+        json!({"dst": "0.0.0.0/0", "gw": "10.62.0.1", "table": 100}),
+        json!({"dst": "10.64.0.0/16", "gw": "10.62.0.1", "table": 254}),
+        json!({"dst": "2001:db8:8::/64", "gw": "fd62::99", "priority": 1024, "table": 254}),
+    ] {
+        assert!(routes.contains(&want), "{want} not in {routes:?}");
+    }
+    assert_eq!(routes.len(), 3, "{routes:?}");
+    assert!(r.get("dns").is_none(), "{r}");
+
+    assert_eq!(addrs_of(&pod.ns, "net1"), ["10.62.0.5/24", "fd62::5/64"]);
+    let main = routes_of(&pod.ns);
+    assert!(
+        main.contains(&"10.64.0.0/16 via 10.62.0.1 scope 0".to_string()),
+        "{main:?}"
+    );
+    assert!(
+        !main.iter().any(|l| l.starts_with("2001:db8:9::")),
+        "{main:?}"
+    );
+    let rl = rules_of(&pod.ns);
+    assert!(
+        rl.iter()
+            .any(|l| l.ends_with("from 10.62.0.5/32 lookup 100")),
+        "{rl:?}"
+    );
+    assert!(!rl.iter().any(|l| l.ends_with("lookup 200")), "{rl:?}");
+    assert!(ping(&pod.ns, "10.62.0.1"), "the copied address works");
+    let with_prev = merged(bare.clone(), json!({"prevResult": r}));
+    Call(&node)
+        .run("CHECK", &pod, "ctr", &with_prev, "net1")
+        .ok();
+    Call(&node).run("DEL", &pod, "ctr", &with_prev, "net1").ok();
+    assert!(link(&node.ns.ns, "hd0").is_some(), "back on the node");
+
+    // With IPAM: IPAM's addresses and routes first, then the device's.
+    provision_again(&node);
+    let with_ipam = merged(
+        bare.clone(),
+        json!({"ipam": {"type": "static", "addresses": [{"address": "10.62.0.2/24"}]}}),
+    );
+    let r = Call(&node).add(&pod, "ctr", &with_ipam, "net1");
+    assert_eq!(
+        r["ips"],
+        json!([{"interface": 0, "address": "10.62.0.2/24"},
+               {"interface": 0, "address": "10.62.0.5/24"},
+               {"interface": 0, "address": "fd62::5/64"}])
+    );
+    Call(&node).run("DEL", &pod, "ctr", &with_ipam, "net1").ok();
+
+    // IPAM fails after the move: hd0 comes back with its setup.
+    provision_again(&node);
+    let failing = merged(bare, json!({"ipam": {"type": "no-such-ipam"}}));
+    let (code, msg) = Call(&node).run("ADD", &pod, "ctr", &failing, "net1").err();
+    assert_eq!(code, 101, "{msg}");
+    assert_eq!(addrs_of(&node.ns.ns, "hd0"), ["10.62.0.5/24", "fd62::5/64"]);
+    assert!(
+        routes_of(&node.ns.ns).contains(&"10.64.0.0/16 via 10.62.0.1 scope 0".to_string()),
+        "{:?}",
+        routes_of(&node.ns.ns)
+    );
+}
+
+/// hd0's addresses and routes again after a move took them (its rules
+/// stayed on the node).
+fn provision_again(node: &Node) {
+    let n = &node.ns.ns;
+    ip(n, "link set hd0 up");
+    ip(n, "addr add 10.62.0.5/24 dev hd0");
+    ip(n, "-6 addr add fd62::5/64 dev hd0 nodad");
+    ip(n, "route add 10.64.0.0/16 via 10.62.0.1 dev hd0");
+    ip(n, "route add default via 10.62.0.1 dev hd0 table 100");
+    ip(n, "-6 route add 2001:db8:8::/64 via fd62::99 dev hd0");
+}

@@ -4,7 +4,7 @@
 
 use ipnetwork::IpNetwork;
 use rcni_cni::{CniError, CniResult, Interface, IpConfig, Route};
-use rcni_netlink::{Family, Link, Netlink};
+use rcni_netlink::{Family, Link, Netlink, TABLE_MAIN};
 
 /// The error CHECK gives without the result of ADD (`NetConf::required_prev_result`).
 pub const PREV_RESULT_MISSING: &str = "Required prevResult missing";
@@ -111,15 +111,21 @@ pub async fn validate_ips(
 /// `gw` of 0.0.0.0 or :: is on-link (dhcp's option-121 routes): the kernel
 /// keeps no gateway for it.
 pub async fn validate_routes(ct: &Netlink, routes: &[Route]) -> Result<(), CniError> {
-    let have = ct.routes(Family::All).await?;
+    // Every table: a route with `table` is set up in it (configure_iface,
+    // host-device's useInterfaceNetwork).
+    let have = ct.routes_in_table(Family::All, None).await?;
     for r in routes {
         let dst = IpNetwork::new(r.dst.network(), r.dst.prefix()).unwrap_or(r.dst);
+        let table = r.table.unwrap_or(TABLE_MAIN);
         let gw_matches = |k: &rcni_netlink::Route| match r.gw {
             None => true,
             Some(g) if g.is_unspecified() => k.gateway.is_none(),
             g => k.gateway == g,
         };
-        if !have.iter().any(|k| k.dst == dst && gw_matches(k)) {
+        if !have
+            .iter()
+            .any(|k| k.table == table && k.dst == dst && gw_matches(k))
+        {
             return Err(CniError::check_failed(format!(
                 "Failed to find a route to {} in the container",
                 r.dst

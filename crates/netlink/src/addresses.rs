@@ -3,7 +3,7 @@
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use rtnetlink::packet_route::AddressFamily;
-use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressMessage};
 
 use crate::{Address, Error, Netlink, Result, family_of};
 
@@ -51,6 +51,22 @@ impl Netlink {
             .into_iter()
             .filter(|m| m.header.family == family)
             .collect())
+    }
+
+    /// The addresses of link `index`, each with whether it is permanent
+    /// (`IFA_F_PERMANENT`): put there by a configuration, not by SLAAC or a
+    /// DHCPv6 lease, which carry lifetimes.
+    pub async fn addresses_with_permanence(&self, index: u32) -> Result<Vec<(Address, bool)>> {
+        let mut v = Vec::new();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            for m in self.address_messages(Some(index), family).await? {
+                if let Some(a) = parse_address(&m) {
+                    let permanent = crate::dad::flags_of(&m).contains(AddressFlags::Permanent);
+                    v.push((a, permanent));
+                }
+            }
+        }
+        Ok(v)
     }
 
     /// Add an address, keeping its host bits (`10.0.0.2/24`). The kernel

@@ -22,7 +22,7 @@ use crate::{Error, Netlink, Result};
 /// How often [`Netlink::wait_dad`] looks, as the reference's SettleAddresses.
 const SETTLE_INTERVAL: Duration = Duration::from_millis(50);
 
-fn flags_of(m: &AddressMessage) -> AddressFlags {
+pub(crate) fn flags_of(m: &AddressMessage) -> AddressFlags {
     m.attributes
         .iter()
         .find_map(|a| match a {

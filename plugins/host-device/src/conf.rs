@@ -1,5 +1,6 @@
 //! The host-device config: which device (`device`, `hwaddr`, `kernelpath`,
-//! `pciBusID`, or the `deviceID` capability), optional IPAM.
+//! `pciBusID`, or the `deviceID` capability), optional IPAM, and
+//! `useInterfaceNetwork`.
 
 use rcni_attach::AttachConf;
 use rcni_cni::CniError;
@@ -17,6 +18,8 @@ struct Raw {
     kernelpath: String,
     #[serde(default, rename = "pciBusID")]
     pci_bus_id: String,
+    #[serde(default, rename = "useInterfaceNetwork")]
+    use_interface_network: bool,
 }
 
 /// How the device is named, in the reference's order of precedence.
@@ -36,6 +39,9 @@ pub struct Conf {
     pub selector: Selector,
     /// IPAM plugin type; optional for host-device.
     pub ipam: Option<String>,
+    /// `useInterfaceNetwork`: the device's addresses, routes and rules go
+    /// with it into the container.
+    pub use_interface_network: bool,
 }
 
 impl AttachConf for Conf {
@@ -66,6 +72,7 @@ impl AttachConf for Conf {
         Ok(Conf {
             selector,
             ipam: rcni_attach::ipam_type(args),
+            use_interface_network: raw.use_interface_network,
         })
     }
 
@@ -112,6 +119,9 @@ mod tests {
             "the capability overrides pciBusID"
         );
         assert!(c.ipam.is_none(), "IPAM is optional");
+        assert!(!c.use_interface_network);
+        let c = load(json!({"device": "eth1", "useInterfaceNetwork": true})).unwrap();
+        assert!(c.use_interface_network);
     }
 
     #[test]

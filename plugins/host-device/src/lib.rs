@@ -18,8 +18,14 @@
 //! netns is gone or not given (cni #1167), and a repeated DEL succeeds.
 //! A PCI device bound to a userspace driver (DPDK) is not moved: the IPAM
 //! result is returned for the application to use, as the reference does.
+//!
+//! `useInterfaceNetwork` (upstream v1.10.0, see [`network`]) takes the
+//! device's addresses, routes and rules along; unlike upstream, a failed ADD
+//! puts them back on the node with the device. DEL, as upstream's, moves the
+//! device back bare.
 
 mod conf;
+mod network;
 mod sysfs;
 
 use conf::{Conf, Selector};
@@ -54,6 +60,18 @@ fn dpdk_device(sys: &Sysfs, sel: &Selector) -> Result<Option<String>, CniError> 
         },
         _ => Ok(None),
     }
+}
+
+/// [`dpdk_device`] for ADD: with `useInterfaceNetwork` a DPDK device is an
+/// error, as upstream's (there is no kernel device whose setup to take).
+fn dpdk_for_add(sys: &Sysfs, conf: &Conf) -> Result<Option<String>, CniError> {
+    let dpdk = dpdk_device(sys, &conf.selector)?;
+    if conf.use_interface_network && dpdk.is_some() {
+        return Err(CniError::config(
+            "useInterfaceNetwork is not supported for dpdk-bound devices",
+        ));
+    }
+    Ok(dpdk)
 }
 
 /// The node's link the config names.
@@ -292,9 +310,10 @@ impl Attachment for HostDevice {
 
     fn add(&self, args: &CmdArgs, conf: &Conf) -> Result<CniResult, CniError> {
         let sys = Sysfs::default();
+        // Before the netns, as upstream (its config loading finds DPDK).
+        let dpdk = dpdk_for_add(&sys, conf)?;
         let ns = Namespaces::open(args)?;
         let sandbox = sandbox(args);
-        let dpdk = dpdk_device(&sys, &conf.selector)?;
         let dev = match &dpdk {
             Some(_) => None,
             None => {
@@ -305,11 +324,33 @@ impl Attachment for HostDevice {
                 Some(dev)
             }
         };
+        let host_state = match &dev {
+            Some(dev) if conf.use_interface_network => {
+                Some(ns.rt.block_on(network::capture(&ns.host, dev))?)
+            }
+            _ => None,
+        };
         // Once the device is known, IPAM runs alongside the move. Declared
         // before the rollback: dropped after it, so a failed ADD releases
         // its addresses after the device is back in the node.
         let mut ipam = start_ipam_add(conf.ipam.as_deref(), args);
         let mut undo = Rollback::new();
+        if let (Some(dev), Some(st)) = (&dev, &host_state) {
+            // Undone after the move back: the move took them off the device,
+            // which comes back down (routes via a gateway need it up).
+            undo.push(
+                format!("restore {}'s addresses and routes", dev.name),
+                || {
+                    ns.rt.block_on(async {
+                        let l = ns.host.link_by_name(&dev.name).await?;
+                        if dev.admin_up {
+                            ns.host.set_up(l.index).await?;
+                        }
+                        network::apply(&ns.host, l.index, &dev.name, st, false).await
+                    })
+                },
+            );
+        }
 
         let link = match &dev {
             Some(dev) => {
@@ -326,6 +367,10 @@ impl Attachment for HostDevice {
                     ns.rt.block_on(back).map(|_| ())
                 });
                 ns.rt.block_on(ns.ct.set_up(link.index))?;
+                if let Some(st) = &host_state {
+                    ns.rt
+                        .block_on(network::apply(&ns.ct, link.index, &args.ifname, st, true))?;
+                }
                 Some(link)
             }
             None => None,
@@ -333,13 +378,27 @@ impl Attachment for HostDevice {
 
         let mut result = CniResult::new(args.version());
         if let Some(ipam) = &mut ipam {
-            result = ipam_config(args.version(), ipam.wait_into(&mut undo)?, IDX_CONTAINER)?;
+            let got = ipam.wait_into(&mut undo)?;
+            result = if host_state.is_some() && got.ips.is_empty() {
+                // The device's own addresses are the config (upstream
+                // allows it too).
+                let mut r = CniResult::new(args.version());
+                r.routes = got.routes;
+                r.dns = got.dns;
+                r
+            } else {
+                ipam_config(args.version(), got, IDX_CONTAINER)?
+            };
             if let Some(link) = &link {
                 // A device on a real segment: IPv6 addresses go through
                 // duplicate address detection, waited for as the reference.
                 ns.rt
                     .block_on(configure_iface(&ns.ct, &ns.ct_ns, link, &result, Dad::Wait))?;
             }
+        }
+        // After IPAM's, as upstream.
+        if let Some(st) = &host_state {
+            network::merge_into(&mut result, st, IDX_CONTAINER);
         }
         result.interfaces = vec![match &link {
             Some(link) => interface(&ns.rt.block_on(ns.ct.link_by_index(link.index))?, &sandbox),
@@ -404,6 +463,42 @@ impl Attachment for HostDevice {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn use_interface_network_refuses_dpdk() {
+        let d = tempfile::tempdir().unwrap();
+        let r = d.path();
+        std::fs::create_dir_all(r.join("bus/pci/drivers/vfio-pci")).unwrap();
+        std::fs::create_dir_all(r.join("bus/pci/devices/0000:06:00.0")).unwrap();
+        std::os::unix::fs::symlink(
+            r.join("bus/pci/drivers/vfio-pci"),
+            r.join("bus/pci/devices/0000:06:00.0/driver"),
+        )
+        .unwrap();
+        let sys = Sysfs::at(r);
+        let conf = |extra: serde_json::Value| {
+            let mut c = serde_json::json!({"cniVersion": "1.0.0", "name": "n",
+                "type": "host-device", "pciBusID": "0000:06:00.0"});
+            c.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            <Conf as rcni_attach::AttachConf>::from_json(&c).unwrap()
+        };
+        let plain = dpdk_for_add(&sys, &conf(serde_json::json!({}))).unwrap();
+        assert_eq!(plain.as_deref(), Some("0000:06:00.0"));
+        let e = dpdk_for_add(
+            &sys,
+            &conf(serde_json::json!({"useInterfaceNetwork": true})),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (e.code, e.msg.as_str()),
+            (
+                7,
+                "useInterfaceNetwork is not supported for dpdk-bound devices"
+            )
+        );
+    }
 
     #[test]
     fn dpdk_result_interface_has_no_mac() {
