@@ -8,4 +8,18 @@
 // go.sum.
 package upstream
 
-import _ "github.com/containernetworking/plugins/plugins/ipam/dhcp"
+import (
+	// The suites' packages, the echo server and client the portmap suite
+	// builds, and the plugins run as the reference's binaries
+	// (scripts/upstream-suite --reference, scripts/k8s-e2e --config
+	// reference).
+	_ "github.com/containernetworking/plugins/pkg/testutils/echo/client"
+	_ "github.com/containernetworking/plugins/pkg/testutils/echo/server"
+	_ "github.com/containernetworking/plugins/plugins/ipam/dhcp"
+	_ "github.com/containernetworking/plugins/plugins/ipam/host-local"
+	_ "github.com/containernetworking/plugins/plugins/main/bridge"
+	_ "github.com/containernetworking/plugins/plugins/main/loopback"
+	_ "github.com/containernetworking/plugins/plugins/main/ptp"
+	_ "github.com/containernetworking/plugins/plugins/meta/firewall"
+	_ "github.com/containernetworking/plugins/plugins/meta/portmap"
+)
