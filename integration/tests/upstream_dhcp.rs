@@ -2,9 +2,10 @@
 //! release's Go module by scripts/upstream-suite) against our binaries:
 //! the dhcp suite against our `dhcp daemon` (the reference's plugin code
 //! talks to it over Go's net/rpc; every spec must pass as it does against
-//! the reference's daemon, error texts included), and the portmap and
+//! the reference's daemon, error texts included), the portmap and
 //! firewall packages' integration specs, which run conflists through
-//! libcni with our plugins. SKIP where no Go new enough for the release is
+//! libcni with our plugins, and upstream's integration/ specs (its cnitool
+//! conflists). SKIP where no Go new enough for the release is
 //! on PATH.
 
 use std::path::Path;
@@ -88,5 +89,20 @@ fn upstream_firewall_integration_specs_pass_against_our_binaries() {
     }
     if let Some((passed, _, _)) = suite("firewall") {
         assert!(passed >= 4, "{passed} passed");
+    }
+}
+
+/// Upstream's integration/ specs: its cnitool-driven ptp, bridge and
+/// bandwidth conflists, echo traffic between pods, the shaped veth's rate.
+#[test]
+fn upstream_integration_specs_pass_against_our_binaries() {
+    for b in ["cnitool", "ptp", "host-local", "bridge", "bandwidth"] {
+        bin(b);
+    }
+    if let Some((passed, _, skipped)) = suite("integration") {
+        assert!(
+            passed >= 3 && skipped == 0,
+            "{passed} passed, {skipped} skipped"
+        );
     }
 }

@@ -9,6 +9,7 @@
 package upstream
 
 import (
+	_ "github.com/containernetworking/cni/cnitool"
 	// The suites' packages, the echo server and client the portmap suite
 	// builds, and the plugins run as the reference's binaries
 	// (scripts/upstream-suite --reference, scripts/k8s-e2e --config
@@ -20,6 +21,7 @@ import (
 	_ "github.com/containernetworking/plugins/plugins/main/bridge"
 	_ "github.com/containernetworking/plugins/plugins/main/loopback"
 	_ "github.com/containernetworking/plugins/plugins/main/ptp"
+	_ "github.com/containernetworking/plugins/plugins/meta/bandwidth"
 	_ "github.com/containernetworking/plugins/plugins/meta/firewall"
 	_ "github.com/containernetworking/plugins/plugins/meta/portmap"
 )
