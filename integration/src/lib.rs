@@ -33,11 +33,16 @@ pub fn ours_and_reference(name: &str) -> [(PathBuf, String); 2] {
     ]
 }
 
-/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 with its own
-/// where it is at hand (`reference_v191_bin` says why it skips otherwise).
-pub fn ours_and_v191(name: &str) -> Vec<(PathBuf, String)> {
+/// Ours with our plugins as CNI_PATH, then upstream's v1.9.1 and its
+/// newest release, v1.10.0, each with its own, where they are at hand
+/// (`reference_v191_bin` and `reference_v110_bin` say why one skips).
+pub fn ours_and_upstream(name: &str) -> Vec<(PathBuf, String)> {
     let mut v = vec![(bin(name), bin_dir().display().to_string())];
-    if let Some(p) = rcni_testkit::reference_v191_bin(name) {
+    let releases = [
+        rcni_testkit::reference_v191_bin(name),
+        rcni_testkit::reference_v110_bin(name),
+    ];
+    for p in releases.into_iter().flatten() {
         let dir = p.parent().unwrap().display().to_string();
         v.push((p, dir));
     }

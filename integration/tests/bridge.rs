@@ -4,7 +4,7 @@
 
 use rcni_integration::{
     Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip, ip_link_json, nl, ours_and_reference,
-    ours_and_v191, remove_pod_address, remove_route, routes_of,
+    ours_and_upstream, remove_pod_address, remove_route, routes_of,
 };
 use rcni_netlink::{Family, MacvlanMode};
 use rcni_testkit::{Call, TestNs, bin, normalized_result, ping};
@@ -615,7 +615,7 @@ fn failed_add_releases_ipam_before_removing_the_veth() {
 /// inside the pod keeps its IPv6 address and the pod stays reachable.
 #[test]
 fn ipam_ipv6_addresses_survive_a_link_down_up_as_v191() {
-    for (bridge, path) in ours_and_v191("bridge") {
+    for (bridge, path) in ours_and_upstream("bridge") {
         let node = Node::with_path(path);
         let pod = TestNs::new();
         let c = node.conf("1.0.0", json!({}));

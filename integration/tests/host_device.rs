@@ -4,7 +4,7 @@
 //! after DEL, every DEL path, rollback, and the reference side by side.
 
 use rcni_integration::{
-    Node, addrs_of, ip, merged, nl, ours_and_reference, ours_and_v191, routes_of,
+    Node, addrs_of, ip, merged, nl, ours_and_reference, ours_and_upstream, routes_of,
 };
 use rcni_netlink::Link;
 use rcni_netns::NetNs;
@@ -333,7 +333,7 @@ fn every_spec_version_gets_its_result_shape() {
 /// down/up (`keep_addr_on_down=1`, v1.7.0).
 #[test]
 fn dns_from_the_config_and_ipv6_kept_on_down_as_v191() {
-    for (plugin, path) in ours_and_v191("host-device") {
+    for (plugin, path) in ours_and_upstream("host-device") {
         let what = plugin.display().to_string();
         let node = Node::with_path(path);
         ip(&node.ns.ns, "link add hd0 type veth peer name hd0p");

@@ -4,7 +4,7 @@
 //! master or netns, CHECK after damage, STATUS and GC reaching IPAM.
 
 use rcni_integration::{
-    Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, ours_and_v191, routes_of,
+    Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, ours_and_upstream, routes_of,
 };
 use rcni_netlink::MacvlanMode;
 use rcni_testkit::{Call, PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
@@ -433,7 +433,7 @@ fn notify_sysctls_keep_addr_and_dns_as_v191() {
         .map(|k| get(pod, k))
     };
     let ipam_dns = json!({"nameservers": ["10.65.0.53"], "search": ["ipam.example"]});
-    for (plugin, path) in ours_and_v191("macvlan") {
+    for (plugin, path) in ours_and_upstream("macvlan") {
         let node = Node::with_path(path).wired();
         let what = plugin.display().to_string();
         let mut c = conf("m1", "bridge", "10.65.0.5/24", json!({}));

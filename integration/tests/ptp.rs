@@ -4,7 +4,7 @@
 
 use rcni_integration::{
     Damage, Node, addr_of, addrs_of, delete_pod_eth0, ip, masq_rules, merged, nl,
-    ours_and_reference, ours_and_v191, remove_pod_address, remove_route, routes_of,
+    ours_and_reference, ours_and_upstream, remove_pod_address, remove_route, routes_of,
 };
 use rcni_testkit::{TestNs, bin, normalized_result, ping};
 use serde_json::{Value, json};
@@ -364,7 +364,7 @@ fn same_result_and_state_as_the_reference() {
 #[test]
 fn ipam_ipv6_addresses_survive_a_link_down_up_as_v191() {
     let key = "net/ipv6/conf/eth0/keep_addr_on_down";
-    for (ptp, path) in ours_and_v191("ptp") {
+    for (ptp, path) in ours_and_upstream("ptp") {
         let node = Node::with_path(path);
         let pod = TestNs::new();
         let c = conf(&node, "1.0.0", json!({}));
@@ -411,7 +411,7 @@ fn a_host_address_behind_a_link_local_gateway() {
                         "addresses": [{"address": a, "gateway": "169.254.1.1"}],
                         "routes": [{"dst": "0.0.0.0/0"}]}})
     };
-    for (plugin, path) in ours_and_v191("ptp") {
+    for (plugin, path) in ours_and_upstream("ptp") {
         let ours = plugin == bin("ptp");
         let node = Node::with_path(path);
         let (a, b) = (TestNs::new(), TestNs::new());

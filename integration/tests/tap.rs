@@ -6,8 +6,8 @@
 //! real frames through the device from a reader attached the way a VM's is.
 
 use rcni_integration::{
-    Node, addrs_of, delete_pod_eth0, ip, link_names, merged, nl, ours_and_v191, remove_pod_address,
-    routes_of,
+    Node, addrs_of, delete_pod_eth0, ip, link_names, merged, nl, ours_and_upstream,
+    remove_pod_address, routes_of,
 };
 use rcni_netlink::tuntap::TunInfo;
 use rcni_netns::NetNs;
@@ -95,7 +95,7 @@ fn state(pod: &TestNs) -> Value {
 /// plugin; the results (MACs cleared) and the states must be equal.
 fn side_by_side(version: &str, conf: &Value, setup: fn(&TestNs)) {
     let mut seen = Vec::new();
-    for (plugin, path) in ours_and_v191("tap") {
+    for (plugin, path) in ours_and_upstream("tap") {
         let node = Node::with_path(path);
         let pod = TestNs::new();
         setup(&pod);
@@ -233,7 +233,7 @@ fn mac_precedence_as_v191() {
         ),
         (json!({}), "MAC=02:00:00:00:00:04", "02:00:00:00:00:04"),
     ];
-    for (plugin, path) in ours_and_v191("tap") {
+    for (plugin, path) in ours_and_upstream("tap") {
         let node = Node::with_path(path);
         for (extra, args, want) in &cases {
             let pod = TestNs::new();
@@ -277,7 +277,7 @@ fn bridge_port_and_its_check() {
 
     // A bridge that is not there: nothing is made (v1.9.1's fails too, after
     // making the device).
-    for (plugin, path) in ours_and_v191("tap") {
+    for (plugin, path) in ours_and_upstream("tap") {
         let node = Node::with_path(path);
         let pod = TestNs::new();
         let c = tap_conf("1.0.0", json!({"bridge": "nosuchbr"}));
@@ -399,7 +399,7 @@ fn selinux_label_without_selinux_fails_cleanly() {
         eprintln!("SKIP: SELinux is enabled here");
         return;
     }
-    for (plugin, path) in ours_and_v191("tap") {
+    for (plugin, path) in ours_and_upstream("tap") {
         let node = Node::with_path(path);
         let pod = TestNs::new();
         let c = tap_conf(
@@ -500,7 +500,7 @@ fn echo_request(dst_mac: [u8; 6], src_mac: [u8; 6], src: [u8; 4], dst: [u8; 4]) 
 #[test]
 fn frames_flow_between_the_pod_and_the_attached_reader() {
     use std::io::{Read, Write};
-    for (plugin, path) in ours_and_v191("tap") {
+    for (plugin, path) in ours_and_upstream("tap") {
         let node = Node::with_path(path);
         let pod = TestNs::new();
         let c = l3("1.0.0", json!({}));

@@ -2,7 +2,7 @@
 //! scripts/test runs this binary under scripts/vm-run (Debian's
 //! full kernel).
 
-use rcni_integration::{Node, ip, ip_link_json, merged, ours_and_v191};
+use rcni_integration::{Node, ip, ip_link_json, merged, ours_and_upstream};
 use rcni_netns::NetNs;
 use rcni_testkit::{TestNs, ping};
 use serde_json::{Value, json};
@@ -186,7 +186,7 @@ fn port_vlans_and_flags_as_v191() {
     ];
     for (i, (extra, pod_want, other_want)) in cases.iter().enumerate() {
         let mut seen = Vec::new();
-        for (plugin, path) in ours_and_v191("bridge") {
+        for (plugin, path) in ours_and_upstream("bridge") {
             let what = format!("case {i} {extra}: {}", plugin.display());
             let node = Node::with_path(path);
             let pod = TestNs::new();

@@ -6,8 +6,8 @@
 //! failed ADD, STATUS and GC reaching IPAM, and the address answering.
 
 use rcni_integration::{
-    Node, addrs_of, delete_pod_eth0, ip, link_names, merged, nl, ours_and_v191, remove_pod_address,
-    routes_of,
+    Node, addrs_of, delete_pod_eth0, ip, link_names, merged, nl, ours_and_upstream,
+    remove_pod_address, routes_of,
 };
 use rcni_netns::NetNs;
 use rcni_testkit::{TestNs, bin, normalized_result, ping};
@@ -46,7 +46,7 @@ fn sysctl(ns: &NetNs, key: &str) -> String {
 fn same_result_and_state_as_v191_at_every_version() {
     for v in VERSIONS {
         let mut seen = Vec::new();
-        for (dummy, path) in ours_and_v191("dummy") {
+        for (dummy, path) in ours_and_upstream("dummy") {
             let node = Node::with_path(path);
             let pod = TestNs::new();
             let c = conf(v);
@@ -87,7 +87,7 @@ fn same_result_and_state_as_v191_at_every_version() {
 fn missing_ipam_is_refused_as_v191() {
     let c = json!({"cniVersion": "1.0.0", "name": "podnet", "type": "dummy"});
     let mut msgs = Vec::new();
-    for (dummy, path) in ours_and_v191("dummy") {
+    for (dummy, path) in ours_and_upstream("dummy") {
         let node = Node::with_path(path);
         let pod = TestNs::new();
         let (code, msg) = node.call(&dummy, "ADD", &pod.path(), "noipam", &c).err();

@@ -3,7 +3,7 @@
 //! (Debian's full kernel).
 
 use rcni_integration::{
-    Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, ours_and_v191, routes_of,
+    Node, addrs_of, ip, link_names, merged, nl, ours_and_reference, ours_and_upstream, routes_of,
 };
 use rcni_netlink::IpvlanMode;
 use rcni_testkit::{PersistentNs, TestNs, bin, normalized_result, ping, reference_bin};
@@ -275,7 +275,7 @@ fn notify_sysctls_keep_addr_and_dns_as_v191() {
         .map(|k| rcni_netlink::sysctl::get(&pod.ns, k).unwrap())
     };
     let dns_of = |r: &Value| r.get("dns").cloned().unwrap_or(json!({}));
-    for (plugin, path) in ours_and_v191("ipvlan") {
+    for (plugin, path) in ours_and_upstream("ipvlan") {
         let what = plugin.display().to_string();
         let node = Node::with_path(path).wired();
         let mut c = conf("m1", "l2", "10.74.0.5/24", json!({}));

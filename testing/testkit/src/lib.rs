@@ -129,6 +129,28 @@ pub fn reference_v191_bin(name: &str) -> Option<PathBuf> {
     }
 }
 
+/// Where upstream's newest release (v1.10.0, testing/upstream's pin) is
+/// looked for: `RCNI_REFERENCE_V110` names a directory of its binaries,
+/// which `scripts/upstream-plugins` builds from the Go module (the test
+/// command sets it from that script's output).
+pub const REFERENCE_V110_ENV: &str = "RCNI_REFERENCE_V110";
+
+/// The v1.10.0 binary `name`, or `None` (with a line on stderr saying why the
+/// caller skips) where none is at hand.
+pub fn reference_v110_bin(name: &str) -> Option<PathBuf> {
+    let p = std::env::var_os(REFERENCE_V110_ENV).map(|d| PathBuf::from(d).join(name));
+    match p {
+        Some(p) if p.is_file() => Some(p),
+        _ => {
+            eprintln!(
+                "SKIP: no v1.10.0 reference `{name}`: set {REFERENCE_V110_ENV} to the directory \
+                 scripts/upstream-plugins prints"
+            );
+            None
+        }
+    }
+}
+
 fn reference_v191_dir() -> Option<PathBuf> {
     let src = match std::env::var_os(REFERENCE_V191_ENV) {
         Some(v) => PathBuf::from(v),
