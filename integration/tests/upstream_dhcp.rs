@@ -4,8 +4,8 @@
 //! talks to it over Go's net/rpc; every spec must pass as it does against
 //! the reference's daemon, error texts included), the portmap and
 //! firewall packages' integration specs, which run conflists through
-//! libcni with our plugins, and upstream's integration/ specs (its cnitool
-//! conflists). SKIP where no Go new enough for the release is
+//! libcni with our plugins, upstream's integration/ specs (its cnitool
+//! conflists), and loopback's. SKIP where no Go new enough for the release is
 //! on PATH.
 
 use std::path::Path;
@@ -102,6 +102,20 @@ fn upstream_integration_specs_pass_against_our_binaries() {
     if let Some((passed, _, skipped)) = suite("integration") {
         assert!(
             passed >= 3 && skipped == 0,
+            "{passed} passed, {skipped} skipped"
+        );
+    }
+}
+
+/// The loopback package's specs: the plugin they compile themselves is a
+/// stub that execs ours (scripts/upstream-suite), every spec version's ADD
+/// and DEL on lo.
+#[test]
+fn upstream_loopback_specs_pass_against_our_binary() {
+    bin("loopback");
+    if let Some((passed, _, skipped)) = suite("loopback") {
+        assert!(
+            passed >= 14 && skipped == 0,
             "{passed} passed, {skipped} skipped"
         );
     }
