@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::k8s::{Cache, cert, openssl};
+use super::k8s::{Cache, ca_and_sa_keys, cert};
 
 pub struct RealApi {
     ns: NetNs,
@@ -48,26 +48,7 @@ impl RealApi {
         let d = api.dir.path().to_path_buf();
         let pki = d.join("pki");
         std::fs::create_dir_all(&pki).map_err(|e| e.to_string())?;
-        openssl(
-            &pki,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=rcni-test-ca",
-            ],
-        );
-        openssl(&pki, &["genrsa", "-out", "sa.key", "2048"]);
-        openssl(&pki, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+        ca_and_sa_keys(&pki, "rcni-test-ca");
         cert(
             &pki,
             "apiserver",

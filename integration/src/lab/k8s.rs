@@ -227,7 +227,7 @@ pub struct K8sLab {
 }
 
 /// openssl, failing loudly.
-pub(super) fn openssl(dir: &Path, args: &[&str]) {
+fn openssl(dir: &Path, args: &[&str]) {
     let o = Command::new("openssl")
         .current_dir(dir)
         .args(args)
@@ -238,6 +238,21 @@ pub(super) fn openssl(dir: &Path, args: &[&str]) {
         "openssl {args:?}: {}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// In `pki`: a CA (`ca.key`, `ca.crt`, common name `cn`, two days) and the
+/// service accounts' signing key pair (`sa.key`, `sa.pub`).
+pub(super) fn ca_and_sa_keys(pki: &Path, cn: &str) {
+    let subj = format!("/CN={cn}");
+    openssl(
+        pki,
+        &[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+            "-days", "2", "-subj", &subj,
+        ],
+    );
+    openssl(pki, &["genrsa", "-out", "sa.key", "2048"]);
+    openssl(pki, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
 }
 
 /// A key and a certificate signed by the lab's CA: `cn` and `org` name the
@@ -339,26 +354,7 @@ impl K8sLab {
     fn make_pki(&self, n: usize) {
         let pki = self.path("pki");
         std::fs::create_dir_all(&pki).unwrap();
-        openssl(
-            &pki,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.crt",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=rcni-lab-ca",
-            ],
-        );
-        openssl(&pki, &["genrsa", "-out", "sa.key", "2048"]);
-        openssl(&pki, &["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"]);
+        ca_and_sa_keys(&pki, "rcni-lab-ca");
         let api_sans = format!(
             "IP:{CONTROL_IP},IP:10.96.0.1,IP:127.0.0.1,DNS:kubernetes,DNS:kubernetes.default,\
              DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local,DNS:localhost"
