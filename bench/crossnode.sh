@@ -56,6 +56,8 @@ if [ -z "${RCNI_XNBENCH_PRIVATE:-}" ]; then
   exec unshare -m --propagation private "$0" "$@"
 fi
 cd "$(dirname "$0")/.."
+# The request/response client and server (one connection, 1 byte each way).
+rr_py=$PWD/bench/rr.py
 # RCNI_PROBE_DIR under target/ (and the helpers the bench scripts share).
 . bench/lib.sh
 secs=5
@@ -171,32 +173,6 @@ cleanup() {
 trap cleanup EXIT
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
 
-# The request/response client and server: one connection, 1 byte each way.
-cat > "$work/rr.py" <<'PY'
-import socket, sys, time
-if sys.argv[1] == "server":
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", 5301)); s.listen(1)
-    print("ready", flush=True)
-    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while True:
-        b = c.recv(1)
-        if not b:
-            break
-        c.sendall(b)
-else:
-    n = int(sys.argv[3])
-    c = socket.create_connection((sys.argv[2], 5301), timeout=5)
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for _ in range(200):  # warm-up: caches, neighbour resolution
-        c.sendall(b"x"); c.recv(1)
-    t = []
-    for _ in range(n):
-        a = time.perf_counter_ns(); c.sendall(b"x"); c.recv(1)
-        t.append(time.perf_counter_ns() - a)
-    t.sort()
-    print(f"{t[len(t) // 2] / 1000:.1f}")
-PY
 
 # bpfstats.py OUT CMD...: runs CMD with the kernel's BPF run-time
 # statistics on, and writes each rcni program's runs and mean ns per run.
@@ -273,11 +249,11 @@ measure() {
     gbit=$(nsx "$src" $run iperf3 -c "$ip" -p 5201 -t "$secs" -J |
       python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))')
     wait "$srv" || true
-    nsx "$dst" $run python3 "$work/rr.py" server >"$work/rr.ready" &
+    nsx "$dst" $run python3 "$rr_py" server >"$work/rr.ready" &
     srv=$!
     for _ in $(seq 50); do [ -s "$work/rr.ready" ] && break; sleep 0.1; done
     local p50
-    p50=$(nsx "$src" $run python3 "$work/rr.py" client "$ip" "$rr")
+    p50=$(nsx "$src" $run python3 "$rr_py" client "$ip" "$rr")
     wait "$srv" || true
     rm -f "$work/rr.ready"
     echo "$regime $name $p50 $gbit" >>"$work/results"
@@ -301,12 +277,12 @@ measure() {
 profile_rr() {
   local regime=$1 name=$2 src=$3 dst=$4 ip=$5 run
   run=$(pin "$regime")
-  nsx "$dst" $run python3 "$work/rr.py" server >"$work/rr.ready" &
+  nsx "$dst" $run python3 "$rr_py" server >"$work/rr.ready" &
   local srv=$!
   for _ in $(seq 50); do [ -s "$work/rr.ready" ] && break; sleep 0.1; done
   perf record -q -a -e cpu-clock -c 50000 -o "$work/$name.perf" -- \
     python3 "$work/bpfstats.py" "$profile/bpf-$name-$regime.txt" \
-    ip netns exec "$src" $run python3 "$work/rr.py" client "$ip" "$((rr * 10))" >"$work/$name.rr" 2>/dev/null
+    ip netns exec "$src" $run python3 "$rr_py" client "$ip" "$((rr * 10))" >"$work/$name.rr" 2>/dev/null
   wait "$srv" || true
   rm -f "$work/rr.ready"
   perf report -i "$work/$name.perf" -n --no-children --sort sym --stdio 2>/dev/null |

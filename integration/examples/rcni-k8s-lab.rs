@@ -10,23 +10,28 @@ use std::time::{Duration, Instant};
 
 use rcni_integration::lab::k8s::{Cache, K8sLab};
 
-const USAGE: &str = "usage: rcni-k8s-lab [--nodes N] [--network rcni|reference]
+const USAGE: &str = "usage: rcni-k8s-lab [--nodes N] [--network rcni|reference|flannel]
                     [--image FILE] [--net-conf FILE] [--reference-bin DIR]
-                    [--agent-arg ARG]... [--keep-logs DIR] -- COMMAND [ARG...]
+                    [--flannel DIR] [--agent-arg ARG]... [--keep-logs DIR]
+                    -- COMMAND [ARG...]
 
   --nodes N           nodes (default 3)
   --network rcni      rcni from deploy/rcni.yaml with the image FILE (default)
   --network reference the reference plugins in DIR (--reference-bin: bridge,
                       host-local, loopback, portmap), a bridge + host-local
                       conflist per node with its pod range, no policy
+  --network flannel   flannel from DIR (--flannel: scripts/flannel-build's
+                      directory) with the reference plugins of
+                      --reference-bin it delegates to
   --net-conf FILE     rcni's net-conf.json in place of the manifest's
   --agent-arg ARG     added to rcni-node's command line (repeatable), e.g.
                       --policy-backend=nftables
   --keep-logs DIR     copy every component's log there at the end
 
 COMMAND runs in the control plane's network namespace, on the lab's
-underlay, with KUBECONFIG (the admin's) and RCNI_LAB_DIR in its
-environment.";
+underlay, with KUBECONFIG (the admin's), RCNI_LAB_DIR and RCNI_LAB_NODES
+(`name=pid` per node, space-separated: the host's PID of the node's init,
+for `nsenter --target pid --mount --pid --net`) in its environment.";
 
 struct Args {
     nodes: usize,
@@ -34,6 +39,7 @@ struct Args {
     image: Option<PathBuf>,
     net_conf: Option<PathBuf>,
     reference_bin: Option<PathBuf>,
+    flannel: Option<PathBuf>,
     keep_logs: Option<PathBuf>,
     agent_args: Vec<String>,
     command: Vec<String>,
@@ -46,6 +52,7 @@ fn parse() -> Result<Args, String> {
         image: None,
         net_conf: None,
         reference_bin: None,
+        flannel: None,
         keep_logs: None,
         agent_args: Vec::new(),
         command: Vec::new(),
@@ -59,6 +66,7 @@ fn parse() -> Result<Args, String> {
             "--image" => a.image = Some(value()?.into()),
             "--net-conf" => a.net_conf = Some(value()?.into()),
             "--reference-bin" => a.reference_bin = Some(value()?.into()),
+            "--flannel" => a.flannel = Some(value()?.into()),
             "--keep-logs" => a.keep_logs = Some(value()?.into()),
             "--agent-arg" => a.agent_args.push(value()?),
             "-h" | "--help" => return Err(String::new()),
@@ -77,7 +85,10 @@ fn parse() -> Result<Args, String> {
         "reference" if a.reference_bin.is_none() => {
             Err("--network reference needs --reference-bin".into())
         }
-        "rcni" | "reference" => Ok(a),
+        "flannel" if a.flannel.is_none() || a.reference_bin.is_none() => {
+            Err("--network flannel needs --flannel and --reference-bin".into())
+        }
+        "rcni" | "reference" | "flannel" => Ok(a),
         n => Err(format!("unknown network {n}")),
     }
 }
@@ -124,6 +135,10 @@ fn main() -> ExitCode {
                 &args.agent_args,
             );
         }
+        "flannel" => lab.install_flannel(
+            args.flannel.as_ref().unwrap(),
+            args.reference_bin.as_ref().unwrap(),
+        ),
         _ => lab.install_reference(args.reference_bin.as_ref().unwrap()),
     }
     lab.wait_nodes_ready(Duration::from_secs(180));
@@ -140,6 +155,14 @@ fn main() -> ExitCode {
         .args(&args.command)
         .env("KUBECONFIG", lab.admin_kubeconfig())
         .env("RCNI_LAB_DIR", lab.dir.path())
+        .env(
+            "RCNI_LAB_NODES",
+            lab.nodes
+                .iter()
+                .map(|n| format!("{}={}", n.name, n.pid1))
+                .collect::<Vec<_>>()
+                .join(" "),
+        )
         .status();
     if let Some(dir) = &args.keep_logs {
         lab.copy_logs(dir);

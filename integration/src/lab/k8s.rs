@@ -114,7 +114,7 @@ pub struct K8sNode {
     pub netns: TestNs,
     init: Child,
     /// The host's PID of the node's PID 1, for nsenter.
-    pid1: u32,
+    pub pid1: u32,
     cgroup: String,
     /// containerd, kubelet, kube-proxy: name, program, arguments, and the
     /// nsenter whose child each is.
@@ -801,12 +801,8 @@ impl K8sLab {
     /// kubeadm user writes, bridge + host-local over the node's pod range
     /// (from its Node object) with portmap; no policy.
     pub fn install_reference(&self, bin: &Path) {
+        self.install_reference_plugins(bin);
         for n in &self.nodes {
-            for p in ["bridge", "host-local", "loopback", "portmap"] {
-                let to = n.dir.join("opt/cni/bin").join(p);
-                std::fs::copy(bin.join(p), &to)
-                    .unwrap_or_else(|e| panic!("{}: {e}", bin.join(p).display()));
-            }
             let cidr = self.kubectl_ok(&["get", "node", &n.name, "-o", "jsonpath={.spec.podCIDR}"]);
             assert!(!cidr.is_empty(), "{} has no pod range", n.name);
             let conf = serde_json::json!({
@@ -842,6 +838,63 @@ impl K8sLab {
                 );
             }
         }
+    }
+
+    /// The reference plugins kubeadm's users get from the kubernetes-cni
+    /// package (bridge, host-local, loopback, portmap, from `bin`) in every
+    /// node's /opt/cni/bin.
+    fn install_reference_plugins(&self, bin: &Path) {
+        for n in &self.nodes {
+            for p in ["bridge", "host-local", "loopback", "portmap"] {
+                let to = n.dir.join("opt/cni/bin").join(p);
+                std::fs::copy(bin.join(p), &to)
+                    .unwrap_or_else(|e| panic!("{}: {e}", bin.join(p).display()));
+            }
+        }
+    }
+
+    /// flannel as its users install it on kubeadm's nodes: the reference
+    /// plugins it delegates to (`reference_bin`), its two images on every
+    /// node, then `kubectl apply -f kube-flannel.yml`, all from
+    /// scripts/flannel-build's directory `flannel`; returns once its
+    /// DaemonSet has rolled out.
+    pub fn install_flannel(&self, flannel: &Path, reference_bin: &Path) {
+        self.install_reference_plugins(reference_bin);
+        for archive in ["flannel.tar", "flannel-cni-plugin.tar"] {
+            self.import_everywhere(&flannel.join(archive));
+        }
+        let manifest = flannel.join("kube-flannel.yml");
+        let manifest = std::fs::read_to_string(&manifest)
+            .unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+        self.apply(&manifest);
+        let o = self.kubectl(&[
+            "-n",
+            "kube-flannel",
+            "rollout",
+            "status",
+            "daemonset/kube-flannel-ds",
+            "--timeout=180s",
+        ]);
+        assert!(
+            o.status.success(),
+            "flannel did not roll out: {}\n{}\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            String::from_utf8_lossy(
+                &self
+                    .kubectl(&[
+                        "-n",
+                        "kube-flannel",
+                        "logs",
+                        "-l",
+                        "app=flannel",
+                        "--all-containers",
+                        "--prefix",
+                        "--tail=40"
+                    ])
+                    .stdout
+            ),
+            self.diagnose()
+        );
     }
 
     /// Copies the control plane's and every node's logs into `to`.
