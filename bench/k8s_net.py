@@ -2,6 +2,12 @@
 inside the lab (the control plane's network namespace, KUBECONFIG and
 RCNI_LAB_NODES set): writes a JSON object to --out.
 
+Two labs run at once, one per network, and take turns (--turns DIR, --me,
+--order): each round of each measure runs while the other lab only idles,
+and the networks alternate round by round, so that the machine's drift
+(the same setup's busy round trip moved from 37 to 56 us between rounds
+here) falls on both alike.
+
 - startup: N pods (a Deployment of pause, spread over the nodes by the
   scheduler) from `kubectl apply` to N Ready, --rounds times, each round's
   pods deleted and gone before the next.
@@ -54,23 +60,104 @@ def deployment(name, replicas):
     }
 
 
-def startup(pods, rounds):
+class Turns:
+    """Steps numbered across the labs: the k-th round a lab takes (over
+    every measure) is step k * len(order) + order.index(me). DIR/turn holds
+    the step whose turn it is; the first in order starts at 0 once every
+    lab has written DIR/ready-<name>."""
+
+    def __init__(self, d, me, order):
+        self.d, self.me, self.order = d, me, order
+        self.done = 0  # rounds taken so far, across the measures
+
+    def _read(self):
+        try:
+            with open(os.path.join(self.d, "turn")) as f:
+                return int(f.read() or -1)
+        except (OSError, ValueError):
+            return -1
+
+    def _write(self, step):
+        tmp = os.path.join(self.d, f"turn.{self.me}")
+        with open(tmp, "w") as f:
+            f.write(str(step))
+        os.replace(tmp, os.path.join(self.d, "turn"))
+
+    def _wait(self, step, limit=1800):
+        t0 = time.monotonic()
+        while self._read() < step:
+            if time.monotonic() - t0 > limit:
+                sys.exit(f"{self.me}: the other lab did not take its turn {step} in {limit} s")
+            time.sleep(0.2)
+
+    def ready(self):
+        open(os.path.join(self.d, f"ready-{self.me}"), "w").close()
+        if self.order[0] == self.me:
+            t0 = time.monotonic()
+            while not all(os.path.exists(os.path.join(self.d, f"ready-{n}")) for n in self.order):
+                if time.monotonic() - t0 > 1800:
+                    sys.exit(f"{self.me}: the other lab never got ready")
+                time.sleep(0.5)
+            self._write(0)
+
+    def take(self, fn):
+        step = self.done * len(self.order) + self.order.index(self.me)
+        self._wait(step)
+        try:
+            return fn()
+        finally:
+            self.done += 1
+            self._write(step + 1)
+
+    def finish(self):
+        # Until the last step ends: this lab's teardown would load the
+        # machine while the other measures.
+        self._wait(self.done * len(self.order))
+
+
+def startup(pods, rounds, turns):
     times = []
     for r in range(rounds):
-        t0 = time.monotonic()
-        apply(deployment("startup", pods))
-        kubectl("-n", "bench", "wait", "deployment/startup", "--timeout=600s",
-                f"--for=jsonpath={{.status.readyReplicas}}={pods}")
-        t = time.monotonic() - t0
-        times.append(t)
-        print(f"  startup round {r + 1}: {pods} pods Ready in {t:.2f} s", file=sys.stderr, flush=True)
-        kubectl("-n", "bench", "delete", "deployment/startup", "--wait=true")
-        kubectl("-n", "bench", "wait", "pods", "-l", "app=startup", "--for=delete", "--timeout=300s")
+        times.append(turns.take(lambda: startup_round(pods, r)))
     return times
 
 
+def startup_round(pods, r):
+    t0 = time.monotonic()
+    apply(deployment("startup", pods))
+    kubectl("-n", "bench", "wait", "deployment/startup", "--timeout=600s",
+            f"--for=jsonpath={{.status.readyReplicas}}={pods}")
+    t = time.monotonic() - t0
+    print(f"  startup round {r + 1}: {pods} pods Ready in {t:.2f} s", file=sys.stderr, flush=True)
+    kubectl("-n", "bench", "delete", "deployment/startup", "--wait=true")
+    kubectl("-n", "bench", "wait", "pods", "-l", "app=startup", "--for=delete", "--timeout=300s")
+    return t
+
+
+def ppid(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[1]
+
+
+def on_this_lab(pid, inits):
+    """Whether `pid` descends from one of this lab's node inits: the labs
+    run at once and each has its own pods at the same addresses."""
+    try:
+        for _ in range(8):
+            pid = ppid(pid)
+            if pid in inits:
+                return True
+            if pid in ("0", "1"):
+                return False
+    except OSError:
+        pass
+    return False
+
+
 def pod_pid(ip):
-    """The host PID of a process in the pod whose eth0 has `ip`: its pause."""
+    """The host PID of a process in this lab's pod whose eth0 has `ip`: its
+    pause."""
+    inits = {kv.split("=")[1] for kv in os.environ["RCNI_LAB_NODES"].split()}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -79,6 +166,8 @@ def pod_pid(ip):
                 if f.read().split(b"\0")[0] != b"/pause":
                     continue
         except OSError:
+            continue
+        if not on_this_lab(pid, inits):
             continue
         out = subprocess.run(["nsenter", "-t", pid, "-n", "ip", "-4", "-o", "addr", "show"],
                              capture_output=True, text=True).stdout
@@ -92,7 +181,7 @@ def in_pod(pid, regime, *cmd):
     return ["nsenter", "-t", pid, "-n", *pin, *cmd]
 
 
-def datapath(regimes, seconds, rr, rounds):
+def datapath_pods():
     nodes = [kv.split("=")[0] for kv in os.environ["RCNI_LAB_NODES"].split()]
     for name, node in (("client", nodes[0]), ("server", nodes[1])):
         apply({
@@ -107,11 +196,14 @@ def datapath(regimes, seconds, rr, rounds):
     cpid, spid = pod_pid(ip["client"]), pod_pid(ip["server"])
     subprocess.run(in_pod(cpid, "idle", "ping", "-c", "3", "-W", "2", "-q", ip["server"]),
                    check=True, capture_output=True)
+    return cpid, spid, ip["server"]
+
+
+def datapath(pods, regimes, seconds, rr, rounds, turns):
     runs = {r: [] for r in regimes}
     for _ in range(rounds):
         for regime in regimes:
-            runs[regime].append(one_run(cpid, spid, ip["server"], regime, seconds, rr))
-    kubectl("-n", "bench", "delete", "pod", "client", "server", "--wait=true")
+            runs[regime].append(turns.take(lambda: one_run(*pods, regime, seconds, rr)))
     # Per regime: each figure's median over the rounds, and every round's.
     return {r: {"rr_p50_us": statistics.median(x["rr_p50_us"] for x in v),
                 "gbit": statistics.median(x["gbit"] for x in v),
@@ -145,12 +237,20 @@ def main():
     a.add_argument("--rr", type=int, default=5000)
     a.add_argument("--dp-rounds", type=int, default=3)
     a.add_argument("--regime", default="both", choices=["idle", "busy", "both"])
+    a.add_argument("--turns", required=True, help="the directory both labs share")
+    a.add_argument("--me", required=True)
+    a.add_argument("--order", required=True, help="the networks, comma-separated, in turn order")
     o = a.parse_args()
     regimes = ["idle", "busy"] if o.regime == "both" else [o.regime]
+    turns = Turns(o.turns, o.me, o.order.split(","))
     kubectl("create", "namespace", "bench")
     kubectl("-n", "bench", "wait", "serviceaccount/default", "--for=create", "--timeout=60s")
-    result = {"startup_s": startup(o.pods, o.rounds)}
-    result["datapath"] = datapath(regimes, o.seconds, o.rr, o.dp_rounds)
+    pods = datapath_pods()
+    turns.ready()
+    result = {"startup_s": startup(o.pods, o.rounds, turns)}
+    result["datapath"] = datapath(pods, regimes, o.seconds, o.rr, o.dp_rounds, turns)
+    turns.finish()
+    kubectl("-n", "bench", "delete", "pod", "client", "server", "--wait=true")
     result["startup_median_s"] = statistics.median(result["startup_s"])
     with open(o.out, "w") as f:
         json.dump(result, f, indent=1)
