@@ -353,33 +353,9 @@ PY
 }
 
 # -------------------------------------------------------------------- traffic
-# The request/response client and server (crossnode.sh's): one
-# connection, 1 byte each way, TCP_NODELAY.
-cat >"$work/rr.py" <<'PY'
-import socket, sys, time
-if sys.argv[1] == "server":
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", 5301)); s.listen(1)
-    print("ready", flush=True)
-    c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    while True:
-        b = c.recv(1)
-        if not b:
-            break
-        c.sendall(b)
-else:
-    n = int(sys.argv[3])
-    c = socket.create_connection((sys.argv[2], 5301), timeout=5)
-    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for _ in range(200):  # warm-up: caches, neighbour resolution
-        c.sendall(b"x"); c.recv(1)
-    t = []
-    for _ in range(n):
-        a = time.perf_counter_ns(); c.sendall(b"x"); c.recv(1)
-        t.append(time.perf_counter_ns() - a)
-    t.sort()
-    print(f"{t[len(t) // 2] / 1000:.1f}")
-PY
+# The request/response client and server (bench/rr.py, crossnode.sh's too):
+# one connection, 1 byte each way, TCP_NODELAY.
+rr_py=$PWD/bench/rr.py
 
 # racks V: ToRs V-tor1/V-tor2 (a bridge "rack" each, 192.168.5<r-1>0.254,
 # linked to each other over 192.168.255.0/24), node V-n<r> at
@@ -514,11 +490,11 @@ measure() {
   gbit=$(nsx "$src" taskset -c "$cpu_cli" iperf3 -c "$ip" -p 5201 -t "$secs" -J |
     python3 -c 'import json,sys; print("%.2f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))')
   wait "$srv" || true
-  nsx "$dst" taskset -c "$cpu_srv" python3 "$work/rr.py" server >"$work/rr.ready" &
+  nsx "$dst" taskset -c "$cpu_srv" python3 "$rr_py" server >"$work/rr.ready" &
   srv=$!
   for _ in $(seq 50); do [ -s "$work/rr.ready" ] && break; sleep 0.1; done
   local p50
-  p50=$(nsx "$src" taskset -c "$cpu_cli" python3 "$work/rr.py" client "$ip" "$rr")
+  p50=$(nsx "$src" taskset -c "$cpu_cli" python3 "$rr_py" client "$ip" "$rr")
   wait "$srv" || true
   rm -f "$work/rr.ready"
   echo "traffic $name $regime $p50 $gbit" >>"$results"
