@@ -889,6 +889,8 @@ static __always_inline int pol_out(struct __sk_buff *skb)
 {
 	struct flow f = {};
 
+	if (!pol_enforcing())
+		return TC_ACT_UNSPEC;
 	if (flow_parse(skb, &f) || is_nd(&f))
 		return TC_ACT_UNSPEC;
 	// DHCP, duplicate address detection and link-local talk to the node
@@ -924,7 +926,7 @@ int rcni_pol_in(struct __sk_buff *skb)
 	// Sent by the node itself (kubelet's probes, host-network processes):
 	// always allowed. A forwarded packet, bridged or routed, carries the
 	// device it came in on.
-	if (skb->ingress_ifindex == 0)
+	if (skb->ingress_ifindex == 0 || !pol_enforcing())
 		return TC_ACT_UNSPEC;
 	if (flow_parse(skb, &f) || is_nd(&f))
 		return TC_ACT_UNSPEC;

@@ -135,12 +135,19 @@ struct {
 #define EV_AUDIT 3
 
 // rcni_pol_cfg's one entry, written by the policy plugin from the
-// network's flowEvents and flowRate.
+// network's flowEvents and flowRate, and whether the network has a policy.
 #define EVENTS_DENY 1  // denials and audit findings
 #define EVENTS_ALLOW 2 // new flows a rule set allows
+// Some policy exists (on any node): pods' sources are checked and the
+// points run. Without one nothing depends on a packet's source or
+// destination, and a pod's packet costs the programs one array load (the
+// anti-spoofing lookup alone was most of 1 us per round trip between
+// nodes: bench/k8s-flannel.sh).
+#define POL_ENFORCE 1
 struct pol_cfg {
 	__u32 events;
 	__u32 rate; // events per second per pod
+	__u32 flags; // POL_ENFORCE
 };
 
 struct flow_event {
@@ -182,6 +189,15 @@ struct {
 	__type(key, __u32);
 	__type(value, struct pol_cfg);
 } rcni_pol_cfg SEC(".maps");
+
+// A constant key into an array: the verifier inlines the lookup.
+static __always_inline int pol_enforcing(void)
+{
+	__u32 zero = 0;
+	struct pol_cfg *cfg = bpf_map_lookup_elem(&rcni_pol_cfg, &zero);
+
+	return cfg && (cfg->flags & POL_ENFORCE);
+}
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -43,7 +43,7 @@ pub use types::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NETKIT, EP_NORMAL_PATH, EP_POLICY,
     EP_SHAPED, EV_ALLOW, EV_AUDIT, EV_DENY, EVENTS_ALLOW, EVENTS_DENY, Endpoint, EndpointKey,
     EndpointStats, FlowEvent, MAX_ENDPOINTS, MAX_PORT_RANGES, MAX_REMOTES, POL_AUDIT_IN,
-    POL_AUDIT_OUT, PORTS_DIRECT, PORTSET_ALL, PORTSET_NONE, PeerKey, Police, PolicyConfig,
+    POL_AUDIT_OUT, POL_ENFORCE, PORTS_DIRECT, PORTSET_ALL, PORTSET_NONE, PeerKey, Police, PolicyConfig,
     PortRange, RemoteHop, RemoteStats, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict,
     fmt_mac,
 };
@@ -125,8 +125,9 @@ impl Program {
 /// them there; 7: `EP_SHAPED`, without which a program would deliver past
 /// the pod's ingress shaping; 8: `rcni_ports` and `rcni_pod`, one program
 /// on a pod's clsact ingress hook for both plugins; 9: `rcni_police` and
-/// `PORT_POLICE`, bandwidth's node-side egress policer).
-pub const DATAPATH_VERSION: u32 = 9;
+/// `PORT_POLICE`, bandwidth's node-side egress policer; 10: `rcni_pol_cfg`'s
+/// value grows by `flags`, `POL_ENFORCE`).
+pub const DATAPATH_VERSION: u32 = 10;
 
 /// The fast path program's pin, pinned last.
 const PROG_PIN: &str = "prog";

@@ -232,13 +232,38 @@ impl Datapath {
     /// Which decisions become flow events ([`crate::EVENTS_DENY`],
     /// [`crate::EVENTS_ALLOW`]) and how many per second per pod.
     pub fn set_flow_config(&mut self, events: u32, rate: u32) -> Result<()> {
-        let want = PolicyConfig { events, rate };
-        if self.pol_cfg.get(&0, 0).ok() == Some(want) {
+        self.edit_pol_cfg(|c| {
+            c.events = events;
+            c.rate = rate;
+        })
+    }
+
+    /// Whether the network has a policy ([`crate::POL_ENFORCE`]). Set it
+    /// after the rule sets are written: until then the programs let
+    /// everything through, as they did before the policy existed.
+    pub fn set_enforcing(&mut self, on: bool) -> Result<()> {
+        self.edit_pol_cfg(|c| {
+            c.flags = if on {
+                c.flags | crate::POL_ENFORCE
+            } else {
+                c.flags & !crate::POL_ENFORCE
+            }
+        })
+    }
+
+    fn edit_pol_cfg(&mut self, f: impl FnOnce(&mut PolicyConfig)) -> Result<()> {
+        let have = self
+            .pol_cfg
+            .get(&0, 0)
+            .map_err(|e| Error::aya("read the policy config", e))?;
+        let mut want = have;
+        f(&mut want);
+        if want == have {
             return Ok(());
         }
         self.pol_cfg
             .set(0, want, 0)
-            .map_err(|e| Error::aya("write the flow event config", e))
+            .map_err(|e| Error::aya("write the policy config", e))
     }
 
     pub fn flow_config(&self) -> Result<PolicyConfig> {

@@ -677,14 +677,22 @@ fn mask(addr: &mut [u8; 16], len: u8) {
 }
 
 /// `struct pol_cfg`, `rcni_pol_cfg`'s one value: which decisions become
-/// flow events and how many per second per pod.
+/// flow events and how many per second per pod, and whether the network
+/// has a policy.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
 pub struct PolicyConfig {
     /// [`EVENTS_DENY`] | [`EVENTS_ALLOW`].
     pub events: u32,
     pub rate: u32,
+    /// [`POL_ENFORCE`].
+    pub flags: u32,
 }
+
+/// The network has a policy (on any node): the programs check pods'
+/// sources and run the policy points. Clear, they pass every packet after
+/// one array load.
+pub const POL_ENFORCE: u32 = 1;
 
 /// Denials and audit findings become flow events.
 pub const EVENTS_DENY: u32 = 1;

@@ -460,6 +460,7 @@ fn policy_datapath() -> Datapath {
         dp.set_policy_endpoint(&[key(b)], B_IFINDEX, B_OWNER, B_ID, 0, 0)
             .unwrap();
     }
+    dp.set_enforcing(true).unwrap();
     dp
 }
 
@@ -851,6 +852,35 @@ fn spoofed_sources_are_dropped_at_the_pods_egress() {
     ]);
     assert_eq!(verdict(&dp, Verdict::PolicySpoof), 3);
     assert_eq!(verdict(&dp, Verdict::PolicyDenyOut), 0);
+}
+
+/// Until the network has a policy (`POL_ENFORCE`, which the policy plugin
+/// sets after the rule sets), both points pass every packet: no decision
+/// reads an address yet. Once it has, sources are checked and rule sets
+/// decide.
+#[test]
+fn nothing_is_checked_until_the_network_has_a_policy() {
+    let mut dp = policy_datapath();
+    select_a(&mut dp, 41, 41);
+    dp.set_enforcing(false).unwrap();
+    dp.check(&[
+        ("out udp 10.0.0.50:1 > 192.0.2.1:2", PASS),
+        ("out tcp 10.0.0.2:40000 > 10.0.0.3:80", PASS),
+        ("in udp 10.0.0.3:53 > 10.0.0.2:5354", PASS),
+    ]);
+    assert_eq!(verdict(&dp, Verdict::PolicySpoof), 0);
+    assert_eq!(dp.flow_config().unwrap().flags, 0);
+    dp.set_enforcing(true).unwrap();
+    dp.check(&[
+        ("out udp 10.0.0.50:1 > 192.0.2.1:2", DROP),
+        ("out tcp 10.0.0.2:40000 > 10.0.0.3:80", DROP),
+        ("in udp 10.0.0.3:53 > 10.0.0.2:5354", DROP),
+    ]);
+    assert_eq!(verdict(&dp, Verdict::PolicySpoof), 1);
+    // The flow event settings are kept apart from the flag.
+    dp.set_flow_config(rcni_ebpf::EVENTS_DENY, 7).unwrap();
+    let c = dp.flow_config().unwrap();
+    assert_eq!((c.events, c.rate, c.flags), (rcni_ebpf::EVENTS_DENY, 7, rcni_ebpf::POL_ENFORCE));
 }
 
 /// rcni_pod, both plugins' one program on the clsact ingress hook, runs

@@ -129,6 +129,8 @@ impl PolicyBackend for Ebpf<'_> {
         dp.set_flow_config(ebpf::flow_events(self.conf), self.conf.flow_rate)
             .map_err(ebpf::err)?;
         ebpf::apply(&mut dp, pods, desired, applied)?;
+        // After the rule sets: a first policy is enforced whole.
+        dp.set_enforcing(desired.enforce).map_err(ebpf::err)?;
         if let Some(p) = attach {
             attach_programs(&mut dp, self.conf, p)?;
         }

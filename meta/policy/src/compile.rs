@@ -297,6 +297,12 @@ pub struct Desired {
     pub rulesets: BTreeMap<u32, RuleSet>,
     /// Identity -> the label set it names, for display.
     pub identities: BTreeMap<u32, String>,
+    /// The network has a policy, whichever pods it selects and on whichever
+    /// node: a pod's packets can then meet rules that read their addresses
+    /// (another node's among them), so the backend checks them. Without
+    /// one it may pass them unread.
+    #[serde(default)]
+    pub enforce: bool,
 }
 
 /// Persisted number allocations: label set -> identity, selection -> rule
@@ -377,7 +383,10 @@ pub fn compile(
     pods: &BTreeMap<String, PodView>,
     ids: &mut Ids,
 ) -> Result<Desired, CniError> {
-    let mut d = Desired::default();
+    let mut d = Desired {
+        enforce: !set.policies.is_empty(),
+        ..Desired::default()
+    };
     // Identities of the pods there are, and only those.
     let live: BTreeSet<String> = pods.values().map(identity_key).collect();
     ids.identities.retain(|k, _| live.contains(k));
@@ -790,6 +799,11 @@ mod tests {
         let d2 = compile(&s, &pods, &mut ids).unwrap();
         assert!(d2.rulesets.is_empty() && ids.rulesets.is_empty());
         assert_eq!(d2.pods["b"].identity, client);
+        // Its policies select no pod here, but this node's pods' addresses
+        // still meet them on other nodes.
+        assert!(d.enforce && d2.enforce);
+        let none = compile(&PolicySet::default(), &pods, &mut ids).unwrap();
+        assert!(!none.enforce);
         pods.clear();
         compile(&s, &pods, &mut ids).unwrap();
         assert_eq!(ids, Ids::default());
