@@ -723,6 +723,10 @@ impl K8sLab {
                 ),
                 format!("--hostname-override={name}"),
                 format!("--node-ip={ip}"),
+                // A zone per node, as a cloud's nodes in three zones carry:
+                // the suites' topology specs (trafficDistribution, hints)
+                // skip themselves with fewer than three.
+                format!("--node-labels=topology.kubernetes.io/zone=zone-{name}"),
                 "--v=2".into(),
             ],
         );
