@@ -43,9 +43,9 @@ pub use types::{
     AttachmentId, CT_EGRESS, CT_INGRESS, CtKey, EP_FASTPATH, EP_NETKIT, EP_NORMAL_PATH, EP_POLICY,
     EP_SHAPED, EV_ALLOW, EV_AUDIT, EV_DENY, EVENTS_ALLOW, EVENTS_DENY, Endpoint, EndpointKey,
     EndpointStats, FlowEvent, MAX_ENDPOINTS, MAX_PORT_RANGES, MAX_REMOTES, POL_AUDIT_IN,
-    POL_AUDIT_OUT, POL_ENFORCE, PORTS_DIRECT, PORTSET_ALL, PORTSET_NONE, PeerKey, Police, PolicyConfig,
-    PortRange, RemoteHop, RemoteStats, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC, Verdict,
-    fmt_mac,
+    POL_AUDIT_OUT, POL_ENFORCE, PORTS_DIRECT, PORTSET_ALL, PORTSET_NONE, PeerKey, Police,
+    PolicyConfig, PortRange, RemoteHop, RemoteStats, TC_ACT_REDIRECT, TC_ACT_SHOT, TC_ACT_UNSPEC,
+    Verdict, fmt_mac,
 };
 
 /// The fast path program's name in the object (and in the kernel: under 16

@@ -880,7 +880,10 @@ fn nothing_is_checked_until_the_network_has_a_policy() {
     // The flow event settings are kept apart from the flag.
     dp.set_flow_config(rcni_ebpf::EVENTS_DENY, 7).unwrap();
     let c = dp.flow_config().unwrap();
-    assert_eq!((c.events, c.rate, c.flags), (rcni_ebpf::EVENTS_DENY, 7, rcni_ebpf::POL_ENFORCE));
+    assert_eq!(
+        (c.events, c.rate, c.flags),
+        (rcni_ebpf::EVENTS_DENY, 7, rcni_ebpf::POL_ENFORCE)
+    );
 }
 
 /// rcni_pod, both plugins' one program on the clsact ingress hook, runs
