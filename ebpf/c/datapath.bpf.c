@@ -706,17 +706,26 @@ static __always_inline int fastpath(struct __sk_buff *skb)
 		}
 	}
 
+	struct flow f = {};
+	f.family = src.family;
+	f.proto = proto;
+	__builtin_memcpy(f.saddr, src.addr, 16);
+	__builtin_memcpy(f.daddr, dst.addr, 16);
+	f.l4_off = has_l4 ? l4_off : 0;
+	flow_l4(skb, &f);
+	// A reply to a socket that talked to a service address the node
+	// DNATed to this pod, on this node: it carries this pod's address where
+	// the socket waits for the service's, and only the node's conntrack
+	// puts that back. Redirected, it reached the socket untranslated and
+	// was refused (the NetworkPolicy suite's probes through each pod's
+	// Service, with "ebpf": true).
+	if (nat_sock_to(&f))
+		return pass(V_NAT_FLOW);
+
 	// The redirect skips the receiver's host veth, where rcni_pol_in
 	// would decide: both ends' policies are decided here, before anything
 	// is rewritten. Pods no policy selects cost the four reads.
 	if (from->ingress_rs | from->egress_rs | to->ingress_rs | to->egress_rs) {
-		struct flow f = {};
-		f.family = src.family;
-		f.proto = proto;
-		__builtin_memcpy(f.saddr, src.addr, 16);
-		__builtin_memcpy(f.daddr, dst.addr, 16);
-		f.l4_off = has_l4 ? l4_off : 0;
-		flow_l4(skb, &f);
 		// The destination is a pod, never the node: no node exception.
 		if (!egress_point(from, &f, 1, to->identity, 0))
 			return drop(V_POL_DENY_OUT);

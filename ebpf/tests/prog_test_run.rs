@@ -1859,6 +1859,36 @@ fn flows_the_node_translates_keep_the_normal_path_both_ways() {
     );
 }
 
+/// A connects to a service address that the node DNATs to B, a pod of the
+/// same node: B's replies carry B's address where A's socket waits for the
+/// service's, so they must meet the node's conntrack, never the redirect.
+#[test]
+fn replies_to_a_service_flow_from_a_local_pod_keep_the_normal_path() {
+    in_fresh_netns(|| {
+        ip_cmd(&[
+            "link", "add", "b0", "index", "4242", "type", "veth", "peer", "name", "b1",
+        ]);
+        let mut dp = datapath();
+        assert_eq!(
+            run(&mut dp, &tcp("10.0.0.2", "10.96.0.10", 40000, 80)).0,
+            PASS
+        );
+        // B answers through its gateway, from its own veth.
+        let from_b = |sport: u16, dport: u16| {
+            let mut p = tcp("10.0.0.3", "10.0.0.2", sport, dport);
+            p[0..6].copy_from_slice(&GW_B);
+            p[6..12].copy_from_slice(&POD_B);
+            p
+        };
+        let on_b =
+            |dp: &mut Datapath, p: &[u8]| run_prog_on(dp, Program::Fastpath, p, 0, B_IFINDEX).0;
+        assert_eq!(on_b(&mut dp, &from_b(8080, 40000)), PASS);
+        assert_eq!(verdict(&dp, Verdict::NatFlow), 1);
+        // B's own connections to A keep the fast path.
+        assert_eq!(on_b(&mut dp, &from_b(8080, 40001)), TC_ACT_REDIRECT);
+    });
+}
+
 /// The flow events A's points wrote, drained.
 fn events(ring: &mut rcni_ebpf::FlowEvents) -> Vec<rcni_ebpf::FlowEvent> {
     ring.read(10_000)
