@@ -195,11 +195,7 @@ pub(crate) fn attach_tc_filter(
             // clsact's egress hook (ffff:fff3) would join: it would run on
             // what comes in.
             if matches!(attach_type, TcAttachType::Egress) && has_ingress_qdisc(ifname)? {
-                return Err(Error::msg(format!(
-                    "attach {name} (tc filter) to {ifname}'s egress: the link has an ingress \
-                     qdisc (the reference bandwidth plugin's?), which has no egress hook and \
-                     keeps clsact off; attachMode tcx (Linux 6.6+) needs no qdisc"
-                )));
+                return Err(no_egress_hook(name, ifname));
             }
         }
     }
@@ -230,6 +226,39 @@ pub(crate) fn attach_tc_filter(
         std::mem::forget(link);
     }
     Ok(())
+}
+
+fn no_egress_hook(name: &str, ifname: &str) -> Error {
+    Error::msg(format!(
+        "attach {name} (tc filter) to {ifname}'s egress: the link has an ingress \
+         qdisc (the reference bandwidth plugin's?), which has no egress hook and \
+         keeps clsact off; attachMode tcx (Linux 6.6+) needs no qdisc"
+    ))
+}
+
+/// Whether [`Datapath::attach_policy`] on `hook` can work on `ifname`, for
+/// a pod whose programs wait until its network has a policy: the refusals
+/// that depend on the link, made at ADD as if attaching there.
+pub fn policy_hook_usable(ifname: &str, hook: Hook) -> Result<()> {
+    match hook {
+        Hook::Netkit => Err(netkit_refused(ifname)),
+        Hook::Tc if has_ingress_qdisc(ifname)? => {
+            Err(no_egress_hook(crate::POLICY_IN_PROGRAM, ifname))
+        }
+        Hook::Tcx if !tcx_supported() => Err(Error::msg(format!(
+            "attach {} to {ifname}: this kernel has no tcx hooks (Linux 6.6+); attachMode tc",
+            crate::POLICY_IN_PROGRAM
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn netkit_refused(ifname: &str) -> Error {
+    // netkit's primary hook runs with the packet already on the pod's end
+    // (skb->dev), where rcni_pol_in cannot tell the pod.
+    Error::msg(format!(
+        "the policy programs do not attach to netkit's hooks ({ifname}): tc or tcx"
+    ))
 }
 
 /// Whether `ifname` has a plain ingress qdisc (not clsact).
@@ -402,11 +431,7 @@ impl Datapath {
     /// second fails the first is taken off again.
     pub fn attach_policy(&mut self, ifname: &str, id: AttachmentId, hook: Hook) -> Result<()> {
         if hook == Hook::Netkit {
-            // netkit's primary hook runs with the packet already on the
-            // pod's end (skb->dev), where rcni_pol_in cannot tell the pod.
-            return Err(Error::msg(format!(
-                "the policy programs do not attach to netkit's hooks ({ifname}): tc or tcx"
-            )));
+            return Err(netkit_refused(ifname));
         }
         // rcni_pol_out runs in rcni_pod, on tcx as on clsact: only
         // rcni_pol_in has a link of the attachment's.

@@ -251,6 +251,11 @@ impl Datapath {
         })
     }
 
+    /// Whether [`Datapath::set_enforcing`] last set the flag.
+    pub fn enforcing(&self) -> Result<bool> {
+        Ok(self.flow_config()?.flags & crate::POL_ENFORCE != 0)
+    }
+
     fn edit_pol_cfg(&mut self, f: impl FnOnce(&mut PolicyConfig)) -> Result<()> {
         let have = self
             .pol_cfg

@@ -229,6 +229,29 @@ impl Lab {
         std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
     }
 
+    /// Whether `rcni_pol_in` sits on pod `i`'s host veth's egress hook.
+    fn policy_hooked(&self, i: usize) -> bool {
+        let v = self.pods[i].bridge["interfaces"][1]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        self.node
+            .ns
+            .ns
+            .run(move || {
+                let i = nix::net::if_::if_nametoindex(v.as_str()).unwrap();
+                let rt = rcni_netlink::runtime().unwrap();
+                rt.block_on(async {
+                    let n = rcni_netlink::Netlink::connect_current().await.unwrap();
+                    // No clsact there at all (nothing ever hooked): none.
+                    n.egress_bpf_filters(i).await.unwrap_or_default()
+                })
+            })
+            .unwrap()
+            .iter()
+            .any(|f| f.name.as_deref() == Some(rcni_ebpf::POLICY_IN_PROGRAM))
+    }
+
     fn pin_dir(&self) -> PathBuf {
         self.fs.path().join("podnet")
     }
@@ -483,21 +506,31 @@ fn a_new_pod_matching_a_peer_selector_is_reachable_at_once() {
     }
 }
 
+/// The eBPF backends put their programs on the pods' veths only while the
+/// network has a policy (none of them costs a packet anything before), on
+/// every pod's once one exists, selected or not, and take them off again
+/// when the last goes; CHECK passes in each state.
 #[test]
 fn an_edit_and_a_sync_change_what_passes() {
     root();
     for b in ALL {
         let (lab, web, client, other) = Lab::three(b, json!([]));
+        let ebpf = !matches!(b, Backend::Nftables);
+        let hooked = |lab: &Lab| [web, client, other].map(|i| lab.policy_hooked(i));
         let w = lab.pods[web].ip4();
         listen(&lab.pods[web].ns.ns, w, 8080);
         assert!(
             talks(&lab.pods[other].ns.ns, w, 8080),
             "{b:?}: no policy yet"
         );
+        assert_eq!(hooked(&lab), [false; 3], "{b:?}: no policy, no programs");
+        lab.check(web).ok();
         lab.write_policy("web.json", web_policy()[0].clone());
         // A new file takes effect at the next ADD, DEL or sync.
         let out = lab.sync();
         assert!(out.contains("1 policies"), "{out}");
+        assert_eq!(hooked(&lab), [ebpf; 3], "{b:?}: a policy, every pod's veth");
+        lab.check(client).ok();
         assert!(!talks(&lab.pods[other].ns.ns, w, 8080), "{b:?}: after sync");
         assert!(
             talks(&lab.pods[client].ns.ns, w, 8080),
@@ -523,6 +556,8 @@ fn an_edit_and_a_sync_change_what_passes() {
             talks(&lab.pods[client].ns.ns, w, 8080),
             "{b:?}: policy gone"
         );
+        assert_eq!(hooked(&lab), [false; 3], "{b:?}: the last policy gone");
+        lab.check(web).ok();
         lab.del_all();
     }
 }
