@@ -5,17 +5,29 @@ programs on the two pods' host veths and with them taken off, alternating
 round by round (the order flipped each round) in one lab, so the machine's
 drift falls on both alike. The programs are taken off with `tc filter del`
 and put back from their pins (prog-pod on ingress, prog-pol-in on egress),
-as the plugin attaches them on clsact. Prints each round and the medians.
+as the plugin attaches them on clsact. A NetworkPolicy elsewhere
+(ELSEWHERE) puts them there first. Prints each round and the medians.
 """
 import argparse
 import os
 import statistics
 import subprocess
 import sys
+import time
 
 import k8s_net as k
 
 PIN = "/sys/fs/bpf/rcni/rcni"
+
+# The programs are on the veths only while the network has a policy: one in
+# a namespace of its own, which selects neither bench pod, puts them there
+# and makes them check (the endpoint and rule set lookups of every packet).
+ELSEWHERE = {
+    "apiVersion": "networking.k8s.io/v1",
+    "kind": "NetworkPolicy",
+    "metadata": {"name": "deny-in", "namespace": "bench-elsewhere"},
+    "spec": {"podSelector": {}, "policyTypes": ["Ingress"]},
+}
 
 
 def node_sh(pid, *cmd):
@@ -67,9 +79,16 @@ def main():
         srv.wait(timeout=30)
         return p50
 
-    for n, v in ends:
-        if "pref 10" not in node_sh(n, "tc", "filter", "show", "dev", v, "egress"):
-            sys.exit(f"no policy program on {v}'s egress: is the policy plugin in the chain?")
+    k.kubectl("create", "namespace", "bench-elsewhere")
+    k.apply(ELSEWHERE)
+    hooked = lambda: all("pref 10" in node_sh(n, "tc", "filter", "show", "dev", v, "egress")
+                         for n, v in ends)
+    deadline = time.monotonic() + 60
+    while not hooked():
+        if time.monotonic() > deadline:
+            sys.exit("no policy program on the pods' veths 60 s after a NetworkPolicy was "
+                     "made: is the policy plugin in the chain, and rcni-node syncing?")
+        time.sleep(0.5)
     res = {(s, r): [] for s in ("with", "without") for r in ("busy", "idle")}
     state = "with"
     try:
