@@ -236,20 +236,23 @@ fn no_egress_hook(name: &str, ifname: &str) -> Error {
     ))
 }
 
-/// Whether [`Datapath::attach_policy`] on `hook` can work on `ifname`, for
-/// a pod whose programs wait until its network has a policy: the refusals
-/// that depend on the link, made at ADD as if attaching there.
-pub fn policy_hook_usable(ifname: &str, hook: Hook) -> Result<()> {
-    match hook {
+/// The hook [`Datapath::attach_policy`] would take on `ifname` for
+/// `attachMode` `mode` ([`Hook::for_attach`]), or the refusal it would make
+/// there, from one read of the link's qdiscs: for a pod whose programs wait
+/// until its network has a policy, its ADD fails where attaching later
+/// would.
+pub fn policy_hook_on(mode: Option<Hook>, ifname: &str) -> Result<Hook> {
+    let qdiscs = qdiscs_of(ifname)?;
+    match Hook::for_attach(mode, &qdiscs) {
         Hook::Netkit => Err(netkit_refused(ifname)),
-        Hook::Tc if has_ingress_qdisc(ifname)? => {
+        Hook::Tc if qdiscs.iter().any(|q| q.kind == "ingress") => {
             Err(no_egress_hook(crate::POLICY_IN_PROGRAM, ifname))
         }
         Hook::Tcx if !tcx_supported() => Err(Error::msg(format!(
             "attach {} to {ifname}: this kernel has no tcx hooks (Linux 6.6+); attachMode tc",
             crate::POLICY_IN_PROGRAM
         ))),
-        _ => Ok(()),
+        h => Ok(h),
     }
 }
 

@@ -32,7 +32,7 @@ mod types;
 pub use attach::{
     Hook, detach_policy, detach_policy_links_except, detach_policy_tc, detach_policy_tcx,
     detach_port_link, detach_tc, detach_tcx, netkit_peer_programs, open_attached,
-    pinned_link_count, pinned_links, pinned_policy_links, pinned_port_links, policy_hook_usable,
+    pinned_link_count, pinned_links, pinned_policy_links, pinned_port_links, policy_hook_on,
     port_link_pin, tcx_egress_programs, tcx_programs,
 };
 pub use error::{AyaError, Error, Result};

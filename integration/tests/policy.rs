@@ -229,27 +229,37 @@ impl Lab {
         std::fs::write(&p, serde_json::to_vec(&v).unwrap()).unwrap();
     }
 
-    /// Whether `rcni_pol_in` sits on pod `i`'s host veth's egress hook.
+    /// Whether both policy programs run for pod `i`: `rcni_pol_in` on its
+    /// host veth's egress hook, and `rcni_pod` on its ingress hook with
+    /// the policy part in the port's entry.
     fn policy_hooked(&self, i: usize) -> bool {
         let v = self.pods[i].bridge["interfaces"][1]["name"]
             .as_str()
             .unwrap()
             .to_string();
+        let dir = self.pin_dir();
         self.node
             .ns
             .ns
             .run(move || {
                 let i = nix::net::if_::if_nametoindex(v.as_str()).unwrap();
                 let rt = rcni_netlink::runtime().unwrap();
-                rt.block_on(async {
+                let egress = rt.block_on(async {
                     let n = rcni_netlink::Netlink::connect_current().await.unwrap();
                     // No clsact there at all (nothing ever hooked): none.
                     n.egress_bpf_filters(i).await.unwrap_or_default()
-                })
+                });
+                let pol_in = egress
+                    .iter()
+                    .any(|f| f.name.as_deref() == Some(rcni_ebpf::POLICY_IN_PROGRAM));
+                let pol_out = match Datapath::open(&dir).unwrap() {
+                    Some(mut dp) => dp.pod_attached(&v, rcni_ebpf::PORT_POLICY).unwrap(),
+                    None => false,
+                };
+                assert_eq!(pol_in, pol_out, "{v}: one policy program without the other");
+                pol_in
             })
             .unwrap()
-            .iter()
-            .any(|f| f.name.as_deref() == Some(rcni_ebpf::POLICY_IN_PROGRAM))
     }
 
     fn pin_dir(&self) -> PathBuf {

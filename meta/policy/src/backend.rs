@@ -137,9 +137,8 @@ impl PolicyBackend for Ebpf<'_> {
             // meanwhile is checked only for whether they would attach.
             dp.set_enforcing(false).map_err(ebpf::err)?;
             if let Some(p) = attach {
-                let hook = Hook::for_attach_on(self.conf.attach_mode, &p.host_ifname)
+                rcni_ebpf::policy_hook_on(self.conf.attach_mode, &p.host_ifname)
                     .map_err(ebpf::err)?;
-                rcni_ebpf::policy_hook_usable(&p.host_ifname, hook).map_err(ebpf::err)?;
             }
             if !was {
                 return Ok(());
@@ -147,7 +146,7 @@ impl PolicyBackend for Ebpf<'_> {
             // Each pod's, whatever the one before did.
             let done: Vec<_> = pods
                 .values()
-                .map(|p| detach_programs(self.conf, p))
+                .map(|p| detach_with(&mut dp, self.conf, p))
                 .collect();
             return rcni_cni::first_error(done);
         }
@@ -156,8 +155,11 @@ impl PolicyBackend for Ebpf<'_> {
         // whole). While it is set they are on every pod's veth, so only a
         // new pod needs them then; a failure leaves it clear (nothing
         // enforced, as before this sync) and the next apply tries again.
+        // ADD's pod is among `pods` already.
+        let new =
+            attach.filter(|a| !pods.contains_key(&PodRecord::key(&a.container_id, &a.ifname)));
         let to_attach: Vec<&PodRecord> = match was {
-            false => pods.values().chain(attach).collect(),
+            false => pods.values().chain(new).collect(),
             true => attach.into_iter().collect(),
         };
         let done: Vec<_> = to_attach
@@ -389,12 +391,20 @@ fn attach_programs(dp: &mut Datapath, conf: &Conf, p: &PodRecord) -> Result<(), 
 /// even where the veth is gone.
 fn detach_programs(conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
     let released = match Datapath::open(&conf.pin_dir) {
-        Ok(Some(mut dp)) => dp.release_pod(p.host_ifindex, rcni_ebpf::PORT_POLICY),
+        Ok(Some(mut dp)) => return detach_with(&mut dp, conf, p),
         Ok(None) => Ok(()),
         // Another version's maps: nothing this build can take out of them.
         Err(e) if e.is_incompatible() => Ok(()),
         Err(e) => Err(e),
     };
+    let detached = rcni_ebpf::detach_policy(&conf.pin_dir, attachment(p), &p.host_ifname);
+    released.and(detached).map_err(ebpf::err)
+}
+
+/// [`detach_programs`] with the network's datapath open already (the last
+/// policy's removal takes them off every pod's veth).
+fn detach_with(dp: &mut Datapath, conf: &Conf, p: &PodRecord) -> Result<(), CniError> {
+    let released = dp.release_pod(p.host_ifindex, rcni_ebpf::PORT_POLICY);
     let detached = rcni_ebpf::detach_policy(&conf.pin_dir, attachment(p), &p.host_ifname);
     released.and(detached).map_err(ebpf::err)
 }
