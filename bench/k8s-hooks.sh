@@ -2,10 +2,10 @@
 # What the policy plugin's eBPF programs cost per round trip under a real
 # Kubernetes (the DaemonSet's defaults: vxlan and policy), with a
 # NetworkPolicy in a namespace of its own that selects neither pod (without
-# one the programs are not on the veths at all), side by side in one lab: a pod on node 1 to a pod on node 2, TCP
-# request/response p50 (bench/rr.py) with the programs on the two pods'
-# host veths and with them taken off by hand, alternating round by round
-# (bench/k8s_hooks.py). It measures the part of rcni's round trip against
+# one the programs are not on the veths at all), side by side in one lab:
+# a pod on node 1 to a pod on node 2, TCP request/response p50
+# (bench/rr.py) with the programs on the two pods' host veths and with them
+# taken off by hand, alternating round by round (bench/k8s_hooks.py). It measures the part of rcni's round trip against
 # flannel's (bench/k8s-flannel.sh) that the programs account for.
 #
 # Usage: bench/k8s-hooks.sh [--rounds N] [--rr N] [--nodes N]
