@@ -121,7 +121,7 @@ enum verdict {
 	V_NOT_IP = 1,       // ARP, VLAN tags, other ethertypes
 	V_SHORT = 2,        // headers cut short
 	V_UNKNOWN_DST = 3,  // not a fast path endpoint: other nodes, the node
-	V_UNKNOWN_SRC = 4,  // source address not an endpoint behind this veth
+	V_UNKNOWN_SRC = 4,  // source not an endpoint behind this veth, nor a remote pod
 	V_OTHER = 5,        // hairpin, ND, TTL 1, multicast MAC, foreign source MAC
 	V_POL_DENY_IN = 6,  // dropped: the receiver's ingress policy
 	V_POL_DENY_OUT = 7, // dropped: the sender's egress policy
@@ -235,10 +235,14 @@ struct {
 
 // Sockets whose traffic the node's NAT translates (a local pod's connection
 // to a service address DNATed to a remote pod, a remote pod's connection to
-// a hostPort): (family, protocol, address, port) of the end that talked to an
-// address that is no pod's. The other direction must take the normal path
-// too, or it would skip the reverse translation in the node's conntrack.
-// The port is the one flow_l4 reads (ICMP echo: the identifier).
+// a hostPort): (family, protocol, address, port) of the end that opened a
+// flow to an address that is no pod's. The other direction must take the
+// normal path too, or it would skip the reverse translation in the node's
+// conntrack. The port is the one flow_l4 reads (ICMP echo: the identifier).
+// Every flow with such a socket at either end keeps the normal path both
+// ways (nat_flow): the socket may share its port with flows to pods (a
+// server, a reused ephemeral port, a new pod on a deleted one's address),
+// and conntrack must see both directions of those or none.
 struct nat_sock {
 	__u8 family;
 	__u8 proto;
@@ -406,8 +410,29 @@ static __always_inline void nat_sock_of(struct nat_sock *k, const struct flow *f
 	__builtin_memcpy(k->addr, src ? f->saddr : f->daddr, 16);
 }
 
+// Whether f's packet may open a flow: anything but a TCP segment other
+// than a bare SYN and an ICMP echo reply. A server answering the node or the
+// outside (a kubelet probe, a host-network client, a NodePort) opens
+// nothing, and recording its listening socket would send every pod's
+// connection to it through the node.
+static __always_inline int opens(struct __sk_buff *skb, const struct flow *f)
+{
+	if (f->proto == IPPROTO_TCP) {
+		__u8 flags;
+		if (!f->l4_off || bpf_skb_load_bytes(skb, f->l4_off + 13, &flags, 1))
+			return 0;
+		// The flags byte: SYN 0x02, ACK 0x10.
+		return (flags & 0x12) == 0x02;
+	}
+	if (f->proto == IPPROTO_ICMP)
+		return f->icmp_type != 0;
+	if (f->proto == IPPROTO_ICMPV6)
+		return f->icmp_type != 129;
+	return 1;
+}
+
 // The source socket of f talks to an address that is no pod's.
-static __always_inline void nat_sock_record(const struct flow *f)
+static __always_inline void nat_sock_record(struct __sk_buff *skb, const struct flow *f)
 {
 	struct nat_sock k = {};
 	__u64 now = bpf_ktime_get_ns();
@@ -423,15 +448,20 @@ static __always_inline void nat_sock_record(const struct flow *f)
 		*seen = now;
 		return;
 	}
+	if (!opens(skb, f))
+		return;
 	bpf_map_update_elem(&rcni_nat_socks, &k, &now, BPF_ANY);
 }
 
-// f goes to a socket recorded above.
-static __always_inline int nat_sock_to(const struct flow *f)
+// f has a socket recorded above at either end.
+static __always_inline int nat_flow(const struct flow *f)
 {
 	struct nat_sock k = {};
 
 	nat_sock_of(&k, f, 0);
+	if (bpf_map_lookup_elem(&rcni_nat_socks, &k))
+		return 1;
+	nat_sock_of(&k, f, 1);
 	return bpf_map_lookup_elem(&rcni_nat_socks, &k) != 0;
 }
 
@@ -523,12 +553,12 @@ static __always_inline int to_remote(struct __sk_buff *skb, struct endpoint *fro
 
 	struct remote *r = remote_of(dst->family, dst->addr);
 	if (!r) {
-		nat_sock_record(&f);
+		nat_sock_record(skb, &f);
 		return pass(V_UNKNOWN_DST);
 	}
 	// A reply to a remote socket that reached this pod through the node's
 	// NAT (a hostPort): the reverse translation is the node's.
-	if (nat_sock_to(&f))
+	if (nat_flow(&f))
 		return pass(V_NAT_FLOW);
 	if (!fits(skb, r->mtu, l4_off, proto))
 		return pass(V_TOO_BIG);
@@ -719,7 +749,7 @@ static __always_inline int fastpath(struct __sk_buff *skb)
 	// puts that back. Redirected, it reached the socket untranslated and
 	// was refused (the NetworkPolicy suite's probes through each pod's
 	// Service, with "ebpf": true).
-	if (nat_sock_to(&f))
+	if (nat_flow(&f))
 		return pass(V_NAT_FLOW);
 
 	// The redirect skips the receiver's host veth, where rcni_pol_in
@@ -799,16 +829,14 @@ int rcni_fastpath(struct __sk_buff *skb)
 // hop) or the next one (its bridge's). A node's own traffic into the tunnel
 // comes from one of them, and this node's NAT shows it to the pods as that
 // node's address (the agent's snat rules), so it keeps the normal path.
-// Only sources whose last byte could be such an address for a subnet of /26
-// or shorter (IPv6: /122) pay the peer lookup: pods' packets rarely do.
-static __always_inline int from_peer_node(const struct flow *f)
+// r is the peer's entry, whose subnet holds the source. Only sources whose
+// last byte could be such an address for a subnet of /26 or shorter (IPv6:
+// /122) are compared: pods' packets rarely are.
+static __always_inline int from_peer_node(const struct flow *f, const struct remote *r)
 {
 	int v6 = f->family == FAMILY_V6;
 	__u8 last = v6 ? f->saddr[15] : f->saddr[3];
 	if (last & 0x3e)
-		return 0;
-	struct remote *r = remote_of(f->family, f->saddr);
-	if (!r)
 		return 0;
 	__u32 s[4], n[4] = {};
 	__builtin_memcpy(s, f->saddr, 16);
@@ -832,8 +860,9 @@ static __always_inline int from_peer_node(const struct flow *f)
 // hop limit decremented, source MAC the pod's gateway, destination MAC the
 // pod's) and handed to the pod with bpf_redirect_peer, after the pod's
 // ingress policy (its host veth's egress hook, where rcni_pol_in would
-// decide, is skipped). Everything else, the node's own traffic first and
-// another node's own (from_peer_node), continues unchanged (TC_ACT_UNSPEC).
+// decide, is skipped). Only another node's pod is forwarded so: the node's
+// own traffic, another node's own (from_peer_node) and the outside world's
+// continue unchanged (TC_ACT_UNSPEC), as the replies to them do.
 SEC("classifier")
 int rcni_from_net(struct __sk_buff *skb)
 {
@@ -851,13 +880,20 @@ int rcni_from_net(struct __sk_buff *skb)
 		// socket's replies keep the normal path (the node's NAT).
 		if (remote_of(f.family, f.saddr)) {
 			flow_l4(skb, &f);
-			nat_sock_record(&f);
+			nat_sock_record(skb, &f);
 		}
 		return TC_ACT_UNSPEC;
 	}
 	if (to->flags & EP_NORMAL_PATH)
 		return pass(V_NORMAL_PATH);
-	if (from_peer_node(&f))
+	// Only another node's pod: the pod's replies to anything else (a node,
+	// the outside world) take the normal path (to_remote passes them), so
+	// its packets must too, or the node's conntrack sees one direction
+	// (the replies then INVALID, or masqueraded as a flow of their own).
+	struct remote *r = remote_of(f.family, f.saddr);
+	if (!r)
+		return pass(V_UNKNOWN_SRC);
+	if (from_peer_node(&f, r))
 		return pass(V_NAT_FLOW);
 	int v6 = f.family == FAMILY_V6;
 	if (ttl_of(skb, v6) <= 1)
@@ -865,7 +901,7 @@ int rcni_from_net(struct __sk_buff *skb)
 	flow_l4(skb, &f);
 	// A reply to a local socket whose traffic the node translated (a
 	// service address DNATed to a remote pod).
-	if (nat_sock_to(&f))
+	if (nat_flow(&f))
 		return pass(V_NAT_FLOW);
 	if (!ingress_point(to, &f, 0, 0))
 		return drop(V_POL_DENY_IN);

@@ -422,7 +422,9 @@ impl Verdict {
             Verdict::NotIp => "passed: not IP (ARP, VLAN, ...)",
             Verdict::Short => "passed: headers cut short",
             Verdict::UnknownDst => "passed: destination not a local endpoint",
-            Verdict::UnknownSrc => "passed: source not an endpoint of the veth",
+            Verdict::UnknownSrc => {
+                "passed: source not an endpoint of the veth, nor another node's pod"
+            }
             Verdict::Other => "passed: hairpin, ND, TTL 1, multicast, foreign MAC",
             Verdict::NormalPath => "passed: an end keeps the normal path (shaped, isolated)",
             Verdict::PolicyDenyIn => "dropped: receiver's ingress policy",

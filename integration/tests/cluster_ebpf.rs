@@ -8,7 +8,7 @@ use std::process::Stdio;
 use rcni_integration::addr_of;
 use rcni_integration::lab::cluster::{Cluster, VTEP, VTEP6};
 use rcni_integration::lab::traffic::{
-    df_ping, echo, echo_stream, listen_ok, ping6, source_seen, talks, talks_soon,
+    df_ping, echo, echo_stream, listen_ok, ping6, source_seen, talks, talks_from, talks_soon,
 };
 use rcni_netns::NetNs;
 use rcni_testkit::{Call, bin, command_in, ping, stdout_of};
@@ -421,4 +421,67 @@ fn ebpf_a_service_address_dnated_to_another_nodes_pod_gets_its_replies_untransla
     let before = n1.verdict(FROM_REMOTE);
     assert!(talks_soon(&p1.ns, &a2, 80));
     assert!(n1.verdict(FROM_REMOTE) > before);
+}
+
+/// kube-proxy's rule in the forward hook: a packet conntrack finds
+/// INVALID (a connection the node saw only one direction of) is dropped.
+fn drop_invalid_as_kube_proxy(ns: &NetNs) {
+    nft_script(
+        ns,
+        "table inet kube_proxy_test {
+            chain forward {
+                type filter hook forward priority filter; policy accept;
+                ct state invalid drop
+            }
+        }",
+    );
+}
+
+#[test]
+fn ebpf_a_socket_that_met_the_nodes_nat_keeps_one_path_both_ways() {
+    let c = Cluster::new(&[0, 0]);
+    c.write_with("host-gw", &[0, 1], json!({"ebpf": true}));
+    c.reconcile_all();
+    let (n1, n2) = (&c.nodes[0], &c.nodes[1]);
+    let (p1, _) = n1.pod("p1");
+    let (p2, a2) = n2.pod("p2");
+    listen_ok(&p2.ns, 80);
+    listen_ok(&p2.ns, 81);
+    for n in [n1, n2] {
+        drop_invalid_as_kube_proxy(&n.ns.ns);
+    }
+
+    // A server that answered its node (as a kubelet's probe or a
+    // host-network client make it) opened nothing: a pod on another node
+    // still reaches it, by the fast path. Sending that pod's packets
+    // through n2's conntrack one way only, its ACK was INVALID there.
+    assert!(talks_soon(&n2.ns.ns, &a2, 80));
+    let before = n2.verdict(FROM_REMOTE);
+    assert!(
+        talks_soon(&p1.ns, &a2, 80),
+        "a pod on n1 to a server that answered n2"
+    );
+    assert!(n2.verdict(FROM_REMOTE) > before);
+
+    // A client port that went to a service address (DNATed by n1) and then
+    // straight to a pod: n1's conntrack sees both directions of the second
+    // connection too. With its SYN redirected and its SYN-ACK handed to the
+    // node (the port was that of a translated flow), the SYN-ACK was
+    // INVALID there.
+    nft_script(
+        &n1.ns.ns,
+        &format!(
+            "table ip xnode_svc {{
+                chain pre {{
+                    type nat hook prerouting priority dstnat;
+                    ip daddr 10.96.0.10 tcp dport 80 dnat to {a2}:80
+                }}
+            }}"
+        ),
+    );
+    assert!(talks_from(&p1.ns, "10.96.0.10", 80, 40000));
+    assert!(
+        talks_from(&p1.ns, &a2, 81, 40000),
+        "the same source port straight to the pod"
+    );
 }

@@ -130,3 +130,37 @@ pub fn talks(ns: &NetNs, addr: &str, port: u16) -> bool {
     })
     .unwrap()
 }
+
+/// [`talks`] from source port `sport` of `ns` (IPv4): a second connection
+/// from a port an earlier one used, as a busy client's ephemeral ports are
+/// reused. Tried up to 3 times (each 1 s at most).
+pub fn talks_from(ns: &NetNs, addr: &str, port: u16, sport: u16) -> bool {
+    use nix::sys::socket::{
+        AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, setsockopt, socket, sockopt,
+    };
+    use nix::sys::time::TimeVal;
+    use std::os::fd::AsRawFd;
+    let to: std::net::SocketAddrV4 = format!("{addr}:{port}").parse().unwrap();
+    let once = move || -> nix::Result<bool> {
+        let fd = socket(
+            AddressFamily::Inet,
+            SockType::Stream,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )?;
+        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
+        // A blocking connect gives up after SO_SNDTIMEO.
+        setsockopt(&fd, sockopt::SendTimeout, &TimeVal::new(1, 0))?;
+        let from = std::net::SocketAddrV4::new(std::net::Ipv4Addr::UNSPECIFIED, sport);
+        bind(fd.as_raw_fd(), &SockaddrIn::from(from))?;
+        if connect(fd.as_raw_fd(), &SockaddrIn::from(to)).is_err() {
+            return Ok(false);
+        }
+        let mut s = std::net::TcpStream::from(fd);
+        s.set_read_timeout(Some(std::time::Duration::from_secs(1)))
+            .unwrap();
+        let mut buf = [0u8; 2];
+        Ok(s.read_exact(&mut buf).is_ok() && &buf == b"ok")
+    };
+    (0..3).any(|_| ns.run(once).unwrap().unwrap_or(false))
+}
