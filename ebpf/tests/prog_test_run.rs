@@ -119,6 +119,8 @@ fn ipv6(dst_mac: [u8; 6], src: &str, dst: &str, next: u8, payload: &[u8]) -> Vec
 
 const ICMP_ECHO: &[u8] = &[8, 0, 0xf7, 0xff, 0, 0, 0, 0, b'r', b'c', b'n', b'i'];
 const ICMPV6_ECHO: &[u8] = &[128, 0, 0, 0, 0, 1, 0, 1, b'r', b'c', b'n', b'i'];
+/// [`ICMP_ECHO`] from another socket (identifier 1).
+const ICMP_ECHO_ID1: &[u8] = &[8, 0, 0xf6, 0xff, 0, 1, 0, 0, b'r', b'c', b'n', b'i'];
 
 /// Runs the fast path on `pkt`: (return value, packet after the run).
 fn run(dp: &mut Datapath, pkt: &[u8]) -> (u32, Vec<u8>) {
@@ -1619,8 +1621,12 @@ fn to_another_nodes_pod_leaves_by_redirect_neigh_ttl_decremented() {
             "bridged",
             ipv4(POD_B, "10.0.0.2", "10.1.0.7", 64, ICMP_ECHO),
         ),
-        // No node's pod subnet: the node, the outside world.
-        ("unknown", ipv4(GW_A, "10.0.0.2", "10.2.0.7", 64, ICMP_ECHO)),
+        // No node's pod subnet: the node, the outside world. (Another
+        // ping socket: this one's flows would keep the normal path now.)
+        (
+            "unknown",
+            ipv4(GW_A, "10.0.0.2", "10.2.0.7", 64, ICMP_ECHO_ID1),
+        ),
         // Expiring: the normal path answers with ICMP.
         ("ttl 1", ipv4(GW_A, "10.0.0.2", "10.1.0.7", 1, ICMP_ECHO)),
         // Another source address than the veth's pod.
@@ -1764,6 +1770,12 @@ fn from_another_node_to_a_local_pod_is_delivered_as_routing_would() {
             "the node's",
             from_peer(ipv4(GW_A, "192.168.50.2", "192.168.50.1", 64, ICMP_ECHO)),
         ),
+        // Not another node's pod: the pod's replies take the normal path,
+        // so its packets do too.
+        (
+            "from outside the pods",
+            from_peer(ipv4(GW_A, "192.168.60.9", "10.0.0.3", 64, ICMP_ECHO)),
+        ),
         (
             "ttl 1",
             from_peer(ipv4(GW_A, "10.1.0.7", "10.0.0.3", 1, ICMP_ECHO)),
@@ -1789,6 +1801,11 @@ fn from_another_node_the_receivers_ingress_policy_decides() {
     // A admits TCP 5432 from 10.1.0.0/24 only, and sends anywhere.
     let mut dp = a_selected(20, 0);
     with_remote(&mut dp, 1500);
+    dp.set_remote_route(
+        "10.2.0.0/24".parse().unwrap(),
+        RemoteHop::new(UPLINK, 1500, ip("192.168.50.3")),
+    )
+    .unwrap();
     dp.put_portset(2, &[PortRange::new(TCP, 5432, 5432)])
         .unwrap();
     dp.put_cidr(20, ip("10.1.0.0"), 24, 2).unwrap();
@@ -1808,6 +1825,45 @@ fn from_another_node_the_receivers_ingress_policy_decides() {
         from_net(&mut dp, &from_peer(tcp("10.2.0.7", "10.0.0.3", 1, 22))).0,
         TC_ACT_REDIRECT
     );
+}
+
+/// [`tcp`] with the flags byte `flags` (SYN 0x02, ACK 0x10), IPv4.
+fn tcp_with(src: &str, dst: &str, sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    let mut p = tcp(src, dst, sport, dport);
+    p[14 + 20 + 13] = flags;
+    p
+}
+
+#[test]
+fn a_socket_that_opened_a_flow_past_the_pods_keeps_the_normal_path_both_ways() {
+    let mut dp = datapath();
+    with_remote(&mut dp, 1500);
+    // A's server answers its node (a kubelet's probe): that opens no flow,
+    // and another node's pod still reaches the server by the fast path.
+    let (ret, _) = run(
+        &mut dp,
+        &tcp_with("10.0.0.2", "192.168.50.1", 5432, 40000, 0x12),
+    );
+    assert_eq!(ret, TC_ACT_UNSPEC);
+    let syn = from_peer(tcp("10.1.0.7", "10.0.0.2", 40000, 5432));
+    assert_eq!(from_net(&mut dp, &syn).0, TC_ACT_REDIRECT);
+    // A's client socket opens a flow to a service address (a bare SYN):
+    // the node's NAT translates it, and every flow of that socket, to
+    // pods too, keeps the node's path both ways.
+    let (ret, _) = run(
+        &mut dp,
+        &tcp_with("10.0.0.2", "10.96.0.10", 40001, 80, 0x02),
+    );
+    assert_eq!(ret, TC_ACT_UNSPEC);
+    assert_eq!(verdict(&dp, Verdict::NatFlow), 0);
+    let (ret, _) = run(&mut dp, &tcp_with("10.0.0.2", "10.1.0.7", 40001, 81, 0x02));
+    assert_eq!(ret, TC_ACT_UNSPEC, "to a pod from that socket");
+    let back = from_peer(tcp_with("10.1.0.7", "10.0.0.2", 81, 40001, 0x12));
+    assert_eq!(from_net(&mut dp, &back).0, TC_ACT_UNSPEC, "back to it");
+    assert_eq!(verdict(&dp, Verdict::NatFlow), 2);
+    // A's other sockets keep the fast path.
+    let (ret, _) = run(&mut dp, &tcp_with("10.0.0.2", "10.1.0.7", 40002, 81, 0x02));
+    assert_eq!(ret, TC_ACT_REDIRECT);
 }
 
 #[test]
