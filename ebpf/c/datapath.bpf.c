@@ -410,9 +410,9 @@ static __always_inline void nat_sock_of(struct nat_sock *k, const struct flow *f
 	__builtin_memcpy(k->addr, src ? f->saddr : f->daddr, 16);
 }
 
-// Whether f's packet may open a flow: anything but a TCP segment other
-// than a bare SYN and an ICMP echo reply. A server answering the node or the
-// outside (a kubelet probe, a host-network client, a NodePort) opens
+// Whether f's packet may open a flow: of TCP only a bare SYN, of ICMP
+// anything but an echo reply, any other packet. A server answering the node
+// or the outside (a kubelet probe, a host-network client, a NodePort) opens
 // nothing, and recording its listening socket would send every pod's
 // connection to it through the node.
 static __always_inline int opens(struct __sk_buff *skb, const struct flow *f)

@@ -391,6 +391,22 @@ fn ebpf_pods_whose_mtu_exceeds_the_path_are_told_so_and_tcp_adapts() {
     assert!(n1.verdict(FROM_REMOTE) > 0);
 }
 
+/// A service address in `node`, as kube-proxy would make it: 10.96.0.10,
+/// TCP 80, DNATed to `backend`:80 (a pod of another node).
+fn service_to(node: &NetNs, backend: &str) {
+    nft_script(
+        node,
+        &format!(
+            "table ip xnode_svc {{
+                chain pre {{
+                    type nat hook prerouting priority dstnat;
+                    ip daddr 10.96.0.10 tcp dport 80 dnat to {backend}:80
+                }}
+            }}"
+        ),
+    );
+}
+
 #[test]
 fn ebpf_a_service_address_dnated_to_another_nodes_pod_gets_its_replies_untranslated() {
     let c = Cluster::new(&[0, 0]);
@@ -400,17 +416,7 @@ fn ebpf_a_service_address_dnated_to_another_nodes_pod_gets_its_replies_untransla
     let (p1, _) = n1.pod("p1");
     let (p2, a2) = n2.pod("p2");
     listen_ok(&p2.ns, 80);
-    // A service address on n1, as kube-proxy would make it: DNAT to the
-    // pod on n2.
-    let rules = format!(
-        "table ip xnode_svc {{
-            chain pre {{
-                type nat hook prerouting priority dstnat;
-                ip daddr 10.96.0.10 tcp dport 80 dnat to {a2}:80
-            }}
-        }}"
-    );
-    nft_script(&n1.ns.ns, &rules);
+    service_to(&n1.ns.ns, &a2);
     // The replies come back from n2 by the fast path, and n1 hands them to
     // its conntrack (which turns the source back into the service address)
     // instead of straight to p1.
@@ -468,17 +474,7 @@ fn ebpf_a_socket_that_met_the_nodes_nat_keeps_one_path_both_ways() {
     // connection too. With its SYN redirected and its SYN-ACK handed to the
     // node (the port was that of a translated flow), the SYN-ACK was
     // INVALID there.
-    nft_script(
-        &n1.ns.ns,
-        &format!(
-            "table ip xnode_svc {{
-                chain pre {{
-                    type nat hook prerouting priority dstnat;
-                    ip daddr 10.96.0.10 tcp dport 80 dnat to {a2}:80
-                }}
-            }}"
-        ),
-    );
+    service_to(&n1.ns.ns, &a2);
     assert!(talks_from(&p1.ns, "10.96.0.10", 80, 40000));
     assert!(
         talks_from(&p1.ns, &a2, 81, 40000),
