@@ -26,6 +26,7 @@ mod load;
 pub mod netkit;
 mod policy;
 mod remote;
+pub mod services;
 pub mod shape;
 mod types;
 

@@ -40,6 +40,10 @@ pod!(
     RemoteHop,
     RemoteStats,
     PolicyConfig,
+    SvcKey,
+    SvcVal,
+    SvcBackendKey,
+    SvcBackend,
 );
 
 const FAMILY_V4: u32 = 4;
@@ -1157,5 +1161,105 @@ mod tests {
         };
         assert_eq!((s.rx_packets, s.rx_bytes, s.tx_packets), (3, 150, 1));
         assert_eq!(fmt_mac(&[0xaa, 0, 1, 2, 3, 0xff]), "aa:00:01:02:03:ff");
+    }
+}
+
+/// `struct svc_key` of `c/services.bpf.c`: a Service's address (IPv4 in
+/// the first four bytes), protocol and port (network order).
+#[repr(C)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, FromBytes, IntoBytes, Immutable,
+)]
+pub struct SvcKey {
+    pub addr: [u8; 16],
+    pub port_be: u16,
+    pub proto: u8,
+    /// 4 or 6.
+    pub family: u8,
+}
+
+const _: () = assert!(size_of::<SvcKey>() == 20);
+
+/// `struct svc_val`: the Service's backends are `(id, 0..count)`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct SvcVal {
+    pub id: u32,
+    pub count: u32,
+}
+
+/// `struct be_key`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct SvcBackendKey {
+    pub id: u32,
+    pub slot: u32,
+}
+
+/// `struct be_val` (and `struct rev_val`, the same layout): an address
+/// and port, network order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct SvcBackend {
+    pub addr: [u8; 16],
+    pub port_be: u16,
+    pub family: u8,
+    pub pad: u8,
+}
+
+const _: () = assert!(size_of::<SvcBackend>() == 20);
+
+fn ip_bytes(ip: IpAddr) -> ([u8; 16], u8) {
+    let mut addr = [0u8; 16];
+    match ip {
+        IpAddr::V4(v4) => {
+            addr[..4].copy_from_slice(&v4.octets());
+            (addr, 4)
+        }
+        IpAddr::V6(v6) => (v6.octets(), 6),
+    }
+}
+
+fn bytes_ip(addr: [u8; 16], family: u8) -> IpAddr {
+    if family == 4 {
+        IpAddr::from([addr[0], addr[1], addr[2], addr[3]])
+    } else {
+        IpAddr::from(addr)
+    }
+}
+
+impl SvcKey {
+    pub fn new(ip: IpAddr, proto: u8, port: u16) -> SvcKey {
+        let (addr, family) = ip_bytes(ip);
+        SvcKey {
+            addr,
+            port_be: port.to_be(),
+            proto,
+            family,
+        }
+    }
+
+    pub fn ip(&self) -> IpAddr {
+        bytes_ip(self.addr, self.family)
+    }
+
+    pub fn port(&self) -> u16 {
+        u16::from_be(self.port_be)
+    }
+}
+
+impl SvcBackend {
+    pub fn new(sa: std::net::SocketAddr) -> SvcBackend {
+        let (addr, family) = ip_bytes(sa.ip());
+        SvcBackend {
+            addr,
+            port_be: sa.port().to_be(),
+            family,
+            pad: 0,
+        }
+    }
+
+    pub fn socket_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::new(bytes_ip(self.addr, self.family), u16::from_be(self.port_be))
     }
 }

@@ -1,0 +1,463 @@
+//! Kubernetes Services at the socket (`c/services.bpf.c`): the cgroup
+//! sock_addr programs that give a connection to a Service's address one of
+//! its backends when the connection is made, and the maps they read.
+//!
+//! The maps are pinned in a directory of the caller's (the agent's
+//! `<pin root>/services`), so a restarted agent finds the Services it
+//! wrote and a connection's reverse entry outlives the agent. The
+//! programs are attached to one cgroup v2 directory each call of
+//! [`ServiceLb::attach`], their links pinned beside the maps under the
+//! cgroup's id: the hooks stay while the agent is gone.
+
+use crate::bpffs::remove_pin;
+use crate::types::{SvcBackend, SvcBackendKey, SvcKey, SvcVal};
+use crate::{Error, Result};
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::programs::links::{CgroupAttachMode, FdLink};
+use aya::programs::{CgroupSockAddr, Program};
+use aya::{Ebpf, EbpfLoader};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+#[repr(C, align(8))]
+struct Aligned<T: ?Sized>(T);
+
+static OBJECT: &Aligned<[u8]> =
+    &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/services.bpf.o")));
+
+const MAP_SVC: &str = "rcni_svc";
+const MAP_BACKENDS: &str = "rcni_svc_be";
+const MAP_REVERSE: &str = "rcni_svc_rev";
+const MAP_STATS: &str = "rcni_svc_stats";
+const MAP_LAYOUT: &str = "rcni_svc_layout";
+const MAPS: [&str; 5] = [MAP_SVC, MAP_BACKENDS, MAP_REVERSE, MAP_STATS, MAP_LAYOUT];
+/// `SVC_LAYOUT` of the C: pins of another layout are refused.
+const LAYOUT: u32 = 1;
+/// Link pins: `link_<program>_<cgroup id>`.
+const LINK_PREFIX: &str = "link_";
+/// `MAX_BACKENDS` of the C.
+pub const MAX_SERVICE_BACKENDS: usize = 262_144;
+
+/// The programs, by name in the object (and in the kernel).
+pub const SERVICE_PROGRAMS: [&str; 8] = [
+    "rcni_svc_conn4",
+    "rcni_svc_conn6",
+    "rcni_svc_send4",
+    "rcni_svc_send6",
+    "rcni_svc_recv4",
+    "rcni_svc_recv6",
+    "rcni_svc_peer4",
+    "rcni_svc_peer6",
+];
+
+/// One address, protocol and port of a Service (a frontend).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Frontend {
+    pub addr: IpAddr,
+    /// `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub proto: u8,
+    pub port: u16,
+}
+
+/// What [`ServiceLb::sync`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub added: usize,
+    pub changed: usize,
+    pub removed: usize,
+}
+
+/// The programs' counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ServiceStats {
+    /// Connections and datagrams given a backend.
+    pub translated: u64,
+    /// Connections and datagrams refused: the Service had no endpoint.
+    pub refused: u64,
+    /// Replies' sources and peers' names turned back to the Service.
+    pub reversed: u64,
+}
+
+/// The Services' maps, pinned in a directory, and the programs when this
+/// value loaded them.
+pub struct ServiceLb {
+    dir: PathBuf,
+    ebpf: Ebpf,
+    svc: HashMap<MapData, SvcKey, SvcVal>,
+    backends: HashMap<MapData, SvcBackendKey, SvcBackend>,
+    stats: PerCpuArray<MapData, u64>,
+    /// The last id given to a frontend's backends.
+    next_id: u32,
+}
+
+fn typed<T>(m: Map, name: &str) -> Result<T>
+where
+    T: TryFrom<Map, Error = MapError>,
+{
+    T::try_from(m).map_err(|e| Error::aya(format!("map {name}"), e))
+}
+
+/// A cgroup v2 directory's id, as the kernel names it (its inode number).
+fn cgroup_id(cgroup: &Path) -> Result<u64> {
+    let st = nix::sys::statfs::statfs(cgroup)
+        .map_err(|e| Error::io(format!("statfs {}", cgroup.display()), e.into()))?;
+    if st.filesystem_type() != nix::sys::statfs::CGROUP2_SUPER_MAGIC {
+        return Err(Error::msg(format!(
+            "{} is not a cgroup v2 directory: the Service hooks attach only there \
+             (on a cgroup v1 host, the unified hierarchy, often /sys/fs/cgroup/unified)",
+            cgroup.display()
+        )));
+    }
+    std::fs::metadata(cgroup)
+        .map(|m| m.ino())
+        .map_err(|e| Error::io(format!("stat {}", cgroup.display()), e))
+}
+
+fn link_pin(dir: &Path, program: &str, cgroup: u64) -> PathBuf {
+    dir.join(format!("{LINK_PREFIX}{program}_{cgroup}"))
+}
+
+impl ServiceLb {
+    /// Loads the programs, with the maps pinned in `dir` (a directory on a
+    /// bpffs, made if missing) reused when they are there: the Services a
+    /// run before wrote stay, and so do connections' reverse entries.
+    pub fn open_or_load(dir: &Path) -> Result<ServiceLb> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("create {}", dir.display()), e))?;
+        let _lock = crate::bpffs::DirLock::acquire(dir)?;
+        if dir.join(MAP_LAYOUT).exists() {
+            let m = Map::Array(
+                MapData::from_pin(dir.join(MAP_LAYOUT))
+                    .map_err(|e| Error::aya(format!("open {}/{MAP_LAYOUT}", dir.display()), e))?,
+            );
+            let layout: Array<MapData, u32> = typed(m, MAP_LAYOUT)?;
+            let v = layout
+                .get(&0, 0)
+                .map_err(|e| Error::aya("read the Services' layout", e))?;
+            if v != LAYOUT {
+                return Err(Error::incompatible(
+                    dir,
+                    format_args!("Services' layout {v}, this build's is {LAYOUT}"),
+                ));
+            }
+        }
+        let mut loader = EbpfLoader::new();
+        for name in MAPS {
+            loader.map_pin_path(name, dir.join(name));
+        }
+        let mut ebpf = loader
+            .load(&OBJECT.0)
+            .map_err(|e| Error::aya("load the Services' object", e))?;
+        for name in SERVICE_PROGRAMS {
+            program(&mut ebpf, name)?
+                .load()
+                .map_err(|e| Error::aya(format!("load program {name}"), e))?;
+        }
+        let mut take = |name: &str| {
+            ebpf.take_map(name)
+                .ok_or_else(|| Error::msg(format!("map {name} missing from the object")))
+        };
+        let mut layout: Array<MapData, u32> = typed(take(MAP_LAYOUT)?, MAP_LAYOUT)?;
+        layout
+            .set(0, LAYOUT, 0)
+            .map_err(|e| Error::aya("write the Services' layout", e))?;
+        let svc: HashMap<MapData, SvcKey, SvcVal> = typed(take(MAP_SVC)?, MAP_SVC)?;
+        let backends = typed(take(MAP_BACKENDS)?, MAP_BACKENDS)?;
+        let stats = typed(take(MAP_STATS)?, MAP_STATS)?;
+        let next_id = collect(svc.iter(), "read the Services")?
+            .iter()
+            .map(|(_, v)| v.id)
+            .max()
+            .unwrap_or(0);
+        let mut lb = ServiceLb {
+            dir: dir.to_path_buf(),
+            ebpf,
+            svc,
+            backends,
+            stats,
+            next_id,
+        };
+        // Backends of a sync that died between writing them and swapping
+        // the frontend, or removing them after.
+        lb.sweep_backends()?;
+        Ok(lb)
+    }
+
+    /// Hooks the programs to the cgroup v2 directory `cgroup` and the
+    /// processes below it, links pinned in the directory; links of this
+    /// directory pinned before (an earlier run's programs) are replaced,
+    /// those of other directories removed. Other programs on the cgroup stay.
+    pub fn attach(&mut self, cgroup: &Path) -> Result<()> {
+        let id = cgroup_id(cgroup)?;
+        let fd = std::fs::File::open(cgroup)
+            .map_err(|e| Error::io(format!("open {}", cgroup.display()), e))?;
+        for name in SERVICE_PROGRAMS {
+            let prog = program(&mut self.ebpf, name)?;
+            let link = prog
+                // As a bpf_link (kernel 5.7+; getpeername's hook is 5.8)
+                // it sits beside other programs on the cgroup: link_create
+                // takes no mode flag (EINVAL with ALLOW_MULTI).
+                .attach(&fd, CgroupAttachMode::Single)
+                .map_err(|e| Error::aya(format!("attach {name} to {}", cgroup.display()), e))?;
+            let link = prog
+                .take_link(link)
+                .map_err(|e| Error::aya("take link", e))?;
+            let link: FdLink = link
+                .try_into()
+                .map_err(|e| Error::aya(format!("{name}'s link"), e))?;
+            // The new link pinned first, then renamed over the old one,
+            // whose program comes off only then: no connection made in
+            // between misses the hook.
+            let pin = link_pin(&self.dir, name, id);
+            // (bpffs refuses names with a dot.)
+            let tmp = self.dir.join(format!("new_{name}_{id}"));
+            remove_pin(&tmp)?;
+            link.pin(&tmp)
+                .map_err(|e| Error::aya(format!("pin {}", tmp.display()), e))?;
+            std::fs::rename(&tmp, &pin).map_err(|e| {
+                Error::io(format!("rename {} to {}", tmp.display(), pin.display()), e)
+            })?;
+        }
+        for (pin, cg) in link_pins(&self.dir)? {
+            if cg != id {
+                remove_pin(&pin)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the maps hold exactly `want`: each frontend and its backends
+    /// (of its family; the order does not matter). An empty list of
+    /// backends refuses connections, as kube-proxy does for a Service
+    /// without endpoints. A changed frontend gets its new backends under a
+    /// new id, then the frontend is swapped to it in one update: a
+    /// connection meanwhile gets the old set or the new one.
+    pub fn sync(&mut self, want: &BTreeMap<Frontend, Vec<SocketAddr>>) -> Result<SyncReport> {
+        let mut report = SyncReport::default();
+        let cur = self.current()?;
+        let mut used: BTreeSet<u32> = cur.values().map(|(v, _)| v.id).collect();
+        for (f, backends) in want {
+            let key = SvcKey::new(f.addr, f.proto, f.port);
+            let mut bes: Vec<SocketAddr> = backends
+                .iter()
+                .filter(|b| b.is_ipv4() == f.addr.is_ipv4())
+                .copied()
+                .collect();
+            bes.sort();
+            bes.dedup();
+            let old = cur.get(&key);
+            if old.is_some_and(|(_, b)| *b == bes) {
+                continue;
+            }
+            let id = self.new_id(&used)?;
+            used.insert(id);
+            for (slot, b) in bes.iter().enumerate() {
+                let k = SvcBackendKey {
+                    id,
+                    slot: slot as u32,
+                };
+                self.backends
+                    .insert(k, SvcBackend::new(*b), 0)
+                    .map_err(|e| Error::aya(format!("write a backend of {f:?}"), e))?;
+            }
+            let val = SvcVal {
+                id,
+                count: bes.len() as u32,
+            };
+            self.svc
+                .insert(key, val, 0)
+                .map_err(|e| Error::aya(format!("write {f:?}"), e))?;
+            match old {
+                Some((v, b)) => {
+                    self.remove_backends(v.id, b.len())?;
+                    used.remove(&v.id);
+                    report.changed += 1;
+                }
+                None => report.added += 1,
+            }
+        }
+        for (key, (v, b)) in &cur {
+            let f = Frontend {
+                addr: key.ip(),
+                proto: key.proto,
+                port: key.port(),
+            };
+            if want.contains_key(&f) {
+                continue;
+            }
+            match self.svc.remove(key) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(Error::aya(format!("remove {f:?}"), e)),
+            }
+            self.remove_backends(v.id, b.len())?;
+            report.removed += 1;
+        }
+        Ok(report)
+    }
+
+    /// The frontends and their backends as the maps hold them.
+    pub fn frontends(&self) -> Result<BTreeMap<Frontend, Vec<SocketAddr>>> {
+        Ok(self
+            .current()?
+            .into_iter()
+            .map(|(k, (_, b))| {
+                let f = Frontend {
+                    addr: k.ip(),
+                    proto: k.proto,
+                    port: k.port(),
+                };
+                (f, b)
+            })
+            .collect())
+    }
+
+    pub fn stats(&self) -> Result<ServiceStats> {
+        let sum = |i: u32| -> Result<u64> {
+            let v = self
+                .stats
+                .get(&i, 0)
+                .map_err(|e| Error::aya("read the Services' counters", e))?;
+            Ok(v.iter().sum())
+        };
+        Ok(ServiceStats {
+            translated: sum(0)?,
+            refused: sum(1)?,
+            reversed: sum(2)?,
+        })
+    }
+
+    /// Every frontend, its value and its backends, sorted.
+    fn current(&self) -> Result<BTreeMap<SvcKey, (SvcVal, Vec<SocketAddr>)>> {
+        let mut out = BTreeMap::new();
+        for (k, v) in collect(self.svc.iter(), "read the Services")? {
+            let mut bes = Vec::with_capacity(v.count as usize);
+            for slot in 0..v.count {
+                match self.backends.get(&SvcBackendKey { id: v.id, slot }, 0) {
+                    Ok(b) => bes.push(b.socket_addr()),
+                    // Half written (a sync that died): rewritten as changed.
+                    Err(MapError::KeyNotFound) => {}
+                    Err(e) => return Err(Error::aya("read a Service's backend", e)),
+                }
+            }
+            bes.sort();
+            out.insert(k, (v, bes));
+        }
+        Ok(out)
+    }
+
+    fn new_id(&mut self, used: &BTreeSet<u32>) -> Result<u32> {
+        for _ in 0..=used.len() {
+            self.next_id = self.next_id.wrapping_add(1).max(1);
+            if !used.contains(&self.next_id) {
+                return Ok(self.next_id);
+            }
+        }
+        Err(Error::msg("no free Service id"))
+    }
+
+    fn remove_backends(&mut self, id: u32, count: usize) -> Result<()> {
+        for slot in 0..count as u32 {
+            match self.backends.remove(&SvcBackendKey { id, slot }) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(Error::aya("remove a Service's backend", e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn sweep_backends(&mut self) -> Result<()> {
+        let live: BTreeSet<u32> = collect(self.svc.iter(), "read the Services")?
+            .into_iter()
+            .map(|(_, v)| v.id)
+            .collect();
+        let stale: Vec<SvcBackendKey> = collect(
+            self.backends.keys().map(|k| k.map(|k| (k, ()))),
+            "read the backends",
+        )?
+        .into_iter()
+        .map(|(k, ())| k)
+        .filter(|k| !live.contains(&k.id))
+        .collect();
+        for k in stale {
+            match self.backends.remove(&k) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(Error::aya("remove a stale backend", e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Ids of the cgroups the programs pinned in `dir` are attached to.
+pub fn attached_cgroups(dir: &Path) -> Result<BTreeSet<u64>> {
+    Ok(link_pins(dir)?.into_iter().map(|(_, id)| id).collect())
+}
+
+/// Takes the programs off every cgroup (their link pins in `dir`); the
+/// maps stay. True when there was a link.
+pub fn detach_services(dir: &Path) -> Result<bool> {
+    let pins = link_pins(dir)?;
+    for (pin, _) in &pins {
+        remove_pin(pin)?;
+    }
+    Ok(!pins.is_empty())
+}
+
+/// Removes `dir` and everything pinned in it: the hooks come off and the
+/// Services and reverse entries go.
+pub fn remove_services(dir: &Path) -> Result<()> {
+    detach_services(dir)?;
+    for name in MAPS {
+        remove_pin(&dir.join(name))?;
+    }
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io(format!("remove {}", dir.display()), e)),
+    }
+}
+
+fn link_pins(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+    };
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(LINK_PREFIX) else {
+            continue;
+        };
+        if let Some(id) = rest.rsplit('_').next().and_then(|s| s.parse().ok()) {
+            out.push((e.path(), id));
+        }
+    }
+    Ok(out)
+}
+
+fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut CgroupSockAddr> {
+    let p: &mut Program = ebpf
+        .program_mut(name)
+        .ok_or_else(|| Error::msg(format!("program {name} missing from the object")))?;
+    p.try_into()
+        .map_err(|e| Error::aya(format!("program {name}"), e))
+}
+
+fn collect<K, V>(
+    it: impl Iterator<Item = std::result::Result<(K, V), MapError>>,
+    op: &str,
+) -> Result<Vec<(K, V)>> {
+    let mut v = Vec::new();
+    for kv in it {
+        match kv {
+            Ok(kv) => v.push(kv),
+            // An entry removed while iterating.
+            Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(Error::aya(op, e)),
+        }
+    }
+    Ok(v)
+}
