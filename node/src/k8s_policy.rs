@@ -311,8 +311,12 @@ fn remove(dir: &Path, name: &str) -> bool {
 
 /// Follows `api`'s objects: every event to `on`, errors logged and
 /// retried with a backoff (kube's watcher resumes or relists by itself).
-async fn follow<K>(api: Api<K>, config: watcher::Config, what: &str, mut on: impl FnMut(Event<K>))
-where
+pub(crate) async fn follow<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &str,
+    mut on: impl FnMut(Event<K>),
+) where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + 'static,
 {
     let mut backoff = BACKOFF_MIN;

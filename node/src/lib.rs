@@ -12,6 +12,7 @@ pub mod k8s_policy;
 pub mod metrics;
 pub mod registry;
 pub mod run;
+pub mod services;
 pub mod status;
 pub mod sync;
 mod wg;

@@ -13,7 +13,7 @@ use crate::registry::cluster::{self, ClusterError};
 use crate::registry::k8s;
 use crate::registry::{FileRegistry, Registry};
 use crate::sync::{agent, xnode};
-use crate::{bgp, cloud, log, status, wgkey};
+use crate::{bgp, cloud, log, services, status, wgkey};
 use rcni_netlink::route_watch::RouteWatch;
 
 /// How long `--once --kubernetes` waits for the first list of Nodes.
@@ -113,6 +113,11 @@ pub struct RunArgs {
     /// other-node map there and mounts a bpffs when there is none.
     #[arg(long, value_name = "DIR", default_value = xnode::DEFAULT_PIN_ROOT)]
     pub bpf_pin_root: PathBuf,
+    /// With the net-conf's "kubeProxyReplacement": true, the cgroup v2
+    /// directory whose processes' connections to Services are translated
+    /// (the host's cgroup v2 root when unset: every pod and host process).
+    #[arg(long, value_name = "DIR")]
+    pub cgroup_root: Option<PathBuf>,
     /// host-local's dataDir in the written config (its default when unset).
     #[arg(long, value_name = "DIR")]
     pub ipam_data_dir: Option<PathBuf>,
@@ -381,6 +386,31 @@ async fn table_changed(w: &mut Option<RouteWatch>) {
     }
 }
 
+/// With `"kubeProxyReplacement": true`, the Service programs hooked and
+/// fed from the API; without, what an earlier run hooked taken off.
+fn services_for(
+    args: &RunArgs,
+    on: bool,
+    client: &kube::Client,
+) -> Result<Option<services::ServiceProxy>, services::ServicesError> {
+    if !on {
+        if services::stop(&args.bpf_pin_root)? {
+            log("services: kubeProxyReplacement is off: the Service hooks and maps were removed");
+        }
+        return Ok(None);
+    }
+    let cgroup = match &args.cgroup_root {
+        Some(c) => c.clone(),
+        None => services::default_cgroup_root()?,
+    };
+    let conf = services::Config {
+        pin_root: args.bpf_pin_root.clone(),
+        cgroup,
+        node: args.node.clone(),
+    };
+    services::start(client.clone(), conf).map(Some)
+}
+
 /// How often BIRD's table and sessions are looked at, at most.
 const BGP_POLL_MS: u64 = 100;
 
@@ -421,8 +451,13 @@ async fn kube_registry(
         }
         cluster::Encryption::None => None,
     };
+    let kube_proxy_replacement = net.kube_proxy_replacement;
     let mut registry =
         k8s::KubeRegistry::start(client.clone(), net, args.node.clone(), wireguard_key);
+    registry.services = services_for(args, kube_proxy_replacement, &client).map_err(|e| {
+        log(e);
+        ExitCode::FAILURE
+    })?;
     if let Some(dir) = &args.policy_dir {
         let sync = k8s_policy::SyncCommand {
             bin: args.cni_bin_dir.join("policy"),

@@ -229,6 +229,10 @@ pub struct NetConf {
     pub encryption: Encryption,
     pub wireguard_port: u16,
     pub bgp: Option<BgpConf>,
+    /// Services in the eBPF datapath instead of kube-proxy's rules
+    /// (`"kubeProxyReplacement"`, a net-conf key only: Services come from
+    /// the API).
+    pub kube_proxy_replacement: bool,
 }
 
 impl NetConf {
@@ -290,9 +294,23 @@ pub fn parse_net_conf(text: &str) -> Result<NetConf, ClusterError> {
             "\"nodes\" does not belong in the network config: with --kubernetes the nodes are the cluster's Node objects",
         ));
     }
-    known_keys(&top, NET_KEYS)?;
-    net_conf(&top)
+    let mut keys = NET_KEYS.to_vec();
+    keys.push(KUBE_PROXY_REPLACEMENT);
+    known_keys(&top, &keys)?;
+    let mut net = net_conf(&top)?;
+    net.kube_proxy_replacement = match top.get(KUBE_PROXY_REPLACEMENT) {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(invalid(format!(
+                "\"{KUBE_PROXY_REPLACEMENT}\": expected true or false, got {v}"
+            )));
+        }
+    };
+    Ok(net)
 }
+
+const KUBE_PROXY_REPLACEMENT: &str = "kubeProxyReplacement";
 
 /// Parses and checks a cluster file's text.
 pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
@@ -433,6 +451,7 @@ fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
         encryption,
         wireguard_port,
         bgp,
+        kube_proxy_replacement: false,
     })
 }
 
@@ -1121,6 +1140,32 @@ mod tests {
         assert!(err(r#"{"nodes": []}"#).contains("\"network\" is missing"));
         assert!(err(r#"{"network": "10.244.0.0/16", "nodes": []}"#).contains("empty"));
         assert!(err("{").contains("not valid JSON"));
+    }
+
+    #[test]
+    fn kube_proxy_replacement_is_a_net_conf_switch() {
+        let net =
+            |extra: &str| parse_net_conf(&format!(r#"{{"network": "10.244.0.0/16"{extra}}}"#));
+        assert!(!net("").unwrap().kube_proxy_replacement);
+        assert!(
+            net(r#", "kubeProxyReplacement": true"#)
+                .unwrap()
+                .kube_proxy_replacement
+        );
+        assert!(
+            !net(r#", "kubeProxyReplacement": false"#)
+                .unwrap()
+                .kube_proxy_replacement
+        );
+        let e = net(r#", "kubeProxyReplacement": "strict""#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"kubeProxyReplacement\": expected true or false"),
+            "{e}"
+        );
+        // A cluster file has no Services to replace.
+        assert!(err(&file(r#", "kubeProxyReplacement": true"#, TWO)).contains("unknown key"));
     }
 
     #[test]

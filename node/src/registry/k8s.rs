@@ -128,6 +128,8 @@ pub struct KubeRegistry {
     /// The policy inputs' watches and socket, when asked for: they live as
     /// long as the node source.
     pub policy: Option<crate::k8s_policy::PolicyInputs>,
+    /// The Service programs' feed (`"kubeProxyReplacement": true`).
+    pub services: Option<crate::services::ServiceProxy>,
 }
 
 impl Drop for KubeRegistry {
@@ -203,6 +205,7 @@ impl KubeRegistry {
             skipped: Vec::new(),
             task,
             policy: None,
+            services: None,
         }
     }
 

@@ -1,0 +1,363 @@
+//! Which backends each Service address, protocol and port stands for, from
+//! Service and EndpointSlice objects, as kube-proxy reads them:
+//!
+//! - frontends: every ClusterIP, external IP and load balancer status IP
+//!   (not one whose `ipMode` is `Proxy`: the load balancer itself proxies
+//!   it) of each TCP or UDP port; none for headless and ExternalName
+//!   Services, nor for those another proxy serves (label
+//!   `service.kubernetes.io/service-proxy-name`);
+//! - endpoints: those of the slices labelled with the Service's name, of
+//!   the frontend's address family, on the port of the same name and
+//!   protocol; the ready ones, or where none is ready the serving
+//!   (terminating) ones; an address listed by two slices once;
+//! - `internalTrafficPolicy: Local`: a ClusterIP's endpoints only this
+//!   node's;
+//! - no endpoint: the frontend stays, with none, and connections to it are
+//!   refused (kube-proxy's REJECT).
+
+use k8s_openapi::api::core::v1::{Service, ServicePort};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
+use rcni_ebpf::services::Frontend;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+
+pub type Frontends = BTreeMap<Frontend, Vec<SocketAddr>>;
+
+fn proto(p: Option<&str>) -> Option<u8> {
+    match p.unwrap_or("TCP") {
+        "TCP" => Some(TCP),
+        "UDP" => Some(UDP),
+        // SCTP: no socket hook of ours translates it.
+        _ => None,
+    }
+}
+
+/// The addresses a port of `svc` is reached on, each with whether it is a
+/// ClusterIP (`internalTrafficPolicy` applies only to those).
+fn addresses(svc: &Service) -> Vec<(IpAddr, bool)> {
+    let Some(spec) = &svc.spec else {
+        return Vec::new();
+    };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut cluster: Vec<&String> = spec.cluster_ips.iter().flatten().collect();
+    if cluster.is_empty() {
+        cluster.extend(spec.cluster_ip.as_ref());
+    }
+    // "None": headless, left to DNS.
+    for a in cluster.into_iter().filter_map(|s| s.parse().ok()) {
+        out.push((a, true));
+    }
+    if out.is_empty() {
+        return out;
+    }
+    for a in spec.external_ips.iter().flatten() {
+        if let Ok(a) = a.parse() {
+            out.push((a, false));
+        }
+    }
+    let ingress = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref());
+    for i in ingress.into_iter().flatten() {
+        if i.ip_mode.as_deref() == Some("Proxy") {
+            continue;
+        }
+        if let Some(a) = i.ip.as_deref().and_then(|s| s.parse().ok()) {
+            out.push((a, false));
+        }
+    }
+    out
+}
+
+fn ready(e: &Endpoint) -> bool {
+    e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
+}
+
+fn serving(e: &Endpoint) -> bool {
+    e.conditions
+        .as_ref()
+        .and_then(|c| c.serving.or(c.ready))
+        .unwrap_or(true)
+}
+
+/// One port's endpoints of one family: (address, port, node).
+fn endpoints<'a>(
+    slices: &[&'a EndpointSlice],
+    port: &ServicePort,
+    v4: bool,
+) -> Vec<(SocketAddr, &'a Endpoint)> {
+    let family = if v4 { "IPv4" } else { "IPv6" };
+    let name = port.name.as_deref().unwrap_or("");
+    let want = proto(port.protocol.as_deref());
+    let mut out = Vec::new();
+    for s in slices.iter().filter(|s| s.address_type == family) {
+        let Some(p) = s.ports.iter().flatten().find(|p| {
+            p.name.as_deref().unwrap_or("") == name && proto(p.protocol.as_deref()) == want
+        }) else {
+            continue;
+        };
+        let Some(n) = p.port.and_then(|n| u16::try_from(n).ok()) else {
+            continue;
+        };
+        for e in &s.endpoints {
+            for a in &e.addresses {
+                if let Ok(ip) = a.parse::<IpAddr>()
+                    && ip.is_ipv4() == v4
+                {
+                    out.push((SocketAddr::new(ip, n), e));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every Service's frontends and their backends, for this node (`node`,
+/// for `internalTrafficPolicy: Local`).
+pub fn frontends<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    node: &str,
+) -> Frontends {
+    let mut by_svc: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+    for s in slices {
+        let ns = s.metadata.namespace.as_deref().unwrap_or("");
+        if let Some(svc) = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        {
+            by_svc.entry((ns, svc.as_str())).or_default().push(s);
+        }
+    }
+    let mut out = Frontends::new();
+    for svc in services {
+        let labels = svc.metadata.labels.as_ref();
+        if labels.is_some_and(|l| l.contains_key(PROXY_NAME_LABEL)) {
+            continue;
+        }
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("");
+        let name = svc.metadata.name.as_deref().unwrap_or("");
+        let slices = by_svc.get(&(ns, name)).map(Vec::as_slice).unwrap_or(&[]);
+        let spec = svc.spec.as_ref();
+        let local_only = spec.and_then(|s| s.internal_traffic_policy.as_deref()) == Some("Local");
+        let addrs = addresses(svc);
+        for port in spec.and_then(|s| s.ports.as_ref()).into_iter().flatten() {
+            let Some(proto) = proto(port.protocol.as_deref()) else {
+                continue;
+            };
+            let Ok(pnum) = u16::try_from(port.port) else {
+                continue;
+            };
+            for v4 in [true, false] {
+                let eps = endpoints(slices, port, v4);
+                let pick = |local: bool| -> Vec<SocketAddr> {
+                    let mine = |e: &Endpoint| !local || e.node_name.as_deref() == Some(node);
+                    let mut ready: BTreeSet<SocketAddr> = eps
+                        .iter()
+                        .filter(|(_, e)| ready(e) && mine(e))
+                        .map(|(a, _)| *a)
+                        .collect();
+                    if ready.is_empty() {
+                        ready = eps
+                            .iter()
+                            .filter(|(_, e)| serving(e) && mine(e))
+                            .map(|(a, _)| *a)
+                            .collect();
+                    }
+                    ready.into_iter().collect()
+                };
+                for &(addr, is_cluster) in addrs.iter().filter(|(a, _)| a.is_ipv4() == v4) {
+                    let f = Frontend {
+                        addr,
+                        proto,
+                        port: pnum,
+                    };
+                    out.insert(f, pick(is_cluster && local_only));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn svc(v: serde_json::Value) -> Service {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn slice(v: serde_json::Value) -> EndpointSlice {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn fe(a: &str, proto: u8, port: u16) -> Frontend {
+        Frontend {
+            addr: a.parse().unwrap(),
+            proto,
+            port,
+        }
+    }
+
+    fn sa(v: &[&str]) -> Vec<SocketAddr> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn web_slice(name: &str, ty: &str, eps: serde_json::Value) -> EndpointSlice {
+        slice(json!({
+            "metadata": {"name": name, "namespace": "ns",
+                          "labels": {SERVICE_NAME_LABEL: "web"}},
+            "addressType": ty,
+            "ports": [{"name": "http", "protocol": "TCP", "port": 8080},
+                      {"name": "dns", "protocol": "UDP", "port": 5353}],
+            "endpoints": eps,
+        }))
+    }
+
+    #[test]
+    fn cluster_external_and_balancer_addresses_each_port_ready_endpoints() {
+        let s = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10", "fd96::10"],
+                     "externalIPs": ["192.0.2.7"],
+                     "ports": [{"name": "http", "port": 80},
+                               {"name": "dns", "protocol": "UDP", "port": 53},
+                               {"name": "x", "protocol": "SCTP", "port": 9}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "198.51.100.1"},
+                                                     {"ip": "198.51.100.2", "ipMode": "Proxy"},
+                                                     {"hostname": "lb.example"}]}},
+        }));
+        let v4 = web_slice(
+            "web-a",
+            "IPv4",
+            json!([
+                {"addresses": ["10.1.0.5"], "conditions": {"ready": true}},
+                {"addresses": ["10.1.1.5"]},
+                {"addresses": ["10.1.2.5"], "conditions": {"ready": false, "serving": true,
+                                                            "terminating": true}},
+            ]),
+        );
+        // The same endpoint in a second slice (a slice split underway).
+        let v4b = web_slice("web-b", "IPv4", json!([{"addresses": ["10.1.0.5"]}]));
+        let v6 = web_slice("web-c", "IPv6", json!([{"addresses": ["fd01::5"]}]));
+        let other = slice(json!({
+            "metadata": {"name": "x", "namespace": "other",
+                          "labels": {SERVICE_NAME_LABEL: "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "http", "port": 1}],
+            "endpoints": [{"addresses": ["10.9.9.9"]}],
+        }));
+        let got = frontends([&s], [&v4, &v4b, &v6, &other], "n1");
+        let http4 = sa(&["10.1.0.5:8080", "10.1.1.5:8080"]);
+        let dns4 = sa(&["10.1.0.5:5353", "10.1.1.5:5353"]);
+        let want = Frontends::from([
+            (fe("10.96.0.10", TCP, 80), http4.clone()),
+            (fe("10.96.0.10", UDP, 53), dns4.clone()),
+            (fe("192.0.2.7", TCP, 80), http4.clone()),
+            (fe("192.0.2.7", UDP, 53), dns4.clone()),
+            (fe("198.51.100.1", TCP, 80), http4),
+            (fe("198.51.100.1", UDP, 53), dns4),
+            (fe("fd96::10", TCP, 80), sa(&["[fd01::5]:8080"])),
+            (fe("fd96::10", UDP, 53), sa(&["[fd01::5]:5353"])),
+        ]);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn terminating_endpoints_serve_only_when_none_is_ready() {
+        let s = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]},
+        }));
+        let sl = web_slice(
+            "web-a",
+            "IPv4",
+            json!([
+                {"addresses": ["10.1.2.5"], "conditions": {"ready": false, "serving": true}},
+                {"addresses": ["10.1.2.6"], "conditions": {"ready": false, "serving": false}},
+            ]),
+        );
+        let got = frontends([&s], [&sl], "n1");
+        assert_eq!(got[&fe("10.96.0.10", TCP, 80)], sa(&["10.1.2.5:8080"]));
+        // Without a slice: kept, refusing.
+        let got = frontends([&s], [], "n1");
+        assert_eq!(got[&fe("10.96.0.10", TCP, 80)], sa(&[]));
+    }
+
+    #[test]
+    fn internal_traffic_policy_local_keeps_this_nodes_endpoints_for_the_cluster_ip() {
+        let s = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.10", "externalIPs": ["192.0.2.7"],
+                     "internalTrafficPolicy": "Local",
+                     "ports": [{"name": "http", "port": 80}]},
+        }));
+        let sl = web_slice(
+            "web-a",
+            "IPv4",
+            json!([
+                {"addresses": ["10.1.0.5"], "nodeName": "n1"},
+                {"addresses": ["10.1.1.5"], "nodeName": "n2"},
+            ]),
+        );
+        let got = frontends([&s], [&sl], "n1");
+        assert_eq!(got[&fe("10.96.0.10", TCP, 80)], sa(&["10.1.0.5:8080"]));
+        assert_eq!(
+            got[&fe("192.0.2.7", TCP, 80)],
+            sa(&["10.1.0.5:8080", "10.1.1.5:8080"])
+        );
+        let got = frontends([&s], [&sl], "n3");
+        assert_eq!(got[&fe("10.96.0.10", TCP, 80)], sa(&[]));
+    }
+
+    #[test]
+    fn headless_external_name_and_other_proxies_services_are_left_alone() {
+        let headless = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "None", "externalIPs": ["192.0.2.7"],
+                     "ports": [{"name": "http", "port": 80}]},
+        }));
+        let ext = svc(json!({
+            "metadata": {"name": "ext", "namespace": "ns"},
+            "spec": {"type": "ExternalName", "externalName": "example.com",
+                     "ports": [{"port": 80}]},
+        }));
+        let other = svc(json!({
+            "metadata": {"name": "o", "namespace": "ns",
+                          "labels": {PROXY_NAME_LABEL: "someone-else"}},
+            "spec": {"clusterIP": "10.96.0.12", "ports": [{"port": 80}]},
+        }));
+        assert!(frontends([&headless, &ext, &other], [], "n1").is_empty());
+    }
+
+    #[test]
+    fn an_unnamed_port_matches_the_slices_unnamed_one_by_protocol() {
+        let s = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.10",
+                     "ports": [{"port": 53, "protocol": "UDP"}]},
+        }));
+        let sl = slice(json!({
+            "metadata": {"name": "w", "namespace": "ns", "labels": {SERVICE_NAME_LABEL: "web"}},
+            "addressType": "IPv4",
+            "ports": [{"port": 9999, "protocol": "TCP"}, {"port": 5353, "protocol": "UDP"}],
+            "endpoints": [{"addresses": ["10.1.0.5"]}],
+        }));
+        let got = frontends([&s], [&sl], "n1");
+        assert_eq!(got[&fe("10.96.0.10", UDP, 53)], sa(&["10.1.0.5:5353"]));
+    }
+}
