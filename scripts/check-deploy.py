@@ -114,6 +114,9 @@ if net is not None:
     m = re.search(r"const NET_KEYS: &\[&str\] = &\[(.*?)\];", src, re.S)
     keys = set(re.findall(r'"([^"]+)"', m.group(1))) if m else set()
     want(bool(keys), "node/src/registry/cluster.rs: NET_KEYS not found")
+    m = re.search(r"const NET_CONF_ONLY_KEYS: &\[&str\] = &\[(.*?)\];", src, re.S)
+    want(m is not None, "node/src/registry/cluster.rs: NET_CONF_ONLY_KEYS not found")
+    keys |= set(re.findall(r'"([^"]+)"', m.group(1))) if m else set()
     want(set(net) <= keys, f"net-conf.json: keys {sorted(set(net) - keys)} are not the agent's")
     want(net.get("backend") == "vxlan", "net-conf.json: the default backend must be vxlan (the Canal-style preset)")
     want(net.get("ebpf", False) is False, "net-conf.json: ebpf must be off by default")
@@ -158,6 +161,8 @@ if agents:
             "/run/rcni/policy.d",
             "--cni-bin-dir",
             "/opt/rcni/bin",
+            "--cgroup-root",
+            "/host/sys/fs/cgroup",
         ]
         and not agent.get("args"),
         f"DaemonSet rcni-node: the agent runs {agent.get('command')} {agent.get('args', '')}",
@@ -178,8 +183,16 @@ if agents:
         ("/run/netns", "/run/netns"),
         ("/run/rcni", "/run/rcni"),
         ("/var/lib/rcni-node", "/var/lib/rcni-node"),
+        ("/host/sys/fs/cgroup", "/sys/fs/cgroup"),
     ]:
         want(hm.get(inside) == host, f"agent: host {host} is not mounted at {inside}")
+    # The API server's own address for a cluster without kube-proxy
+    # ("kubeProxyReplacement": true), optional so that nothing else needs it.
+    want(
+        {"configMapRef": {"name": "kubernetes-services-endpoint", "optional": True}}
+        in agent.get("envFrom", []),
+        "agent: no optional envFrom of ConfigMap kubernetes-services-endpoint",
+    )
 
 un = load(uninstall_yaml)
 uds = un.get(("DaemonSet", "rcni-uninstall"))

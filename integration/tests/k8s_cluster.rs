@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use rcni_integration::lab::k8s::{AGNHOST, Cache, K8sLab};
+use rcni_integration::lab::k8s::{AGNHOST, CONTROL_IP, Cache, K8sLab};
 use rcni_testkit::poll;
 use rcni_testkit::require_root;
 
@@ -489,4 +489,147 @@ fn a_conflist_the_agent_cannot_write_shows_and_mends() {
     wait_ready(&lab, &["client", "s2"]);
     let s2 = pod_ip(&lab, "s2");
     expect(&lab, "client", &s2, true, Duration::from_secs(30));
+}
+
+/// kube-proxy gone from every node (stopped, `kube-proxy --cleanup`) and
+/// the net-conf's "kubeProxyReplacement": true: Services are rcni's alone.
+/// The agents reach the API server by its own address (the
+/// kubernetes-services-endpoint ConfigMap, as a user without kube-proxy
+/// sets it); CoreDNS reaches it through the `kubernetes` Service, the pods
+/// CoreDNS through its ClusterIP (UDP), a pod a server across nodes, and a
+/// process of the node's own (in the node's cgroup) too; a Service whose
+/// endpoints go refuses, and takes the next one that comes.
+#[test]
+fn services_without_kube_proxy_from_pods_and_the_node() {
+    let Some((cache, image)) = cache_and_image() else {
+        return;
+    };
+    let kube_proxy = cache.bin.join("kube-proxy");
+    let mut lab = K8sLab::start(cache, 2);
+    for n in &mut lab.nodes {
+        n.stop("kube-proxy");
+        let o = n.command(&kube_proxy).arg("--cleanup").output().unwrap();
+        assert!(
+            o.status.success(),
+            "kube-proxy --cleanup on {}: {}",
+            n.name,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    lab.kubectl_ok(&["create", "namespace", "rcni-system"]);
+    lab.kubectl_ok(&[
+        "-n",
+        "rcni-system",
+        "create",
+        "configmap",
+        "kubernetes-services-endpoint",
+        &format!("--from-literal=KUBERNETES_SERVICE_HOST={CONTROL_IP}"),
+        "--from-literal=KUBERNETES_SERVICE_PORT=6443",
+    ]);
+    lab.install_rcni(
+        &image,
+        Some(r#"{"network": "10.244.0.0/16", "backend": "vxlan", "kubeProxyReplacement": true}"#),
+        &[],
+    );
+    lab.wait_nodes_ready(Duration::from_secs(120));
+    lab.wait_dns();
+    let logs = lab.agent_logs();
+    assert!(logs.contains("services: hooks on"), "{logs}");
+
+    pod(&lab, "client", "n1", "role: client");
+    pod(&lab, "s2", "n2", "app: server");
+    wait_ready(&lab, &["client", "s2"]);
+    lab.apply(
+        "apiVersion: v1
+kind: Service
+metadata: {name: servers}
+spec:
+  selector: {app: server}
+  ports: [{port: 80, targetPort: 8080}]
+",
+    );
+    let vip = lab.kubectl_ok(&[
+        "get",
+        "service",
+        "servers",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    let through = |want: bool| {
+        let ok = poll(Duration::from_secs(20), || {
+            connects(&lab, "client", &vip, 80) == want
+        });
+        assert!(
+            ok,
+            "client -> {vip}:80 should {}connect\n{}\n{}",
+            if want { "" } else { "not " },
+            lab.agent_logs(),
+            lab.diagnose()
+        );
+    };
+    through(true);
+    // By name: the resolver's queries to CoreDNS's ClusterIP.
+    let resolved = poll(Duration::from_secs(30), || {
+        let o = lab.kubectl(&[
+            "exec",
+            "client",
+            "--",
+            "getent",
+            "hosts",
+            "servers.default.svc.cluster.local",
+        ]);
+        String::from_utf8_lossy(&o.stdout).contains(&vip)
+    });
+    assert!(
+        resolved,
+        "no answer from CoreDNS's Service\n{}",
+        lab.diagnose()
+    );
+    // No rule of kube-proxy's did it (iptables on either backend, and
+    // nftables).
+    for n in &lab.nodes {
+        for cmd in [
+            &["nft", "list", "ruleset"][..],
+            &["iptables-save"],
+            &["ip6tables-save"],
+        ] {
+            let o = n.command(cmd[0]).args(&cmd[1..]).output().unwrap();
+            let rules = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                !rules.contains("KUBE-SERVICES"),
+                "{} {cmd:?}: {rules}",
+                n.name
+            );
+        }
+    }
+    // A process of node n1's own, in its cgroup: the Service, and the
+    // Service is the peer it sees.
+    let n1 = &lab.nodes[0];
+    let cg = n1.cgroup2().expect("a cgroup v2 tree");
+    let o = n1
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec python3 -c \"$0\"",
+            cg.display()
+        ))
+        .arg(format!(
+            "import socket\ns = socket.create_connection(('{vip}', 80), timeout=5)\n\
+             print(s.getpeername()[0])"
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        vip,
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // The endpoint goes: refused; a new one comes: reached.
+    lab.kubectl_ok(&["delete", "pod", "s2", "--wait=true"]);
+    through(false);
+    pod(&lab, "s1", "n1", "app: server");
+    wait_ready(&lab, &["s1"]);
+    through(true);
 }

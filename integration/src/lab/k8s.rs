@@ -191,6 +191,13 @@ impl K8sNode {
         self.spawn(name, &program, &args);
     }
 
+    /// The node's cgroup in the unified (v2) tree: its pods are below it,
+    /// and a process moved into it is one of the node's host processes to
+    /// the Service hooks.
+    pub fn cgroup2(&self) -> Option<PathBuf> {
+        cgroup2_root().map(|r| r.join(&self.cgroup))
+    }
+
     /// What `name` (containerd, kubelet, kube-proxy) logged so far.
     pub fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
@@ -612,6 +619,12 @@ impl K8sLab {
             let p = Path::new("/sys/fs/cgroup").join(c).join(&cgroup);
             std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
         }
+        // The unified (v2) tree's root of the node, where its pods' runc
+        // puts them too: what the Service hooks attach to (apply_rcni).
+        if let Some(v2) = cgroup2_root() {
+            let p = v2.join(&cgroup);
+            std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        }
         // A new cpuset starts with no CPUs and no memory nodes.
         for f in ["cpuset.cpus", "cpuset.mems"] {
             let v = std::fs::read_to_string(Path::new("/sys/fs/cgroup/cpuset").join(f)).unwrap();
@@ -758,6 +771,23 @@ impl K8sLab {
         if let Some(conf) = net_conf {
             manifest = with_net_conf(&manifest, conf);
         }
+        // The Service hooks ("kubeProxyReplacement") on each node's own
+        // cgroup, never the host's root: the host's processes, and the
+        // other nodes' pods, stay out of this node's Services.
+        let root = "            - /host/sys/fs/cgroup\n";
+        let node_root = match cgroup2_root() {
+            Some(v2) => format!(
+                "            - /host{}/{}-$(NODE_NAME)\n",
+                v2.display(),
+                self.id
+            ),
+            None => root.to_string(),
+        };
+        assert!(
+            manifest.contains(root),
+            "the agent's --cgroup-root in the manifest"
+        );
+        manifest = manifest.replace(root, &node_root);
         if !agent_args.is_empty() {
             let last = "            - /opt/rcni/bin\n";
             let at = manifest
@@ -1125,6 +1155,19 @@ healthzBindAddress: 0.0.0.0:10256
 ",
         kubeconfig.display()
     )
+}
+
+/// The host's cgroup v2 tree: the hybrid layout's `unified`, or
+/// /sys/fs/cgroup itself on a v2 host.
+fn cgroup2_root() -> Option<PathBuf> {
+    let is_v2 = |p: &Path| {
+        nix::sys::statfs::statfs(p)
+            .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
+    };
+    ["/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| is_v2(p))
 }
 
 /// Every hierarchy a node's cgroups may be in: the v1 controllers the lab

@@ -295,7 +295,7 @@ pub fn parse_net_conf(text: &str) -> Result<NetConf, ClusterError> {
         ));
     }
     let mut keys = NET_KEYS.to_vec();
-    keys.push(KUBE_PROXY_REPLACEMENT);
+    keys.extend(NET_CONF_ONLY_KEYS);
     known_keys(&top, &keys)?;
     let mut net = net_conf(&top)?;
     net.kube_proxy_replacement = match top.get(KUBE_PROXY_REPLACEMENT) {
@@ -311,6 +311,9 @@ pub fn parse_net_conf(text: &str) -> Result<NetConf, ClusterError> {
 }
 
 const KUBE_PROXY_REPLACEMENT: &str = "kubeProxyReplacement";
+/// Keys of the net-conf but not of a cluster file: Services come from the
+/// API.
+const NET_CONF_ONLY_KEYS: &[&str] = &["kubeProxyReplacement"];
 
 /// Parses and checks a cluster file's text.
 pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
