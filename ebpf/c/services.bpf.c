@@ -46,6 +46,11 @@ struct svc_val {
 	// 0: the Service has no endpoint, a connection is refused
 	// (ECONNREFUSED), as kube-proxy's REJECT answers it.
 	__u32 count;
+	// sessionAffinity: ClientIP, its timeout in seconds; 0: none. The
+	// client is the socket's network namespace (a pod, or the host), as
+	// Cilium's socket balancing keys it: one pod, one address.
+	__u32 affinity_s;
+	__u32 pad;
 };
 
 struct be_key {
@@ -76,6 +81,27 @@ struct rev_val {
 	__u8 pad;
 };
 
+// A client's backend of a Service with affinity, and when it last
+// connected.
+struct aff_key {
+	__u64 netns;
+	struct svc_key k;
+	__u32 pad;
+};
+
+struct aff_val {
+	struct be_val be;
+	__u32 pad;
+	__u64 at_ns;
+};
+
+// (id, backend) -> slot, for Services with affinity: whether a client's
+// remembered backend is still one of the Service's.
+struct be_idx_key {
+	__u32 id;
+	struct be_val be;
+};
+
 // Counters, per CPU: translated (a connection or a datagram given a
 // backend), refused (no endpoint), reversed (a reply's source or a peer's
 // name turned back).
@@ -91,6 +117,7 @@ struct rev_val {
 // The layout of the maps below; ebpf/src/services.rs refuses pins of
 // another one.
 #define SVC_LAYOUT 1
+#define MAX_AFFINITY 262144
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -112,6 +139,20 @@ struct {
 	__type(key, struct rev_key);
 	__type(value, struct rev_val);
 } rcni_svc_rev SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_AFFINITY);
+	__type(key, struct aff_key);
+	__type(value, struct aff_val);
+} rcni_svc_aff SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_BACKENDS);
+	__type(key, struct be_idx_key);
+	__type(value, __u32);
+} rcni_svc_be_idx SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -136,22 +177,62 @@ static __always_inline void count(__u32 what)
 }
 
 // The backend for a connection or datagram to k, NULL when k is no
-// Service's. *refuse is set when it is one without an endpoint.
-static __always_inline struct be_val *pick(struct svc_key *k, int *refuse)
+// Service's. *refuse is set when it is one without an endpoint. With
+// affinity, the client's last backend while it is still the Service's and
+// the timeout has not passed since its last connection (kube-proxy's
+// `recent` match, refreshed by each connection); out is where the chosen
+// backend is copied.
+static __always_inline struct be_val *pick(void *ctx, struct svc_key *k, int *refuse,
+					   struct be_val *out)
 {
 	struct svc_val *s = bpf_map_lookup_elem(&rcni_svc, k);
 	struct be_key bk = {};
+	struct aff_key ak = {};
+	struct aff_val av = {};
+	struct aff_val *seen;
+	struct be_val *b;
+	__u64 now = 0;
+	__u32 aff, n;
 
 	*refuse = 0;
 	if (!s)
 		return NULL;
-	if (!s->count) {
+	// Each read once: the agent may replace the value meanwhile.
+	n = s->count;
+	aff = s->affinity_s;
+	if (!n) {
 		*refuse = 1;
 		return NULL;
 	}
+	if (aff) {
+		now = bpf_ktime_get_ns();
+		ak.netns = bpf_get_netns_cookie(ctx);
+		ak.k = *k;
+		seen = bpf_map_lookup_elem(&rcni_svc_aff, &ak);
+		if (seen && now - seen->at_ns < (__u64)aff * 1000000000ULL) {
+			struct be_idx_key ik = {};
+
+			ik.id = s->id;
+			ik.be = seen->be;
+			if (bpf_map_lookup_elem(&rcni_svc_be_idx, &ik)) {
+				seen->at_ns = now;
+				*out = seen->be;
+				return out;
+			}
+		}
+	}
 	bk.id = s->id;
-	bk.slot = bpf_get_prandom_u32() % s->count;
-	return bpf_map_lookup_elem(&rcni_svc_be, &bk);
+	bk.slot = bpf_get_prandom_u32() % n;
+	b = bpf_map_lookup_elem(&rcni_svc_be, &bk);
+	if (!b)
+		return NULL;
+	*out = *b;
+	if (aff) {
+		av.be = *b;
+		av.at_ns = now;
+		bpf_map_update_elem(&rcni_svc_aff, &ak, &av, BPF_ANY);
+	}
+	return out;
 }
 
 static __always_inline void remember(void *ctx, struct be_val *b, struct svc_key *k)
@@ -185,6 +266,7 @@ static __always_inline int refused(void)
 static __always_inline int xlate4(struct bpf_sock_addr *ctx, int remember_it)
 {
 	struct svc_key k = {};
+	struct be_val chosen = {};
 	struct be_val *b;
 	int refuse;
 	// A volatile 4-byte read: the verifier takes no narrower load of it.
@@ -196,7 +278,7 @@ static __always_inline int xlate4(struct bpf_sock_addr *ctx, int remember_it)
 	k.port = (__u16)port;
 	k.proto = ctx->protocol;
 	k.family = FAM_V4;
-	b = pick(&k, &refuse);
+	b = pick(ctx, &k, &refuse, &chosen);
 	if (refuse)
 		return refused();
 	if (!b || b->family != FAM_V4)
@@ -212,6 +294,7 @@ static __always_inline int xlate4(struct bpf_sock_addr *ctx, int remember_it)
 static __always_inline int xlate6(struct bpf_sock_addr *ctx, int remember_it)
 {
 	struct svc_key k = {};
+	struct be_val chosen = {};
 	struct be_val *b;
 	int refuse, mapped;
 	volatile __u32 port = ctx->user_port;
@@ -235,7 +318,7 @@ static __always_inline int xlate6(struct bpf_sock_addr *ctx, int remember_it)
 	}
 	k.port = (__u16)port;
 	k.proto = ctx->protocol;
-	b = pick(&k, &refuse);
+	b = pick(ctx, &k, &refuse, &chosen);
 	if (refuse)
 		return refused();
 	if (!b || b->family != k.family)

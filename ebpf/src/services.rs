@@ -10,7 +10,7 @@
 //! cgroup's id: the hooks stay while the agent is gone.
 
 use crate::bpffs::remove_pin;
-use crate::types::{SvcBackend, SvcBackendKey, SvcKey, SvcVal};
+use crate::types::{SvcBackend, SvcBackendIdx, SvcBackendKey, SvcKey, SvcVal};
 use crate::{Error, Result};
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use aya::programs::links::{CgroupAttachMode, FdLink};
@@ -32,7 +32,17 @@ const MAP_BACKENDS: &str = "rcni_svc_be";
 const MAP_REVERSE: &str = "rcni_svc_rev";
 const MAP_STATS: &str = "rcni_svc_stats";
 const MAP_LAYOUT: &str = "rcni_svc_layout";
-const MAPS: [&str; 5] = [MAP_SVC, MAP_BACKENDS, MAP_REVERSE, MAP_STATS, MAP_LAYOUT];
+const MAP_AFFINITY: &str = "rcni_svc_aff";
+const MAP_BACKEND_IDX: &str = "rcni_svc_be_idx";
+const MAPS: [&str; 7] = [
+    MAP_SVC,
+    MAP_BACKENDS,
+    MAP_REVERSE,
+    MAP_STATS,
+    MAP_LAYOUT,
+    MAP_AFFINITY,
+    MAP_BACKEND_IDX,
+];
 /// `SVC_LAYOUT` of the C: pins of another layout are refused.
 const LAYOUT: u32 = 1;
 /// Link pins: `link_<program>_<cgroup id>`.
@@ -61,6 +71,23 @@ pub struct Frontend {
     pub port: u16,
 }
 
+/// A frontend's backends (any order) and its `sessionAffinity: ClientIP`
+/// timeout in seconds (0: none).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Backends {
+    pub addrs: Vec<SocketAddr>,
+    pub affinity_s: u32,
+}
+
+impl From<Vec<SocketAddr>> for Backends {
+    fn from(addrs: Vec<SocketAddr>) -> Backends {
+        Backends {
+            addrs,
+            affinity_s: 0,
+        }
+    }
+}
+
 /// What [`ServiceLb::sync`] changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SyncReport {
@@ -87,6 +114,7 @@ pub struct ServiceLb {
     ebpf: Ebpf,
     svc: HashMap<MapData, SvcKey, SvcVal>,
     backends: HashMap<MapData, SvcBackendKey, SvcBackend>,
+    backend_idx: HashMap<MapData, SvcBackendIdx, u32>,
     stats: PerCpuArray<MapData, u64>,
     /// The last id given to a frontend's backends.
     next_id: u32,
@@ -165,6 +193,7 @@ impl ServiceLb {
             .map_err(|e| Error::aya("write the Services' layout", e))?;
         let svc: HashMap<MapData, SvcKey, SvcVal> = typed(take(MAP_SVC)?, MAP_SVC)?;
         let backends = typed(take(MAP_BACKENDS)?, MAP_BACKENDS)?;
+        let backend_idx = typed(take(MAP_BACKEND_IDX)?, MAP_BACKEND_IDX)?;
         let stats = typed(take(MAP_STATS)?, MAP_STATS)?;
         let next_id = collect(svc.iter(), "read the Services")?
             .iter()
@@ -176,6 +205,7 @@ impl ServiceLb {
             ebpf,
             svc,
             backends,
+            backend_idx,
             stats,
             next_id,
         };
@@ -234,13 +264,14 @@ impl ServiceLb {
     /// without endpoints. A changed frontend gets its new backends under a
     /// new id, then the frontend is swapped to it in one update: a
     /// connection meanwhile gets the old set or the new one.
-    pub fn sync(&mut self, want: &BTreeMap<Frontend, Vec<SocketAddr>>) -> Result<SyncReport> {
+    pub fn sync(&mut self, want: &BTreeMap<Frontend, Backends>) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         let cur = self.current()?;
         let mut used: BTreeSet<u32> = cur.values().map(|(v, _)| v.id).collect();
-        for (f, backends) in want {
+        for (f, b) in want {
             let key = SvcKey::new(f.addr, f.proto, f.port);
-            let mut bes: Vec<SocketAddr> = backends
+            let mut bes: Vec<SocketAddr> = b
+                .addrs
                 .iter()
                 .filter(|b| b.is_ipv4() == f.addr.is_ipv4())
                 .copied()
@@ -248,30 +279,35 @@ impl ServiceLb {
             bes.sort();
             bes.dedup();
             let old = cur.get(&key);
-            if old.is_some_and(|(_, b)| *b == bes) {
+            if old.is_some_and(|(v, old)| *old == bes && v.affinity_s == b.affinity_s) {
                 continue;
             }
             let id = self.new_id(&used)?;
             used.insert(id);
-            for (slot, b) in bes.iter().enumerate() {
-                let k = SvcBackendKey {
-                    id,
-                    slot: slot as u32,
-                };
+            for (slot, addr) in bes.iter().enumerate() {
+                let slot = slot as u32;
+                let be = SvcBackend::new(*addr);
                 self.backends
-                    .insert(k, SvcBackend::new(*b), 0)
+                    .insert(SvcBackendKey { id, slot }, be, 0)
                     .map_err(|e| Error::aya(format!("write a backend of {f:?}"), e))?;
+                if b.affinity_s > 0 {
+                    self.backend_idx
+                        .insert(SvcBackendIdx { id, be }, slot, 0)
+                        .map_err(|e| Error::aya(format!("write a backend of {f:?}"), e))?;
+                }
             }
             let val = SvcVal {
                 id,
                 count: bes.len() as u32,
+                affinity_s: b.affinity_s,
+                pad: 0,
             };
             self.svc
                 .insert(key, val, 0)
                 .map_err(|e| Error::aya(format!("write {f:?}"), e))?;
             match old {
                 Some((v, b)) => {
-                    self.remove_backends(v.id, b.len())?;
+                    self.remove_backends(v, b)?;
                     used.remove(&v.id);
                     report.changed += 1;
                 }
@@ -287,26 +323,27 @@ impl ServiceLb {
             if want.contains_key(&f) {
                 continue;
             }
-            match self.svc.remove(key) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(Error::aya(format!("remove {f:?}"), e)),
-            }
-            self.remove_backends(v.id, b.len())?;
+            removed(self.svc.remove(key), &format!("remove {f:?}"))?;
+            self.remove_backends(v, b)?;
             report.removed += 1;
         }
         Ok(report)
     }
 
     /// The frontends and their backends as the maps hold them.
-    pub fn frontends(&self) -> Result<BTreeMap<Frontend, Vec<SocketAddr>>> {
+    pub fn frontends(&self) -> Result<BTreeMap<Frontend, Backends>> {
         Ok(self
             .current()?
             .into_iter()
-            .map(|(k, (_, b))| {
+            .map(|(k, (v, addrs))| {
                 let f = Frontend {
                     addr: k.ip(),
                     proto: k.proto,
                     port: k.port(),
+                };
+                let b = Backends {
+                    addrs,
+                    affinity_s: v.affinity_s,
                 };
                 (f, b)
             })
@@ -357,12 +394,16 @@ impl ServiceLb {
         Err(Error::msg("no free Service id"))
     }
 
-    fn remove_backends(&mut self, id: u32, count: usize) -> Result<()> {
-        for slot in 0..count as u32 {
-            match self.backends.remove(&SvcBackendKey { id, slot }) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(Error::aya("remove a Service's backend", e)),
-            }
+    /// Frontend `v`'s backends (`addrs`, as read) out of both maps.
+    fn remove_backends(&mut self, v: &SvcVal, addrs: &[SocketAddr]) -> Result<()> {
+        let gone = |r| removed(r, "remove a Service's backend");
+        let id = v.id;
+        for slot in 0..v.count {
+            gone(self.backends.remove(&SvcBackendKey { id, slot }))?;
+        }
+        for addr in addrs {
+            let be = SvcBackend::new(*addr);
+            gone(self.backend_idx.remove(&SvcBackendIdx { id, be }))?;
         }
         Ok(())
     }
@@ -381,10 +422,18 @@ impl ServiceLb {
         .filter(|k| !live.contains(&k.id))
         .collect();
         for k in stale {
-            match self.backends.remove(&k) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(Error::aya("remove a stale backend", e)),
-            }
+            removed(self.backends.remove(&k), "remove a stale backend")?;
+        }
+        let stale: Vec<SvcBackendIdx> = collect(
+            self.backend_idx.keys().map(|k| k.map(|k| (k, ()))),
+            "read the backends",
+        )?
+        .into_iter()
+        .map(|(k, ())| k)
+        .filter(|k| !live.contains(&k.id))
+        .collect();
+        for k in stale {
+            removed(self.backend_idx.remove(&k), "remove a stale backend")?;
         }
         Ok(())
     }
@@ -436,6 +485,17 @@ fn link_pins(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
         }
     }
     Ok(out)
+}
+
+/// A map entry removed, or not there (aya says so as ENOENT).
+fn removed(r: std::result::Result<(), MapError>, op: &str) -> Result<()> {
+    match r {
+        Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+        Err(MapError::SyscallError(e)) if e.io_error.kind() == std::io::ErrorKind::NotFound => {
+            Ok(())
+        }
+        Err(e) => Err(Error::aya(op, e)),
+    }
 }
 
 fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut CgroupSockAddr> {

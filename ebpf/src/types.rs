@@ -44,6 +44,7 @@ pod!(
     SvcVal,
     SvcBackendKey,
     SvcBackend,
+    SvcBackendIdx,
 );
 
 const FAMILY_V4: u32 = 4;
@@ -1186,7 +1187,20 @@ const _: () = assert!(size_of::<SvcKey>() == 20);
 pub struct SvcVal {
     pub id: u32,
     pub count: u32,
+    /// `sessionAffinity: ClientIP`'s timeout; 0: none.
+    pub affinity_s: u32,
+    pub pad: u32,
 }
+
+/// `struct be_idx_key`: a backend of a Service with affinity.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct SvcBackendIdx {
+    pub id: u32,
+    pub be: SvcBackend,
+}
+
+const _: () = assert!(size_of::<SvcBackendIdx>() == 24);
 
 /// `struct be_key`.
 #[repr(C)]

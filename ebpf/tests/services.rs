@@ -5,7 +5,7 @@
 //! else on the host is below that cgroup, and the links go with the
 //! test's bpffs.
 
-use rcni_ebpf::services::{Frontend, ServiceLb, attached_cgroups, detach_services};
+use rcni_ebpf::services::{Backends, Frontend, ServiceLb, attached_cgroups, detach_services};
 use rcni_testkit::{Bpffs, TestNs, ip, require_root};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -194,15 +194,15 @@ fn a_connection_to_a_service_gets_a_backend_and_sees_only_the_service() {
     let dir = lab.fs.path().join("services");
     let mut lb = ServiceLb::open_or_load(&dir).unwrap();
     lb.attach(lab.cg.path()).unwrap();
-    let want = BTreeMap::from([
-        (fe("10.96.0.10", TCP, 80), both_v4()),
-        (fe("10.96.0.10", UDP, 53), vec![sa("10.77.0.3:8080")]),
-        (fe("10.96.0.11", TCP, 80), vec![]),
+    let want: BTreeMap<Frontend, Backends> = BTreeMap::from([
+        (fe("10.96.0.10", TCP, 80), both_v4().into()),
+        (fe("10.96.0.10", UDP, 53), vec![sa("10.77.0.3:8080")].into()),
+        (fe("10.96.0.11", TCP, 80), vec![].into()),
         (
             fe("fd96::10", TCP, 80),
-            vec![sa("[fd77::2]:8080"), sa("[fd77::3]:8080")],
+            vec![sa("[fd77::2]:8080"), sa("[fd77::3]:8080")].into(),
         ),
-        (fe("fd96::10", UDP, 53), vec![sa("[fd77::2]:8080")]),
+        (fe("fd96::10", UDP, 53), vec![sa("[fd77::2]:8080")].into()),
     ]);
     let r = lb.sync(&want).unwrap();
     assert_eq!((r.added, r.changed, r.removed), (5, 0, 0));
@@ -276,7 +276,7 @@ fn a_sync_moves_new_connections_only_and_a_restart_keeps_everything() {
     let mut lb = ServiceLb::open_or_load(&dir).unwrap();
     lb.attach(lab.cg.path()).unwrap();
     let svc = fe("10.96.1.1", TCP, 80);
-    lb.sync(&BTreeMap::from([(svc, both_v4())])).unwrap();
+    lb.sync(&BTreeMap::from([(svc, both_v4().into())])).unwrap();
 
     // A connection made now stays with its backend through everything
     // below: a client in the cgroup that holds it open.
@@ -305,7 +305,7 @@ fn a_sync_moves_new_connections_only_and_a_restart_keeps_everything() {
 
     // One backend left: every new connection goes there.
     let r = lb
-        .sync(&BTreeMap::from([(svc, vec![sa("10.77.0.3:8080")])]))
+        .sync(&BTreeMap::from([(svc, vec![sa("10.77.0.3:8080")].into())]))
         .unwrap();
     assert_eq!((r.added, r.changed, r.removed), (0, 1, 0));
     let ops: Vec<String> = (0..10).map(|_| "tcp=10.96.1.1:80".into()).collect();
@@ -320,11 +320,11 @@ fn a_sync_moves_new_connections_only_and_a_restart_keeps_everything() {
     let mut lb = ServiceLb::open_or_load(&dir).unwrap();
     assert_eq!(
         lb.frontends().unwrap(),
-        BTreeMap::from([(svc, vec![sa("10.77.0.3:8080")])])
+        BTreeMap::from([(svc, vec![sa("10.77.0.3:8080")].into())])
     );
     lb.attach(lab.cg.path()).unwrap();
     assert_eq!(attached_cgroups(&dir).unwrap(), cg_id);
-    assert_eq!(pinned(&dir).len(), 8 + 5, "{:?}", pinned(&dir));
+    assert_eq!(pinned(&dir).len(), 8 + 7, "{:?}", pinned(&dir));
     assert_eq!(hold.line_after_input(), "10.96.1.1");
 
     // Removed: no longer translated.
@@ -337,10 +337,66 @@ fn a_sync_moves_new_connections_only_and_a_restart_keeps_everything() {
     // Detached: the maps stay, the hooks go.
     assert!(detach_services(&dir).unwrap());
     assert!(attached_cgroups(&dir).unwrap().is_empty());
-    lb.sync(&BTreeMap::from([(svc, both_v4())])).unwrap();
+    lb.sync(&BTreeMap::from([(svc, both_v4().into())])).unwrap();
     assert_eq!(
         client(&lab.ns, Some(&lab.cg), &["tcp=10.96.1.1:80".into()]),
         ["tcp=10.96.1.1:80 err 101"]
+    );
+}
+
+#[test]
+fn session_affinity_keeps_a_client_on_its_backend_while_it_is_one() {
+    let Some(lab) = lab() else { return };
+    let dir = lab.fs.path().join("services");
+    let mut lb = ServiceLb::open_or_load(&dir).unwrap();
+    lb.attach(lab.cg.path()).unwrap();
+    let svc = fe("10.96.2.2", TCP, 80);
+    let sticky = |addrs: Vec<SocketAddr>| Backends {
+        addrs,
+        affinity_s: 600,
+    };
+    lb.sync(&BTreeMap::from([(svc, sticky(both_v4()))]))
+        .unwrap();
+    assert_eq!(lb.frontends().unwrap()[&svc].affinity_s, 600);
+    let ops: Vec<String> = (0..20).map(|_| "tcp=10.96.2.2:80".into()).collect();
+    let backend = |l: &String| l.split(' ').nth(2).unwrap_or_default().to_string();
+    let first: Vec<String> = client(&lab.ns, Some(&lab.cg), &ops)
+        .iter()
+        .map(backend)
+        .collect();
+    assert!(first.iter().all(|b| *b == first[0]), "{first:?}");
+    // Its backend leaves the Service: the client gets the other one, and
+    // keeps it.
+    let other = if first[0] == "a" {
+        "10.77.0.3:8080"
+    } else {
+        "10.77.0.2:8080"
+    };
+    let r = lb
+        .sync(&BTreeMap::from([(svc, sticky(vec![sa(other)]))]))
+        .unwrap();
+    assert_eq!(r.changed, 1);
+    let then: Vec<String> = client(&lab.ns, Some(&lab.cg), &ops[..5])
+        .iter()
+        .map(backend)
+        .collect();
+    assert!(then.iter().all(|b| *b != first[0]), "{then:?}");
+    lb.sync(&BTreeMap::from([(svc, sticky(both_v4()))]))
+        .unwrap();
+    let back: Vec<String> = client(&lab.ns, Some(&lab.cg), &ops)
+        .iter()
+        .map(backend)
+        .collect();
+    assert!(back.iter().all(|b| *b == then[0]), "{back:?}");
+    // Without affinity again: both.
+    lb.sync(&BTreeMap::from([(svc, both_v4().into())])).unwrap();
+    let spread: Vec<String> = client(&lab.ns, Some(&lab.cg), &ops)
+        .iter()
+        .map(backend)
+        .collect();
+    assert!(
+        spread.iter().any(|b| b == "a") && spread.iter().any(|b| b == "b"),
+        "{spread:?}"
     );
 }
 

@@ -12,8 +12,8 @@ use rcni_integration::lab::k8s::{Cache, K8sLab};
 
 const USAGE: &str = "usage: rcni-k8s-lab [--nodes N] [--network rcni|reference|flannel]
                     [--image FILE] [--net-conf FILE] [--reference-bin DIR]
-                    [--flannel DIR] [--agent-arg ARG]... [--keep-logs DIR]
-                    -- COMMAND [ARG...]
+                    [--flannel DIR] [--agent-arg ARG]... [--no-kube-proxy]
+                    [--keep-logs DIR] -- COMMAND [ARG...]
 
   --nodes N           nodes (default 3)
   --network rcni      rcni from deploy/rcni.yaml with the image FILE (default)
@@ -26,6 +26,8 @@ const USAGE: &str = "usage: rcni-k8s-lab [--nodes N] [--network rcni|reference|f
   --net-conf FILE     rcni's net-conf.json in place of the manifest's
   --agent-arg ARG     added to rcni-node's command line (repeatable), e.g.
                       --policy-backend=nftables
+  --no-kube-proxy     kube-proxy stopped and cleaned up on every node before
+                      the network is installed (for kubeProxyReplacement)
   --keep-logs DIR     copy every component's log there at the end
 
 COMMAND runs in the control plane's network namespace, on the lab's
@@ -42,6 +44,7 @@ struct Args {
     flannel: Option<PathBuf>,
     keep_logs: Option<PathBuf>,
     agent_args: Vec<String>,
+    no_kube_proxy: bool,
     command: Vec<String>,
 }
 
@@ -55,6 +58,7 @@ fn parse() -> Result<Args, String> {
         flannel: None,
         keep_logs: None,
         agent_args: Vec::new(),
+        no_kube_proxy: false,
         command: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
@@ -69,6 +73,7 @@ fn parse() -> Result<Args, String> {
             "--flannel" => a.flannel = Some(value()?.into()),
             "--keep-logs" => a.keep_logs = Some(value()?.into()),
             "--agent-arg" => a.agent_args.push(value()?),
+            "--no-kube-proxy" => a.no_kube_proxy = true,
             "-h" | "--help" => return Err(String::new()),
             "--" => {
                 a.command = it.collect();
@@ -117,7 +122,10 @@ fn main() -> ExitCode {
         "rcni-k8s-lab: starting the control plane and {} nodes",
         args.nodes
     );
-    let lab = K8sLab::start(cache, args.nodes);
+    let mut lab = K8sLab::start(cache, args.nodes);
+    if args.no_kube_proxy {
+        lab.remove_kube_proxy();
+    }
     eprintln!(
         "rcni-k8s-lab: cluster up in {:.0?}; installing {}",
         t0.elapsed(),

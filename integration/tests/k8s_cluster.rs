@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use rcni_integration::lab::k8s::{AGNHOST, CONTROL_IP, Cache, K8sLab};
+use rcni_integration::lab::k8s::{AGNHOST, Cache, K8sLab};
 use rcni_testkit::poll;
 use rcni_testkit::require_root;
 
@@ -504,28 +504,8 @@ fn services_without_kube_proxy_from_pods_and_the_node() {
     let Some((cache, image)) = cache_and_image() else {
         return;
     };
-    let kube_proxy = cache.bin.join("kube-proxy");
     let mut lab = K8sLab::start(cache, 2);
-    for n in &mut lab.nodes {
-        n.stop("kube-proxy");
-        let o = n.command(&kube_proxy).arg("--cleanup").output().unwrap();
-        assert!(
-            o.status.success(),
-            "kube-proxy --cleanup on {}: {}",
-            n.name,
-            String::from_utf8_lossy(&o.stderr)
-        );
-    }
-    lab.kubectl_ok(&["create", "namespace", "rcni-system"]);
-    lab.kubectl_ok(&[
-        "-n",
-        "rcni-system",
-        "create",
-        "configmap",
-        "kubernetes-services-endpoint",
-        &format!("--from-literal=KUBERNETES_SERVICE_HOST={CONTROL_IP}"),
-        "--from-literal=KUBERNETES_SERVICE_PORT=6443",
-    ]);
+    lab.remove_kube_proxy();
     lab.install_rcni(
         &image,
         Some(r#"{"network": "10.244.0.0/16", "backend": "vxlan", "kubeProxyReplacement": true}"#),

@@ -6,21 +6,24 @@
 //! root: a connection a pod or a host process makes to a Service's address
 //! goes to a backend from its first packet, with no NAT on the way.
 //!
-//! The maps are written once both lists came, then after each burst of
+//! Nodes are watched too, for their addresses (node ports). The maps are
+//! written once every list came, then after each burst of
 //! changes. A lost API server changes nothing: the maps stay as last
 //! written, and so do the hooks while the agent is gone (their links are
 //! pinned).
 
+pub mod health;
 pub mod model;
 
 use crate::k8s_policy::follow;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use rcni_ebpf::services::{ServiceLb, remove_services};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -122,8 +125,28 @@ pub fn stop(pin_root: &Path) -> Result<bool, ServicesError> {
 struct Store {
     services: BTreeMap<(String, String), Service>,
     slices: BTreeMap<(String, String), EndpointSlice>,
+    /// For node ports: every node's addresses.
+    nodes: BTreeMap<(String, String), Node>,
     services_listed: bool,
     slices_listed: bool,
+    nodes_listed: bool,
+}
+
+impl Store {
+    fn listed(&self) -> bool {
+        self.services_listed && self.slices_listed && self.nodes_listed
+    }
+
+    /// Every node's InternalIP and ExternalIP addresses.
+    fn node_addrs(&self) -> BTreeSet<IpAddr> {
+        self.nodes
+            .values()
+            .filter_map(|n| n.status.as_ref()?.addresses.as_ref())
+            .flatten()
+            .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+            .filter_map(|a| a.address.parse().ok())
+            .collect()
+    }
 }
 
 fn key<K: Resource>(o: &K) -> (String, String) {
@@ -191,7 +214,7 @@ pub fn start(client: kube::Client, conf: Config) -> Result<ServiceProxy, Service
             },
         )),
         tokio::spawn(watch(
-            Api::<EndpointSlice>::all(client),
+            Api::<EndpointSlice>::all(client.clone()),
             "endpointslices",
             store.clone(),
             changed.clone(),
@@ -206,6 +229,24 @@ pub fn start(client: kube::Client, conf: Config) -> Result<ServiceProxy, Service
             |s, all| {
                 s.slices = all;
                 s.slices_listed = true;
+            },
+        )),
+        tokio::spawn(watch(
+            Api::<Node>::all(client),
+            "nodes",
+            store.clone(),
+            changed.clone(),
+            |s, k, v| match v {
+                Some(v) => {
+                    s.nodes.insert(k, v);
+                }
+                None => {
+                    s.nodes.remove(&k);
+                }
+            },
+            |s, all| {
+                s.nodes = all;
+                s.nodes_listed = true;
             },
         )),
         tokio::spawn(writer(lb, store, changed, conf.node)),
@@ -256,19 +297,27 @@ async fn watch<K>(
     .await
 }
 
-/// Writes the maps after each burst of changes, once both kinds were
+/// Writes the maps after each burst of changes, once every kind was
 /// listed (before that, the maps an earlier run wrote stand).
 async fn writer(lb: ServiceLb, store: Arc<Mutex<Store>>, changed: Arc<Notify>, node: String) {
     let lb = Arc::new(Mutex::new(lb));
+    let mut health = health::Health::new();
     loop {
         changed.notified().await;
         tokio::time::sleep(DEBOUNCE).await;
-        let want = {
+        let (want, ports) = {
             let s = lock(&store);
-            if !(s.services_listed && s.slices_listed) {
+            if !s.listed() {
                 continue;
             }
-            model::frontends(s.services.values(), s.slices.values(), &node)
+            let want = model::frontends(
+                s.services.values(),
+                s.slices.values(),
+                &node,
+                &s.node_addrs(),
+            );
+            let ports = model::health_ports(s.services.values(), s.slices.values(), &node);
+            (want, ports)
         };
         let lb = lb.clone();
         let started = Instant::now();
@@ -285,9 +334,16 @@ async fn writer(lb: ServiceLb, store: Arc<Mutex<Store>>, changed: Arc<Notify>, n
             )),
             Ok(Ok(_)) => {}
             // The next change or relist tries again.
-            Ok(Err(e)) => crate::log(format!("services: writing the maps: {e}")),
-            Err(e) => crate::log(format!("services: {e}")),
+            Ok(Err(e)) => {
+                crate::log(format!("services: writing the maps: {e}"));
+                continue;
+            }
+            Err(e) => {
+                crate::log(format!("services: {e}"));
+                continue;
+            }
         }
+        health.update(ports).await;
     }
 }
 

@@ -755,6 +755,36 @@ impl K8sLab {
         });
     }
 
+    /// kube-proxy gone, as a user without it removes it: stopped on every
+    /// node and its rules taken out (`kube-proxy --cleanup`); the
+    /// kubernetes-services-endpoint ConfigMap rcni's DaemonSet reads gives
+    /// the agents the API server's own address, the `kubernetes` Service
+    /// working only once they run ("kubeProxyReplacement": true).
+    pub fn remove_kube_proxy(&mut self) {
+        let bin = self.cache.bin.join("kube-proxy");
+        for n in &mut self.nodes {
+            n.stop("kube-proxy");
+            let o = n.command(&bin).arg("--cleanup").output().unwrap();
+            assert!(
+                o.status.success(),
+                "kube-proxy --cleanup on {}: {}",
+                n.name,
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        self.apply(&format!(
+            "apiVersion: v1
+kind: Namespace
+metadata: {{name: rcni-system}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: kubernetes-services-endpoint, namespace: rcni-system}}
+data: {{KUBERNETES_SERVICE_HOST: \"{CONTROL_IP}\", KUBERNETES_SERVICE_PORT: \"6443\"}}
+"
+        ));
+    }
+
     /// rcni as a user installs it: its image on every node, then
     /// `kubectl apply -f deploy/rcni.yaml` (with `net_conf` as the
     /// ConfigMap's net-conf.json when given, and `agent_args` added to the

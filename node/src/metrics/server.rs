@@ -50,21 +50,36 @@ pub fn request_line(head: &[u8]) -> Option<(String, String)> {
     Some((method, path))
 }
 
-async fn answer(mut conn: TcpStream, metrics: &'static Metrics) -> std::io::Result<()> {
+/// A request's method and path, read from `conn`; `None` when the client
+/// went, or was answered already (a head too large or unreadable).
+pub(crate) async fn read_request(
+    conn: &mut TcpStream,
+) -> std::io::Result<Option<(String, String)>> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
         let n = conn.read(&mut buf).await?;
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         head.extend_from_slice(&buf[..n]);
         if head.len() > MAX_HEAD {
-            return respond(&mut conn, "431 Request Header Fields Too Large", "", b"").await;
+            respond(conn, "431 Request Header Fields Too Large", "", b"").await?;
+            return Ok(None);
         }
     }
-    let Some((method, path)) = request_line(&head) else {
-        return respond(&mut conn, "400 Bad Request", "", b"").await;
+    match request_line(&head) {
+        Some(r) => Ok(Some(r)),
+        None => {
+            respond(conn, "400 Bad Request", "", b"").await?;
+            Ok(None)
+        }
+    }
+}
+
+async fn answer(mut conn: TcpStream, metrics: &'static Metrics) -> std::io::Result<()> {
+    let Some((method, path)) = read_request(&mut conn).await? else {
+        return Ok(());
     };
     if path == "/readyz" {
         return match metrics.readiness() {
@@ -115,12 +130,27 @@ async fn respond(
     content_type: &str,
     body: &[u8],
 ) -> std::io::Result<()> {
+    respond_with(conn, status, content_type, &[], body).await
+}
+
+/// One response and the end of the connection; `headers` besides the
+/// length, `Connection` and the content type.
+pub(crate) async fn respond_with(
+    conn: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> std::io::Result<()> {
     let mut head = format!(
         "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
     );
     if !content_type.is_empty() {
         head.push_str(&format!("Content-Type: {content_type}\r\n"));
+    }
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
     }
     head.push_str("\r\n");
     conn.write_all(head.as_bytes()).await?;

@@ -12,12 +12,19 @@
 //!   (terminating) ones; an address listed by two slices once;
 //! - `internalTrafficPolicy: Local`: a ClusterIP's endpoints only this
 //!   node's;
+//! - NodePort (and LoadBalancer) Services: every node's InternalIP and
+//!   ExternalIP on the node port too, with every endpoint whatever
+//!   `externalTrafficPolicy` says: these hooks see only connections made on
+//!   a node, which kube-proxy sends to the whole cluster's endpoints too
+//!   (Local is for traffic from outside, not translated here yet);
+//! - `sessionAffinity: ClientIP`: its timeout (default 3 hours) on every
+//!   frontend of the Service;
 //! - no endpoint: the frontend stays, with none, and connections to it are
 //!   refused (kube-proxy's REJECT).
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
-use rcni_ebpf::services::Frontend;
+use rcni_ebpf::services::{Backends, Frontend};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 
@@ -26,7 +33,10 @@ const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 const TCP: u8 = 6;
 const UDP: u8 = 17;
 
-pub type Frontends = BTreeMap<Frontend, Vec<SocketAddr>>;
+pub type Frontends = BTreeMap<Frontend, Backends>;
+
+/// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds`.
+const DEFAULT_AFFINITY_S: u32 = 10800;
 
 fn proto(p: Option<&str>) -> Option<u8> {
     match p.unwrap_or("TCP") {
@@ -123,11 +133,13 @@ fn endpoints<'a>(
 }
 
 /// Every Service's frontends and their backends, for this node (`node`,
-/// for `internalTrafficPolicy: Local`).
+/// for `internalTrafficPolicy: Local`); `node_addrs` every node's
+/// addresses, for node ports.
 pub fn frontends<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     node: &str,
+    node_addrs: &BTreeSet<IpAddr>,
 ) -> Frontends {
     let mut by_svc: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for s in slices {
@@ -152,6 +164,16 @@ pub fn frontends<'a>(
         let slices = by_svc.get(&(ns, name)).map(Vec::as_slice).unwrap_or(&[]);
         let spec = svc.spec.as_ref();
         let local_only = spec.and_then(|s| s.internal_traffic_policy.as_deref()) == Some("Local");
+        let affinity_s = match spec.and_then(|s| s.session_affinity.as_deref()) {
+            Some("ClientIP") => spec
+                .and_then(|s| s.session_affinity_config.as_ref())
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .and_then(|t| u32::try_from(t).ok())
+                .filter(|t| *t > 0)
+                .unwrap_or(DEFAULT_AFFINITY_S),
+            _ => 0,
+        };
         let addrs = addresses(svc);
         for port in spec.and_then(|s| s.ports.as_ref()).into_iter().flatten() {
             let Some(proto) = proto(port.protocol.as_deref()) else {
@@ -162,7 +184,7 @@ pub fn frontends<'a>(
             };
             for v4 in [true, false] {
                 let eps = endpoints(slices, port, v4);
-                let pick = |local: bool| -> Vec<SocketAddr> {
+                let pick = |local: bool| -> Backends {
                     let mine = |e: &Endpoint| !local || e.node_name.as_deref() == Some(node);
                     let mut ready: BTreeSet<SocketAddr> = eps
                         .iter()
@@ -176,7 +198,10 @@ pub fn frontends<'a>(
                             .map(|(a, _)| *a)
                             .collect();
                     }
-                    ready.into_iter().collect()
+                    Backends {
+                        addrs: ready.into_iter().collect(),
+                        affinity_s,
+                    }
                 };
                 for &(addr, is_cluster) in addrs.iter().filter(|(a, _)| a.is_ipv4() == v4) {
                     let f = Frontend {
@@ -186,8 +211,76 @@ pub fn frontends<'a>(
                     };
                     out.insert(f, pick(is_cluster && local_only));
                 }
+                let node_port = port
+                    .node_port
+                    .and_then(|n| u16::try_from(n).ok())
+                    // Of the families the Service has.
+                    .filter(|n| *n != 0 && addrs.iter().any(|(a, _)| a.is_ipv4() == v4));
+                if let Some(np) = node_port {
+                    for &addr in node_addrs.iter().filter(|a| a.is_ipv4() == v4) {
+                        let f = Frontend {
+                            addr,
+                            proto,
+                            port: np,
+                        };
+                        out.insert(f, pick(false));
+                    }
+                }
             }
         }
+    }
+    out
+}
+
+/// Every `healthCheckNodePort` and its Service's ready endpoints on this
+/// node (kube-proxy's answer to a load balancer's probe).
+pub fn health_ports<'a>(
+    services: impl IntoIterator<Item = &'a Service>,
+    slices: impl IntoIterator<Item = &'a EndpointSlice>,
+    node: &str,
+) -> BTreeMap<u16, super::health::HealthPort> {
+    let mut local: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
+    for s in slices {
+        let ns = s.metadata.namespace.as_deref().unwrap_or("");
+        let Some(svc) = s
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        else {
+            continue;
+        };
+        let set = local.entry((ns, svc.as_str())).or_default();
+        for e in s
+            .endpoints
+            .iter()
+            .filter(|e| ready(e) && e.node_name.as_deref() == Some(node))
+        {
+            set.extend(e.addresses.iter().map(String::as_str));
+        }
+    }
+    let mut out = BTreeMap::new();
+    for svc in services {
+        let Some(port) = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.health_check_node_port)
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+        else {
+            continue;
+        };
+        let ns = svc.metadata.namespace.as_deref().unwrap_or("");
+        let name = svc.metadata.name.as_deref().unwrap_or("");
+        let n = local.get(&(ns, name)).map_or(0, BTreeSet::len);
+        out.insert(
+            port,
+            super::health::HealthPort {
+                namespace: ns.to_string(),
+                name: name.to_string(),
+                local_endpoints: n,
+            },
+        );
     }
     out
 }
@@ -215,6 +308,10 @@ mod tests {
 
     fn sa(v: &[&str]) -> Vec<SocketAddr> {
         v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn none() -> BTreeSet<IpAddr> {
+        BTreeSet::new()
     }
 
     fn web_slice(name: &str, ty: &str, eps: serde_json::Value) -> EndpointSlice {
@@ -261,9 +358,9 @@ mod tests {
             "ports": [{"name": "http", "port": 1}],
             "endpoints": [{"addresses": ["10.9.9.9"]}],
         }));
-        let got = frontends([&s], [&v4, &v4b, &v6, &other], "n1");
-        let http4 = sa(&["10.1.0.5:8080", "10.1.1.5:8080"]);
-        let dns4 = sa(&["10.1.0.5:5353", "10.1.1.5:5353"]);
+        let got = frontends([&s], [&v4, &v4b, &v6, &other], "n1", &none());
+        let http4: Backends = sa(&["10.1.0.5:8080", "10.1.1.5:8080"]).into();
+        let dns4: Backends = sa(&["10.1.0.5:5353", "10.1.1.5:5353"]).into();
         let want = Frontends::from([
             (fe("10.96.0.10", TCP, 80), http4.clone()),
             (fe("10.96.0.10", UDP, 53), dns4.clone()),
@@ -271,8 +368,8 @@ mod tests {
             (fe("192.0.2.7", UDP, 53), dns4.clone()),
             (fe("198.51.100.1", TCP, 80), http4),
             (fe("198.51.100.1", UDP, 53), dns4),
-            (fe("fd96::10", TCP, 80), sa(&["[fd01::5]:8080"])),
-            (fe("fd96::10", UDP, 53), sa(&["[fd01::5]:5353"])),
+            (fe("fd96::10", TCP, 80), sa(&["[fd01::5]:8080"]).into()),
+            (fe("fd96::10", UDP, 53), sa(&["[fd01::5]:5353"]).into()),
         ]);
         assert_eq!(got, want);
     }
@@ -291,11 +388,14 @@ mod tests {
                 {"addresses": ["10.1.2.6"], "conditions": {"ready": false, "serving": false}},
             ]),
         );
-        let got = frontends([&s], [&sl], "n1");
-        assert_eq!(got[&fe("10.96.0.10", TCP, 80)], sa(&["10.1.2.5:8080"]));
+        let got = frontends([&s], [&sl], "n1", &none());
+        assert_eq!(
+            got[&fe("10.96.0.10", TCP, 80)].addrs,
+            sa(&["10.1.2.5:8080"])
+        );
         // Without a slice: kept, refusing.
-        let got = frontends([&s], [], "n1");
-        assert_eq!(got[&fe("10.96.0.10", TCP, 80)], sa(&[]));
+        let got = frontends([&s], [], "n1", &none());
+        assert_eq!(got[&fe("10.96.0.10", TCP, 80)].addrs, sa(&[]));
     }
 
     #[test]
@@ -314,14 +414,17 @@ mod tests {
                 {"addresses": ["10.1.1.5"], "nodeName": "n2"},
             ]),
         );
-        let got = frontends([&s], [&sl], "n1");
-        assert_eq!(got[&fe("10.96.0.10", TCP, 80)], sa(&["10.1.0.5:8080"]));
+        let got = frontends([&s], [&sl], "n1", &none());
         assert_eq!(
-            got[&fe("192.0.2.7", TCP, 80)],
+            got[&fe("10.96.0.10", TCP, 80)].addrs,
+            sa(&["10.1.0.5:8080"])
+        );
+        assert_eq!(
+            got[&fe("192.0.2.7", TCP, 80)].addrs,
             sa(&["10.1.0.5:8080", "10.1.1.5:8080"])
         );
-        let got = frontends([&s], [&sl], "n3");
-        assert_eq!(got[&fe("10.96.0.10", TCP, 80)], sa(&[]));
+        let got = frontends([&s], [&sl], "n3", &none());
+        assert_eq!(got[&fe("10.96.0.10", TCP, 80)].addrs, sa(&[]));
     }
 
     #[test]
@@ -341,7 +444,7 @@ mod tests {
                           "labels": {PROXY_NAME_LABEL: "someone-else"}},
             "spec": {"clusterIP": "10.96.0.12", "ports": [{"port": 80}]},
         }));
-        assert!(frontends([&headless, &ext, &other], [], "n1").is_empty());
+        assert!(frontends([&headless, &ext, &other], [], "n1", &none()).is_empty());
     }
 
     #[test]
@@ -357,7 +460,107 @@ mod tests {
             "ports": [{"port": 9999, "protocol": "TCP"}, {"port": 5353, "protocol": "UDP"}],
             "endpoints": [{"addresses": ["10.1.0.5"]}],
         }));
-        let got = frontends([&s], [&sl], "n1");
-        assert_eq!(got[&fe("10.96.0.10", UDP, 53)], sa(&["10.1.0.5:5353"]));
+        let got = frontends([&s], [&sl], "n1", &none());
+        assert_eq!(
+            got[&fe("10.96.0.10", UDP, 53)].addrs,
+            sa(&["10.1.0.5:5353"])
+        );
+    }
+
+    #[test]
+    fn node_ports_on_every_nodes_address_with_every_endpoint() {
+        let s = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.10",
+                     "externalTrafficPolicy": "Local", "internalTrafficPolicy": "Local",
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30080}]},
+        }));
+        let sl = web_slice(
+            "web-a",
+            "IPv4",
+            json!([
+                {"addresses": ["10.1.0.5"], "nodeName": "n1"},
+                {"addresses": ["10.1.1.5"], "nodeName": "n2"},
+            ]),
+        );
+        let nodes: BTreeSet<IpAddr> = ["172.30.0.11", "172.30.0.12", "fd30::11"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let got = frontends([&s], [&sl], "n1", &nodes);
+        let all = sa(&["10.1.0.5:8080", "10.1.1.5:8080"]);
+        assert_eq!(
+            got,
+            Frontends::from([
+                (fe("10.96.0.10", TCP, 80), sa(&["10.1.0.5:8080"]).into()),
+                (fe("172.30.0.11", TCP, 30080), all.clone().into()),
+                (fe("172.30.0.12", TCP, 30080), all.into()),
+            ])
+        );
+        // A ClusterIP Service has no node port.
+        let c = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]},
+        }));
+        assert_eq!(frontends([&c], [&sl], "n1", &nodes).len(), 1);
+    }
+
+    #[test]
+    fn client_ip_affinity_with_its_timeout_or_kube_proxys_default() {
+        let with = |aff: serde_json::Value| {
+            let mut spec = json!({"clusterIP": "10.96.0.10", "sessionAffinity": "ClientIP",
+                                  "ports": [{"name": "http", "port": 80}]});
+            if !aff.is_null() {
+                spec["sessionAffinityConfig"] = aff;
+            }
+            let s = svc(json!({"metadata": {"name": "web", "namespace": "ns"}, "spec": spec}));
+            frontends([&s], [], "n1", &none())[&fe("10.96.0.10", TCP, 80)].affinity_s
+        };
+        assert_eq!(with(serde_json::Value::Null), 10800);
+        assert_eq!(with(json!({"clientIP": {"timeoutSeconds": 60}})), 60);
+        let none_set = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"clusterIP": "10.96.0.10", "sessionAffinity": "None",
+                     "ports": [{"name": "http", "port": 80}]},
+        }));
+        assert_eq!(
+            frontends([&none_set], [], "n1", &none())[&fe("10.96.0.10", TCP, 80)].affinity_s,
+            0
+        );
+    }
+
+    #[test]
+    fn health_check_node_ports_count_this_nodes_ready_endpoints() {
+        let s = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.10",
+                     "externalTrafficPolicy": "Local", "healthCheckNodePort": 31000,
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30080}]},
+        }));
+        let sl = web_slice(
+            "web-a",
+            "IPv4",
+            json!([
+                {"addresses": ["10.1.0.5"], "nodeName": "n1"},
+                {"addresses": ["10.1.0.6"], "nodeName": "n1",
+                 "conditions": {"ready": false, "serving": true, "terminating": true}},
+                {"addresses": ["10.1.1.5"], "nodeName": "n2"},
+            ]),
+        );
+        let got = health_ports([&s], [&sl], "n1");
+        assert_eq!(got[&31000].local_endpoints, 1);
+        assert_eq!(
+            (got[&31000].namespace.as_str(), got[&31000].name.as_str()),
+            ("ns", "web")
+        );
+        // Only terminating ones: none.
+        let sl = web_slice(
+            "web-a",
+            "IPv4",
+            json!([{"addresses": ["10.1.0.6"], "nodeName": "n1",
+                    "conditions": {"ready": false, "serving": true, "terminating": true}}]),
+        );
+        assert_eq!(health_ports([&s], [&sl], "n1")[&31000].local_endpoints, 0);
+        assert_eq!(health_ports([&s], [&sl], "n3")[&31000].local_endpoints, 0);
     }
 }
