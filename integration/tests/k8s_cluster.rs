@@ -497,8 +497,9 @@ fn a_conflist_the_agent_cannot_write_shows_and_mends() {
 /// kubernetes-services-endpoint ConfigMap, as a user without kube-proxy
 /// sets it); CoreDNS reaches it through the `kubernetes` Service, the pods
 /// CoreDNS through its ClusterIP (UDP), a pod a server across nodes, and a
-/// process of the node's own (in the node's cgroup) too; a Service whose
-/// endpoints go refuses, and takes the next one that comes.
+/// process of the node's own (in the node's cgroup) too; an agent's restart
+/// breaks no connection; a Service whose endpoints go refuses, and takes
+/// the next one that comes.
 #[test]
 fn services_without_kube_proxy_from_pods_and_the_node() {
     let Some((cache, image)) = cache_and_image() else {
@@ -605,6 +606,29 @@ spec:
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+
+    // n1's agent restarts: its hooks stay (their links are pinned), so
+    // the client's connections through the Service keep working while
+    // the agent is away, and after.
+    let agent = lab.kubectl_ok(&[
+        "-n",
+        "rcni-system",
+        "get",
+        "pod",
+        "-l",
+        "app.kubernetes.io/name=rcni",
+        "--field-selector",
+        "spec.nodeName=n1",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    lab.kubectl_ok(&["-n", "rcni-system", "delete", "pod", &agent, "--wait=false"]);
+    let failed = (0..10)
+        .filter(|_| !connects(&lab, "client", &vip, 80))
+        .count();
+    lab.rollout("rcni-system", "daemonset/rcni-node");
+    assert_eq!(failed, 0, "connections failed while n1's agent restarted");
+    through(true);
 
     // The endpoint goes: refused; a new one comes: reached.
     lab.kubectl_ok(&["delete", "pod", "s2", "--wait=true"]);

@@ -22,7 +22,7 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use rcni_ebpf::services::{ServiceLb, remove_services};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -137,15 +137,21 @@ impl Store {
         self.services_listed && self.slices_listed && self.nodes_listed
     }
 
-    /// Every node's InternalIP and ExternalIP addresses.
-    fn node_addrs(&self) -> BTreeSet<IpAddr> {
-        self.nodes
-            .values()
-            .filter_map(|n| n.status.as_ref()?.addresses.as_ref())
-            .flatten()
-            .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
-            .filter_map(|a| a.address.parse().ok())
-            .collect()
+    /// Every node's InternalIP and ExternalIP addresses, and the node's
+    /// name.
+    fn node_addrs(&self) -> BTreeMap<IpAddr, String> {
+        let mut out = BTreeMap::new();
+        for ((_, name), n) in &self.nodes {
+            let addrs = n.status.as_ref().and_then(|s| s.addresses.as_ref());
+            for a in addrs.into_iter().flatten() {
+                if (a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+                    && let Ok(ip) = a.address.parse()
+                {
+                    out.insert(ip, name.clone());
+                }
+            }
+        }
+        out
     }
 }
 

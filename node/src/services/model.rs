@@ -5,7 +5,9 @@
 //!   (not one whose `ipMode` is `Proxy`: the load balancer itself proxies
 //!   it) of each TCP or UDP port; none for headless and ExternalName
 //!   Services, nor for those another proxy serves (label
-//!   `service.kubernetes.io/service-proxy-name`);
+//!   `service.kubernetes.io/service-proxy-name`) or labelled
+//!   `service.kubernetes.io/headless`, as kube-proxy's own watch leaves
+//!   out;
 //! - endpoints: those of the slices labelled with the Service's name, of
 //!   the frontend's address family, on the port of the same name and
 //!   protocol; the ready ones, or where none is ready the serving
@@ -13,10 +15,11 @@
 //! - `internalTrafficPolicy: Local`: a ClusterIP's endpoints only this
 //!   node's;
 //! - NodePort (and LoadBalancer) Services: every node's InternalIP and
-//!   ExternalIP on the node port too, with every endpoint whatever
-//!   `externalTrafficPolicy` says: these hooks see only connections made on
-//!   a node, which kube-proxy sends to the whole cluster's endpoints too
-//!   (Local is for traffic from outside, not translated here yet);
+//!   ExternalIP on the node port too. This node's with every endpoint (a
+//!   connection made on a node to its own node port is the cluster's,
+//!   kube-proxy's short-circuit); another node's, with
+//!   `externalTrafficPolicy: Local`, with that node's endpoints only, as
+//!   its proxy would answer (none: refused);
 //! - `sessionAffinity: ClientIP`: its timeout (default 3 hours) on every
 //!   frontend of the Service;
 //! - no endpoint: the frontend stays, with none, and connections to it are
@@ -30,6 +33,8 @@ use std::net::{IpAddr, SocketAddr};
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// kube-proxy leaves Services with this label alone too.
+const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 const TCP: u8 = 6;
 const UDP: u8 = 17;
 
@@ -134,12 +139,12 @@ fn endpoints<'a>(
 
 /// Every Service's frontends and their backends, for this node (`node`,
 /// for `internalTrafficPolicy: Local`); `node_addrs` every node's
-/// addresses, for node ports.
+/// addresses and whose they are, for node ports.
 pub fn frontends<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     node: &str,
-    node_addrs: &BTreeSet<IpAddr>,
+    node_addrs: &BTreeMap<IpAddr, String>,
 ) -> Frontends {
     let mut by_svc: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for s in slices {
@@ -156,7 +161,9 @@ pub fn frontends<'a>(
     let mut out = Frontends::new();
     for svc in services {
         let labels = svc.metadata.labels.as_ref();
-        if labels.is_some_and(|l| l.contains_key(PROXY_NAME_LABEL)) {
+        if labels
+            .is_some_and(|l| l.contains_key(PROXY_NAME_LABEL) || l.contains_key(HEADLESS_LABEL))
+        {
             continue;
         }
         let ns = svc.metadata.namespace.as_deref().unwrap_or("");
@@ -164,6 +171,8 @@ pub fn frontends<'a>(
         let slices = by_svc.get(&(ns, name)).map(Vec::as_slice).unwrap_or(&[]);
         let spec = svc.spec.as_ref();
         let local_only = spec.and_then(|s| s.internal_traffic_policy.as_deref()) == Some("Local");
+        let external_local =
+            spec.and_then(|s| s.external_traffic_policy.as_deref()) == Some("Local");
         let affinity_s = match spec.and_then(|s| s.session_affinity.as_deref()) {
             Some("ClientIP") => spec
                 .and_then(|s| s.session_affinity_config.as_ref())
@@ -184,8 +193,9 @@ pub fn frontends<'a>(
             };
             for v4 in [true, false] {
                 let eps = endpoints(slices, port, v4);
-                let pick = |local: bool| -> Backends {
-                    let mine = |e: &Endpoint| !local || e.node_name.as_deref() == Some(node);
+                // `on`: only the endpoints of that node.
+                let pick = |on: Option<&str>| -> Backends {
+                    let mine = |e: &Endpoint| on.is_none() || e.node_name.as_deref() == on;
                     let mut ready: BTreeSet<SocketAddr> = eps
                         .iter()
                         .filter(|(_, e)| ready(e) && mine(e))
@@ -209,7 +219,7 @@ pub fn frontends<'a>(
                         proto,
                         port: pnum,
                     };
-                    out.insert(f, pick(is_cluster && local_only));
+                    out.insert(f, pick((is_cluster && local_only).then_some(node)));
                 }
                 let node_port = port
                     .node_port
@@ -217,13 +227,19 @@ pub fn frontends<'a>(
                     // Of the families the Service has.
                     .filter(|n| *n != 0 && addrs.iter().any(|(a, _)| a.is_ipv4() == v4));
                 if let Some(np) = node_port {
-                    for &addr in node_addrs.iter().filter(|a| a.is_ipv4() == v4) {
+                    for (&addr, owner) in node_addrs.iter().filter(|(a, _)| a.is_ipv4() == v4) {
                         let f = Frontend {
                             addr,
                             proto,
                             port: np,
                         };
-                        out.insert(f, pick(false));
+                        // Another node's port with externalTrafficPolicy
+                        // Local: what that node's proxy would answer, its
+                        // own endpoints. This node's: every endpoint
+                        // (kube-proxy's short-circuit for the node's own
+                        // traffic).
+                        let on = (external_local && owner != node).then_some(owner.as_str());
+                        out.insert(f, pick(on));
                     }
                 }
             }
@@ -310,8 +326,8 @@ mod tests {
         v.iter().map(|s| s.parse().unwrap()).collect()
     }
 
-    fn none() -> BTreeSet<IpAddr> {
-        BTreeSet::new()
+    fn none() -> BTreeMap<IpAddr, String> {
+        BTreeMap::new()
     }
 
     fn web_slice(name: &str, ty: &str, eps: serde_json::Value) -> EndpointSlice {
@@ -444,7 +460,11 @@ mod tests {
                           "labels": {PROXY_NAME_LABEL: "someone-else"}},
             "spec": {"clusterIP": "10.96.0.12", "ports": [{"port": 80}]},
         }));
-        assert!(frontends([&headless, &ext, &other], [], "n1", &none()).is_empty());
+        let labelled = svc(json!({
+            "metadata": {"name": "h", "namespace": "ns", "labels": {HEADLESS_LABEL: ""}},
+            "spec": {"clusterIP": "10.96.0.13", "ports": [{"port": 80}]},
+        }));
+        assert!(frontends([&headless, &ext, &other, &labelled], [], "n1", &none()).is_empty());
     }
 
     #[test]
@@ -483,20 +503,32 @@ mod tests {
                 {"addresses": ["10.1.1.5"], "nodeName": "n2"},
             ]),
         );
-        let nodes: BTreeSet<IpAddr> = ["172.30.0.11", "172.30.0.12", "fd30::11"]
-            .iter()
-            .map(|a| a.parse().unwrap())
-            .collect();
+        let nodes: BTreeMap<IpAddr, String> = [
+            ("172.30.0.11", "n1"),
+            ("172.30.0.12", "n2"),
+            ("172.30.0.13", "n3"),
+            ("fd30::11", "n1"),
+        ]
+        .iter()
+        .map(|(a, n)| (a.parse().unwrap(), n.to_string()))
+        .collect();
         let got = frontends([&s], [&sl], "n1", &nodes);
         let all = sa(&["10.1.0.5:8080", "10.1.1.5:8080"]);
+        // This node's port: every endpoint; n2's: n2's only; n3 has none.
         assert_eq!(
             got,
             Frontends::from([
                 (fe("10.96.0.10", TCP, 80), sa(&["10.1.0.5:8080"]).into()),
                 (fe("172.30.0.11", TCP, 30080), all.clone().into()),
-                (fe("172.30.0.12", TCP, 30080), all.into()),
+                (fe("172.30.0.12", TCP, 30080), sa(&["10.1.1.5:8080"]).into()),
+                (fe("172.30.0.13", TCP, 30080), sa(&[]).into()),
             ])
         );
+        // With externalTrafficPolicy Cluster every node's port has all.
+        let mut c = s.clone();
+        c.spec.as_mut().unwrap().external_traffic_policy = Some("Cluster".into());
+        let got = frontends([&c], [&sl], "n1", &nodes);
+        assert_eq!(got[&fe("172.30.0.13", TCP, 30080)].addrs, all);
         // A ClusterIP Service has no node port.
         let c = svc(json!({
             "metadata": {"name": "web", "namespace": "ns"},
