@@ -6,8 +6,8 @@
 //!   it) of each TCP or UDP port; none for headless and ExternalName
 //!   Services, nor for those another proxy serves (label
 //!   `service.kubernetes.io/service-proxy-name`) or labelled
-//!   `service.kubernetes.io/headless`, as kube-proxy's own watch leaves
-//!   out;
+//!   `service.kubernetes.io/headless`; EndpointSlices with either label are
+//!   left out too, as kube-proxy's own watch leaves out both kinds;
 //! - endpoints: those of the slices labelled with the Service's name, of
 //!   the frontend's address family, on the port of the same name and
 //!   protocol; the ready ones, or where none is ready the serving
@@ -33,7 +33,7 @@ use std::net::{IpAddr, SocketAddr};
 
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
-/// kube-proxy leaves Services with this label alone too.
+/// kube-proxy leaves Services and EndpointSlices with this label alone too.
 const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
 const TCP: u8 = 6;
 const UDP: u8 = 17;
@@ -94,6 +94,12 @@ fn addresses(svc: &Service) -> Vec<(IpAddr, bool)> {
     out
 }
 
+/// kube-proxy's one watch of Services and EndpointSlices leaves out both
+/// kinds with either label.
+fn ignored(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels.is_some_and(|l| l.contains_key(PROXY_NAME_LABEL) || l.contains_key(HEADLESS_LABEL))
+}
+
 fn ready(e: &Endpoint) -> bool {
     e.conditions.as_ref().and_then(|c| c.ready).unwrap_or(true)
 }
@@ -147,7 +153,10 @@ pub fn frontends<'a>(
     node_addrs: &BTreeMap<IpAddr, String>,
 ) -> Frontends {
     let mut by_svc: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
-    for s in slices {
+    for s in slices
+        .into_iter()
+        .filter(|s| !ignored(s.metadata.labels.as_ref()))
+    {
         let ns = s.metadata.namespace.as_deref().unwrap_or("");
         if let Some(svc) = s
             .metadata
@@ -160,10 +169,7 @@ pub fn frontends<'a>(
     }
     let mut out = Frontends::new();
     for svc in services {
-        let labels = svc.metadata.labels.as_ref();
-        if labels
-            .is_some_and(|l| l.contains_key(PROXY_NAME_LABEL) || l.contains_key(HEADLESS_LABEL))
-        {
+        if ignored(svc.metadata.labels.as_ref()) {
             continue;
         }
         let ns = svc.metadata.namespace.as_deref().unwrap_or("");
@@ -256,7 +262,10 @@ pub fn health_ports<'a>(
     node: &str,
 ) -> BTreeMap<u16, super::health::HealthPort> {
     let mut local: BTreeMap<(&str, &str), BTreeSet<&str>> = BTreeMap::new();
-    for s in slices {
+    for s in slices
+        .into_iter()
+        .filter(|s| !ignored(s.metadata.labels.as_ref()))
+    {
         let ns = s.metadata.namespace.as_deref().unwrap_or("");
         let Some(svc) = s
             .metadata
@@ -411,6 +420,16 @@ mod tests {
         );
         // Without a slice: kept, refusing.
         let got = frontends([&s], [], "n1", &none());
+        assert_eq!(got[&fe("10.96.0.10", TCP, 80)].addrs, sa(&[]));
+        // A slice labelled headless is no one's (kube-proxy's watch).
+        let mut hidden = sl.clone();
+        hidden
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(HEADLESS_LABEL.into(), String::new());
+        let got = frontends([&s], [&hidden], "n1", &none());
         assert_eq!(got[&fe("10.96.0.10", TCP, 80)].addrs, sa(&[]));
     }
 
