@@ -10,6 +10,7 @@
 //! cgroup's id: the hooks stay while the agent is gone.
 
 use crate::bpffs::remove_pin;
+use crate::load::collect;
 use crate::types::{SvcBackend, SvcBackendIdx, SvcBackendKey, SvcKey, SvcVal};
 use crate::{Error, Result};
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
@@ -413,29 +414,8 @@ impl ServiceLb {
             .into_iter()
             .map(|(_, v)| v.id)
             .collect();
-        let stale: Vec<SvcBackendKey> = collect(
-            self.backends.keys().map(|k| k.map(|k| (k, ()))),
-            "read the backends",
-        )?
-        .into_iter()
-        .map(|(k, ())| k)
-        .filter(|k| !live.contains(&k.id))
-        .collect();
-        for k in stale {
-            removed(self.backends.remove(&k), "remove a stale backend")?;
-        }
-        let stale: Vec<SvcBackendIdx> = collect(
-            self.backend_idx.keys().map(|k| k.map(|k| (k, ()))),
-            "read the backends",
-        )?
-        .into_iter()
-        .map(|(k, ())| k)
-        .filter(|k| !live.contains(&k.id))
-        .collect();
-        for k in stale {
-            removed(self.backend_idx.remove(&k), "remove a stale backend")?;
-        }
-        Ok(())
+        sweep(&mut self.backends, |k| k.id, &live)?;
+        sweep(&mut self.backend_idx, |k| k.id, &live)
     }
 }
 
@@ -487,6 +467,19 @@ fn link_pins(dir: &Path) -> Result<Vec<(PathBuf, u64)>> {
     Ok(out)
 }
 
+/// Removes the entries of `map` whose frontend id is not `live`.
+fn sweep<K: aya::Pod, V: aya::Pod>(
+    map: &mut HashMap<MapData, K, V>,
+    id: impl Fn(&K) -> u32,
+    live: &BTreeSet<u32>,
+) -> Result<()> {
+    let keys = collect(map.keys().map(|k| k.map(|k| (k, ()))), "read the backends")?;
+    for (k, ()) in keys.into_iter().filter(|(k, ())| !live.contains(&id(k))) {
+        removed(map.remove(&k), "remove a stale backend")?;
+    }
+    Ok(())
+}
+
 /// A map entry removed, or not there (aya says so as ENOENT).
 fn removed(r: std::result::Result<(), MapError>, op: &str) -> Result<()> {
     match r {
@@ -504,20 +497,4 @@ fn program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut CgroupSockAddr>
         .ok_or_else(|| Error::msg(format!("program {name} missing from the object")))?;
     p.try_into()
         .map_err(|e| Error::aya(format!("program {name}"), e))
-}
-
-fn collect<K, V>(
-    it: impl Iterator<Item = std::result::Result<(K, V), MapError>>,
-    op: &str,
-) -> Result<Vec<(K, V)>> {
-    let mut v = Vec::new();
-    for kv in it {
-        match kv {
-            Ok(kv) => v.push(kv),
-            // An entry removed while iterating.
-            Err(MapError::KeyNotFound) => {}
-            Err(e) => return Err(Error::aya(op, e)),
-        }
-    }
-    Ok(v)
 }

@@ -134,6 +134,27 @@ fn connects(lab: &K8sLab, from: &str, to: &str, port: u16) -> bool {
     .success()
 }
 
+/// Service `servers` for the `app: server` pods' 8080 on `port`; its
+/// ClusterIP.
+fn servers_service(lab: &K8sLab, port: u16) -> String {
+    lab.apply(&format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: servers}}
+spec:
+  selector: {{app: server}}
+  ports: [{{port: {port}, targetPort: 8080}}]
+"
+    ));
+    lab.kubectl_ok(&[
+        "get",
+        "service",
+        "servers",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ])
+}
+
 /// Connectivity settles after a change (policy sync, a restart): waits up to
 /// `limit` for `from -> to` to be `want`, then asserts it stays so.
 fn expect(lab: &K8sLab, from: &str, to: &str, want: bool, limit: Duration) {
@@ -177,22 +198,7 @@ fn rcni_from_deploy_pods_across_nodes_services_policy_and_a_rollout() {
         expect(&lab, "client", ip, true, Duration::from_secs(10));
     }
     // Through a Service: kube-proxy's DNAT to a pod on another node.
-    lab.apply(
-        "apiVersion: v1
-kind: Service
-metadata: {name: servers}
-spec:
-  selector: {app: server}
-  ports: [{port: 8080, targetPort: 8080}]
-",
-    );
-    let vip = lab.kubectl_ok(&[
-        "get",
-        "service",
-        "servers",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ]);
+    let vip = servers_service(&lab, 8080);
     expect(&lab, "client", &vip, true, Duration::from_secs(20));
     // And by name: the pod's resolver is CoreDNS's Service, its pods on the
     // rcni network too.
@@ -520,22 +526,7 @@ fn services_without_kube_proxy_from_pods_and_the_node() {
     pod(&lab, "client", "n1", "role: client");
     pod(&lab, "s2", "n2", "app: server");
     wait_ready(&lab, &["client", "s2"]);
-    lab.apply(
-        "apiVersion: v1
-kind: Service
-metadata: {name: servers}
-spec:
-  selector: {app: server}
-  ports: [{port: 80, targetPort: 8080}]
-",
-    );
-    let vip = lab.kubectl_ok(&[
-        "get",
-        "service",
-        "servers",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ]);
+    let vip = servers_service(&lab, 80);
     let through = |want: bool| {
         let ok = poll(Duration::from_secs(20), || {
             connects(&lab, "client", &vip, 80) == want
