@@ -121,27 +121,39 @@ pub fn stop(pin_root: &Path) -> Result<bool, ServicesError> {
     Ok(true)
 }
 
+/// One kind's objects by (namespace, name), and whether it was listed.
+struct Kind<K> {
+    objs: BTreeMap<Key, K>,
+    listed: bool,
+}
+
+impl<K> Default for Kind<K> {
+    fn default() -> Self {
+        Kind {
+            objs: BTreeMap::new(),
+            listed: false,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Store {
-    services: BTreeMap<(String, String), Service>,
-    slices: BTreeMap<(String, String), EndpointSlice>,
+    services: Kind<Service>,
+    slices: Kind<EndpointSlice>,
     /// For node ports: every node's addresses.
-    nodes: BTreeMap<(String, String), Node>,
-    services_listed: bool,
-    slices_listed: bool,
-    nodes_listed: bool,
+    nodes: Kind<Node>,
 }
 
 impl Store {
     fn listed(&self) -> bool {
-        self.services_listed && self.slices_listed && self.nodes_listed
+        self.services.listed && self.slices.listed && self.nodes.listed
     }
 
     /// Every node's InternalIP and ExternalIP addresses, and the node's
     /// name.
     fn node_addrs(&self) -> BTreeMap<IpAddr, String> {
         let mut out = BTreeMap::new();
-        for ((_, name), n) in &self.nodes {
+        for ((_, name), n) in &self.nodes.objs {
             let addrs = n.status.as_ref().and_then(|s| s.addresses.as_ref());
             for a in addrs.into_iter().flatten() {
                 if (a.type_ == "InternalIP" || a.type_ == "ExternalIP")
@@ -206,54 +218,21 @@ pub fn start(client: kube::Client, conf: Config) -> Result<ServiceProxy, Service
             "services",
             store.clone(),
             changed.clone(),
-            |s, k, v| match v {
-                Some(v) => {
-                    s.services.insert(k, v);
-                }
-                None => {
-                    s.services.remove(&k);
-                }
-            },
-            |s, all| {
-                s.services = all;
-                s.services_listed = true;
-            },
+            |s| &mut s.services,
         )),
         tokio::spawn(watch(
             Api::<EndpointSlice>::all(client.clone()),
             "endpointslices",
             store.clone(),
             changed.clone(),
-            |s, k, v| match v {
-                Some(v) => {
-                    s.slices.insert(k, v);
-                }
-                None => {
-                    s.slices.remove(&k);
-                }
-            },
-            |s, all| {
-                s.slices = all;
-                s.slices_listed = true;
-            },
+            |s| &mut s.slices,
         )),
         tokio::spawn(watch(
             Api::<Node>::all(client),
             "nodes",
             store.clone(),
             changed.clone(),
-            |s, k, v| match v {
-                Some(v) => {
-                    s.nodes.insert(k, v);
-                }
-                None => {
-                    s.nodes.remove(&k);
-                }
-            },
-            |s, all| {
-                s.nodes = all;
-                s.nodes_listed = true;
-            },
+            |s| &mut s.nodes,
         )),
         tokio::spawn(writer(lb, store, changed, conf.node)),
     ];
@@ -262,15 +241,13 @@ pub fn start(client: kube::Client, conf: Config) -> Result<ServiceProxy, Service
 
 type Key = (String, String);
 
-/// Follows one kind into the store: `one` for an event, `all` for a
-/// finished (re)list.
+/// Follows one kind into its part of the store (`kind`).
 async fn watch<K>(
     api: Api<K>,
     what: &'static str,
     store: Arc<Mutex<Store>>,
     changed: Arc<Notify>,
-    one: fn(&mut Store, Key, Option<K>),
-    all: fn(&mut Store, BTreeMap<Key, K>),
+    kind: fn(&mut Store) -> &mut Kind<K>,
 ) where
     K: Resource<DynamicType = ()>
         + Clone
@@ -288,15 +265,18 @@ async fn watch<K>(
             }
         }
         Event::InitDone => {
-            all(&mut lock(&store), listing.take().unwrap_or_default());
+            let mut st = lock(&store);
+            let k = kind(&mut st);
+            k.objs = listing.take().unwrap_or_default();
+            k.listed = true;
             changed.notify_one();
         }
         Event::Apply(o) => {
-            one(&mut lock(&store), key(&o), Some(o));
+            kind(&mut lock(&store)).objs.insert(key(&o), o);
             changed.notify_one();
         }
         Event::Delete(o) => {
-            one(&mut lock(&store), key(&o), None);
+            kind(&mut lock(&store)).objs.remove(&key(&o));
             changed.notify_one();
         }
     })
@@ -317,12 +297,13 @@ async fn writer(lb: ServiceLb, store: Arc<Mutex<Store>>, changed: Arc<Notify>, n
                 continue;
             }
             let want = model::frontends(
-                s.services.values(),
-                s.slices.values(),
+                s.services.objs.values(),
+                s.slices.objs.values(),
                 &node,
                 &s.node_addrs(),
             );
-            let ports = model::health_ports(s.services.values(), s.slices.values(), &node);
+            let ports =
+                model::health_ports(s.services.objs.values(), s.slices.objs.values(), &node);
             (want, ports)
         };
         let lb = lb.clone();

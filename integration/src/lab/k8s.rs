@@ -1189,7 +1189,7 @@ healthzBindAddress: 0.0.0.0:10256
 
 /// The host's cgroup v2 tree: the hybrid layout's `unified`, or
 /// /sys/fs/cgroup itself on a v2 host.
-fn cgroup2_root() -> Option<PathBuf> {
+pub fn cgroup2_root() -> Option<PathBuf> {
     let is_v2 = |p: &Path| {
         nix::sys::statfs::statfs(p)
             .is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
