@@ -119,7 +119,15 @@ pub struct ServiceLb {
     stats: PerCpuArray<MapData, u64>,
     /// The last id given to a frontend's backends.
     next_id: u32,
+    /// What the maps hold, as [`ServiceLb::current`] reads it: kept after
+    /// a sync that wrote all it meant to, so the next one compares in
+    /// memory rather than reading every entry back (tens of thousands at
+    /// 10,000 Services); dropped by a failed one, which reads them again.
+    mirror: Option<Frontends>,
 }
+
+/// Every frontend, its value and its backends (sorted), by key.
+type Frontends = BTreeMap<SvcKey, (SvcVal, Vec<SocketAddr>)>;
 
 fn typed<T>(m: Map, name: &str) -> Result<T>
 where
@@ -209,6 +217,7 @@ impl ServiceLb {
             backend_idx,
             stats,
             next_id,
+            mirror: None,
         };
         // Backends of a sync that died between writing them and swapping
         // the frontend, or removing them after.
@@ -266,8 +275,23 @@ impl ServiceLb {
     /// new id, then the frontend is swapped to it in one update: a
     /// connection meanwhile gets the old set or the new one.
     pub fn sync(&mut self, want: &BTreeMap<Frontend, Backends>) -> Result<SyncReport> {
+        let mut cur = match self.mirror.take() {
+            Some(m) => m,
+            None => self.current()?,
+        };
+        let report = self.write(want, &mut cur)?;
+        self.mirror = Some(cur);
+        Ok(report)
+    }
+
+    /// [`ServiceLb::sync`]'s writes, `cur` (what the maps held) kept
+    /// in step with them.
+    fn write(
+        &mut self,
+        want: &BTreeMap<Frontend, Backends>,
+        cur: &mut Frontends,
+    ) -> Result<SyncReport> {
         let mut report = SyncReport::default();
-        let cur = self.current()?;
         let mut used: BTreeSet<u32> = cur.values().map(|(v, _)| v.id).collect();
         for (f, b) in want {
             let key = SvcKey::new(f.addr, f.proto, f.port);
@@ -279,8 +303,10 @@ impl ServiceLb {
                 .collect();
             bes.sort();
             bes.dedup();
-            let old = cur.get(&key);
-            if old.is_some_and(|(v, old)| *old == bes && v.affinity_s == b.affinity_s) {
+            if cur
+                .get(&key)
+                .is_some_and(|(v, old)| *old == bes && v.affinity_s == b.affinity_s)
+            {
                 continue;
             }
             let id = self.new_id(&used)?;
@@ -306,26 +332,32 @@ impl ServiceLb {
             self.svc
                 .insert(key, val, 0)
                 .map_err(|e| Error::aya(format!("write {f:?}"), e))?;
-            match old {
+            match cur.insert(key, (val, bes)) {
                 Some((v, b)) => {
-                    self.remove_backends(v, b)?;
+                    self.remove_backends(&v, &b)?;
                     used.remove(&v.id);
                     report.changed += 1;
                 }
                 None => report.added += 1,
             }
         }
-        for (key, (v, b)) in &cur {
-            let f = Frontend {
-                addr: key.ip(),
-                proto: key.proto,
-                port: key.port(),
-            };
-            if want.contains_key(&f) {
-                continue;
+        let gone: Vec<(SvcKey, Frontend)> = cur
+            .keys()
+            .map(|k| {
+                let f = Frontend {
+                    addr: k.ip(),
+                    proto: k.proto,
+                    port: k.port(),
+                };
+                (*k, f)
+            })
+            .filter(|(_, f)| !want.contains_key(f))
+            .collect();
+        for (key, f) in gone {
+            removed(self.svc.remove(&key), &format!("remove {f:?}"))?;
+            if let Some((v, b)) = cur.remove(&key) {
+                self.remove_backends(&v, &b)?;
             }
-            removed(self.svc.remove(key), &format!("remove {f:?}"))?;
-            self.remove_backends(v, b)?;
             report.removed += 1;
         }
         Ok(report)
@@ -366,8 +398,9 @@ impl ServiceLb {
         })
     }
 
-    /// Every frontend, its value and its backends, sorted.
-    fn current(&self) -> Result<BTreeMap<SvcKey, (SvcVal, Vec<SocketAddr>)>> {
+    /// Every frontend, its value and its backends, sorted, read from the
+    /// maps.
+    fn current(&self) -> Result<Frontends> {
         let mut out = BTreeMap::new();
         for (k, v) in collect(self.svc.iter(), "read the Services")? {
             let mut bes = Vec::with_capacity(v.count as usize);

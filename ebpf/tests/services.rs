@@ -344,6 +344,61 @@ fn a_sync_moves_new_connections_only_and_a_restart_keeps_everything() {
     );
 }
 
+/// Syncs after the first compare against what the last one wrote, not
+/// the maps: the maps read back must still be exactly what each asked for.
+#[test]
+fn successive_syncs_leave_the_maps_exactly_as_asked() {
+    let Some(lab) = lab() else { return };
+    let dir = lab.fs.path().join("services");
+    let mut lb = ServiceLb::open_or_load(&dir).unwrap();
+    let svc = |i: u16| fe(&format!("10.96.2.{}", i % 250), TCP, 1000 + i);
+    let backends = |i: u16, n: u16| -> Backends {
+        Backends {
+            addrs: (0..n)
+                .map(|b| sa(&format!("10.77.{}.{}:8080", i % 200, b + 1)))
+                .collect(),
+            affinity_s: if i.is_multiple_of(3) { 60 } else { 0 },
+        }
+    };
+    let mut want: BTreeMap<Frontend, Backends> =
+        (0..300).map(|i| (svc(i), backends(i, 1 + i % 4))).collect();
+    assert_eq!(lb.sync(&want).unwrap().added, 300);
+    assert_eq!(lb.frontends().unwrap(), sorted(&want));
+    for round in 0..4u16 {
+        // Some changed, some gone, some new, one emptied.
+        for i in (round..300).step_by(7) {
+            want.insert(svc(i), backends(i + round, 1 + (i + round) % 5));
+        }
+        for i in (round..300).step_by(11) {
+            want.remove(&svc(i));
+        }
+        for i in 0..20 {
+            want.insert(svc(300 + round * 20 + i), backends(i, 2));
+        }
+        want.insert(svc(299), Backends::default());
+        lb.sync(&want).unwrap();
+        assert_eq!(lb.frontends().unwrap(), sorted(&want), "round {round}");
+        assert_eq!(lb.sync(&want).unwrap(), Default::default());
+    }
+    // Another agent on the same pins starts from the maps and agrees.
+    drop(lb);
+    let mut lb = ServiceLb::open_or_load(&dir).unwrap();
+    assert_eq!(lb.sync(&want).unwrap(), Default::default());
+    assert_eq!(lb.sync(&BTreeMap::new()).unwrap().removed, want.len());
+    assert!(lb.frontends().unwrap().is_empty());
+}
+
+fn sorted(want: &BTreeMap<Frontend, Backends>) -> BTreeMap<Frontend, Backends> {
+    want.iter()
+        .map(|(f, b)| {
+            let mut b = b.clone();
+            b.addrs.sort();
+            b.addrs.dedup();
+            (*f, b)
+        })
+        .collect()
+}
+
 #[test]
 fn session_affinity_keeps_a_client_on_its_backend_while_it_is_one() {
     let Some(lab) = lab() else { return };
