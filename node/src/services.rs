@@ -6,7 +6,8 @@
 //! root: a connection a pod or a host process makes to a Service's address
 //! goes to a backend from its first packet, with no NAT on the way.
 //!
-//! Nodes are watched too, for their addresses (node ports). The maps are
+//! Nodes are watched too, for their addresses (node ports) and zones
+//! (topology hints). The maps are
 //! written once every list came, then after each burst of
 //! changes. A lost API server changes nothing: the maps stay as last
 //! written, and so do the hooks while the agent is gone (their links are
@@ -23,7 +24,6 @@ use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use rcni_ebpf::services::{ServiceLb, remove_services};
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -32,6 +32,9 @@ use tokio::sync::Notify;
 /// A burst of changes (a relist, a rollout's endpoint updates) is one
 /// write of the maps; short, as kube-proxy's own wait is 1 s.
 const DEBOUNCE: Duration = Duration::from_millis(20);
+
+/// The node label topology hints name zones by.
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServicesError {
@@ -140,7 +143,7 @@ impl<K> Default for Kind<K> {
 struct Store {
     services: Kind<Service>,
     slices: Kind<EndpointSlice>,
-    /// For node ports: every node's addresses.
+    /// For node ports and topology: every node's addresses and zone.
     nodes: Kind<Node>,
 }
 
@@ -149,18 +152,21 @@ impl Store {
         self.services.listed && self.slices.listed && self.nodes.listed
     }
 
-    /// Every node's InternalIP and ExternalIP addresses, and the node's
-    /// name.
-    fn node_addrs(&self) -> BTreeMap<IpAddr, String> {
-        let mut out = BTreeMap::new();
+    /// Every node's InternalIP and ExternalIP addresses with the node's
+    /// name, and each node's zone label.
+    fn nodes(&self) -> model::Nodes {
+        let mut out = model::Nodes::default();
         for ((_, name), n) in &self.nodes.objs {
             let addrs = n.status.as_ref().and_then(|s| s.addresses.as_ref());
             for a in addrs.into_iter().flatten() {
                 if (a.type_ == "InternalIP" || a.type_ == "ExternalIP")
                     && let Ok(ip) = a.address.parse()
                 {
-                    out.insert(ip, name.clone());
+                    out.addrs.insert(ip, name.clone());
                 }
+            }
+            if let Some(z) = n.metadata.labels.as_ref().and_then(|l| l.get(ZONE_LABEL)) {
+                out.zones.insert(name.clone(), z.clone());
             }
         }
         out
@@ -300,7 +306,7 @@ async fn writer(lb: ServiceLb, store: Arc<Mutex<Store>>, changed: Arc<Notify>, n
                 s.services.objs.values(),
                 s.slices.objs.values(),
                 &node,
-                &s.node_addrs(),
+                &s.nodes(),
             );
             let ports =
                 model::health_ports(s.services.objs.values(), s.slices.objs.values(), &node);

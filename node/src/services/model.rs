@@ -20,6 +20,12 @@
 //!   kube-proxy's short-circuit); another node's, with
 //!   `externalTrafficPolicy: Local`, with that node's endpoints only, as
 //!   its proxy would answer (none: refused);
+//! - topology (`trafficDistribution`, which the EndpointSlice controller
+//!   turns into hints): where every ready endpoint has a node hint and one
+//!   names the node, the endpoints hinted for it; else where every one has
+//!   a zone hint and one names the node's zone, those; else all. The node
+//!   is the one whose proxy would answer: this one, or for another node's
+//!   node port that node (kube-proxy's `topologyModeFromHints`);
 //! - `sessionAffinity: ClientIP`: its timeout (default 3 hours) on every
 //!   frontend of the Service;
 //! - no endpoint: the frontend stays, with none, and connections to it are
@@ -39,6 +45,15 @@ const TCP: u8 = 6;
 const UDP: u8 = 17;
 
 pub type Frontends = BTreeMap<Frontend, Backends>;
+
+/// What the model needs of the Nodes: every node's InternalIP and
+/// ExternalIP addresses with whose they are (node ports), and each node's
+/// zone (topology hints).
+#[derive(Debug, Clone, Default)]
+pub struct Nodes {
+    pub addrs: BTreeMap<IpAddr, String>,
+    pub zones: BTreeMap<String, String>,
+}
 
 /// kube-proxy's default `sessionAffinityConfig.clientIP.timeoutSeconds`.
 const DEFAULT_AFFINITY_S: u32 = 10800;
@@ -143,14 +158,71 @@ fn endpoints<'a>(
     out
 }
 
+/// How kube-proxy on `node` (in `zone`) narrows a Service port's ready
+/// endpoints by their hints: only to those hinted for the node, or for
+/// its zone, or not at all (`topologyModeFromHints`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Topology<'a> {
+    All,
+    Node(&'a str),
+    Zone(&'a str),
+}
+
+fn hinted_nodes(e: &Endpoint) -> impl Iterator<Item = &str> {
+    e.hints
+        .as_ref()
+        .and_then(|h| h.for_nodes.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|n| n.name.as_str())
+}
+
+fn hinted_zones(e: &Endpoint) -> impl Iterator<Item = &str> {
+    e.hints
+        .as_ref()
+        .and_then(|h| h.for_zones.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|z| z.name.as_str())
+}
+
+fn topology<'a>(eps: &[(SocketAddr, &Endpoint)], node: &'a str, zone: &'a str) -> Topology<'a> {
+    let ready: Vec<&Endpoint> = eps.iter().map(|(_, e)| *e).filter(|e| ready(e)).collect();
+    if ready.is_empty() {
+        return Topology::All;
+    }
+    let every = |f: fn(&Endpoint) -> bool| ready.iter().all(|e| f(e));
+    if every(|e| hinted_nodes(e).next().is_some())
+        && ready.iter().any(|e| hinted_nodes(e).any(|n| n == node))
+    {
+        return Topology::Node(node);
+    }
+    if every(|e| hinted_zones(e).next().is_some())
+        && ready.iter().any(|e| hinted_zones(e).any(|z| z == zone))
+    {
+        return Topology::Zone(zone);
+    }
+    Topology::All
+}
+
+impl Topology<'_> {
+    fn admits(self, e: &Endpoint) -> bool {
+        match self {
+            Topology::All => true,
+            Topology::Node(n) => hinted_nodes(e).any(|h| h == n),
+            Topology::Zone(z) => hinted_zones(e).any(|h| h == z),
+        }
+    }
+}
+
 /// Every Service's frontends and their backends, for this node (`node`,
-/// for `internalTrafficPolicy: Local`); `node_addrs` every node's
-/// addresses and whose they are, for node ports.
+/// for `internalTrafficPolicy: Local` and topology); `nodes` every node's
+/// addresses and zone, for node ports and topology.
 pub fn frontends<'a>(
     services: impl IntoIterator<Item = &'a Service>,
     slices: impl IntoIterator<Item = &'a EndpointSlice>,
     node: &str,
-    node_addrs: &BTreeMap<IpAddr, String>,
+    nodes: &Nodes,
 ) -> Frontends {
     let mut by_svc: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
     for s in slices
@@ -199,12 +271,20 @@ pub fn frontends<'a>(
             };
             for v4 in [true, false] {
                 let eps = endpoints(slices, port, v4);
-                // `on`: only the endpoints of that node.
-                let pick = |on: Option<&str>| -> Backends {
+                // `on`: only the endpoints of that node (a Local traffic
+                // policy, where hints play no part); else the cluster's as
+                // `view`'s proxy narrows them by topology.
+                let pick = |on: Option<&str>, view: &str| -> Backends {
+                    let topo = match on {
+                        Some(_) => Topology::All,
+                        None => {
+                            topology(&eps, view, nodes.zones.get(view).map_or("", String::as_str))
+                        }
+                    };
                     let mine = |e: &Endpoint| on.is_none() || e.node_name.as_deref() == on;
                     let mut ready: BTreeSet<SocketAddr> = eps
                         .iter()
-                        .filter(|(_, e)| ready(e) && mine(e))
+                        .filter(|(_, e)| ready(e) && mine(e) && topo.admits(e))
                         .map(|(a, _)| *a)
                         .collect();
                     if ready.is_empty() {
@@ -225,7 +305,7 @@ pub fn frontends<'a>(
                         proto,
                         port: pnum,
                     };
-                    out.insert(f, pick((is_cluster && local_only).then_some(node)));
+                    out.insert(f, pick((is_cluster && local_only).then_some(node), node));
                 }
                 let node_port = port
                     .node_port
@@ -233,7 +313,7 @@ pub fn frontends<'a>(
                     // Of the families the Service has.
                     .filter(|n| *n != 0 && addrs.iter().any(|(a, _)| a.is_ipv4() == v4));
                 if let Some(np) = node_port {
-                    for (&addr, owner) in node_addrs.iter().filter(|(a, _)| a.is_ipv4() == v4) {
+                    for (&addr, owner) in nodes.addrs.iter().filter(|(a, _)| a.is_ipv4() == v4) {
                         let f = Frontend {
                             addr,
                             proto,
@@ -245,7 +325,7 @@ pub fn frontends<'a>(
                         // (kube-proxy's short-circuit for the node's own
                         // traffic).
                         let on = (external_local && owner != node).then_some(owner.as_str());
-                        out.insert(f, pick(on));
+                        out.insert(f, pick(on, owner));
                     }
                 }
             }
@@ -335,8 +415,8 @@ mod tests {
         v.iter().map(|s| s.parse().unwrap()).collect()
     }
 
-    fn none() -> BTreeMap<IpAddr, String> {
-        BTreeMap::new()
+    fn none() -> Nodes {
+        Nodes::default()
     }
 
     fn web_slice(name: &str, ty: &str, eps: serde_json::Value) -> EndpointSlice {
@@ -522,15 +602,18 @@ mod tests {
                 {"addresses": ["10.1.1.5"], "nodeName": "n2"},
             ]),
         );
-        let nodes: BTreeMap<IpAddr, String> = [
-            ("172.30.0.11", "n1"),
-            ("172.30.0.12", "n2"),
-            ("172.30.0.13", "n3"),
-            ("fd30::11", "n1"),
-        ]
-        .iter()
-        .map(|(a, n)| (a.parse().unwrap(), n.to_string()))
-        .collect();
+        let nodes = Nodes {
+            addrs: [
+                ("172.30.0.11", "n1"),
+                ("172.30.0.12", "n2"),
+                ("172.30.0.13", "n3"),
+                ("fd30::11", "n1"),
+            ]
+            .iter()
+            .map(|(a, n)| (a.parse().unwrap(), n.to_string()))
+            .collect(),
+            zones: BTreeMap::new(),
+        };
         let got = frontends([&s], [&sl], "n1", &nodes);
         let all = sa(&["10.1.0.5:8080", "10.1.1.5:8080"]);
         // This node's port: every endpoint; n2's: n2's only; n3 has none.
@@ -554,6 +637,82 @@ mod tests {
             "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]},
         }));
         assert_eq!(frontends([&c], [&sl], "n1", &nodes).len(), 1);
+    }
+
+    #[test]
+    fn hints_narrow_the_cluster_endpoints_as_kube_proxy_reads_them() {
+        let s = svc(json!({
+            "metadata": {"name": "web", "namespace": "ns"},
+            "spec": {"type": "NodePort", "clusterIP": "10.96.0.10",
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30080}]},
+        }));
+        let hinted = |zones: [&str; 3], nodes: [&str; 3]| {
+            let ep = |i: usize, ip: &str| {
+                let mut hints = serde_json::Map::new();
+                if !zones[i].is_empty() {
+                    hints.insert("forZones".into(), json!([{"name": zones[i]}]));
+                }
+                if !nodes[i].is_empty() {
+                    hints.insert("forNodes".into(), json!([{"name": nodes[i]}]));
+                }
+                json!({"addresses": [ip], "hints": hints})
+            };
+            web_slice(
+                "web-a",
+                "IPv4",
+                json!([ep(0, "10.1.0.5"), ep(1, "10.1.1.5"), ep(2, "10.1.2.5"),
+                       {"addresses": ["10.1.3.5"], "conditions": {"ready": false}}]),
+            )
+        };
+        let nodes = Nodes {
+            addrs: [("172.30.0.11", "n1"), ("172.30.0.12", "n2")]
+                .iter()
+                .map(|(a, n)| (a.parse().unwrap(), n.to_string()))
+                .collect(),
+            zones: [("n1", "za"), ("n2", "zb")]
+                .iter()
+                .map(|(n, z)| (n.to_string(), z.to_string()))
+                .collect(),
+        };
+        let cluster = |sl: &EndpointSlice| frontends([&s], [sl], "n1", &nodes);
+        let ip = fe("10.96.0.10", TCP, 80);
+        // Zone hints on every ready endpoint (the not-ready one needs
+        // none): this zone's.
+        let got = cluster(&hinted(["za", "zb", "za"], ["", "", ""]));
+        assert_eq!(got[&ip].addrs, sa(&["10.1.0.5:8080", "10.1.2.5:8080"]));
+        // n2's node port: as n2's proxy narrows them, to zb.
+        assert_eq!(
+            got[&fe("172.30.0.12", TCP, 30080)].addrs,
+            sa(&["10.1.1.5:8080"])
+        );
+        // Node hints first, where every ready endpoint has one.
+        let got = cluster(&hinted(["za", "zb", "za"], ["n2", "n1", "n2"]));
+        assert_eq!(got[&ip].addrs, sa(&["10.1.1.5:8080"]));
+        // One ready endpoint without a node hint: zones decide.
+        let got = cluster(&hinted(["za", "zb", "za"], ["n2", "", "n2"]));
+        assert_eq!(got[&ip].addrs, sa(&["10.1.0.5:8080", "10.1.2.5:8080"]));
+        // One without a zone hint, or none for this zone: every endpoint.
+        let all = sa(&["10.1.0.5:8080", "10.1.1.5:8080", "10.1.2.5:8080"]);
+        assert_eq!(
+            cluster(&hinted(["za", "", "za"], ["", "", ""]))[&ip].addrs,
+            all
+        );
+        assert_eq!(
+            cluster(&hinted(["zb", "zb", "zc"], ["", "", ""]))[&ip].addrs,
+            all
+        );
+        // A node without a zone label: no zone matches.
+        let bare = Nodes {
+            addrs: nodes.addrs.clone(),
+            zones: BTreeMap::new(),
+        };
+        let got = frontends(
+            [&s],
+            [&hinted(["za", "zb", "za"], ["", "", ""])],
+            "n1",
+            &bare,
+        );
+        assert_eq!(got[&ip].addrs, all);
     }
 
     #[test]
