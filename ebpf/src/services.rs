@@ -152,6 +152,14 @@ fn cgroup_id(cgroup: &Path) -> Result<u64> {
         .map_err(|e| Error::io(format!("stat {}", cgroup.display()), e))
 }
 
+fn frontend_of(k: &SvcKey) -> Frontend {
+    Frontend {
+        addr: k.ip(),
+        proto: k.proto,
+        port: k.port(),
+    }
+}
+
 fn link_pin(dir: &Path, program: &str, cgroup: u64) -> PathBuf {
     dir.join(format!("{LINK_PREFIX}{program}_{cgroup}"))
 }
@@ -279,22 +287,53 @@ impl ServiceLb {
             Some(m) => m,
             None => self.current()?,
         };
-        let report = self.write(want, &mut cur)?;
+        let gone: Vec<Frontend> = cur
+            .keys()
+            .map(frontend_of)
+            .filter(|f| !want.contains_key(f))
+            .collect();
+        let changes = want
+            .iter()
+            .map(|(f, b)| (*f, Some(b)))
+            .chain(gone.into_iter().map(|f| (f, None)));
+        let report = self.write(changes, &mut cur)?;
         self.mirror = Some(cur);
         Ok(report)
     }
 
-    /// [`ServiceLb::sync`]'s writes, `cur` (what the maps held) kept
-    /// in step with them.
-    fn write(
+    /// Changes only the frontends named: each to its backends, or removed
+    /// (`None`), as [`ServiceLb::sync`] would; the others stay. The agent's
+    /// way after one Service changed among thousands.
+    pub fn update(&mut self, changes: &BTreeMap<Frontend, Option<Backends>>) -> Result<SyncReport> {
+        let mut cur = match self.mirror.take() {
+            Some(m) => m,
+            None => self.current()?,
+        };
+        let report = self.write(changes.iter().map(|(f, b)| (*f, b.as_ref())), &mut cur)?;
+        self.mirror = Some(cur);
+        Ok(report)
+    }
+
+    /// The writes of a sync or update, `cur` (what the maps held) kept in
+    /// step with them.
+    fn write<'a>(
         &mut self,
-        want: &BTreeMap<Frontend, Backends>,
+        changes: impl IntoIterator<Item = (Frontend, Option<&'a Backends>)>,
         cur: &mut Frontends,
     ) -> Result<SyncReport> {
         let mut report = SyncReport::default();
         let mut used: BTreeSet<u32> = cur.values().map(|(v, _)| v.id).collect();
-        for (f, b) in want {
+        for (f, b) in changes {
             let key = SvcKey::new(f.addr, f.proto, f.port);
+            let Some(b) = b else {
+                if let Some((v, bes)) = cur.remove(&key) {
+                    removed(self.svc.remove(&key), &format!("remove {f:?}"))?;
+                    self.remove_backends(&v, &bes)?;
+                    used.remove(&v.id);
+                    report.removed += 1;
+                }
+                continue;
+            };
             let mut bes: Vec<SocketAddr> = b
                 .addrs
                 .iter()
@@ -341,25 +380,6 @@ impl ServiceLb {
                 None => report.added += 1,
             }
         }
-        let gone: Vec<(SvcKey, Frontend)> = cur
-            .keys()
-            .map(|k| {
-                let f = Frontend {
-                    addr: k.ip(),
-                    proto: k.proto,
-                    port: k.port(),
-                };
-                (*k, f)
-            })
-            .filter(|(_, f)| !want.contains_key(f))
-            .collect();
-        for (key, f) in gone {
-            removed(self.svc.remove(&key), &format!("remove {f:?}"))?;
-            if let Some((v, b)) = cur.remove(&key) {
-                self.remove_backends(&v, &b)?;
-            }
-            report.removed += 1;
-        }
         Ok(report)
     }
 
@@ -369,16 +389,11 @@ impl ServiceLb {
             .current()?
             .into_iter()
             .map(|(k, (v, addrs))| {
-                let f = Frontend {
-                    addr: k.ip(),
-                    proto: k.proto,
-                    port: k.port(),
-                };
                 let b = Backends {
                     addrs,
                     affinity_s: v.affinity_s,
                 };
-                (f, b)
+                (frontend_of(&k), b)
             })
             .collect())
     }

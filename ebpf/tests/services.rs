@@ -380,6 +380,30 @@ fn successive_syncs_leave_the_maps_exactly_as_asked() {
         assert_eq!(lb.frontends().unwrap(), sorted(&want), "round {round}");
         assert_eq!(lb.sync(&want).unwrap(), Default::default());
     }
+    // Only the frontends named change; the others stay as they are.
+    let changes = BTreeMap::from([
+        (svc(1), Some(backends(9, 3))),
+        (svc(2), None),
+        (svc(999), Some(backends(7, 1))),
+        // Not there: nothing to remove.
+        (fe("10.96.3.1", UDP, 53), None),
+    ]);
+    let before = sorted(&want);
+    for (f, b) in &changes {
+        match b {
+            Some(b) => want.insert(*f, b.clone()),
+            None => want.remove(f),
+        };
+    }
+    let after = sorted(&want);
+    let expect = changes
+        .keys()
+        .filter(|f| before.get(f) != after.get(f))
+        .count();
+    let r = lb.update(&changes).unwrap();
+    assert_eq!(r.added + r.changed + r.removed, expect, "{r:?}");
+    assert_eq!(lb.frontends().unwrap(), sorted(&want));
+    assert_eq!(lb.sync(&want).unwrap(), Default::default());
     // Another agent on the same pins starts from the maps and agrees.
     drop(lb);
     let mut lb = ServiceLb::open_or_load(&dir).unwrap();
