@@ -390,15 +390,15 @@ async fn table_changed(w: &mut Option<RouteWatch>) {
 /// fed from the API; without, what an earlier run hooked taken off.
 fn services_for(
     args: &RunArgs,
-    on: bool,
+    on: Option<cluster::NodePortAddresses>,
     client: &kube::Client,
 ) -> Result<Option<services::ServiceProxy>, services::ServicesError> {
-    if !on {
+    let Some(node_port_addresses) = on else {
         if services::stop(&args.bpf_pin_root)? {
             log("services: kubeProxyReplacement is off: the Service hooks and maps were removed");
         }
         return Ok(None);
-    }
+    };
     let cgroup = match &args.cgroup_root {
         Some(c) => c.clone(),
         None => services::default_cgroup_root()?,
@@ -407,6 +407,7 @@ fn services_for(
         pin_root: args.bpf_pin_root.clone(),
         cgroup,
         node: args.node.clone(),
+        node_port_addresses,
     };
     services::start(client.clone(), conf).map(Some)
 }
@@ -451,7 +452,9 @@ async fn kube_registry(
         }
         cluster::Encryption::None => None,
     };
-    let kube_proxy_replacement = net.kube_proxy_replacement;
+    let kube_proxy_replacement = net
+        .kube_proxy_replacement
+        .then(|| net.node_port_addresses.clone());
     let mut registry =
         k8s::KubeRegistry::start(client.clone(), net, args.node.clone(), wireguard_key);
     registry.services = services_for(args, kube_proxy_replacement, &client).map_err(|e| {

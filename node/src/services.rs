@@ -17,13 +17,15 @@ pub mod health;
 pub mod model;
 
 use crate::k8s_policy::follow;
+use crate::registry::cluster::NodePortAddresses;
 use k8s_openapi::api::core::v1::{Node, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Resource;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
-use rcni_ebpf::services::{ServiceLb, remove_services};
-use std::collections::BTreeMap;
+use rcni_ebpf::services::{Backends, Frontend, ServiceLb, remove_services};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -67,6 +69,8 @@ pub struct Config {
     /// translated: the host's root, or a node's in a lab.
     pub cgroup: PathBuf,
     pub node: String,
+    /// The net-conf's `nodePortAddresses`.
+    pub node_port_addresses: NodePortAddresses,
 }
 
 /// The pin directory below a pin root.
@@ -145,25 +149,155 @@ struct Store {
     slices: Kind<EndpointSlice>,
     /// For node ports and topology: every node's addresses and zone.
     nodes: Kind<Node>,
+    /// The slices labelled with each Service's (namespace, name).
+    slices_of: BTreeMap<Key, BTreeSet<Key>>,
+    /// Services whose objects or slices changed since the last write.
+    dirty: BTreeSet<Key>,
+    /// Everything to be written again: a relist, a Node changed (node
+    /// ports and zones), or a write that failed.
+    all_dirty: bool,
+}
+
+/// An object kind the writer follows: where the store keeps it, and which
+/// Services' frontends a change to one makes stale.
+trait Tracked: Resource<DynamicType = ()> + Sized {
+    fn store_of(s: &mut Store) -> &mut Kind<Self>;
+    /// `None`: every Service's.
+    fn feeds(&self) -> Option<Key>;
+    /// Keeps an index of the kind up to date (slices by Service).
+    fn indexed(_s: &mut Store, _key: &Key, _old: Option<&Self>, _new: Option<&Self>) {}
+}
+
+impl Tracked for Service {
+    fn store_of(s: &mut Store) -> &mut Kind<Self> {
+        &mut s.services
+    }
+    fn feeds(&self) -> Option<Key> {
+        Some(key(self))
+    }
+}
+
+fn labelled_service(sl: &EndpointSlice) -> Option<Key> {
+    let svc = sl
+        .metadata
+        .labels
+        .as_ref()?
+        .get(model::SERVICE_NAME_LABEL)?;
+    Some((
+        sl.metadata.namespace.clone().unwrap_or_default(),
+        svc.clone(),
+    ))
+}
+
+impl Tracked for EndpointSlice {
+    fn store_of(s: &mut Store) -> &mut Kind<Self> {
+        &mut s.slices
+    }
+    fn feeds(&self) -> Option<Key> {
+        // A slice of no Service feeds none: the Service "" stands for it.
+        Some(labelled_service(self).unwrap_or_default())
+    }
+    fn indexed(s: &mut Store, key: &Key, old: Option<&Self>, new: Option<&Self>) {
+        if let Some(svc) = old.and_then(labelled_service)
+            && let Some(set) = s.slices_of.get_mut(&svc)
+        {
+            set.remove(key);
+            if set.is_empty() {
+                s.slices_of.remove(&svc);
+            }
+        }
+        if let Some(svc) = new.and_then(labelled_service) {
+            s.slices_of.entry(svc).or_default().insert(key.clone());
+        }
+    }
+}
+
+impl Tracked for Node {
+    fn store_of(s: &mut Store) -> &mut Kind<Self> {
+        &mut s.nodes
+    }
+    fn feeds(&self) -> Option<Key> {
+        None
+    }
 }
 
 impl Store {
+    fn stale(&mut self, feeds: Option<Key>) {
+        match feeds {
+            Some(k) => {
+                self.dirty.insert(k);
+            }
+            None => self.all_dirty = true,
+        }
+    }
+
+    fn apply<K: Tracked>(&mut self, o: K) {
+        let k = key(&o);
+        self.stale(o.feeds());
+        let old = K::store_of(self).objs.remove(&k);
+        if let Some(old) = &old {
+            self.stale(old.feeds());
+        }
+        K::indexed(self, &k, old.as_ref(), Some(&o));
+        K::store_of(self).objs.insert(k, o);
+    }
+
+    fn delete<K: Tracked>(&mut self, o: &K) {
+        let k = key(o);
+        if let Some(old) = K::store_of(self).objs.remove(&k) {
+            self.stale(old.feeds());
+            K::indexed(self, &k, Some(&old), None);
+        }
+    }
+
+    fn relisted<K: Tracked>(&mut self, objs: BTreeMap<Key, K>) {
+        let old = std::mem::take(&mut K::store_of(self).objs);
+        for (k, o) in &old {
+            K::indexed(self, k, Some(o), None);
+        }
+        for (k, o) in &objs {
+            K::indexed(self, k, None, Some(o));
+        }
+        let kind = K::store_of(self);
+        kind.objs = objs;
+        kind.listed = true;
+        self.all_dirty = true;
+    }
+
+    /// One Service's frontends as the objects now stand (none when it is
+    /// gone).
+    fn frontends_of(&self, svc: &Key, node: &str, nodes: &model::Nodes) -> model::Frontends {
+        let Some(s) = self.services.objs.get(svc) else {
+            return model::Frontends::new();
+        };
+        let slices = self
+            .slices_of
+            .get(svc)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.slices.objs.get(k));
+        model::frontends([s], slices, node, nodes)
+    }
+
     fn listed(&self) -> bool {
         self.services.listed && self.slices.listed && self.nodes.listed
     }
 
-    /// Every node's InternalIP and ExternalIP addresses with the node's
-    /// name, and each node's zone label.
-    fn nodes(&self) -> model::Nodes {
+    /// Every node's addresses that answer node ports (`which`) with the
+    /// node's name, and each node's zone label.
+    fn nodes(&self, which: &NodePortAddresses) -> model::Nodes {
         let mut out = model::Nodes::default();
         for ((_, name), n) in &self.nodes.objs {
-            let addrs = n.status.as_ref().and_then(|s| s.addresses.as_ref());
-            for a in addrs.into_iter().flatten() {
-                if (a.type_ == "InternalIP" || a.type_ == "ExternalIP")
-                    && let Ok(ip) = a.address.parse()
-                {
-                    out.addrs.insert(ip, name.clone());
-                }
+            let addrs: Vec<(&str, IpAddr)> = n
+                .status
+                .as_ref()
+                .and_then(|s| s.addresses.as_ref())
+                .into_iter()
+                .flatten()
+                .filter_map(|a| Some((a.type_.as_str(), a.address.parse().ok()?)))
+                .collect();
+            for ip in model::node_port_addrs(&addrs, which) {
+                out.addrs.insert(ip, name.clone());
             }
             if let Some(z) = n.metadata.labels.as_ref().and_then(|l| l.get(ZONE_LABEL)) {
                 out.zones.insert(name.clone(), z.clone());
@@ -224,43 +358,36 @@ pub fn start(client: kube::Client, conf: Config) -> Result<ServiceProxy, Service
             "services",
             store.clone(),
             changed.clone(),
-            |s| &mut s.services,
         )),
         tokio::spawn(watch(
             Api::<EndpointSlice>::all(client.clone()),
             "endpointslices",
             store.clone(),
             changed.clone(),
-            |s| &mut s.slices,
         )),
         tokio::spawn(watch(
             Api::<Node>::all(client),
             "nodes",
             store.clone(),
             changed.clone(),
-            |s| &mut s.nodes,
         )),
-        tokio::spawn(writer(lb, store, changed, conf.node)),
+        tokio::spawn(writer(
+            lb,
+            store,
+            changed,
+            conf.node,
+            conf.node_port_addresses,
+        )),
     ];
     Ok(ServiceProxy { tasks })
 }
 
 type Key = (String, String);
 
-/// Follows one kind into its part of the store (`kind`).
-async fn watch<K>(
-    api: Api<K>,
-    what: &'static str,
-    store: Arc<Mutex<Store>>,
-    changed: Arc<Notify>,
-    kind: fn(&mut Store) -> &mut Kind<K>,
-) where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
+/// Follows one kind into the store.
+async fn watch<K>(api: Api<K>, what: &'static str, store: Arc<Mutex<Store>>, changed: Arc<Notify>)
+where
+    K: Tracked + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
 {
     let mut listing: Option<BTreeMap<Key, K>> = None;
     follow(api, watcher::Config::default(), what, |ev| match ev {
@@ -271,68 +398,146 @@ async fn watch<K>(
             }
         }
         Event::InitDone => {
-            let mut st = lock(&store);
-            let k = kind(&mut st);
-            k.objs = listing.take().unwrap_or_default();
-            k.listed = true;
+            lock(&store).relisted(listing.take().unwrap_or_default());
             changed.notify_one();
         }
         Event::Apply(o) => {
-            kind(&mut lock(&store)).objs.insert(key(&o), o);
+            lock(&store).apply(o);
             changed.notify_one();
         }
         Event::Delete(o) => {
-            kind(&mut lock(&store)).objs.remove(&key(&o));
+            lock(&store).delete(&o);
             changed.notify_one();
         }
     })
     .await
 }
 
+/// What the writer last wrote, per Service: a change to one Service is
+/// written as the difference of its own frontends, not by comparing all
+/// of them (10,000 Services are tens of milliseconds each time).
+#[derive(Default)]
+struct Written {
+    per_svc: BTreeMap<Key, model::Frontends>,
+    /// The Service each frontend was written for (two Services naming
+    /// the same external address and port: the last written holds it
+    /// until the next full write).
+    owner: BTreeMap<Frontend, Key>,
+}
+
+/// What to write: everything (`Full`), or the named frontends only.
+enum Plan {
+    Full(model::Frontends),
+    Some(BTreeMap<Frontend, Option<Backends>>),
+}
+
+impl Written {
+    fn full(&mut self, s: &Store, node: &str, nodes: &model::Nodes) -> model::Frontends {
+        *self = Written::default();
+        let mut all = model::Frontends::new();
+        for k in s.services.objs.keys() {
+            let fs = s.frontends_of(k, node, nodes);
+            for (f, b) in &fs {
+                self.owner.insert(*f, k.clone());
+                all.insert(*f, b.clone());
+            }
+            if !fs.is_empty() {
+                self.per_svc.insert(k.clone(), fs);
+            }
+        }
+        all
+    }
+
+    fn changes(
+        &mut self,
+        s: &Store,
+        dirty: &BTreeSet<Key>,
+        node: &str,
+        nodes: &model::Nodes,
+    ) -> BTreeMap<Frontend, Option<Backends>> {
+        let mut out = BTreeMap::new();
+        for k in dirty {
+            let new = s.frontends_of(k, node, nodes);
+            let old = self.per_svc.remove(k).unwrap_or_default();
+            for f in old.keys().filter(|f| !new.contains_key(f)) {
+                if self.owner.get(f) == Some(k) {
+                    self.owner.remove(f);
+                    out.insert(*f, None);
+                }
+            }
+            for (f, b) in &new {
+                if old.get(f) != Some(b) || self.owner.get(f) != Some(k) {
+                    self.owner.insert(*f, k.clone());
+                    out.insert(*f, Some(b.clone()));
+                }
+            }
+            if !new.is_empty() {
+                self.per_svc.insert(k.clone(), new);
+            }
+        }
+        out
+    }
+}
+
 /// Writes the maps after each burst of changes, once every kind was
 /// listed (before that, the maps an earlier run wrote stand).
-async fn writer(lb: ServiceLb, store: Arc<Mutex<Store>>, changed: Arc<Notify>, node: String) {
+async fn writer(
+    lb: ServiceLb,
+    store: Arc<Mutex<Store>>,
+    changed: Arc<Notify>,
+    node: String,
+    node_ports: NodePortAddresses,
+) {
     let lb = Arc::new(Mutex::new(lb));
     let mut health = health::Health::new();
+    let mut written = Written::default();
     loop {
         changed.notified().await;
         tokio::time::sleep(DEBOUNCE).await;
-        let (want, ports) = {
-            let s = lock(&store);
+        let (plan, ports) = {
+            let mut s = lock(&store);
             if !s.listed() {
                 continue;
             }
-            let want = model::frontends(
-                s.services.objs.values(),
-                s.slices.objs.values(),
-                &node,
-                &s.nodes(),
-            );
+            let nodes = s.nodes(&node_ports);
+            let dirty = std::mem::take(&mut s.dirty);
+            let plan = if std::mem::take(&mut s.all_dirty) {
+                Plan::Full(written.full(&s, &node, &nodes))
+            } else {
+                Plan::Some(written.changes(&s, &dirty, &node, &nodes))
+            };
             let ports =
                 model::health_ports(s.services.objs.values(), s.slices.objs.values(), &node);
-            (want, ports)
+            (plan, ports)
         };
         let lb = lb.clone();
         let started = Instant::now();
-        let done =
-            tokio::task::spawn_blocking(move || lock(&lb).sync(&want).map(|r| (r, want.len())))
-                .await;
+        let done = tokio::task::spawn_blocking(move || {
+            let mut lb = lock(&lb);
+            match &plan {
+                Plan::Full(want) => lb.sync(want).map(|r| (r, want.len())),
+                Plan::Some(changes) => lb.update(changes).map(|r| (r, changes.len())),
+            }
+        })
+        .await;
         match done {
             Ok(Ok((r, n))) if r != Default::default() => crate::log(format!(
-                "services: {n} frontends ({} added, {} changed, {} removed) in {:?}",
+                "services: {n} frontends written ({} added, {} changed, {} removed) in {:?}",
                 r.added,
                 r.changed,
                 r.removed,
                 started.elapsed()
             )),
             Ok(Ok(_)) => {}
-            // The next change or relist tries again.
+            // The next change writes everything again.
             Ok(Err(e)) => {
                 crate::log(format!("services: writing the maps: {e}"));
+                lock(&store).all_dirty = true;
                 continue;
             }
             Err(e) => {
                 crate::log(format!("services: {e}"));
+                lock(&store).all_dirty = true;
                 continue;
             }
         }
@@ -347,6 +552,77 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn service(name: &str, ip: &str, port: u16) -> Service {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"clusterIP": ip, "ports": [{"name": "p", "port": port}]},
+        }))
+        .unwrap()
+    }
+
+    fn slice(name: &str, svc: &str, addrs: &[&str]) -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns",
+                          "labels": {model::SERVICE_NAME_LABEL: svc}},
+            "addressType": "IPv4",
+            "ports": [{"name": "p", "port": 8080}],
+            "endpoints": addrs.iter().map(|a| json!({"addresses": [a]})).collect::<Vec<_>>(),
+        }))
+        .unwrap()
+    }
+
+    /// Each step's changes, applied to what was written, give what a full
+    /// write of the objects as they now stand gives.
+    #[test]
+    fn writing_only_the_changed_services_ends_where_a_full_write_does() {
+        let nodes = model::Nodes::default();
+        let mut st = Store::default();
+        st.relisted::<Service>(BTreeMap::new());
+        st.relisted::<EndpointSlice>(BTreeMap::new());
+        st.relisted::<Node>(BTreeMap::new());
+        let mut w = Written::default();
+        let mut maps = w.full(&st, "n1", &nodes);
+        st.all_dirty = false;
+        type Step = Box<dyn Fn(&mut Store)>;
+        let steps: Vec<Step> = vec![
+            Box::new(|s| s.apply(service("a", "10.96.0.1", 80))),
+            Box::new(|s| s.apply(slice("a-1", "a", &["10.1.0.1"]))),
+            Box::new(|s| s.apply(slice("a-2", "a", &["10.1.0.2"]))),
+            Box::new(|s| s.apply(service("b", "10.96.0.2", 80))),
+            // A slice before its Service, then the Service.
+            Box::new(|s| s.apply(slice("c-1", "c", &["10.1.0.3"]))),
+            Box::new(|s| s.apply(service("c", "10.96.0.3", 53))),
+            // A slice moved to another Service by its label.
+            Box::new(|s| s.apply(slice("a-2", "b", &["10.1.0.2"]))),
+            Box::new(|s| s.apply(service("a", "10.96.0.1", 81))),
+            Box::new(|s| s.delete(&slice("a-1", "a", &[]))),
+            Box::new(|s| s.delete(&service("c", "", 0))),
+            Box::new(|s| s.apply(slice("x", "nobody", &["10.1.0.9"]))),
+        ];
+        for (i, step) in steps.iter().enumerate() {
+            step(&mut st);
+            let dirty = std::mem::take(&mut st.dirty);
+            for (f, b) in w.changes(&st, &dirty, "n1", &nodes) {
+                match b {
+                    Some(b) => maps.insert(f, b),
+                    None => maps.remove(&f),
+                };
+            }
+            let mut again = Written::default();
+            assert_eq!(maps, again.full(&st, "n1", &nodes), "step {i}");
+        }
+        assert!(!st.all_dirty);
+        assert_eq!(
+            st.slices_of.keys().cloned().collect::<Vec<_>>(),
+            [
+                ("ns".to_string(), "b".to_string()),
+                ("ns".to_string(), "c".to_string()),
+                ("ns".to_string(), "nobody".to_string())
+            ]
+        );
+    }
 
     #[test]
     fn the_cgroup2_mount_is_found_in_either_layout() {

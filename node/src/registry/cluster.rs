@@ -233,6 +233,20 @@ pub struct NetConf {
     /// (`"kubeProxyReplacement"`, a net-conf key only: Services come from
     /// the API).
     pub kube_proxy_replacement: bool,
+    /// Which node addresses answer node ports with
+    /// `kubeProxyReplacement` (`"nodePortAddresses"`, kube-proxy's
+    /// setting of the same name and values).
+    pub node_port_addresses: NodePortAddresses,
+}
+
+/// kube-proxy's `nodePortAddresses`: every address of a node (unset),
+/// each node's primary addresses (`["primary"]`), or those in the CIDRs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum NodePortAddresses {
+    #[default]
+    All,
+    Primary,
+    Cidrs(Vec<IpNetwork>),
 }
 
 impl NetConf {
@@ -307,13 +321,51 @@ pub fn parse_net_conf(text: &str) -> Result<NetConf, ClusterError> {
             )));
         }
     };
+    if let Some(v) = top.get(NODE_PORT_ADDRESSES) {
+        net.node_port_addresses = node_port_addresses(v)?;
+    }
     Ok(net)
 }
 
+/// `"nodePortAddresses"`: as kube-proxy validates it, a list of CIDRs, or
+/// `["primary"]` alone.
+fn node_port_addresses(v: &Value) -> Result<NodePortAddresses, ClusterError> {
+    let bad = |why: String| invalid(format!("\"{NODE_PORT_ADDRESSES}\": {why}"));
+    let Value::Array(items) = v else {
+        return Err(bad(format!(
+            "expected a list of CIDRs or [\"primary\"], got {v}"
+        )));
+    };
+    let strs: Vec<&str> = items
+        .iter()
+        .map(|i| {
+            i.as_str()
+                .ok_or_else(|| bad(format!("{i} is not a string")))
+        })
+        .collect::<Result<_, _>>()?;
+    if strs.contains(&"primary") {
+        return match strs.len() {
+            1 => Ok(NodePortAddresses::Primary),
+            _ => Err(bad("\"primary\" goes alone, not beside CIDRs".into())),
+        };
+    }
+    if strs.is_empty() {
+        return Ok(NodePortAddresses::All);
+    }
+    strs.iter()
+        .map(|s| {
+            s.parse::<IpNetwork>()
+                .map_err(|e| bad(format!("{s:?} is not a CIDR ({e})")))
+        })
+        .collect::<Result<_, _>>()
+        .map(NodePortAddresses::Cidrs)
+}
+
 const KUBE_PROXY_REPLACEMENT: &str = "kubeProxyReplacement";
+const NODE_PORT_ADDRESSES: &str = "nodePortAddresses";
 /// Keys of the net-conf but not of a cluster file: Services come from the
 /// API.
-const NET_CONF_ONLY_KEYS: &[&str] = &["kubeProxyReplacement"];
+const NET_CONF_ONLY_KEYS: &[&str] = &[KUBE_PROXY_REPLACEMENT, NODE_PORT_ADDRESSES];
 
 /// Parses and checks a cluster file's text.
 pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
@@ -455,6 +507,7 @@ fn net_conf(top: &Map<String, Value>) -> Result<NetConf, ClusterError> {
         wireguard_port,
         bgp,
         kube_proxy_replacement: false,
+        node_port_addresses: NodePortAddresses::All,
     })
 }
 
@@ -1143,6 +1196,45 @@ mod tests {
         assert!(err(r#"{"nodes": []}"#).contains("\"network\" is missing"));
         assert!(err(r#"{"network": "10.244.0.0/16", "nodes": []}"#).contains("empty"));
         assert!(err("{").contains("not valid JSON"));
+    }
+
+    #[test]
+    fn node_port_addresses_as_kube_proxy_takes_them() {
+        let net =
+            |extra: &str| parse_net_conf(&format!(r#"{{"network": "10.244.0.0/16"{extra}}}"#));
+        assert_eq!(net("").unwrap().node_port_addresses, NodePortAddresses::All);
+        assert_eq!(
+            net(r#", "nodePortAddresses": []"#)
+                .unwrap()
+                .node_port_addresses,
+            NodePortAddresses::All
+        );
+        assert_eq!(
+            net(r#", "nodePortAddresses": ["primary"]"#)
+                .unwrap()
+                .node_port_addresses,
+            NodePortAddresses::Primary
+        );
+        assert_eq!(
+            net(r#", "nodePortAddresses": ["172.30.0.0/24", "fd30::/64"]"#)
+                .unwrap()
+                .node_port_addresses,
+            NodePortAddresses::Cidrs(vec![
+                "172.30.0.0/24".parse().unwrap(),
+                "fd30::/64".parse().unwrap()
+            ])
+        );
+        for (bad, says) in [
+            (r#""primary""#, "expected a list"),
+            (r#"["primary", "10.0.0.0/8"]"#, "goes alone"),
+            (r#"["10.0.0.0/33"]"#, "is not a CIDR"),
+            (r#"[7]"#, "is not a string"),
+        ] {
+            let e = net(&format!(r#", "nodePortAddresses": {bad}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -31,6 +31,7 @@
 //! - no endpoint: the frontend stays, with none, and connections to it are
 //!   refused (kube-proxy's REJECT).
 
+use crate::registry::cluster::NodePortAddresses;
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use rcni_ebpf::services::{Backends, Frontend};
@@ -156,6 +157,36 @@ fn endpoints<'a>(
         }
     }
     out
+}
+
+/// Which of a node's addresses (`(type, address)` in the Node's order)
+/// answer node ports: its InternalIP and ExternalIP addresses, narrowed by
+/// `nodePortAddresses` as kube-proxy narrows them. "primary" is the
+/// node's first InternalIP of each family, else its first ExternalIP
+/// (kube-proxy's node IPs).
+pub fn node_port_addrs(addrs: &[(&str, IpAddr)], which: &NodePortAddresses) -> Vec<IpAddr> {
+    let usable = addrs
+        .iter()
+        .filter(|(t, _)| *t == "InternalIP" || *t == "ExternalIP");
+    match which {
+        NodePortAddresses::All => usable.map(|(_, a)| *a).collect(),
+        NodePortAddresses::Cidrs(nets) => usable
+            .map(|(_, a)| *a)
+            .filter(|a| nets.iter().any(|n| n.contains(*a)))
+            .collect(),
+        NodePortAddresses::Primary => [true, false]
+            .into_iter()
+            .filter_map(|v4| {
+                let of = |ty: &str| {
+                    addrs
+                        .iter()
+                        .find(|(t, a)| *t == ty && a.is_ipv4() == v4)
+                        .map(|(_, a)| *a)
+                };
+                of("InternalIP").or_else(|| of("ExternalIP"))
+            })
+            .collect(),
+    }
 }
 
 /// How kube-proxy on `node` (in `zone`) narrows a Service port's ready
@@ -637,6 +668,39 @@ mod tests {
             "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]},
         }));
         assert_eq!(frontends([&c], [&sl], "n1", &nodes).len(), 1);
+    }
+
+    #[test]
+    fn node_port_addresses_narrow_a_nodes_addresses_as_kube_proxy_does() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        let addrs = [
+            ("Hostname", ip("10.9.9.9")),
+            ("ExternalIP", ip("192.0.2.11")),
+            ("InternalIP", ip("172.30.0.11")),
+            ("InternalIP", ip("10.0.0.11")),
+            ("ExternalIP", ip("2001:db8::11")),
+        ];
+        assert_eq!(
+            node_port_addrs(&addrs, &NodePortAddresses::All),
+            [
+                ip("192.0.2.11"),
+                ip("172.30.0.11"),
+                ip("10.0.0.11"),
+                ip("2001:db8::11")
+            ]
+        );
+        assert_eq!(
+            node_port_addrs(&addrs, &NodePortAddresses::Primary),
+            [ip("172.30.0.11"), ip("2001:db8::11")]
+        );
+        let cidrs = NodePortAddresses::Cidrs(vec![
+            "10.0.0.0/8".parse().unwrap(),
+            "2001:db8::/32".parse().unwrap(),
+        ]);
+        assert_eq!(
+            node_port_addrs(&addrs, &cidrs),
+            [ip("10.0.0.11"), ip("2001:db8::11")]
+        );
     }
 
     #[test]
