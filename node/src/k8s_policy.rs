@@ -133,6 +133,19 @@ impl Drop for PolicyInputs {
     }
 }
 
+/// Whether Services and EndpointSlices are mirrored for the policy plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServiceMirror {
+    /// kube-proxy translates after the pod's egress hook: the plugin
+    /// needs each ClusterIP's endpoints.
+    On,
+    /// `"kubeProxyReplacement"`: a pod's connection leaves it with the
+    /// backend's address already, so the plugin needs none, and tens of
+    /// thousands of files (and a sync re-reading them per change) are
+    /// spared. Files an earlier run mirrored are removed.
+    Off,
+}
+
 /// Starts the mirrors and the socket (on the current tokio runtime).
 pub fn start(
     client: kube::Client,
@@ -140,6 +153,7 @@ pub fn start(
     node: &str,
     socket: &Path,
     sync: Option<SyncCommand>,
+    services: ServiceMirror,
 ) -> Result<PolicyInputs, PathError> {
     std::fs::create_dir_all(&dir).map_err(PathError::at("policy dir", &dir))?;
     let listener = bind(socket)?;
@@ -160,29 +174,43 @@ pub fn start(
             "ns",
             changed.clone(),
         )),
-        tokio::spawn(mirror(
-            Api::<Service>::all(client.clone()),
-            dir.clone(),
-            "svc",
-            changed.clone(),
-        )),
-        tokio::spawn(mirror(
-            Api::<EndpointSlice>::all(client.clone()),
-            dir.clone(),
-            "eps",
-            changed.clone(),
-        )),
         tokio::spawn(watch_pods(
-            Api::<Pod>::all(client),
+            Api::<Pod>::all(client.clone()),
             node.to_string(),
             pods.clone(),
             remote.clone(),
             changed.clone(),
             remote_changed.clone(),
         )),
-        tokio::spawn(write_remote(dir, remote, remote_changed, changed.clone())),
+        tokio::spawn(write_remote(
+            dir.clone(),
+            remote,
+            remote_changed,
+            changed.clone(),
+        )),
         tokio::spawn(serve(listener, pods)),
     ];
+    match services {
+        ServiceMirror::On => {
+            tasks.push(tokio::spawn(mirror(
+                Api::<Service>::all(client.clone()),
+                dir.clone(),
+                "svc",
+                changed.clone(),
+            )));
+            tasks.push(tokio::spawn(mirror(
+                Api::<EndpointSlice>::all(client.clone()),
+                dir.clone(),
+                "eps",
+                changed.clone(),
+            )));
+        }
+        ServiceMirror::Off => {
+            if remove_mirrored(&dir, &["svc", "eps"]) {
+                changed.notify_one();
+            }
+        }
+    }
     if let Some(cmd) = sync {
         tasks.push(tokio::spawn(crate::flows::run(
             cmd.clone(),
@@ -191,6 +219,24 @@ pub fn start(
         tasks.push(tokio::spawn(syncer(cmd, changed)));
     }
     Ok(PolicyInputs { tasks })
+}
+
+/// Removes the files mirrored for these kinds; whether one was there.
+fn remove_mirrored(dir: &Path, whats: &[&str]) -> bool {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let mut any = false;
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if whats
+            .iter()
+            .any(|w| name.starts_with(&format!("{PREFIX}{w}-")))
+        {
+            any |= remove(dir, &name);
+        }
+    }
+    any
 }
 
 /// Runs `policy sync` after each burst of changes. `Notify` keeps one

@@ -353,6 +353,7 @@ async fn run_cloud(args: &RunArgs, conf: cloud::CloudConf) -> ExitCode {
             &args.node,
             &args.agent_socket,
             Some(sync),
+            k8s_policy::ServiceMirror::On,
         ) {
             Ok(p) => _policy = Some(p),
             Err(e) => {
@@ -457,15 +458,20 @@ async fn kube_registry(
         .then(|| net.node_port_addresses.clone());
     let mut registry =
         k8s::KubeRegistry::start(client.clone(), net, args.node.clone(), wireguard_key);
-    registry.services = services_for(args, kube_proxy_replacement, &client).map_err(|e| {
-        log(e);
-        ExitCode::FAILURE
-    })?;
+    registry.services =
+        services_for(args, kube_proxy_replacement.clone(), &client).map_err(|e| {
+            log(e);
+            ExitCode::FAILURE
+        })?;
     if let Some(dir) = &args.policy_dir {
         let sync = k8s_policy::SyncCommand {
             bin: args.cni_bin_dir.join("policy"),
             network: conflist::NETWORK_NAME.into(),
             data_dir: args.policy_data_dir.clone(),
+        };
+        let mirror = match kube_proxy_replacement {
+            Some(_) => k8s_policy::ServiceMirror::Off,
+            None => k8s_policy::ServiceMirror::On,
         };
         let p = k8s_policy::start(
             client,
@@ -473,6 +479,7 @@ async fn kube_registry(
             &args.node,
             &args.agent_socket,
             Some(sync),
+            mirror,
         )
         .map_err(|e| {
             log(e);

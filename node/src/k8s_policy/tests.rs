@@ -93,7 +93,7 @@ fn policies_namespaces_mirrored_and_pod_labels_answered() {
         api.put(&pod("prod", "db-1", "n2", &[("app", "db")]));
 
         let client = crate::registry::k8s::client(Some(&kc)).await.unwrap();
-        let _inputs = start(client, dir.clone(), "n1", &socket, None).unwrap();
+        let _inputs = start(client, dir.clone(), "n1", &socket, None, ServiceMirror::On).unwrap();
         {
             use std::os::unix::fs::PermissionsExt;
             let m = std::fs::metadata(&socket).unwrap().permissions().mode();
@@ -191,6 +191,39 @@ async fn ask_raw(socket: &Path, line: &str) -> Value {
 }
 
 /// A stand-in `policy` binary that appends its arguments to `calls`.
+/// With kube-proxy replaced, Services reach the plugin already
+/// translated: no Service or EndpointSlice is mirrored, and those an
+/// earlier run mirrored go.
+#[test]
+fn without_kube_proxy_services_are_not_mirrored_and_old_mirrors_go() {
+    with_api(async |api, kc| {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("policy.d");
+        let socket = tmp.path().join("run/agent.sock");
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in [
+            "k8s-svc-prod_web.json",
+            "k8s-eps-prod_web-x.json",
+            "local.json",
+        ] {
+            std::fs::write(dir.join(f), "{}").unwrap();
+        }
+        api.put(&netpol("prod", "web", "web"));
+        api.put(&k8s_openapi::api::core::v1::Service {
+            metadata: meta(Some("prod"), "web", &[]),
+            ..Default::default()
+        });
+        let client = crate::registry::k8s::client(Some(&kc)).await.unwrap();
+        let _inputs = start(client, dir.clone(), "n1", &socket, None, ServiceMirror::Off).unwrap();
+        until("first list mirrored", || {
+            files(&dir) == ["k8s-netpol-prod_web.json", "local.json"]
+        })
+        .await;
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert_eq!(files(&dir), ["k8s-netpol-prod_web.json", "local.json"]);
+    });
+}
+
 fn fake_policy(dir: &Path) -> (PathBuf, PathBuf) {
     use std::os::unix::fs::PermissionsExt;
     let bin = dir.join("policy");
@@ -254,7 +287,15 @@ fn changes_run_policy_sync_debounced_and_new_pods_do_not() {
             network: "rcni".into(),
             data_dir: Some("/d".into()),
         };
-        let _inputs = start(client, dir.clone(), "n1", &socket, Some(sync)).unwrap();
+        let _inputs = start(
+            client,
+            dir.clone(),
+            "n1",
+            &socket,
+            Some(sync),
+            ServiceMirror::On,
+        )
+        .unwrap();
         for _ in 0..500 {
             if ask(&socket, "prod", "web-1").await["synced"] == true {
                 break;
@@ -401,7 +442,15 @@ fn other_nodes_pods_are_written_for_the_plugin_and_follow_the_api() {
             network: "rcni".into(),
             data_dir: None,
         };
-        let _inputs = start(client, dir.clone(), "n1", &socket, Some(sync)).unwrap();
+        let _inputs = start(
+            client,
+            dir.clone(),
+            "n1",
+            &socket,
+            Some(sync),
+            ServiceMirror::On,
+        )
+        .unwrap();
         let d = dir.as_path();
         let want =
             |v: Vec<(String, String, Vec<String>)>| move || remote_file(d) == Some(v.clone());
