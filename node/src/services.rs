@@ -166,6 +166,10 @@ trait Tracked: Resource<DynamicType = ()> + Sized {
     fn feeds(&self) -> Option<Key>;
     /// Keeps an index of the kind up to date (slices by Service).
     fn indexed(_s: &mut Store, _key: &Key, _old: Option<&Self>, _new: Option<&Self>) {}
+    /// Whether the change from `old` is one the frontends do not see.
+    fn unseen(_old: &Self, _new: &Self) -> bool {
+        false
+    }
 }
 
 impl Tracked for Service {
@@ -219,6 +223,20 @@ impl Tracked for Node {
     fn feeds(&self) -> Option<Key> {
         None
     }
+    /// Only addresses and the zone reach the frontends: a status
+    /// heartbeat or a condition does not rewrite every Service.
+    fn unseen(old: &Self, new: &Self) -> bool {
+        let seen = |n: &Node| {
+            (
+                n.status.as_ref().and_then(|s| s.addresses.clone()),
+                n.metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|l| l.get(ZONE_LABEL).cloned()),
+            )
+        };
+        seen(old) == seen(new)
+    }
 }
 
 impl Store {
@@ -233,10 +251,14 @@ impl Store {
 
     fn apply<K: Tracked>(&mut self, o: K) {
         let k = key(&o);
-        self.stale(o.feeds());
         let old = K::store_of(self).objs.remove(&k);
-        if let Some(old) = &old {
-            self.stale(old.feeds());
+        match &old {
+            Some(old) if K::unseen(old, &o) => {}
+            Some(old) => {
+                self.stale(old.feeds());
+                self.stale(o.feeds());
+            }
+            None => self.stale(o.feeds()),
         }
         K::indexed(self, &k, old.as_ref(), Some(&o));
         K::store_of(self).objs.insert(k, o);
@@ -614,6 +636,22 @@ mod tests {
             assert_eq!(maps, again.full(&st, "n1", &nodes), "step {i}");
         }
         assert!(!st.all_dirty);
+        // A Node's heartbeat rewrites nothing; a new address everything.
+        let node = |addr: &str, hb: &str| -> Node {
+            serde_json::from_value(json!({
+                "metadata": {"name": "n1", "labels": {ZONE_LABEL: "z"}},
+                "status": {"addresses": [{"type": "InternalIP", "address": addr}],
+                           "conditions": [{"type": "Ready", "status": "True",
+                                           "lastHeartbeatTime": hb}]},
+            }))
+            .unwrap()
+        };
+        st.apply(node("172.30.0.11", "2026-12-07T00:00:00Z"));
+        assert!(std::mem::take(&mut st.all_dirty));
+        st.apply(node("172.30.0.11", "2026-12-07T00:00:10Z"));
+        assert!(!st.all_dirty);
+        st.apply(node("172.30.0.12", "2026-12-07T00:00:20Z"));
+        assert!(st.all_dirty);
         assert_eq!(
             st.slices_of.keys().cloned().collect::<Vec<_>>(),
             [
