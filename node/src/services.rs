@@ -416,7 +416,7 @@ where
         Event::Init => listing = Some(BTreeMap::new()),
         Event::InitApply(o) => {
             if let Some(l) = &mut listing {
-                l.insert(key(&o), o);
+                l.insert(key(&o), slim(o));
             }
         }
         Event::InitDone => {
@@ -424,7 +424,7 @@ where
             changed.notify_one();
         }
         Event::Apply(o) => {
-            lock(&store).apply(o);
+            lock(&store).apply(slim(o));
             changed.notify_one();
         }
         Event::Delete(o) => {
@@ -433,6 +433,16 @@ where
         }
     })
     .await
+}
+
+/// The object without what no frontend reads and most of its size is at
+/// 10,000 Services: the field managers' records and the annotations
+/// (kubectl's last-applied copy of the whole object).
+fn slim<K: Resource>(mut o: K) -> K {
+    let m = o.meta_mut();
+    m.managed_fields = None;
+    m.annotations = None;
+    o
 }
 
 /// What the writer last wrote, per Service: a change to one Service is
@@ -593,6 +603,21 @@ mod tests {
             "endpoints": addrs.iter().map(|a| json!({"addresses": [a]})).collect::<Vec<_>>(),
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn kept_objects_lose_field_managers_and_annotations_not_labels() {
+        let svc: Service = serde_json::from_value(json!({
+            "metadata": {"name": "a", "namespace": "ns",
+                          "labels": {"app": "a"},
+                          "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}"},
+                          "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"clusterIP": "10.96.0.1"},
+        }))
+        .unwrap();
+        let m = slim(svc).metadata;
+        assert!(m.managed_fields.is_none() && m.annotations.is_none());
+        assert_eq!(m.labels.unwrap()["app"], "a");
     }
 
     /// Each step's changes, applied to what was written, give what a full
