@@ -365,7 +365,7 @@ const KUBE_PROXY_REPLACEMENT: &str = "kubeProxyReplacement";
 const NODE_PORT_ADDRESSES: &str = "nodePortAddresses";
 /// Keys of the net-conf but not of a cluster file: Services come from the
 /// API.
-const NET_CONF_ONLY_KEYS: &[&str] = &[KUBE_PROXY_REPLACEMENT, NODE_PORT_ADDRESSES];
+const NET_CONF_ONLY_KEYS: &[&str] = &["kubeProxyReplacement", "nodePortAddresses"];
 
 /// Parses and checks a cluster file's text.
 pub fn parse(text: &str) -> Result<Cluster, ClusterError> {
