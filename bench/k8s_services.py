@@ -126,12 +126,13 @@ def node_cmd(node_pid, *cmd):
 
 class KubeProxy:
     """kube-proxy in `mode` on the node, as the lab ran it but for the mode
-    and its health port (rcni's agent serves 10256 with the hooks on)."""
+    and its health port, moved off 10256, which rcni's agent serves with the
+    hooks on (an empty address means kube-proxy's default, 10256)."""
 
     def __init__(self, binary, node, node_pid, mode, workdir):
         conf = open(os.path.join(os.environ["RCNI_LAB_DIR"], node, "kube-proxy.yaml")).read()
         conf = re.sub(r"(?m)^mode: .*$", f"mode: {mode}", conf)
-        conf = re.sub(r"(?m)^healthzBindAddress: .*$", 'healthzBindAddress: ""', conf)
+        conf = re.sub(r"(?m)^healthzBindAddress: .*$", "healthzBindAddress: 127.0.0.1:10266", conf)
         path = os.path.join(workdir, f"kube-proxy-{mode}.yaml")
         with open(path, "w") as f:
             f.write(conf)

@@ -283,10 +283,7 @@ impl ServiceLb {
     /// new id, then the frontend is swapped to it in one update: a
     /// connection meanwhile gets the old set or the new one.
     pub fn sync(&mut self, want: &BTreeMap<Frontend, Backends>) -> Result<SyncReport> {
-        let mut cur = match self.mirror.take() {
-            Some(m) => m,
-            None => self.current()?,
-        };
+        let mut cur = self.take_mirror()?;
         let gone: Vec<Frontend> = cur
             .keys()
             .map(frontend_of)
@@ -305,10 +302,7 @@ impl ServiceLb {
     /// (`None`), as [`ServiceLb::sync`] would; the others stay. The agent's
     /// way after one Service changed among thousands.
     pub fn update(&mut self, changes: &BTreeMap<Frontend, Option<Backends>>) -> Result<SyncReport> {
-        let mut cur = match self.mirror.take() {
-            Some(m) => m,
-            None => self.current()?,
-        };
+        let mut cur = self.take_mirror()?;
         let report = self.write(changes.iter().map(|(f, b)| (*f, b.as_ref())), &mut cur)?;
         self.mirror = Some(cur);
         Ok(report)
@@ -411,6 +405,15 @@ impl ServiceLb {
             refused: sum(1)?,
             reversed: sum(2)?,
         })
+    }
+
+    /// What the maps hold: the copy the last write kept, else read back.
+    /// A write that fails leaves it taken, so the next one reads again.
+    fn take_mirror(&mut self) -> Result<Frontends> {
+        match self.mirror.take() {
+            Some(m) => Ok(m),
+            None => self.current(),
+        }
     }
 
     /// Every frontend, its value and its backends, sorted, read from the
