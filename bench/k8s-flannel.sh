@@ -6,19 +6,25 @@
 # testing/flannel pins, vxlan, delegating to the reference's bridge and
 # host-local), one with rcni as its users install it (deploy/rcni.yaml as it
 # is: vxlan and policy). They take turns, round by round, so the machine's
-# drift falls on both alike. On each (bench/k8s_net.py):
+# drift falls on both alike, and who goes first turns round by round. On
+# each (bench/k8s_net.py):
 #   startup  a Deployment of N pause pods (default 30) from `kubectl apply`
 #            to N Ready, --rounds times (default 3; the median is compared)
 #   rr       pod to pod across nodes, TCP request/response p50 (bench/rr.py)
 #   gbit     the same pods, single-stream iperf3
 # rr and gbit --dp-rounds times (default 3; the medians are compared), in
 # both regimes: idle (each round trip wakes an idle CPU, which hides the
-# datapath's cost) and busy (client and server on one CPU).
+# datapath's cost) and busy (client and server on one CPU). During each rr
+# and gbit round every lab process (control planes, kubelets, containerd,
+# agents, pods) is stopped and resumed after, unless --no-freeze: the
+# packets need none of them, and three clusters' housekeeping on 2 cores
+# spread one network's rounds wider than the gap between the networks.
 # Prints a table and rcni/flannel ratios; targets: startup and rr ratios
 # <= 1.0, gbit ratio >= 1.0 ("at least flannel's speed on each").
 #
 # Usage: bench/k8s-flannel.sh [--pods N] [--rounds N] [--dp-rounds N] [--seconds N] [--rr N]
 #                             [--regime idle|busy|both] [--nodes N] [--out DIR] [--ebpf]
+#                             [--no-freeze]
 # --ebpf: a third lab, rcni with the net-conf's "ebpf": true (eBPF
 # cross-node forwarding; the manifest's option, off by default), in the
 # same turns.
@@ -30,6 +36,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 die() { echo "k8s-flannel: $*" >&2; exit 2; }
 pods=30 rounds=3 dp_rounds=3 secs=5 rr=5000 regime=both nodes=3 out=$PWD/target/bench-k8s-flannel
+freeze=(--freeze)
 nets=(flannel rcni)
 while (($#)); do
   case $1 in
@@ -42,6 +49,7 @@ while (($#)); do
     --nodes) nodes=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
     --ebpf) nets+=(rcni-ebpf); shift ;;
+    --no-freeze) freeze=(); shift ;;
     -h|--help) sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
     *) die "unknown argument $1" ;;
   esac
@@ -81,7 +89,7 @@ for net in "${nets[@]}"; do
   "$lab" --nodes "$nodes" "${args[@]}" --keep-logs "$out/logs-$net" -- \
     python3 "$PWD/bench/k8s_net.py" --out "$out/$net.json" --pods "$pods" --rounds "$rounds" \
       --seconds "$secs" --rr "$rr" --dp-rounds "$dp_rounds" --regime "$regime" \
-      --turns "$out/turns" --me "$net" --order "$order" >"$out/$net.log" 2>&1 &
+      --turns "$out/turns" --me "$net" --order "$order" "${freeze[@]}" >"$out/$net.log" 2>&1 &
   pids+=($!)
 done
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT

@@ -48,6 +48,13 @@ struct Args {
     command: Vec<String>,
 }
 
+/// The path made absolute: the lab runs its nodes' tools (ctr, the
+/// installer) from other working directories, where a relative one would
+/// name nothing.
+fn existing(arg: &str, path: String) -> Result<PathBuf, String> {
+    std::fs::canonicalize(&path).map_err(|e| format!("{arg} {path}: {e}"))
+}
+
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         nodes: 3,
@@ -67,10 +74,10 @@ fn parse() -> Result<Args, String> {
         match arg.as_str() {
             "--nodes" => a.nodes = value()?.parse().map_err(|e| format!("--nodes: {e}"))?,
             "--network" => a.network = value()?,
-            "--image" => a.image = Some(value()?.into()),
-            "--net-conf" => a.net_conf = Some(value()?.into()),
-            "--reference-bin" => a.reference_bin = Some(value()?.into()),
-            "--flannel" => a.flannel = Some(value()?.into()),
+            "--image" => a.image = Some(existing(&arg, value()?)?),
+            "--net-conf" => a.net_conf = Some(existing(&arg, value()?)?),
+            "--reference-bin" => a.reference_bin = Some(existing(&arg, value()?)?),
+            "--flannel" => a.flannel = Some(existing(&arg, value()?)?),
             "--keep-logs" => a.keep_logs = Some(value()?.into()),
             "--agent-arg" => a.agent_args.push(value()?),
             "--no-kube-proxy" => a.no_kube_proxy = true,

@@ -34,18 +34,34 @@ fn flannel_vtep(ns: &NetNs, dev: &str, mtu: u64) -> Value {
 #[test]
 fn vxlan_on_one_l2_pods_talk_and_changes_touch_only_their_node() {
     let c = Cluster::new(&[0, 0, 0]);
+    // Node 1 filters strictly, as RHEL does; the others not at all.
+    // /proc/sys/net shows the reader's namespace.
+    let sysctl = |ns: &NetNs, key: &str, value: Option<&str>| {
+        let path = format!("/proc/sys/net/ipv4/conf/{key}/rp_filter");
+        match value {
+            Some(v) => stdout_of(command_in(ns, "sh").args(["-c", &format!("echo {v} > {path}")])),
+            None => stdout_of(command_in(ns, "cat").arg(&path))
+                .trim()
+                .to_string(),
+        }
+    };
+    for (node, v) in [(0, "1"), (1, "0"), (2, "0")] {
+        for key in ["all", "default"] {
+            sysctl(&c.nodes[node].ns.ns, key, Some(v));
+        }
+    }
     c.write("vxlan", &[0, 1, 2]);
     c.reconcile_all();
     let (n1, n2, n3) = (&c.nodes[0], &c.nodes[1], &c.nodes[2]);
 
     // flannel's device: VNI 1, port 8472, learning off, MTU uplink - 50,
-    // the pod subnet's .0 as /32, loose rp_filter.
+    // the pod subnet's .0 as /32; rp_filter loose where the host is
+    // strict (the kernel applies the larger of all and the device's), and
+    // off where the host asked for none.
     flannel_vtep(&n1.ns.ns, VTEP, 1450);
     assert_eq!(addrs_of(&n1.ns.ns, VTEP), ["10.244.1.0/32"]);
-    // /proc/sys/net shows the reader's namespace.
-    let rp =
-        stdout_of(command_in(&n1.ns.ns, "cat").arg("/proc/sys/net/ipv4/conf/rcni.1/rp_filter"));
-    assert_eq!(rp.trim(), "2");
+    assert_eq!(sysctl(&n1.ns.ns, VTEP, None), "2");
+    assert_eq!(sysctl(&n2.ns.ns, VTEP, None), "0");
     let conf = n1.plugin_conf();
     assert_eq!(conf["mtu"], 1450);
     assert_eq!(conf["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
