@@ -28,6 +28,7 @@ mod policy;
 mod remote;
 pub mod services;
 pub mod shape;
+pub mod sockterm;
 mod types;
 
 pub use attach::{

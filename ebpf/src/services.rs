@@ -11,7 +11,7 @@
 
 use crate::bpffs::remove_pin;
 use crate::load::collect;
-use crate::types::{SvcBackend, SvcBackendIdx, SvcBackendKey, SvcKey, SvcVal};
+use crate::types::{SvcBackend, SvcBackendIdx, SvcBackendKey, SvcKey, SvcRevKey, SvcVal};
 use crate::{Error, Result};
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray};
 use aya::programs::links::{CgroupAttachMode, FdLink};
@@ -48,6 +48,7 @@ const MAPS: [&str; 7] = [
 const LAYOUT: u32 = 1;
 /// Link pins: `link_<program>_<cgroup id>`.
 const LINK_PREFIX: &str = "link_";
+const IPPROTO_UDP: u8 = 17;
 /// `MAX_BACKENDS` of the C.
 pub const MAX_SERVICE_BACKENDS: usize = 262_144;
 
@@ -116,6 +117,7 @@ pub struct ServiceLb {
     svc: HashMap<MapData, SvcKey, SvcVal>,
     backends: HashMap<MapData, SvcBackendKey, SvcBackend>,
     backend_idx: HashMap<MapData, SvcBackendIdx, u32>,
+    reverse: HashMap<MapData, SvcRevKey, SvcBackend>,
     stats: PerCpuArray<MapData, u64>,
     /// The last id given to a frontend's backends.
     next_id: u32,
@@ -124,6 +126,9 @@ pub struct ServiceLb {
     /// memory rather than reading every entry back (tens of thousands at
     /// 10,000 Services); dropped by a failed one, which reads them again.
     mirror: Option<Frontends>,
+    /// Backends that left a UDP frontend since [`ServiceLb::take_udp_gone`]
+    /// last ran: the sockets connected to them through it are to be closed.
+    udp_gone: BTreeSet<(Frontend, SocketAddr)>,
 }
 
 /// Every frontend, its value and its backends (sorted), by key.
@@ -211,6 +216,7 @@ impl ServiceLb {
         let svc: HashMap<MapData, SvcKey, SvcVal> = typed(take(MAP_SVC)?, MAP_SVC)?;
         let backends = typed(take(MAP_BACKENDS)?, MAP_BACKENDS)?;
         let backend_idx = typed(take(MAP_BACKEND_IDX)?, MAP_BACKEND_IDX)?;
+        let reverse = typed(take(MAP_REVERSE)?, MAP_REVERSE)?;
         let stats = typed(take(MAP_STATS)?, MAP_STATS)?;
         let next_id = collect(svc.iter(), "read the Services")?
             .iter()
@@ -223,9 +229,11 @@ impl ServiceLb {
             svc,
             backends,
             backend_idx,
+            reverse,
             stats,
             next_id,
             mirror: None,
+            udp_gone: BTreeSet::new(),
         };
         // Backends of a sync that died between writing them and swapping
         // the frontend, or removing them after.
@@ -322,6 +330,9 @@ impl ServiceLb {
             let Some(b) = b else {
                 if let Some((v, bes)) = cur.remove(&key) {
                     removed(self.svc.remove(&key), &format!("remove {f:?}"))?;
+                    if f.proto == IPPROTO_UDP {
+                        self.udp_gone.extend(bes.iter().map(|b| (f, *b)));
+                    }
                     self.remove_backends(&v, &bes)?;
                     used.remove(&v.id);
                     report.removed += 1;
@@ -365,6 +376,12 @@ impl ServiceLb {
             self.svc
                 .insert(key, val, 0)
                 .map_err(|e| Error::aya(format!("write {f:?}"), e))?;
+            if f.proto == IPPROTO_UDP
+                && let Some((_, old)) = cur.get(&key)
+            {
+                let left = old.iter().filter(|a| bes.binary_search(a).is_err());
+                self.udp_gone.extend(left.map(|b| (f, *b)));
+            }
             match cur.insert(key, (val, bes)) {
                 Some((v, b)) => {
                     self.remove_backends(&v, &b)?;
@@ -375,6 +392,32 @@ impl ServiceLb {
             }
         }
         Ok(report)
+    }
+
+    /// Each UDP frontend and backend that left it since the last call: what
+    /// [`crate::sockterm::close_gone_udp`] closes sockets to.
+    pub fn take_udp_gone(&mut self) -> BTreeSet<(Frontend, SocketAddr)> {
+        std::mem::take(&mut self.udp_gone)
+    }
+
+    /// The frontend through which the hooks connected socket `cookie` to
+    /// `backend`, if they did (the reverse entry a connect or sendmsg
+    /// left).
+    pub fn frontend_of_socket(
+        &self,
+        cookie: u64,
+        backend: SocketAddr,
+    ) -> Result<Option<SocketAddr>> {
+        let key = SvcRevKey {
+            cookie,
+            be: SvcBackend::new(backend),
+            pad: [0; 4],
+        };
+        match self.reverse.get(&key, 0) {
+            Ok(v) => Ok(Some(v.socket_addr())),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::aya("read a socket's Service", e)),
+        }
     }
 
     /// The frontends and their backends as the maps hold them.

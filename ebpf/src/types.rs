@@ -45,6 +45,7 @@ pod!(
     SvcBackendKey,
     SvcBackend,
     SvcBackendIdx,
+    SvcRevKey,
 );
 
 const FAMILY_V4: u32 = 4;
@@ -1222,6 +1223,18 @@ pub struct SvcBackend {
 }
 
 const _: () = assert!(size_of::<SvcBackend>() == 20);
+
+/// `struct rev_key` of c/services.bpf.c: a socket (its cookie) and the
+/// backend it was given; the value, a [`SvcBackend`], is the frontend.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromBytes, IntoBytes, Immutable)]
+pub struct SvcRevKey {
+    pub cookie: u64,
+    pub be: SvcBackend,
+    pub pad: [u8; 4],
+}
+
+const _: () = assert!(size_of::<SvcRevKey>() == 32);
 
 fn ip_bytes(ip: IpAddr) -> ([u8; 16], u8) {
     let mut addr = [0u8; 16];

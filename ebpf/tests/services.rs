@@ -6,6 +6,7 @@
 //! test's bpffs.
 
 use rcni_ebpf::services::{Backends, Frontend, ServiceLb, attached_cgroups, detach_services};
+use rcni_ebpf::sockterm::close_gone_udp;
 use rcni_testkit::{Bpffs, TestNs, ip, require_root};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -342,6 +343,94 @@ fn a_sync_moves_new_connections_only_and_a_restart_keeps_everything() {
         client(&lab.ns, Some(&lab.cg), &["tcp=10.96.1.1:80".into()]),
         ["tcp=10.96.1.1:80 err 101"]
     );
+}
+
+/// kube-proxy flushes a removed UDP backend's conntrack entries; here the
+/// socket is connected to the backend itself, so it is closed instead: its
+/// next recv() fails with ECONNABORTED and a connect() after that reaches a
+/// backend still there. A socket connected by its owner to the backend's
+/// own address, and one connected through another Service that still has
+/// that backend, stay.
+#[test]
+fn a_connected_udp_socket_whose_backend_goes_is_closed_and_reconnects() {
+    let Some(lab) = lab() else { return };
+    let dir = lab.fs.path().join("services");
+    let mut lb = ServiceLb::open_or_load(&dir).unwrap();
+    lb.attach(lab.cg.path()).unwrap();
+    let (svc, other) = (fe("10.96.2.1", UDP, 53), fe("10.96.2.2", UDP, 53));
+    let a = sa("10.77.0.2:8080");
+    lb.sync(&BTreeMap::from([
+        (svc, vec![a].into()),
+        (other, vec![a].into()),
+    ]))
+    .unwrap();
+    assert!(lb.take_udp_gone().is_empty());
+
+    let hold = lab
+        .ns
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec python3 -c \"$0\"",
+            lab.cg.path().display()
+        ))
+        .arg(
+            "import socket, sys\n\
+             def sock(dst):\n\
+             \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             \x20   s.settimeout(3)\n\
+             \x20   s.connect(dst)\n\
+             \x20   return s\n\
+             def ask(s):\n\
+             \x20   try:\n\
+             \x20       s.send(b'x')\n\
+             \x20       return s.recv(64).decode()\n\
+             \x20   except OSError as e:\n\
+             \x20       return f'err {e.errno}'\n\
+             svc = sock(('10.96.2.1', 53))\n\
+             other = sock(('10.96.2.2', 53))\n\
+             direct = sock(('10.77.0.2', 8080))\n\
+             print(ask(svc), ask(other), ask(direct), flush=True)\n\
+             sys.stdin.readline()\n\
+             try:\n\
+             \x20   svc.recv(64)\n\
+             \x20   first = 'data'\n\
+             except OSError as e:\n\
+             \x20   first = f'err {e.errno}'\n\
+             svc.connect(('10.96.2.1', 53))\n\
+             print(first, ask(svc), ask(other), ask(direct), flush=True)\n",
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut hold = HeldClient::new(hold);
+    assert_eq!(hold.line(), "a a a");
+
+    // a leaves the first Service only.
+    let b = sa("10.77.0.3:8080");
+    lb.sync(&BTreeMap::from([
+        (svc, vec![b].into()),
+        (other, vec![a].into()),
+    ]))
+    .unwrap();
+    let gone = lb.take_udp_gone();
+    assert_eq!(gone, [(svc, a)].into());
+    assert!(lb.take_udp_gone().is_empty());
+    match close_gone_udp(&lb, &lab.ns.ns, &gone) {
+        Ok(n) => assert_eq!(n, 1),
+        // A kernel built without it: the agent logs the same and goes on.
+        Err(e) if e.raw_errno() == Some(libc::EOPNOTSUPP) => {
+            eprintln!("SKIP: this kernel has no CONFIG_INET_DIAG_DESTROY: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    }
+    // ECONNABORTED, then the same socket connected again gets b; the
+    // other two still reach a.
+    assert_eq!(hold.line_after_input(), "err 103 b a a");
+    // Nothing more to close; the socket connected again is b's.
+    assert_eq!(close_gone_udp(&lb, &lab.ns.ns, &gone).unwrap(), 0);
 }
 
 /// Syncs after the first compare against what the last one wrote, not

@@ -622,4 +622,133 @@ fn services_without_kube_proxy_from_pods_and_the_node() {
     pod(&lab, "s1", "n1", "app: server");
     wait_ready(&lab, &["s1"]);
     through(true);
+
+    // UDP: the client pod's connected socket gets s1, the only endpoint.
+    // s1 goes once s3 is there: kube-proxy would flush s1's conntrack
+    // entries; here the socket is closed (ECONNABORTED), and connected
+    // again it reaches s3.
+    lab.apply(
+        "apiVersion: v1
+kind: Service
+metadata: {name: udp-servers}
+spec:
+  selector: {app: server}
+  ports: [{port: 53, targetPort: 8081, protocol: UDP}]
+",
+    );
+    let udp_vip = lab.kubectl_ok(&[
+        "get",
+        "service",
+        "udp-servers",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    let mut udp = held_udp_client(&lab, "client", &udp_vip);
+    let first = udp.line();
+    assert_eq!(first, "s1", "{}", udp.rest());
+    pod(&lab, "s3", "n2", "app: server");
+    wait_ready(&lab, &["s3"]);
+    lab.kubectl_ok(&["delete", "pod", "s1", "--wait=true"]);
+    let after = udp.line_after_input();
+    assert_eq!(after, "err 103 s3", "{}\n{}", udp.rest(), lab.agent_logs());
+    assert!(
+        lab.agent_logs()
+            .contains("connected UDP sockets of removed backends closed")
+    );
+}
+
+/// A client process in pod `pod`'s network namespace (entered from its
+/// node, in the node's cgroup, where the Service hooks are), holding one
+/// connected UDP socket to `vip:53`: prints the pod that answered
+/// (agnhost netexec's `hostname` on UDP), then, after a line on stdin,
+/// waits up to 60 s for the socket to fail, prints that error, connects
+/// it again and prints who answers.
+fn held_udp_client(lab: &K8sLab, pod: &str, vip: &str) -> HeldClient {
+    let ip = pod_ip(lab, pod);
+    let node = lab.kubectl_ok(&["get", "pod", pod, "-o", "jsonpath={.spec.nodeName}"]);
+    let n = lab
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .expect("the pod's node");
+    let cg = n.cgroup2().expect("a cgroup v2 tree");
+    let script = format!(
+        "import socket, sys\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         def ask():\n\
+         \x20   s.settimeout(5)\n\
+         \x20   s.send(b'hostname')\n\
+         \x20   return s.recv(64).decode()\n\
+         s.connect(('{vip}', 53))\n\
+         print(ask(), flush=True)\n\
+         sys.stdin.readline()\n\
+         s.settimeout(60)\n\
+         try:\n\
+         \x20   s.recv(64)\n\
+         \x20   first = 'data'\n\
+         except OSError as e:\n\
+         \x20   first = f'err {{e.errno}}'\n\
+         s.connect(('{vip}', 53))\n\
+         print(first, ask(), flush=True)\n"
+    );
+    let child = n
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {cg}/cgroup.procs && for f in /run/netns/*; do \
+             if nsenter --net=$f ip -4 -o addr show | grep -q ' {ip}/'; then \
+             exec nsenter --net=$f python3 -c \"$0\"; fi; done; echo no netns with {ip}",
+            cg = cg.display()
+        ))
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    HeldClient::new(child)
+}
+
+/// A client process kept running; killed on drop.
+struct HeldClient {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl HeldClient {
+    fn new(mut child: std::process::Child) -> HeldClient {
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        HeldClient { child, out }
+    }
+
+    fn line(&mut self) -> String {
+        use std::io::BufRead;
+        let mut l = String::new();
+        let _ = self.out.read_line(&mut l);
+        l.trim_end().to_string()
+    }
+
+    fn line_after_input(&mut self) -> String {
+        use std::io::Write;
+        let _ = self.child.stdin.as_mut().unwrap().write_all(b"\n");
+        self.line()
+    }
+
+    /// What it wrote to stderr, once it ends (for a failed assertion).
+    fn rest(&mut self) -> String {
+        use std::io::Read;
+        let _ = self.child.kill();
+        let mut e = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            let _ = err.read_to_string(&mut e);
+        }
+        e
+    }
+}
+
+impl Drop for HeldClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -409,6 +409,7 @@ fn services_for(
         cgroup,
         node: args.node.clone(),
         node_port_addresses,
+        netns_dir: services::NETNS_DIR.into(),
     };
     services::start(client.clone(), conf).map(Some)
 }

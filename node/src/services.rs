@@ -24,6 +24,7 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use rcni_ebpf::services::{Backends, Frontend, ServiceLb, remove_services};
+use rcni_ebpf::sockterm::close_gone_udp;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -71,7 +72,14 @@ pub struct Config {
     pub node: String,
     /// The net-conf's `nodePortAddresses`.
     pub node_port_addresses: NodePortAddresses,
+    /// Where the runtime keeps pods' network namespaces (containerd's,
+    /// CRI-O's and podman's /run/netns): a UDP socket connected to a
+    /// backend that went is closed in each, and in the agent's own.
+    pub netns_dir: PathBuf,
 }
+
+/// The runtimes' directory of pods' network namespaces.
+pub const NETNS_DIR: &str = "/run/netns";
 
 /// The pin directory below a pin root.
 pub fn pin_dir(pin_root: &Path) -> PathBuf {
@@ -394,7 +402,10 @@ pub fn start(client: kube::Client, conf: Config) -> Result<ServiceProxy, Service
             changed.clone(),
         )),
         tokio::spawn(writer(
-            lb,
+            Maps {
+                lb,
+                netns_dir: conf.netns_dir,
+            },
             store,
             changed,
             conf.node,
@@ -511,16 +522,56 @@ impl Written {
     }
 }
 
+/// The Services' maps, and where the pods' network namespaces are.
+struct Maps {
+    lb: ServiceLb,
+    netns_dir: PathBuf,
+}
+
+impl Maps {
+    /// Closes the connected UDP sockets of the backends the last write
+    /// removed, in the agent's network namespace and every pod's. Returns
+    /// how many; a namespace that cannot be entered (a pod gone meanwhile)
+    /// is skipped, and one that fails does not stop the others (the first
+    /// error is returned after).
+    fn close_gone_udp(&mut self) -> Result<usize, rcni_ebpf::Error> {
+        let gone = self.lb.take_udp_gone();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let mut spaces: Vec<rcni_netns::NetNs> = rcni_netns::NetNs::current().into_iter().collect();
+        let entries = std::fs::read_dir(&self.netns_dir).into_iter().flatten();
+        spaces.extend(
+            entries
+                .flatten()
+                .filter_map(|e| rcni_netns::NetNs::open(e.path()).ok()),
+        );
+        let (mut closed, mut first_err) = (0, None);
+        for ns in &spaces {
+            match close_gone_udp(&self.lb, ns, &gone) {
+                Ok(n) => closed += n,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(closed),
+        }
+    }
+}
+
 /// Writes the maps after each burst of changes, once every kind was
 /// listed (before that, the maps an earlier run wrote stand).
 async fn writer(
-    lb: ServiceLb,
+    maps: Maps,
     store: Arc<Mutex<Store>>,
     changed: Arc<Notify>,
     node: String,
     node_ports: NodePortAddresses,
 ) {
-    let lb = Arc::new(Mutex::new(lb));
+    let maps = Arc::new(Mutex::new(maps));
     let mut health = health::Health::new();
     let mut written = Written::default();
     loop {
@@ -542,14 +593,26 @@ async fn writer(
                 model::health_ports(s.services.objs.values(), s.slices.objs.values(), &node);
             (plan, ports)
         };
-        let lb = lb.clone();
+        let maps = maps.clone();
         let started = Instant::now();
         let done = tokio::task::spawn_blocking(move || {
-            let mut lb = lock(&lb);
-            match &plan {
-                Plan::Full(want) => lb.sync(want).map(|r| (r, want.len())),
-                Plan::Some(changes) => lb.update(changes).map(|r| (r, changes.len())),
+            let mut maps = lock(&maps);
+            let written = match &plan {
+                Plan::Full(want) => maps.lb.sync(want).map(|r| (r, want.len())),
+                Plan::Some(changes) => maps.lb.update(changes).map(|r| (r, changes.len())),
+            };
+            // After the maps: a socket closed now reconnects to a backend
+            // still there.
+            match maps.close_gone_udp() {
+                Ok(0) => {}
+                Ok(n) => crate::log(format!(
+                    "services: {n} connected UDP sockets of removed backends closed"
+                )),
+                Err(e) => crate::log(format!(
+                    "services: closing UDP sockets of removed backends: {e}"
+                )),
             }
+            written
         })
         .await;
         match done {

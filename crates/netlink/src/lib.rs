@@ -32,6 +32,7 @@ pub mod packet;
 pub mod route_watch;
 mod routes;
 mod rule;
+pub mod sockdiag;
 pub mod sysctl;
 pub mod tc;
 pub mod tuntap;

@@ -1,6 +1,7 @@
 //! One synchronous netlink socket for what rtnetlink's async connection
 //! does not carry: nfnetlink (crates/netfilter's `Nfnl`), generic netlink
-//! (the node agent's WireGuard peers) and RTM_GETNETCONF ([`crate::netconf`]).
+//! (the node agent's WireGuard peers), RTM_GETNETCONF ([`crate::netconf`])
+//! and sock_diag ([`crate::sockdiag`]).
 //!
 //! Callers encode their messages' payloads (what follows `nlmsghdr`); the
 //! socket frames them (length, type, flags, sequence number), waits for the
@@ -44,6 +45,8 @@ pub enum Protocol {
     Netfilter,
     /// `NETLINK_GENERIC`.
     Generic,
+    /// `NETLINK_SOCK_DIAG` ([`crate::sockdiag`]).
+    SockDiag,
 }
 
 impl Protocol {
@@ -52,6 +55,7 @@ impl Protocol {
             Protocol::Route => SockProtocol::NetlinkRoute,
             Protocol::Netfilter => SockProtocol::NetlinkNetFilter,
             Protocol::Generic => SockProtocol::NetlinkGeneric,
+            Protocol::SockDiag => SockProtocol::NetlinkSockDiag,
         }
     }
 }
