@@ -7,9 +7,9 @@
 
 use rcni_ebpf::services::{Backends, Frontend, ServiceLb, attached_cgroups, detach_services};
 use rcni_ebpf::sockterm::close_gone_udp;
-use rcni_testkit::{Bpffs, TestNs, ip, require_root};
+use rcni_testkit::{Bpffs, HeldClient, TestNs, ip, require_root};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 
@@ -585,38 +585,4 @@ fn pinned(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
-}
-
-/// A client process kept running; killed on drop.
-struct HeldClient {
-    child: std::process::Child,
-    out: std::io::BufReader<std::process::ChildStdout>,
-}
-
-impl HeldClient {
-    fn new(mut child: std::process::Child) -> HeldClient {
-        let out = std::io::BufReader::new(child.stdout.take().unwrap());
-        HeldClient { child, out }
-    }
-
-    fn line(&mut self) -> String {
-        use std::io::BufRead;
-        let mut l = String::new();
-        self.out.read_line(&mut l).unwrap();
-        l.trim_end().to_string()
-    }
-
-    fn line_after_input(&mut self) -> String {
-        self.child.stdin.as_mut().unwrap().write_all(b"\n").unwrap();
-        self.line()
-    }
-}
-
-impl Drop for HeldClient {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let mut rest = String::new();
-        let _ = self.out.read_to_string(&mut rest);
-    }
 }

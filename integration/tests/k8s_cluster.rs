@@ -14,8 +14,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use rcni_integration::lab::k8s::{AGNHOST, Cache, K8sLab};
-use rcni_testkit::poll;
 use rcni_testkit::require_root;
+use rcni_testkit::{HeldClient, poll};
 
 fn image() -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("RCNI_IMAGE") {
@@ -707,48 +707,4 @@ fn held_udp_client(lab: &K8sLab, pod: &str, vip: &str) -> HeldClient {
         .spawn()
         .unwrap();
     HeldClient::new(child)
-}
-
-/// A client process kept running; killed on drop.
-struct HeldClient {
-    child: std::process::Child,
-    out: std::io::BufReader<std::process::ChildStdout>,
-}
-
-impl HeldClient {
-    fn new(mut child: std::process::Child) -> HeldClient {
-        let out = std::io::BufReader::new(child.stdout.take().unwrap());
-        HeldClient { child, out }
-    }
-
-    fn line(&mut self) -> String {
-        use std::io::BufRead;
-        let mut l = String::new();
-        let _ = self.out.read_line(&mut l);
-        l.trim_end().to_string()
-    }
-
-    fn line_after_input(&mut self) -> String {
-        use std::io::Write;
-        let _ = self.child.stdin.as_mut().unwrap().write_all(b"\n");
-        self.line()
-    }
-
-    /// What it wrote to stderr, once it ends (for a failed assertion).
-    fn rest(&mut self) -> String {
-        use std::io::Read;
-        let _ = self.child.kill();
-        let mut e = String::new();
-        if let Some(mut err) = self.child.stderr.take() {
-            let _ = err.read_to_string(&mut e);
-        }
-        e
-    }
-}
-
-impl Drop for HeldClient {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

@@ -3,10 +3,12 @@
 //! kin) and leak checks. Dev-only.
 
 pub mod chaos;
+mod held;
 pub mod killpoints;
 pub mod parallel;
 mod wait;
 
+pub use held::HeldClient;
 pub use wait::{NotReady, poll, wait_for, wait_for_async, wait_for_value, wait_while_running};
 
 use rcni_netns::NetNs;
