@@ -281,26 +281,14 @@ fn a_sync_moves_new_connections_only_and_a_restart_keeps_everything() {
 
     // A connection made now stays with its backend through everything
     // below: a client in the cgroup that holds it open.
-    let hold = lab
-        .ns
-        .command("sh")
-        .arg("-c")
-        .arg(format!(
-            "echo $$ > {}/cgroup.procs && exec python3 -c \"$0\"",
-            lab.cg.path().display()
-        ))
-        .arg(
-            "import socket, sys\n\
+    let mut hold = held(
+        &lab,
+        "import socket, sys\n\
              s = socket.create_connection(('10.96.1.1', 80), timeout=5)\n\
              print(s.recv(8).decode(), s.getpeername()[0], flush=True)\n\
              sys.stdin.readline()\n\
              print(s.getpeername()[0], flush=True)\n",
-        )
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut hold = HeldClient::new(hold);
+    );
     let first = hold.line();
     assert!(first.ends_with(" 10.96.1.1"), "{first}");
 
@@ -366,16 +354,9 @@ fn a_connected_udp_socket_whose_backend_goes_is_closed_and_reconnects() {
     .unwrap();
     assert!(lb.take_udp_gone().is_empty());
 
-    let hold = lab
-        .ns
-        .command("sh")
-        .arg("-c")
-        .arg(format!(
-            "echo $$ > {}/cgroup.procs && exec python3 -c \"$0\"",
-            lab.cg.path().display()
-        ))
-        .arg(
-            "import socket, sys\n\
+    let mut hold = held(
+        &lab,
+        "import socket, sys\n\
              def sock(dst):\n\
              \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
              \x20   s.settimeout(3)\n\
@@ -399,12 +380,7 @@ fn a_connected_udp_socket_whose_backend_goes_is_closed_and_reconnects() {
              \x20   first = f'err {e.errno}'\n\
              svc.connect(('10.96.2.1', 53))\n\
              print(first, ask(svc), ask(other), ask(direct), flush=True)\n",
-        )
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut hold = HeldClient::new(hold);
+    );
     assert_eq!(hold.line(), "a a a");
 
     // a leaves the first Service only.
@@ -575,6 +551,24 @@ fn attaching_refuses_a_directory_that_is_not_cgroup_v2() {
     let mut lb = ServiceLb::open_or_load(&fs.path().join("services")).unwrap();
     let e = lb.attach(Path::new("/tmp")).unwrap_err().to_string();
     assert!(e.contains("not a cgroup v2 directory"), "{e}");
+}
+
+/// A Python client held running in the lab's namespace and cgroup.
+fn held(lab: &Lab, script: &str) -> HeldClient {
+    let child = lab
+        .ns
+        .command("sh")
+        .arg("-c")
+        .arg(format!(
+            "echo $$ > {}/cgroup.procs && exec python3 -c \"$0\"",
+            lab.cg.path().display()
+        ))
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    HeldClient::new(child)
 }
 
 fn pinned(dir: &Path) -> Vec<String> {
